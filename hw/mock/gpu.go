@@ -1,0 +1,5 @@
+package mock
+
+// validate checks one GPU group; errors start with the field name.
+// (Filled in by the GPU mock work.)
+func (g GPUGroup) validate() error { return nil }
