@@ -1,0 +1,57 @@
+package mock
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Hardware is a running mock node: an nvml.Interface that behaves like the
+// profile's GPUs and a fake sysfs tree holding its PCI devices and NICs.
+// Only hardware is mocked: the project's backends run on these unchanged.
+type Hardware struct {
+	Profile Profile
+	// NVML is go-nvml's mock server, wrapped so it refuses what the
+	// hardware refuses.
+	NVML nvml.Interface
+	// Sysfs is the root of the fake sysfs tree (what /sys is on a host).
+	Sysfs string
+
+	dir string
+}
+
+// Open loads a profile (built-in name or YAML file) and builds it.
+func Open(spec string) (*Hardware, error) {
+	p, err := Load(spec)
+	if err != nil {
+		return nil, err
+	}
+	return New(p)
+}
+
+// New builds the mock hardware of a profile in a fresh temp directory.
+func New(p Profile) (*Hardware, error) {
+	dir, err := os.MkdirTemp("", "hwdra-mock-")
+	if err != nil {
+		return nil, err
+	}
+	h := &Hardware{Profile: p, Sysfs: filepath.Join(dir, "sys"), dir: dir}
+	if err := os.MkdirAll(h.Sysfs, 0o755); err != nil {
+		return nil, errors.Join(err, h.Close())
+	}
+	if err := h.buildGPUs(); err != nil {
+		return nil, errors.Join(fmt.Errorf("mock profile %q: %w", p.Name, err), h.Close())
+	}
+	if err := h.buildNICs(); err != nil {
+		return nil, errors.Join(fmt.Errorf("mock profile %q: %w", p.Name, err), h.Close())
+	}
+	return h, nil
+}
+
+// Close removes everything the mock created.
+func (h *Hardware) Close() error {
+	return errors.Join(h.closeNICs(), os.RemoveAll(h.dir))
+}
