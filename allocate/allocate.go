@@ -1,0 +1,143 @@
+// Package allocate runs the scheduler's own structured allocator in process:
+// the lab command and the tests use it to allocate claims against the slices
+// this agent publishes, exactly as kube-scheduler would.
+package allocate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+)
+
+// ClusterFeatures are the DRA features of the clusters hwdra targets
+// (Kubernetes 1.37 with the DRA gates hwdra's device model uses).
+var ClusterFeatures = structured.Features{
+	AdminAccess:          true,
+	CompatibilityGroups:  true,
+	ConsumableCapacity:   true,
+	DeviceTaints:         true,
+	PartitionableDevices: true,
+	PrioritizedList:      true,
+}
+
+// ErrUnsatisfiable is returned when the claims do not fit the node.
+var ErrUnsatisfiable = errors.New("claims cannot be allocated on this node")
+
+// Allocator allocates claims one call at a time and remembers what it has
+// handed out, so later calls see earlier allocations the way the scheduler
+// sees allocated claims.
+type Allocator struct {
+	features structured.Features
+	node     *v1.Node
+	slices   []*resourceapi.ResourceSlice
+	classes  classes
+	cel      *cel.Cache
+
+	mu    sync.Mutex
+	state structured.AllocatedState
+}
+
+// New returns an allocator for one node's slices and the given classes.
+func New(features structured.Features, nodeName string, slices []*resourceapi.ResourceSlice, deviceClasses []*resourceapi.DeviceClass) *Allocator {
+	cs := classes{}
+	for _, c := range deviceClasses {
+		cs[c.Name] = c
+	}
+	return &Allocator{
+		features: features,
+		node:     &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}},
+		slices:   slices,
+		classes:  cs,
+		cel:      cel.NewCache(100, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity}),
+		state: structured.AllocatedState{
+			AllocatedDevices:         sets.New[structured.DeviceID](),
+			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+		},
+	}
+}
+
+// Allocate allocates all claims together. On success each claim's
+// status.allocation is set and its devices count as in use for later calls;
+// when they do not fit the error wraps ErrUnsatisfiable and nothing changes.
+func (a *Allocator) Allocate(ctx context.Context, claims ...*resourceapi.ResourceClaim) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	alloc, err := structured.NewAllocator(ctx, a.features, a.state, a.classes, a.slices, a.cel)
+	if err != nil {
+		return err
+	}
+	results, err := alloc.Allocate(ctx, a.node, claims)
+	if err != nil {
+		return fmt.Errorf("allocate: %w", err)
+	}
+	if results == nil {
+		return fmt.Errorf("%w (%d claim(s))", ErrUnsatisfiable, len(claims))
+	}
+	for i := range claims {
+		claims[i].Status.Allocation = &results[i]
+		a.track(&results[i], true)
+	}
+	return nil
+}
+
+// Release returns a claim's devices, as deleting an allocated claim does.
+func (a *Allocator) Release(claim *resourceapi.ResourceClaim) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if claim.Status.Allocation != nil {
+		a.track(claim.Status.Allocation, false)
+		claim.Status.Allocation = nil
+	}
+}
+
+// track records (or forgets) what a result uses, as the scheduler derives
+// its allocated state from allocated claims.
+func (a *Allocator) track(result *resourceapi.AllocationResult, add bool) {
+	for _, r := range result.Devices.Results {
+		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+		if r.ShareID == nil {
+			if add {
+				a.state.AllocatedDevices.Insert(id)
+			} else {
+				a.state.AllocatedDevices.Delete(id)
+			}
+			continue
+		}
+		shared := structured.MakeSharedDeviceID(id, r.ShareID)
+		consumed := structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity)
+		if add {
+			a.state.AllocatedSharedDeviceIDs.Insert(shared)
+			a.state.AggregatedCapacity.Insert(consumed)
+		} else {
+			a.state.AllocatedSharedDeviceIDs.Delete(shared)
+			a.state.AggregatedCapacity.Remove(consumed)
+		}
+	}
+}
+
+type classes map[string]*resourceapi.DeviceClass
+
+func (c classes) List() ([]*resourceapi.DeviceClass, error) {
+	var out []*resourceapi.DeviceClass
+	for _, class := range c {
+		out = append(out, class)
+	}
+	return out, nil
+}
+
+func (c classes) Get(name string) (*resourceapi.DeviceClass, error) {
+	if class, ok := c[name]; ok {
+		return class, nil
+	}
+	return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
+}

@@ -1,0 +1,326 @@
+package slices
+
+import (
+	"sort"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/hwdra/hwdra/hw"
+)
+
+// GPU attribute names (in the driver's domain unless standard).
+const (
+	// AttrProfile is the partition type: "full", a MIG profile ("1g.10gb")
+	// or a vGPU type ("H100-10C").
+	AttrProfile = GPUDriver + "/profile"
+	// AttrType is "gpu", "mig" or "vgpu".
+	AttrType = GPUDriver + "/type"
+
+	attrUUID         = "uuid"
+	attrParentUUID   = "parentUUID"
+	attrProductName  = "productName"
+	attrArchitecture = "architecture"
+	attrCUDACompute  = "cudaComputeCapability"
+	attrDriver       = "driverVersion"
+	attrCUDADriver   = "cudaDriverVersion"
+	attrMIGCapable   = "migCapable"
+	attrPlacement    = "placementStart"
+	attrPlacementLen = "placementSize"
+	attrVGPUType     = "vgpuType"
+	attrVGPUClass    = "vgpuClass"
+	attrMIGBacked    = "migBacked"
+	capMemory        = "memory"
+	capSMs           = "multiprocessors"
+)
+
+// Device kinds, the values of AttrType.
+const (
+	KindGPU  = "gpu"
+	KindMIG  = "mig"
+	KindVGPU = "vgpu"
+)
+
+// ProfileFull is AttrProfile of a whole GPU.
+const ProfileFull = "full"
+
+// Compatibility groups: devices on one GPU are co-allocated only within a
+// group, so MIG partitions and vGPUs never share a GPU, and time-sliced vGPU
+// types that the hardware cannot mix are not mixed.
+const (
+	groupMIG           = "mig"
+	groupVGPUMIG       = "vgpu-mig"
+	groupVGPUTimeSlice = "vgpu-timesliced"
+)
+
+// GPUName is the device (and counter set) name of a whole GPU, derived from
+// its PCI address so it survives reboots and driver reloads.
+func GPUName(pciBusID string) string { return join("gpu", label(pciBusID)) }
+
+// MIGName is the device name of MIG profile at a placement.
+func MIGName(pciBusID, profile string, start int) string {
+	return join("gpu", label(pciBusID), "mig", label(profile), strconv.Itoa(start))
+}
+
+// VGPUName is the device name of a vGPU of a type; index is the instance
+// number for time-sliced types and the placement start for MIG-backed ones.
+func VGPUName(pciBusID, vgpuType string, index int) string {
+	return join("gpu", label(pciBusID), "vgpu", label(shortVGPUName(vgpuType)), strconv.Itoa(index))
+}
+
+func shortVGPUName(name string) string { return strings.TrimPrefix(name, "NVIDIA ") }
+
+// GPUResources builds the gpu.hwdra.io pool of a node: one counter set per
+// GPU, and per GPU the whole GPU, its MIG partitions and its vGPU types, as
+// far as the hardware can deliver them in its current mode.
+func GPUResources(nodeName string, gpus []hw.GPU, f Features) resourceslice.DriverResources {
+	gpus = append([]hw.GPU(nil), gpus...)
+	sort.Slice(gpus, func(i, j int) bool { return gpus[i].PCIBusID < gpus[j].PCIBusID })
+
+	cache := map[string]gpuBudget{}
+	var (
+		sets    []resourceapi.CounterSet
+		devices []resourceapi.Device
+	)
+	for _, g := range gpus {
+		b := gpuDevices{gpu: g, f: f, budget: budgetFor(g, cache), set: GPUName(g.PCIBusID)}
+		b.build()
+		if b.usesCounters {
+			sets = append(sets, b.budget.counterSet(b.set, g.MIG.Profiles))
+		}
+		devices = append(devices, b.devices...)
+	}
+	var partitionType resourceapi.FullyQualifiedName
+	if f.PartitionType {
+		partitionType = AttrProfile
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+		nodeName: pool(sets, devices, partitionType),
+	}}
+}
+
+// gpuDevices builds the devices of one GPU.
+type gpuDevices struct {
+	gpu          hw.GPU
+	f            Features
+	budget       gpuBudget
+	set          string
+	devices      []resourceapi.Device
+	usesCounters bool
+}
+
+func (b *gpuDevices) build() {
+	g := b.gpu
+	hostVGPU := g.Virtualization == hw.VirtualizationHostVGPU || g.Virtualization == hw.VirtualizationHostVSGA
+	// MIG mode can change under us only where that needs no reset and no
+	// instance exists; otherwise the current mode decides what is
+	// deliverable.
+	switchable := g.MIG.Capable && g.MIG.SwitchWithoutReset && len(g.MIG.Instances) == 0
+	migOff := !g.MIG.Enabled || switchable
+	migOn := g.MIG.Capable && (g.MIG.Enabled || switchable)
+
+	if !b.f.PartitionableDevices {
+		// Without counters only fixed devices are safe to offer.
+		if !hostVGPU && !g.MIG.Enabled {
+			b.add(b.full(false))
+		}
+		for _, in := range g.MIG.Instances {
+			if p, ok := g.MIG.Profile(in.ProfileID); ok {
+				b.add(b.mig(p, in.Placement, false))
+			}
+		}
+		return
+	}
+	b.usesCounters = true
+	if !hostVGPU && migOff {
+		b.add(b.full(true))
+	}
+	if migOn {
+		for _, p := range g.MIG.Profiles {
+			for _, pl := range b.freePlacements(p, true) {
+				b.add(b.mig(p, pl, true))
+			}
+		}
+	}
+	if hostVGPU && b.f.CompatibilityGroups {
+		for _, t := range g.VGPU.Types {
+			if t.GPUInstanceProfileID == nil {
+				if migOff {
+					for i := 0; i < t.MaxInstances; i++ {
+						b.add(b.timeSlicedVGPU(t, i))
+					}
+				}
+				continue
+			}
+			p, ok := g.MIG.Profile(*t.GPUInstanceProfileID)
+			if !migOn || !ok {
+				continue
+			}
+			for _, pl := range b.freePlacements(p, false) {
+				b.add(b.migBackedVGPU(t, p, pl))
+			}
+		}
+	}
+}
+
+func (b *gpuDevices) add(d resourceapi.Device) { b.devices = append(b.devices, d) }
+
+// freePlacements are a profile's placements that no existing instance
+// overlaps (or, with reuse, that an existing instance of that profile
+// occupies exactly), last first: the allocator takes devices in order, and
+// filling from the top keeps the low slices free for large profiles.
+func (b *gpuDevices) freePlacements(p hw.MIGProfile, reuse bool) []hw.Placement {
+	var out []hw.Placement
+	for _, pl := range p.Placements {
+		ok := true
+		for _, in := range b.gpu.MIG.Instances {
+			if in.Placement.Overlaps(pl) && !(reuse && in.ProfileID == p.ID && in.Placement == pl) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			out = append(out, pl)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Start > out[j].Start })
+	return out
+}
+
+func (b *gpuDevices) full(counters bool) resourceapi.Device {
+	g := b.gpu
+	d := b.base(GPUName(g.PCIBusID), KindGPU, ProfileFull)
+	d.Attributes[attrUUID] = str(g.UUID)
+	d.Attributes[attrMIGCapable] = boolean(g.MIG.Capable)
+	d.Capacity = capacity(g.MemoryBytes, smTotal(g))
+	if counters {
+		d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{
+			CounterSet: b.set, Counters: b.budget.all(g.MIG.Profiles),
+		}}
+	}
+	return d
+}
+
+func (b *gpuDevices) mig(p hw.MIGProfile, pl hw.Placement, counters bool) resourceapi.Device {
+	d := b.base(MIGName(b.gpu.PCIBusID, p.Name, pl.Start), KindMIG, p.Name)
+	d.Attributes[attrParentUUID] = str(b.gpu.UUID)
+	d.Attributes[attrPlacement] = integer(pl.Start)
+	d.Attributes[attrPlacementLen] = integer(pl.Size)
+	d.Capacity = capacity(p.MemoryBytes, p.Multiprocessors)
+	if counters {
+		d.ConsumesCounters = b.consume(b.budget.migConsumption(p, pl), groupMIG)
+	}
+	return d
+}
+
+func (b *gpuDevices) timeSlicedVGPU(t hw.VGPUType, i int) resourceapi.Device {
+	d := b.vgpu(t, i)
+	group := groupVGPUTimeSlice
+	if !b.gpu.VGPU.Heterogeneous {
+		// One time-sliced type per GPU at a time: each type is its own group.
+		group = join("vgpu", label(shortVGPUName(t.Name)))
+	}
+	d.Capacity = capacity(t.FramebufferBytes, 0)
+	d.ConsumesCounters = b.consume(map[string]resourceapi.Counter{counterMemory: bytesCounter(t.FramebufferBytes)}, group)
+	return d
+}
+
+func (b *gpuDevices) migBackedVGPU(t hw.VGPUType, p hw.MIGProfile, pl hw.Placement) resourceapi.Device {
+	d := b.vgpu(t, pl.Start)
+	d.Attributes[attrPlacement] = integer(pl.Start)
+	d.Attributes[attrPlacementLen] = integer(pl.Size)
+	d.Capacity = capacity(t.FramebufferBytes, p.Multiprocessors)
+	d.ConsumesCounters = b.consume(b.budget.migConsumption(p, pl), groupVGPUMIG)
+	return d
+}
+
+func (b *gpuDevices) vgpu(t hw.VGPUType, index int) resourceapi.Device {
+	d := b.base(VGPUName(b.gpu.PCIBusID, t.Name, index), KindVGPU, shortVGPUName(t.Name))
+	d.Attributes[attrParentUUID] = str(b.gpu.UUID)
+	d.Attributes[attrVGPUType] = str(t.Name)
+	d.Attributes[attrMIGBacked] = boolean(t.GPUInstanceProfileID != nil)
+	if t.Class != "" {
+		d.Attributes[attrVGPUClass] = str(t.Class)
+	}
+	return d
+}
+
+func (b *gpuDevices) consume(counters map[string]resourceapi.Counter, group string) []resourceapi.DeviceCounterConsumption {
+	c := resourceapi.DeviceCounterConsumption{CounterSet: b.set, Counters: counters}
+	if b.f.CompatibilityGroups {
+		c.CompatibilityGroups = []string{group}
+	}
+	return []resourceapi.DeviceCounterConsumption{c}
+}
+
+// base holds the attributes every device of the GPU carries, so that
+// constraints (matchAttribute on NUMA node or PCIe root) work across kinds.
+func (b *gpuDevices) base(name, kind, profile string) resourceapi.Device {
+	g := b.gpu
+	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrType:         str(kind),
+		AttrProfile:      str(profile),
+		attrProductName:  str(g.ProductName),
+		attrArchitecture: str(g.Architecture),
+		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
+	}
+	if g.PCIeRoot != "" {
+		a[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
+	}
+	if g.NUMANode >= 0 {
+		a[deviceattribute.StandardDeviceAttributeNUMANode] = integer(g.NUMANode)
+	}
+	for name, v := range map[resourceapi.QualifiedName]string{
+		attrCUDACompute: g.CUDAComputeCapability,
+		attrDriver:      g.DriverVersion,
+		attrCUDADriver:  g.CUDADriverVersion,
+	} {
+		if s := semver(v); s != "" {
+			a[name] = resourceapi.DeviceAttribute{VersionValue: &s}
+		}
+	}
+	return resourceapi.Device{Name: name, Attributes: a}
+}
+
+func smTotal(g hw.GPU) int {
+	best := 0
+	for _, p := range g.MIG.Profiles {
+		best = max(best, p.Multiprocessors)
+	}
+	return best
+}
+
+func capacity(memory uint64, sms int) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
+	c := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		capMemory: {Value: *resource.NewQuantity(int64(memory), resource.BinarySI)},
+	}
+	if sms > 0 {
+		c[capSMs] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(sms), resource.DecimalSI)}
+	}
+	return c
+}
+
+// semver turns NVIDIA's versions ("9.0", "12.4", "535.104.05") into the
+// semantic versions the API requires ("9.0.0", "12.4.0", "535.104.5"):
+// missing parts are zero and leading zeros go. Unparseable gives "".
+func semver(v string) string {
+	parts := strings.Split(v, ".")
+	if v == "" || len(parts) > 3 {
+		return ""
+	}
+	for len(parts) < 3 {
+		parts = append(parts, "0")
+	}
+	for i, p := range parts {
+		n, err := strconv.ParseUint(p, 10, 64)
+		if err != nil {
+			return ""
+		}
+		parts[i] = strconv.FormatUint(n, 10)
+	}
+	return strings.Join(parts, ".")
+}

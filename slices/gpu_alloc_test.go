@@ -1,0 +1,265 @@
+package slices
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/hw"
+)
+
+func gpuAllocator(t testing.TB, gpus ...hw.GPU) (*allocate.Allocator, resourceslice.DriverResources) {
+	res := GPUResources(testNode, gpus, AllFeatures)
+	return newAllocator(t, allocate.ClusterFeatures, map[string]resourceslice.DriverResources{GPUDriver: res}), res
+}
+
+func TestSevenOneSlicePartitionsFitOnOneH100(t *testing.T) {
+	a, _ := gpuAllocator(t, h100("0000:1b:00.0", 0))
+	if fits(t, a, claim(profile("mig", "1g.10gb", 8))) {
+		t.Fatal("eight 1g.10gb allocated in one claim on one H100")
+	}
+	var claims []*resourceapi.ResourceClaim
+	for i := 0; i < 7; i++ {
+		c := claim(profile("mig", "1g.10gb", 1))
+		if !fits(t, a, c) {
+			t.Fatalf("1g.10gb number %d refused", i+1)
+		}
+		claims = append(claims, c)
+	}
+	if fits(t, a, claim(profile("mig", "1g.10gb", 1))) {
+		t.Fatal("eighth 1g.10gb allocated")
+	}
+	// One freed partition can be taken again.
+	a.Release(claims[3])
+	if !fits(t, a, claim(profile("mig", "1g.10gb", 1))) {
+		t.Fatal("1g.10gb refused after one was released")
+	}
+}
+
+// hardwareAccepts is the placement table's answer, computed independently
+// of the slices: can instances of these profiles exist at once?
+func hardwareAccepts(g hw.GPU, want []string) bool {
+	byName := map[string]hw.MIGProfile{}
+	count := map[string]int{}
+	for _, p := range g.MIG.Profiles {
+		byName[p.Name] = p
+	}
+	for _, w := range want {
+		count[w]++
+		if count[w] > byName[w].InstanceCount {
+			return false
+		}
+	}
+	used := make([]bool, g.MIG.MemorySlices)
+	var place func(i int) bool
+	place = func(i int) bool {
+		if i == len(want) {
+			return true
+		}
+		for _, pl := range byName[want[i]].Placements {
+			free := true
+			for s := pl.Start; s < pl.Start+pl.Size; s++ {
+				free = free && !used[s]
+			}
+			if !free {
+				continue
+			}
+			for s := pl.Start; s < pl.Start+pl.Size; s++ {
+				used[s] = true
+			}
+			ok := place(i + 1)
+			for s := pl.Start; s < pl.Start+pl.Size; s++ {
+				used[s] = false
+			}
+			if ok {
+				return true
+			}
+		}
+		return false
+	}
+	return place(0)
+}
+
+// multisets lists every multiset of names with 1..maxSize members.
+func multisets(names []string, maxSize int) [][]string {
+	var out [][]string
+	var walk func(from int, cur []string)
+	walk = func(from int, cur []string) {
+		if len(cur) > 0 {
+			out = append(out, append([]string(nil), cur...))
+		}
+		if len(cur) == maxSize {
+			return
+		}
+		for i := from; i < len(names); i++ {
+			walk(i, append(cur, names[i]))
+		}
+	}
+	walk(0, nil)
+	return out
+}
+
+func TestPartitionSetsAllocatableExactlyWhenPlacementTableAllows(t *testing.T) {
+	g := h100("0000:1b:00.0", 0)
+	var names []string
+	for _, p := range g.MIG.Profiles {
+		names = append(names, p.Name)
+	}
+	sets := multisets(names, 3)
+	// Larger sets at the edges of what fits.
+	sets = append(sets,
+		[]string{"4g.40gb", "3g.40gb"},
+		[]string{"4g.40gb", "2g.20gb", "1g.10gb"},
+		[]string{"3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"},
+		[]string{"2g.20gb", "2g.20gb", "2g.20gb", "1g.10gb"},
+		[]string{"2g.20gb", "2g.20gb", "2g.20gb", "1g.10gb", "1g.10gb"},
+		[]string{"1g.20gb", "1g.20gb", "1g.20gb", "1g.20gb"},
+		[]string{"1g.20gb", "1g.20gb", "1g.20gb", "1g.20gb", "1g.10gb"},
+		[]string{"1g.10gb+me", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"},
+		[]string{"1g.10gb+me", "1g.10gb+me"},
+		[]string{"3g.40gb", "3g.40gb", "1g.10gb"},
+	)
+	accepted, refused := 0, 0
+	for _, set := range sets {
+		want := hardwareAccepts(g, set)
+		a, res := gpuAllocator(t, g)
+		var reqs []resourceapi.DeviceRequest
+		for i, p := range set {
+			reqs = append(reqs, profile(fmt.Sprintf("r%d", i), p, 1))
+		}
+		c := claim(reqs...)
+		got := fits(t, a, c)
+		if got != want {
+			t.Errorf("%s: allocator says %v, placement table says %v", strings.Join(set, "+"), got, want)
+			continue
+		}
+		if got {
+			accepted++
+			assertNoOverlap(t, res, allocatedDevices(c))
+		} else {
+			refused++
+		}
+	}
+	if accepted < 20 || refused < 20 {
+		t.Fatalf("too few cases each way: %d accepted, %d refused", accepted, refused)
+	}
+	t.Logf("%d sets accepted, %d refused, all as the placement table says", accepted, refused)
+}
+
+// assertNoOverlap checks the allocated partitions occupy disjoint slices.
+func assertNoOverlap(t *testing.T, res resourceslice.DriverResources, names []string) {
+	t.Helper()
+	byName := devicesByName(res)
+	var got []hw.Placement
+	for _, n := range names {
+		d := byName[n]
+		pl := hw.Placement{Start: int(*d.Attributes[attrPlacement].IntValue), Size: int(*d.Attributes[attrPlacementLen].IntValue)}
+		for _, o := range got {
+			if o.Overlaps(pl) {
+				t.Errorf("allocated overlapping placements %v and %v (%v)", o, pl, names)
+			}
+		}
+		got = append(got, pl)
+	}
+}
+
+func devicesByName(res resourceslice.DriverResources) map[string]resourceapi.Device {
+	out := map[string]resourceapi.Device{}
+	for _, p := range res.Pools {
+		for _, s := range p.Slices {
+			for _, d := range s.Devices {
+				out[d.Name] = d
+			}
+		}
+	}
+	return out
+}
+
+func TestFullGPUAndPartitionsExcludeEachOther(t *testing.T) {
+	a, _ := gpuAllocator(t, h100("0000:1b:00.0", 0))
+	mig := claim(profile("mig", "1g.10gb", 1))
+	if !fits(t, a, mig) {
+		t.Fatal("1g.10gb refused on an idle H100")
+	}
+	if fits(t, a, claim(profile("gpu", ProfileFull, 1))) {
+		t.Fatal("full GPU allocated while a MIG partition is allocated")
+	}
+	a.Release(mig)
+	full := claim(profile("gpu", ProfileFull, 1))
+	if !fits(t, a, full) {
+		t.Fatal("full GPU refused after the partition was released")
+	}
+	for _, p := range []string{"1g.10gb", "7g.80gb", "1g.10gb+me"} {
+		if fits(t, a, claim(profile("mig", p, 1))) {
+			t.Errorf("%s allocated while the full GPU is allocated", p)
+		}
+	}
+}
+
+func TestMIGAndVGPUNeverShareAGPU(t *testing.T) {
+	type step struct {
+		profile string
+		fits    bool
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"mig then vgpu", []step{{"1g.10gb", true}, {"H100-20C", false}, {"H100-1-10C", false}}},
+		{"time-sliced then mig", []step{{"H100-20C", true}, {"1g.10gb", false}, {"H100-1-10C", false}}},
+		{"mig-backed vgpu then mig", []step{{"H100-1-10C", true}, {"1g.10gb", false}, {"H100-20C", false}}},
+		{"two mig", []step{{"1g.10gb", true}, {"3g.40gb", true}}},
+		{"two time-sliced of one type", []step{{"H100-20C", true}, {"H100-20C", true}}},
+		{"two mig-backed types", []step{{"H100-1-10C", true}, {"H100-3-40C", true}}},
+		// Without heterogeneous mode one time-sliced type at a time.
+		{"two time-sliced types", []step{{"H100-20C", true}, {"H100-40C", false}}},
+		{"no full GPU in host-vgpu mode", []step{{ProfileFull, false}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a, _ := gpuAllocator(t, h100VGPU("0000:1b:00.0"))
+			for i, s := range tc.steps {
+				if got := fits(t, a, claim(profile("d", s.profile, 1))); got != s.fits {
+					t.Fatalf("step %d (%s): fits=%v, want %v", i, s.profile, got, s.fits)
+				}
+			}
+		})
+	}
+}
+
+func TestHeterogeneousVGPUTypesMix(t *testing.T) {
+	g := h100VGPU("0000:1b:00.0")
+	g.VGPU.Heterogeneous = true
+	a, _ := gpuAllocator(t, g)
+	if !fits(t, a, claim(profile("a", "H100-20C", 1))) || !fits(t, a, claim(profile("b", "H100-40C", 1))) {
+		t.Fatal("heterogeneous GPU refused two time-sliced types")
+	}
+	// 20 + 40 GiB used: another 40 GiB does not fit in 80.
+	if fits(t, a, claim(profile("c", "H100-40C", 1))) {
+		t.Fatal("framebuffer over-committed")
+	}
+}
+
+func TestPartitionsOfDifferentGPUsAreIndependent(t *testing.T) {
+	a, _ := gpuAllocator(t, dgx(2)...)
+	if !fits(t, a, claim(profile("full", ProfileFull, 1))) {
+		t.Fatal("full GPU refused")
+	}
+	c := claim(profile("mig", "7g.80gb", 1))
+	if !fits(t, a, c) {
+		t.Fatal("7g.80gb refused on the second, idle GPU")
+	}
+	if fits(t, a, claim(profile("mig", "1g.10gb", 1))) {
+		t.Fatal("partition allocated although both GPUs are in use")
+	}
+	devs := allocatedDevices(c)
+	sort.Strings(devs)
+	if len(devs) != 1 || !strings.HasPrefix(devs[0], "gpu-0000-") {
+		t.Fatalf("unexpected device %v", devs)
+	}
+}

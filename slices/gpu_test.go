@@ -1,0 +1,260 @@
+package slices
+
+import (
+	"encoding/json"
+	"math/rand"
+	"regexp"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/hwdra/hwdra/hw"
+)
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// checkLimits asserts every API limit the server would enforce per slice.
+func checkLimits(t *testing.T, res resourceslice.DriverResources) {
+	t.Helper()
+	for poolName, p := range res.Pools {
+		devices := map[string]bool{}
+		sets := map[string]resourceapi.CounterSet{}
+		for i, s := range p.Slices {
+			if len(s.Devices) > 0 && len(s.SharedCounters) > 0 {
+				t.Errorf("pool %s slice %d mixes devices and counters", poolName, i)
+			}
+			if len(s.SharedCounters) > resourceapi.ResourceSliceMaxCounterSets {
+				t.Errorf("slice %d: %d counter sets", i, len(s.SharedCounters))
+			}
+			for _, cs := range s.SharedCounters {
+				sets[cs.Name] = cs
+				if !dnsLabel.MatchString(cs.Name) || len(cs.Counters) > resourceapi.ResourceSliceMaxCountersPerCounterSet {
+					t.Errorf("counter set %q: bad name or %d counters", cs.Name, len(cs.Counters))
+				}
+				for c := range cs.Counters {
+					if !dnsLabel.MatchString(c) {
+						t.Errorf("counter name %q is not a DNS label", c)
+					}
+				}
+			}
+			limit := resourceapi.ResourceSliceMaxDevices
+			for _, d := range s.Devices {
+				if len(d.ConsumesCounters) > 0 || len(d.Taints) > 0 {
+					limit = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+				}
+			}
+			if len(s.Devices) > limit {
+				t.Errorf("slice %d: %d devices, limit %d", i, len(s.Devices), limit)
+			}
+			for _, d := range s.Devices {
+				if devices[d.Name] {
+					t.Errorf("duplicate device %s", d.Name)
+				}
+				devices[d.Name] = true
+				if !dnsLabel.MatchString(d.Name) {
+					t.Errorf("device name %q is not a DNS label", d.Name)
+				}
+				if n := len(d.Attributes) + len(d.Capacity); n > resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice {
+					t.Errorf("%s: %d attributes+capacities", d.Name, n)
+				}
+				if len(d.ConsumesCounters) > resourceapi.ResourceSliceMaxDeviceCounterConsumptionsPerDevice {
+					t.Errorf("%s: %d counter consumptions", d.Name, len(d.ConsumesCounters))
+				}
+				for _, a := range d.Attributes {
+					if a.StringValue != nil && len(*a.StringValue) > resourceapi.DeviceAttributeMaxValueLength {
+						t.Errorf("%s: attribute value %q too long", d.Name, *a.StringValue)
+					}
+				}
+				for _, c := range d.ConsumesCounters {
+					if len(c.CompatibilityGroups) > resourceapi.DeviceCompatibilityGroupsMaxSize {
+						t.Errorf("%s: %d compatibility groups", d.Name, len(c.CompatibilityGroups))
+					}
+					cs, ok := sets[c.CounterSet]
+					if !ok {
+						t.Errorf("%s consumes from unknown or later counter set %s", d.Name, c.CounterSet)
+					}
+					for name := range c.Counters {
+						if _, ok := cs.Counters[name]; !ok {
+							t.Errorf("%s consumes unknown counter %s/%s", d.Name, c.CounterSet, name)
+						}
+					}
+					if s.PartitionTypeAttribute == nil {
+						t.Errorf("slice %d has counter-consuming device %s but no partitionTypeAttribute", i, d.Name)
+					} else if v, ok := d.Attributes[resourceapi.QualifiedName(*s.PartitionTypeAttribute)]; !ok || v.StringValue == nil {
+						t.Errorf("%s lacks string attribute %s", d.Name, *s.PartitionTypeAttribute)
+					}
+				}
+			}
+		}
+	}
+}
+
+func deviceCount(res resourceslice.DriverResources) (devices, slices int) {
+	for _, p := range res.Pools {
+		slices += len(p.Slices)
+		for _, s := range p.Slices {
+			devices += len(s.Devices)
+		}
+	}
+	return
+}
+
+func TestLimitsOnLargeNodes(t *testing.T) {
+	vgpu := []hw.GPU{}
+	for _, g := range dgx(8) {
+		vgpu = append(vgpu, h100VGPU(g.PCIBusID))
+	}
+	for name, gpus := range map[string][]hw.GPU{"dgx 8xH100": dgx(8), "16 GPUs": dgx(16), "8 vGPU hosts": vgpu} {
+		t.Run(name, func(t *testing.T) {
+			res := GPUResources(testNode, gpus, AllFeatures)
+			checkLimits(t, res)
+			devices, slices := deviceCount(res)
+			// Per H100: 1 full + 7+3+2+1+1+7+4 MIG placements.
+			if name != "8 vGPU hosts" && devices != len(gpus)*26 {
+				t.Errorf("%d devices for %d GPUs, want %d", devices, len(gpus), len(gpus)*26)
+			}
+			if slices < 2+devices/64 {
+				t.Errorf("%d devices in only %d slices", devices, slices)
+			}
+			t.Logf("%d devices in %d slices", devices, slices)
+		})
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	gpus := dgx(8)
+	want, _ := json.Marshal(Objects(GPUDriver, testNode, GPUResources(testNode, gpus, AllFeatures)))
+	for i := 0; i < 5; i++ {
+		shuffled := append([]hw.GPU(nil), gpus...)
+		rand.Shuffle(len(shuffled), func(a, b int) { shuffled[a], shuffled[b] = shuffled[b], shuffled[a] })
+		got, _ := json.Marshal(Objects(GPUDriver, testNode, GPUResources(testNode, shuffled, AllFeatures)))
+		if string(got) != string(want) {
+			t.Fatal("output differs between runs or input orders")
+		}
+	}
+}
+
+func names(res resourceslice.DriverResources) map[string]resourceapi.Device { return devicesByName(res) }
+
+func TestDeliverableDevicesOnly(t *testing.T) {
+	a100MIG := h100("0000:1b:00.0", 0)
+	a100MIG.MIG.Enabled, a100MIG.MIG.SwitchWithoutReset = true, false
+	a100Off := a100MIG
+	a100Off.MIG.Enabled = false
+
+	withInstance := h100("0000:1b:00.0", 0)
+	withInstance.MIG.Enabled = true
+	withInstance.MIG.Instances = []hw.GPUInstance{{ID: 1, ProfileID: 2, Placement: hw.Placement{Start: 4, Size: 4}}}
+
+	noMIG := h100("0000:1b:00.0", 0)
+	noMIG.MIG = hw.MIG{}
+
+	bus := "0000:1b:00.0"
+	cases := []struct {
+		name       string
+		gpu        hw.GPU
+		f          Features
+		present    []string
+		absent     []string
+		wantCount  int
+		noCounters bool
+	}{
+		{name: "MIG on, needs reset to switch", gpu: a100MIG, f: AllFeatures,
+			present: []string{MIGName(bus, "1g.10gb", 0)}, absent: []string{GPUName(bus)}, wantCount: 25},
+		{name: "MIG off, needs reset to switch", gpu: a100Off, f: AllFeatures,
+			present: []string{GPUName(bus)}, absent: []string{MIGName(bus, "1g.10gb", 0)}, wantCount: 1},
+		{name: "existing 3g instance", gpu: withInstance, f: AllFeatures,
+			present: []string{MIGName(bus, "3g.40gb", 4), MIGName(bus, "3g.40gb", 0), MIGName(bus, "4g.40gb", 0), MIGName(bus, "1g.10gb", 3)},
+			absent:  []string{GPUName(bus), MIGName(bus, "1g.10gb", 4), MIGName(bus, "7g.80gb", 0), MIGName(bus, "1g.20gb", 4)}},
+		{name: "no MIG support", gpu: noMIG, f: AllFeatures, present: []string{GPUName(bus)}, wantCount: 1},
+		{name: "no partitionable devices: full only", gpu: h100(bus, 0), f: Features{CompatibilityGroups: true},
+			present: []string{GPUName(bus)}, wantCount: 1, noCounters: true},
+		{name: "no partitionable devices: existing instances only", gpu: withInstance, f: Features{},
+			present: []string{MIGName(bus, "3g.40gb", 4)}, wantCount: 1, noCounters: true},
+		{name: "no compatibility groups: no vGPU", gpu: h100VGPU(bus), f: Features{PartitionableDevices: true, PartitionType: true},
+			present: []string{MIGName(bus, "1g.10gb", 0)}, absent: []string{VGPUName(bus, "NVIDIA H100-20C", 0)}, wantCount: 25},
+		{name: "vGPU host", gpu: h100VGPU(bus), f: AllFeatures,
+			present: []string{VGPUName(bus, "NVIDIA H100-20C", 3), VGPUName(bus, "NVIDIA H100-1-10C", 6), MIGName(bus, "1g.10gb", 0)},
+			absent:  []string{GPUName(bus), VGPUName(bus, "NVIDIA H100-20C", 4)}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res := GPUResources(testNode, []hw.GPU{tc.gpu}, tc.f)
+			checkLimits(t, res)
+			got := names(res)
+			for _, n := range tc.present {
+				if _, ok := got[n]; !ok {
+					t.Errorf("missing %s", n)
+				}
+			}
+			for _, n := range tc.absent {
+				if _, ok := got[n]; ok {
+					t.Errorf("unexpected %s", n)
+				}
+			}
+			if tc.wantCount > 0 && len(got) != tc.wantCount {
+				t.Errorf("%d devices, want %d", len(got), tc.wantCount)
+			}
+			for _, d := range got {
+				if tc.noCounters && len(d.ConsumesCounters) > 0 {
+					t.Errorf("%s consumes counters without the feature", d.Name)
+				}
+				for _, c := range d.ConsumesCounters {
+					if !tc.f.CompatibilityGroups && len(c.CompatibilityGroups) > 0 {
+						t.Errorf("%s has compatibility groups without the feature", d.Name)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestCountersOfAnH100(t *testing.T) {
+	res := GPUResources(testNode, []hw.GPU{h100("0000:1b:00.0", 0)}, AllFeatures)
+	cs := res.Pools[testNode].Slices[0].SharedCounters
+	if len(cs) != 1 || cs[0].Name != "gpu-0000-1b-00-0" {
+		t.Fatalf("counter sets %+v", cs)
+	}
+	want := map[string]string{
+		"memory": "80Gi", "memory-slice-0": "1", "memory-slice-7": "1", "multiprocessors": "132",
+		"copy-engines": "8", "decoders": "7", "jpeg-engines": "7", "ofa-engines": "1",
+	}
+	for name, v := range want {
+		if got := cs[0].Counters[name].Value; got.String() != v {
+			t.Errorf("counter %s = %s, want %s", name, got.String(), v)
+		}
+	}
+	if _, ok := cs[0].Counters["encoders"]; ok {
+		t.Error("encoders counter on a GPU whose profiles have none")
+	}
+	d := names(res)[MIGName("0000:1b:00.0", "3g.40gb", 4)]
+	c := d.ConsumesCounters[0].Counters
+	for _, s := range []string{"memory-slice-4", "memory-slice-5", "memory-slice-6", "memory-slice-7"} {
+		if _, ok := c[s]; !ok {
+			t.Errorf("3g.40gb@4 does not consume %s", s)
+		}
+	}
+	if _, ok := c["memory-slice-3"]; ok {
+		t.Error("3g.40gb@4 consumes memory-slice-3")
+	}
+	if got := d.Attributes[AttrProfile]; *got.StringValue != "3g.40gb" {
+		t.Errorf("profile attribute %q", *got.StringValue)
+	}
+}
+
+func TestSemver(t *testing.T) {
+	for in, want := range map[string]string{"9.0": "9.0.0", "12.4": "12.4.0", "535.104.05": "535.104.5", "550.54.15": "550.54.15", "": "", "r535": "", "1.2.3.4": ""} {
+		if got := semver(in); got != want {
+			t.Errorf("semver(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestLongNamesStayUniqueLabels(t *testing.T) {
+	a := VGPUName("0000:1b:00.0", "NVIDIA GRID RTX8000P-48Q-with-an-absurdly-long-type-name-A", 1)
+	b := VGPUName("0000:1b:00.0", "NVIDIA GRID RTX8000P-48Q-with-an-absurdly-long-type-name-B", 1)
+	if a == b || !dnsLabel.MatchString(a) || !dnsLabel.MatchString(b) {
+		t.Fatalf("long names %q and %q", a, b)
+	}
+}

@@ -1,0 +1,49 @@
+package slices
+
+import (
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+)
+
+// pool lays out one pool within the API's per-slice limits: counter sets in
+// slices of their own (at most 8 each, the API forbids mixing them with
+// devices), then devices in order, at most 128 per slice or 64 once a slice
+// holds a device that consumes counters or carries taints. Device order is
+// kept: the allocator tries slices by name and devices in order, so callers
+// list preferred devices first.
+func pool(counterSets []resourceapi.CounterSet, devices []resourceapi.Device, partitionType resourceapi.FullyQualifiedName) resourceslice.Pool {
+	var p resourceslice.Pool
+	for start := 0; start < len(counterSets); start += resourceapi.ResourceSliceMaxCounterSets {
+		end := min(start+resourceapi.ResourceSliceMaxCounterSets, len(counterSets))
+		p.Slices = append(p.Slices, resourceslice.Slice{SharedCounters: counterSets[start:end]})
+	}
+	cur := -1 // index of the device slice being filled
+	limit := resourceapi.ResourceSliceMaxDevices
+	for _, d := range devices {
+		advanced := len(d.ConsumesCounters) > 0 || len(d.Taints) > 0
+		if cur >= 0 {
+			n := len(p.Slices[cur].Devices)
+			if n >= limit || advanced && n >= resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures {
+				cur = -1
+			}
+		}
+		if cur < 0 {
+			p.Slices = append(p.Slices, resourceslice.Slice{})
+			cur = len(p.Slices) - 1
+			limit = resourceapi.ResourceSliceMaxDevices
+		}
+		if advanced {
+			limit = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+		}
+		if partitionType != "" && len(d.ConsumesCounters) > 0 {
+			pt := partitionType
+			p.Slices[cur].PartitionTypeAttribute = &pt
+		}
+		p.Slices[cur].Devices = append(p.Slices[cur].Devices, d)
+	}
+	if len(p.Slices) == 0 {
+		// An empty pool still tells the scheduler the driver is up.
+		p.Slices = []resourceslice.Slice{{}}
+	}
+	return p
+}
