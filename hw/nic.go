@@ -45,4 +45,55 @@ type VF struct {
 	Driver     string `json:"driver,omitempty"`
 	DeviceID   string `json:"deviceID,omitempty"`
 	MAC        string `json:"mac,omitempty"`
+	MTU        int    `json:"mtu,omitempty"`
+	// RDMADevice is the VF's own RDMA device ("mlx5_3"), empty without.
+	RDMADevice string `json:"rdmaDevice,omitempty"`
+}
+
+// VFRef names one VF for configuration: VF Index of the PF whose netdev is
+// PF. Netdev is the VF's own netdev, needed only for MTU and link state;
+// empty when the VF has none (bound to vfio-pci), and then those two
+// settings are left alone.
+type VFRef struct {
+	PF     string `json:"pf"`
+	Index  int    `json:"index"`
+	Netdev string `json:"netdev,omitempty"`
+}
+
+// VFConfig is what the agent sets on a VF at prepare and restores at
+// unprepare. The first six fields are set through the PF (the VF's netdev
+// may live in another namespace or not exist); MTU and NetdevUp act on the
+// VF's netdev. Reading returns every field; applying applies every field,
+// except that an empty MAC, a zero MTU and a nil NetdevUp mean "leave as
+// is", so applying what was read restores it.
+type VFConfig struct {
+	// MAC is the administrative MAC ("02:00:00:00:00:01"). All zeroes clears
+	// it (mlx5 then lets the VF driver choose).
+	MAC string `json:"mac,omitempty"`
+	// VLAN is the port VLAN the PF inserts and strips (0: none, 1-4094).
+	VLAN int `json:"vlan"`
+	// QoS is the 802.1p priority of the port VLAN (0-7).
+	QoS int `json:"qos"`
+	// MinTxRateMbps and MaxTxRateMbps are the VF's transmit rate limits in
+	// Mb/s, the unit of the kernel's VF rate API; 0 means no limit.
+	MinTxRateMbps int  `json:"minTxRateMbps"`
+	MaxTxRateMbps int  `json:"maxTxRateMbps"`
+	SpoofChk      bool `json:"spoofChk"`
+	Trust         bool `json:"trust"`
+	// MTU of the VF's netdev; 0 leaves it.
+	MTU int `json:"mtu,omitempty"`
+	// NetdevUp is the administrative state of the VF's netdev; nil leaves it.
+	NetdevUp *bool `json:"netdevUp,omitempty"`
+}
+
+// VFConfigurator reads and applies VF settings. The sriov backend does it
+// with netlink on the PF; the mock records what it is asked (VF setters are
+// not supported on the veth links that stand in for VFs).
+//
+// SetVF applies the fields in a fixed order (MAC, VLAN/QoS, rate, spoof
+// check, trust, MTU, link state) and stops at the first error, as the
+// hardware would leave it: the caller restores what GetVF returned before.
+type VFConfigurator interface {
+	GetVF(ref VFRef) (VFConfig, error)
+	SetVF(ref VFRef, cfg VFConfig) error
 }

@@ -1,0 +1,193 @@
+package mock
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/hwdra/hwdra/hw"
+)
+
+// treeWriter writes NICs into the fake sysfs tree the way the kernel lays
+// them out, numbering ifindexes and RDMA devices as it goes.
+type treeWriter struct {
+	sysfs   string
+	ifindex int
+	rdma    int // next mlx5_<n> / irdma<n> and auxiliary device id
+}
+
+// PCI class codes: Ethernet and InfiniBand controllers.
+const (
+	classEthernet   = "0x020000"
+	classInfiniBand = "0x020700"
+)
+
+func (w *treeWriter) writePF(pf *mockPF) error {
+	class := classEthernet
+	if pf.linkType == hw.LinkInfiniBand {
+		class = classInfiniBand
+	}
+	d := pciDevice{
+		Address: pf.addr.String(), Root: pf.root, Bridge: pf.bridge, NUMANode: pf.numa,
+		Vendor: "0x" + pf.model.vendor, Device: "0x" + pf.model.device, Class: class, Driver: pf.model.driver,
+	}
+	if err := writeNewPCIDevice(w.sysfs, d); err != nil {
+		return err
+	}
+	dir := filepath.Join(w.sysfs, d.devicePath())
+	if err := writeFiles(dir, map[string]string{
+		"sriov_totalvfs":          strconv.Itoa(pf.totalVFs),
+		"sriov_numvfs":            strconv.Itoa(len(pf.vfs)),
+		"sriov_offset":            strconv.Itoa(pf.vfOffset() - pf.addr.rid),
+		"sriov_stride":            "1",
+		"sriov_vf_device":         pf.model.vfDevice,
+		"sriov_drivers_autoprobe": "1",
+	}); err != nil {
+		return err
+	}
+	nd := netdev{name: pf.netdev, mac: pfMAC(pf), mtu: pf.mtu, linkType: pf.linkType, up: pf.linkUp, speedMbps: pf.speedMbps}
+	if pf.eswitch == "switchdev" {
+		nd.portName = fmt.Sprintf("p%d", pf.addr.fn())
+	}
+	if err := w.writeNetdev(dir, nd); err != nil {
+		return err
+	}
+	if pf.eswitch == "switchdev" {
+		// VF representors share the PF's PCI device; only phys_port_name
+		// tells them from the uplink.
+		for _, vf := range pf.vfs {
+			rep := netdev{name: fmt.Sprintf("%sr%d", pf.netdev, vf.index), mac: vfMAC(pf, vf.index), mtu: 1500,
+				linkType: hw.LinkEthernet, portName: fmt.Sprintf("pf%dvf%d", pf.addr.fn(), vf.index)}
+			if err := w.writeNetdev(dir, rep); err != nil {
+				return err
+			}
+		}
+	}
+	if pf.rdma {
+		return w.writeRDMA(dir, pf)
+	}
+	return nil
+}
+
+func (w *treeWriter) writeVF(pf *mockPF, vf *mockVF) error {
+	pfDir := filepath.Join(w.sysfs, pciDevice{Address: pf.addr.String(), Root: pf.root, Bridge: pf.bridge}.devicePath())
+	class := classEthernet
+	if pf.linkType == hw.LinkInfiniBand {
+		class = classInfiniBand
+	}
+	d := pciDevice{
+		Address: vf.addr.String(), Root: pf.root, Bridge: pf.bridge, NUMANode: pf.numa,
+		Vendor: "0x" + pf.model.vendor, Device: "0x" + pf.model.vfDevice, Class: class, Driver: pf.vfDriver,
+	}
+	if err := writeNewPCIDevice(w.sysfs, d); err != nil {
+		return err
+	}
+	dir := filepath.Join(w.sysfs, d.devicePath())
+	if err := os.Symlink(filepath.Join("..", pf.addr.String()), filepath.Join(dir, "physfn")); err != nil {
+		return err
+	}
+	if err := os.Symlink(filepath.Join("..", vf.addr.String()), filepath.Join(pfDir, fmt.Sprintf("virtfn%d", vf.index))); err != nil {
+		return err
+	}
+	if vf.netdev == "" {
+		return nil // vfio-pci or unbound: no netdev, no RDMA device
+	}
+	// VF netdevs come up administratively down, with no carrier.
+	if err := w.writeNetdev(dir, netdev{name: vf.netdev, mac: vf.mac, mtu: pf.mtu, linkType: pf.linkType}); err != nil {
+		return err
+	}
+	if pf.rdma && pf.model.vfRDMA {
+		return w.writeRDMA(dir, pf)
+	}
+	return nil
+}
+
+// writeNewPCIDevice is writePCIDevice with a clear error when two mock
+// devices get the same address.
+func writeNewPCIDevice(sysfs string, d pciDevice) error {
+	if _, err := os.Lstat(filepath.Join(sysfs, "bus", "pci", "devices", d.Address)); err == nil {
+		return fmt.Errorf("PCI address %s is used twice in the profile", d.Address)
+	}
+	return writePCIDevice(sysfs, d)
+}
+
+type netdev struct {
+	name, mac string
+	mtu       int
+	linkType  hw.LinkType
+	up        bool
+	speedMbps int
+	portName  string // phys_port_name, "" for none
+}
+
+// writeNetdev creates <dev>/net/<name>/ and /sys/class/net/<name>.
+func (w *treeWriter) writeNetdev(devDir string, nd netdev) error {
+	dir := filepath.Join(devDir, "net", nd.name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	typ, mac := "1", nd.mac
+	if nd.linkType == hw.LinkInfiniBand {
+		// IPoIB hardware address: 4 bytes QPN and flags + the 16-byte GID.
+		typ, mac = "32", "00:00:10:49:fe:80:00:00:00:00:00:00:"+nd.mac+":00:00"
+	}
+	state, carrier, speed := "down", "0", "-1" // ethtool's SPEED_UNKNOWN
+	if nd.up {
+		state, carrier, speed = "up", "1", strconv.Itoa(nd.speedMbps)
+	}
+	w.ifindex++
+	files := map[string]string{
+		"address":   mac,
+		"mtu":       strconv.Itoa(nd.mtu),
+		"type":      typ,
+		"operstate": state,
+		"carrier":   carrier,
+		"speed":     speed,
+		"ifindex":   strconv.Itoa(w.ifindex),
+	}
+	if nd.portName != "" {
+		files["phys_port_name"] = nd.portName
+	}
+	if err := writeFiles(dir, files); err != nil {
+		return err
+	}
+	if err := os.Symlink(filepath.Join("..", "..", "..", filepath.Base(devDir)), filepath.Join(dir, "device")); err != nil {
+		return err
+	}
+	return w.classLink("net", nd.name, dir)
+}
+
+// writeRDMA creates the RDMA device under the function's auxiliary device
+// (<dev>/mlx5_core.rdma.<n>/infiniband/mlx5_<n>), the layout since 5.11.
+func (w *treeWriter) writeRDMA(devDir string, pf *mockPF) error {
+	n := w.rdma
+	w.rdma++
+	dir := filepath.Join(devDir, fmt.Sprintf("%s.%d", pf.model.rdmaAux, n), "infiniband", fmt.Sprintf("%s%d", pf.model.rdmaName, n))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return w.classLink("infiniband", filepath.Base(dir), dir)
+}
+
+// classLink makes /sys/class/<class>/<name> point at dir.
+func (w *treeWriter) classLink(class, name, dir string) error {
+	classDir := filepath.Join(w.sysfs, "class", class)
+	if err := os.MkdirAll(classDir, 0o755); err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(classDir, dir)
+	if err != nil {
+		return err
+	}
+	return os.Symlink(rel, filepath.Join(classDir, name))
+}
+
+func writeFiles(dir string, files map[string]string) error {
+	for name, value := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(value+"\n"), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

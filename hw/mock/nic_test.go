@@ -1,0 +1,229 @@
+package mock
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hwdra/hwdra/hw"
+)
+
+func TestNICGroupValidate(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"unknown model", "nics: [{model: cx9, count: 1}]", `nics[0].model: unknown NIC model "cx9" (known: cx6, cx7, e810)`},
+		{"no count", "nics: [{model: cx7}]", "nics[0].count: must be at least 1"},
+		{"too many VFs", "nics: [{model: cx7, count: 1, vfs: 20, totalVFs: 16}]", "nics[0].vfs: 20 is more than sriov_totalvfs (16)"},
+		{"negative VFs", "nics: [{model: cx7, count: 1, vfs: -1}]", "nics[0].vfs: must not be negative"},
+		{"VFs beyond the bus", "nics: [{model: cx7, count: 1, totalVFs: 300}]", "nics[0].totalVFs: at most 248"},
+		{"addresses vs count", `nics: [{model: cx7, count: 2, pciAddresses: ["0000:17:00.0"]}]`, "nics[0].pciAddresses: has 1 entries, count is 2"},
+		{"bad address", `nics: [{model: cx7, count: 1, pciAddresses: ["0000:17:00.0x"]}]`, `nics[0].pciAddresses[0]: "0000:17:00.0x" is not a lower-case PCI address`},
+		{"duplicate address", `nics: [{model: cx7, count: 2, pciAddresses: ["0000:17:00.0", "0000:17:00.0"]}]`, "nics[0].pciAddresses[1]: 0000:17:00.0 appears twice"},
+		{"bad root", `nics: [{model: cx7, count: 1, pcieRoots: ["0000:16"]}]`, `nics[0].pcieRoots[0]: "0000:16" is not a PCIe root`},
+		{"bad NUMA", "nics: [{model: cx7, count: 1, numaNodes: [-2]}]", "nics[0].numaNodes[0]: -2 is not a NUMA node"},
+		{"netdev too long for VF names", `nics: [{model: cx7, count: 1, netdevs: ["enp23s0f0np0x"]}]`, `nics[0].netdevs[0]: "enp23s0f0np0x" must be at most 11 characters`},
+		{"vf driver", "nics: [{model: e810, count: 1, vfDriver: mlx5_core}]", `nics[0].vfDriver: "mlx5_core" is not iavf, vfio-pci or none`},
+		{"default route index", "nics: [{model: cx7, count: 2, defaultRoute: 2}]", "nics[0].defaultRoute: 2 is not a PF index of this group (0-1)"},
+		{"no InfiniBand on E810", "nics: [{model: e810, count: 1, linkType: infiniband}]", `nics[0].linkType: e810 has no "infiniband" link`},
+		{"eswitch", "nics: [{model: cx7, count: 1, eswitchMode: offload}]", `nics[0].eswitchMode: "offload" is not legacy, switchdev or none`},
+		{"MTU", "nics: [{model: e810, count: 1, mtu: 9978}]", "nics[0].mtu: 9978 is outside 68-9702"},
+		{"unknown field", "nics: [{model: cx7, count: 1, speed: 1}]", `unknown field "speed"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("t", []byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestBuiltinNICProfiles(t *testing.T) {
+	for _, name := range []string{"cx7", "dgx-a100", "dgx-h100", "dgx-h200"} {
+		t.Run(name, func(t *testing.T) {
+			p, err := Load(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.GPUs = nil // NICs only: the GPU side has its own tests
+			h, err := New(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Close()
+			if len(h.NICs().pfs) < 2 {
+				t.Errorf("%d PFs, want at least 2", len(h.NICs().pfs))
+			}
+		})
+	}
+}
+
+func nicHW(t *testing.T, y string) *Hardware {
+	t.Helper()
+	p, err := Parse(t.Name(), []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	return h
+}
+
+func TestNICTree(t *testing.T) {
+	h := nicHW(t, `nics: [{model: cx7, count: 2, vfs: 3, pciAddresses: ["0000:17:00.0", "0000:17:00.1"], defaultRoute: 1, linkUp: false}]`)
+	read := func(p ...string) string {
+		b, err := os.ReadFile(filepath.Join(append([]string{h.Sysfs}, p...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	link := func(p ...string) string {
+		target, err := filepath.EvalSymlinks(filepath.Join(append([]string{h.Sysfs}, p...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(h.Sysfs, target)
+		return rel
+	}
+	for _, c := range []struct{ got, want string }{
+		{read("bus/pci/devices/0000:17:00.1/sriov_numvfs"), "3"},
+		{read("bus/pci/devices/0000:17:00.1/sriov_vf_device"), "101e"},
+		// Function 1's VFs come after function 0's sriov_totalvfs (127)
+		// routing IDs: 0x1708 + 127 + 2 = 0x1789.
+		{link("bus/pci/devices/0000:17:00.1/virtfn2"), "devices/pci0000:16/0000:16:01.0/0000:17:11.1"},
+		{read("bus/pci/devices/0000:17:00.1/sriov_offset"), "134"},
+		{link("bus/pci/devices/0000:17:11.1/physfn"), "devices/pci0000:16/0000:16:01.0/0000:17:00.1"},
+		{link("bus/pci/devices/0000:17:11.1/driver"), "bus/pci/drivers/mlx5_core"},
+		{link("class/net/enp23s0f1v2"), "devices/pci0000:16/0000:16:01.0/0000:17:11.1/net/enp23s0f1v2"},
+		{link("class/net/enp23s0f1/device"), "devices/pci0000:16/0000:16:01.0/0000:17:00.1"},
+		{read("class/net/enp23s0f1/operstate"), "down"},
+		{read("class/net/enp23s0f1/speed"), "-1"},
+		{link("class/infiniband/mlx5_1"), "devices/pci0000:16/0000:16:01.0/0000:17:00.1/mlx5_core.rdma.1/infiniband/mlx5_1"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+	if got, _ := h.NICs().DefaultRouteNetdevs(); !reflect.DeepEqual(got, []string{"enp23s0f1"}) {
+		t.Errorf("default routes %v", got)
+	}
+	if m, err := h.NICs().EswitchMode("0000:17:00.0"); m != "legacy" || err != nil {
+		t.Errorf("eswitch %q, %v", m, err)
+	}
+	if _, err := h.NICs().EswitchMode("0000:99:00.0"); !errors.Is(err, unix.ENODEV) {
+		t.Errorf("eswitch of no device: %v", err)
+	}
+}
+
+func TestNICAddressesNeverCollide(t *testing.T) {
+	// Default addresses take free buses, also around explicit ones.
+	h := nicHW(t, `nics: [{model: e810, count: 2, vfs: 1}, {model: cx7, count: 1, pciAddresses: ["0000:30:00.0"]}]`)
+	var got []string
+	for _, pf := range h.NICs().pfs {
+		got = append(got, pf.addr.String())
+	}
+	if want := []string{"0000:31:00.0", "0000:32:00.0", "0000:30:00.0"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("addresses %v, want %v", got, want)
+	}
+	_, err := New(Profile{Name: "dup", NICs: []NICGroup{
+		{Model: "cx7", Count: 1, PCIAddresses: []string{"0000:40:00.0"}},
+		{Model: "e810", Count: 1, PCIAddresses: []string{"0000:40:00.0"}},
+	}})
+	if err == nil || !strings.Contains(err.Error(), "PCI address 0000:40:00.0 is used twice") {
+		t.Errorf("duplicate address across groups: %v", err)
+	}
+}
+
+func TestVFRecorder(t *testing.T) {
+	h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 2, netdevs: [pf0], speedMbps: 100000}, {model: e810, count: 1, vfs: 1, netdevs: [pf1], vfDriver: vfio-pci}]`)
+	r := h.NICs().VFConfigurator()
+	vf0 := hw.VFRef{PF: "pf0", Index: 0, Netdev: "pf0v0"}
+	vfio := hw.VFRef{PF: "pf1", Index: 0}
+	// Initial state: MAC unset; E810 VFs start with spoof checking on,
+	// mlx5's with it off; a VF without netdev has no MTU or link state.
+	if c, _ := r.GetVF(vf0); c.MAC != "00:00:00:00:00:00" || c.SpoofChk || c.MTU != 1500 || c.NetdevUp == nil || *c.NetdevUp {
+		t.Errorf("CX7 VF at start: %+v", c)
+	}
+	if c, _ := r.GetVF(vfio); !c.SpoofChk || c.MTU != 0 || c.NetdevUp != nil {
+		t.Errorf("E810 vfio VF at start: %+v", c)
+	}
+	up := true
+	all := hw.VFConfig{MAC: "02:aa:00:00:00:01", VLAN: 100, QoS: 3, MaxTxRateMbps: 25000, Trust: true, MTU: 9000, NetdevUp: &up}
+	for _, tc := range []struct {
+		name string
+		ref  hw.VFRef
+		cfg  hw.VFConfig
+		want error
+	}{
+		{"everything", vf0, all, nil},
+		{"VLAN 4095", vf0, hw.VFConfig{VLAN: 4095}, unix.EINVAL},
+		{"QoS 8", vf0, hw.VFConfig{QoS: 8}, unix.EINVAL},
+		{"rate above link speed", vf0, hw.VFConfig{MaxTxRateMbps: 100001}, unix.EINVAL},
+		{"min above max", vf0, hw.VFConfig{MinTxRateMbps: 2000, MaxTxRateMbps: 1000}, unix.EINVAL},
+		{"negative rate", vf0, hw.VFConfig{MaxTxRateMbps: -1}, unix.EINVAL},
+		{"multicast MAC", vf0, hw.VFConfig{MAC: "01:00:5e:00:00:01"}, unix.EINVAL},
+		{"MTU above the model's", vf0, hw.VFConfig{MTU: 9979}, unix.EINVAL},
+		{"VF past numvfs", hw.VFRef{PF: "pf0", Index: 2}, hw.VFConfig{}, unix.EINVAL},
+		{"unknown PF", hw.VFRef{PF: "eth7"}, hw.VFConfig{}, unix.ENODEV},
+		{"wrong netdev", hw.VFRef{PF: "pf0", Index: 1, Netdev: "pf0v0"}, hw.VFConfig{}, unix.ENODEV},
+		{"vfio VF: rate at link speed and VLAN", vfio, hw.VFConfig{VLAN: 7, MaxTxRateMbps: 100000}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := r.SetVF(tc.ref, tc.cfg); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+				t.Errorf("SetVF: %v, want %v", err, tc.want)
+			}
+			if tc.name == "everything" {
+				if got, err := r.GetVF(vf0); err != nil || !reflect.DeepEqual(got, all) {
+					t.Errorf("GetVF = %+v, %v\nwant %+v", got, err, all)
+				}
+			}
+		})
+	}
+	// SetVF applies every field in order: the refused MTU call applied its
+	// zero VLAN, rate and trust first; MAC, MTU and link state were left.
+	got, _ := r.GetVF(vf0)
+	want := hw.VFConfig{MAC: "02:aa:00:00:00:01", MTU: 9000, NetdevUp: &up}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("GetVF = %+v\nwant %+v", got, want)
+	}
+	if n := len(r.Records()); n != 12 {
+		t.Errorf("%d records, want 12", n)
+	}
+	if rec := r.Records()[1]; rec.Config.VLAN != 4095 || !errors.Is(rec.Err, unix.EINVAL) {
+		t.Errorf("record 1: %+v", rec)
+	}
+	if c, _ := r.GetVF(vfio); c.VLAN != 7 || c.MaxTxRateMbps != 100000 || c.SpoofChk {
+		t.Errorf("E810 VF: %+v", c)
+	}
+}
+
+// TestVFRecorderStopsAtFirstError: like the hardware, a refused field
+// leaves the fields before it applied, so callers must restore.
+func TestVFRecorderStopsAtFirstError(t *testing.T) {
+	h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 1, netdevs: [pf0]}]`)
+	r := h.NICs().VFConfigurator()
+	ref := hw.VFRef{PF: "pf0", Index: 0}
+	before, _ := r.GetVF(ref)
+	err := r.SetVF(ref, hw.VFConfig{MAC: "02:00:00:00:00:09", VLAN: 5000, Trust: true})
+	if !errors.Is(err, unix.EINVAL) || !strings.Contains(err.Error(), "setting VLAN") {
+		t.Fatalf("SetVF: %v", err)
+	}
+	got, _ := r.GetVF(ref)
+	if got.MAC != "02:00:00:00:00:09" || got.VLAN != 0 || got.Trust {
+		t.Errorf("after a refused VLAN: %+v", got)
+	}
+	if err := r.SetVF(ref, before); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := r.GetVF(ref); !reflect.DeepEqual(got, before) {
+		t.Errorf("restore: %+v, want %+v", got, before)
+	}
+}

@@ -1,0 +1,179 @@
+package mock
+
+import (
+	"fmt"
+	"net"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hwdra/hwdra/hw"
+)
+
+// VFRecord is one SetVF call and how the "hardware" answered it.
+type VFRecord struct {
+	Ref    hw.VFRef
+	Config hw.VFConfig
+	Err    error
+}
+
+// VFRecorder is the mock's hw.VFConfigurator. VF setters return "operation
+// not supported" on the veth links that stand in for VFs, so it keeps the
+// VF state itself, refuses what the drivers refuse (with the errno they
+// return) and records every call. With veth stand-ins, MTU and link state
+// also go to the VF's veth.
+type VFRecorder struct {
+	mu      sync.Mutex
+	pfs     map[string]*recPF // by PF netdev
+	records []VFRecord
+	// netdev applies MTU/link state to a stand-in netdev; nil without.
+	netdev func(name string, mtu int, up *bool) error
+}
+
+type recPF struct {
+	speedMbps int // 0 while the link is down
+	maxMTU    int
+	rateCheck bool
+	vfs       []recVF
+}
+
+type recVF struct {
+	netdev string
+	cfg    hw.VFConfig
+}
+
+var _ hw.VFConfigurator = (*VFRecorder)(nil)
+
+func newVFRecorder(pfs []*mockPF) *VFRecorder {
+	r := &VFRecorder{pfs: map[string]*recPF{}}
+	for _, pf := range pfs {
+		p := &recPF{maxMTU: pf.model.maxMTU, rateCheck: pf.model.vfRateNeedsLinkMax}
+		if pf.linkUp {
+			p.speedMbps = pf.speedMbps
+		}
+		for _, vf := range pf.vfs {
+			cfg := hw.VFConfig{MAC: "00:00:00:00:00:00", SpoofChk: pf.model.vfSpoofChkDefault}
+			if vf.netdev != "" {
+				cfg.MTU = pf.mtu
+				cfg.NetdevUp = new(bool)
+			}
+			p.vfs = append(p.vfs, recVF{netdev: vf.netdev, cfg: cfg})
+		}
+		r.pfs[pf.netdev] = p
+	}
+	return r
+}
+
+// GetVF implements hw.VFConfigurator.
+func (r *VFRecorder) GetVF(ref hw.VFRef) (hw.VFConfig, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vf, err := r.lookup(ref)
+	if err != nil {
+		return hw.VFConfig{}, err
+	}
+	cfg := vf.cfg
+	if ref.Netdev == "" {
+		cfg.MTU, cfg.NetdevUp = 0, nil
+	} else if cfg.NetdevUp != nil {
+		cfg.NetdevUp = ptrTo(*cfg.NetdevUp)
+	}
+	return cfg, nil
+}
+
+// SetVF implements hw.VFConfigurator: fields apply in the documented order
+// and the first refused one stops it, leaving the earlier ones applied.
+func (r *VFRecorder) SetVF(ref hw.VFRef, cfg hw.VFConfig) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err := r.apply(ref, cfg)
+	if cfg.NetdevUp != nil {
+		cfg.NetdevUp = ptrTo(*cfg.NetdevUp)
+	}
+	r.records = append(r.records, VFRecord{Ref: ref, Config: cfg, Err: err})
+	return err
+}
+
+func (r *VFRecorder) apply(ref hw.VFRef, cfg hw.VFConfig) error {
+	vf, err := r.lookup(ref)
+	if err != nil {
+		return err
+	}
+	pf := r.pfs[ref.PF]
+	fail := func(what string, err error) error {
+		return fmt.Errorf("mock: VF %d of %s: setting %s: %w", ref.Index, ref.PF, what, err)
+	}
+	if cfg.MAC != "" {
+		mac, err := net.ParseMAC(cfg.MAC)
+		if err != nil || len(mac) != 6 || mac[0]&1 == 1 { // multicast
+			return fail("MAC", unix.EINVAL)
+		}
+		vf.cfg.MAC = mac.String()
+	}
+	if cfg.VLAN < 0 || cfg.VLAN > 4094 || cfg.QoS < 0 || cfg.QoS > 7 {
+		return fail("VLAN", unix.EINVAL)
+	}
+	vf.cfg.VLAN, vf.cfg.QoS = cfg.VLAN, cfg.QoS
+	switch {
+	case cfg.MinTxRateMbps < 0 || cfg.MaxTxRateMbps < 0:
+		return fail("rate", unix.EINVAL)
+	case cfg.MaxTxRateMbps != 0 && cfg.MinTxRateMbps > cfg.MaxTxRateMbps:
+		return fail("rate", unix.EINVAL)
+	case pf.rateCheck && pf.speedMbps > 0 && max(cfg.MinTxRateMbps, cfg.MaxTxRateMbps) > pf.speedMbps:
+		// mlx5 and ice refuse a VF rate above the link speed.
+		return fail("rate", unix.EINVAL)
+	}
+	vf.cfg.MinTxRateMbps, vf.cfg.MaxTxRateMbps = cfg.MinTxRateMbps, cfg.MaxTxRateMbps
+	vf.cfg.SpoofChk = cfg.SpoofChk
+	vf.cfg.Trust = cfg.Trust
+	if ref.Netdev == "" {
+		return nil
+	}
+	if cfg.MTU != 0 {
+		if cfg.MTU < 68 || cfg.MTU > pf.maxMTU {
+			return fail("MTU", unix.EINVAL)
+		}
+		if r.netdev != nil {
+			if err := r.netdev(ref.Netdev, cfg.MTU, nil); err != nil {
+				return fail("MTU", err)
+			}
+		}
+		vf.cfg.MTU = cfg.MTU
+	}
+	if cfg.NetdevUp != nil {
+		if r.netdev != nil {
+			if err := r.netdev(ref.Netdev, 0, cfg.NetdevUp); err != nil {
+				return fail("link state", err)
+			}
+		}
+		vf.cfg.NetdevUp = ptrTo(*cfg.NetdevUp)
+	}
+	return nil
+}
+
+// lookup finds the VF, refusing what netlink would: an unknown PF
+// (ENODEV), an index past sriov_numvfs (EINVAL), a netdev that is not
+// that VF's (ENODEV).
+func (r *VFRecorder) lookup(ref hw.VFRef) (*recVF, error) {
+	pf, ok := r.pfs[ref.PF]
+	if !ok {
+		return nil, fmt.Errorf("mock: PF %q: %w", ref.PF, unix.ENODEV)
+	}
+	if ref.Index < 0 || ref.Index >= len(pf.vfs) {
+		return nil, fmt.Errorf("mock: PF %s has no VF %d: %w", ref.PF, ref.Index, unix.EINVAL)
+	}
+	vf := &pf.vfs[ref.Index]
+	if ref.Netdev != "" && ref.Netdev != vf.netdev {
+		return nil, fmt.Errorf("mock: VF %d of %s has no netdev %q: %w", ref.Index, ref.PF, ref.Netdev, unix.ENODEV)
+	}
+	return vf, nil
+}
+
+// Records returns every SetVF call so far, in order.
+func (r *VFRecorder) Records() []VFRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]VFRecord(nil), r.records...)
+}
+
+func ptrTo[T any](v T) *T { return &v }
