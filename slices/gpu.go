@@ -21,21 +21,21 @@ const (
 	// AttrType is "gpu", "mig" or "vgpu".
 	AttrType = GPUDriver + "/type"
 
-	attrUUID         = "uuid"
-	attrParentUUID   = "parentUUID"
-	attrProductName  = "productName"
-	attrArchitecture = "architecture"
-	attrCUDACompute  = "cudaComputeCapability"
-	attrDriver       = "driverVersion"
-	attrCUDADriver   = "cudaDriverVersion"
-	attrMIGCapable   = "migCapable"
-	attrPlacement    = "placementStart"
-	attrPlacementLen = "placementSize"
-	attrVGPUType     = "vgpuType"
-	attrVGPUClass    = "vgpuClass"
-	attrMIGBacked    = "migBacked"
-	capMemory        = "memory"
-	capSMs           = "multiprocessors"
+	attrUUID         = GPUDriver + "/uuid"
+	attrParentUUID   = GPUDriver + "/parentUUID"
+	attrProductName  = GPUDriver + "/productName"
+	attrArchitecture = GPUDriver + "/architecture"
+	attrCUDACompute  = GPUDriver + "/cudaComputeCapability"
+	attrDriver       = GPUDriver + "/driverVersion"
+	attrCUDADriver   = GPUDriver + "/cudaDriverVersion"
+	attrMIGCapable   = GPUDriver + "/migCapable"
+	attrPlacement    = GPUDriver + "/placementStart"
+	attrPlacementLen = GPUDriver + "/placementSize"
+	attrVGPUType     = GPUDriver + "/vgpuType"
+	attrVGPUClass    = GPUDriver + "/vgpuClass"
+	attrMIGBacked    = GPUDriver + "/migBacked"
+	capMemory        = GPUDriver + "/memory"
+	capSMs           = GPUDriver + "/multiprocessors"
 )
 
 // Device kinds, the values of AttrType.
@@ -106,6 +106,7 @@ func GPUResources(nodeName string, gpus []hw.GPU, f Features) resourceslice.Driv
 // gpuDevices builds the devices of one GPU.
 type gpuDevices struct {
 	gpu          hw.GPU
+	common       map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 	f            Features
 	budget       gpuBudget
 	set          string
@@ -257,13 +258,25 @@ func (b *gpuDevices) consume(counters map[string]resourceapi.Counter, group stri
 	return []resourceapi.DeviceCounterConsumption{c}
 }
 
-// base holds the attributes every device of the GPU carries, so that
-// constraints (matchAttribute on NUMA node or PCIe root) work across kinds.
+// base starts a device with the attributes every device of the GPU
+// carries, so that constraints (matchAttribute on NUMA node or PCIe root)
+// work across kinds. The shared attributes are built once per GPU: the
+// values are read-only, so devices may share them.
 func (b *gpuDevices) base(name, kind, profile string) resourceapi.Device {
-	g := b.gpu
+	if b.common == nil {
+		b.common = gpuAttributes(b.gpu)
+	}
+	a := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(b.common)+6)
+	for k, v := range b.common {
+		a[k] = v
+	}
+	a[AttrType] = str(kind)
+	a[AttrProfile] = str(profile)
+	return resourceapi.Device{Name: name, Attributes: a}
+}
+
+func gpuAttributes(g hw.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		AttrType:         str(kind),
-		AttrProfile:      str(profile),
 		attrProductName:  str(g.ProductName),
 		attrArchitecture: str(g.Architecture),
 		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
@@ -283,7 +296,7 @@ func (b *gpuDevices) base(name, kind, profile string) resourceapi.Device {
 			a[name] = resourceapi.DeviceAttribute{VersionValue: &s}
 		}
 	}
-	return resourceapi.Device{Name: name, Attributes: a}
+	return a
 }
 
 func smTotal(g hw.GPU) int {
