@@ -148,8 +148,10 @@ func (d *gpuDevice) reset() {
 }
 
 // installServer fixes the server-level lookups, which type-assert devices
-// to *server.Device and compare bus IDs verbatim.
+// to *server.Device and compare bus IDs verbatim, and answers the function
+// forms of the handle methods (lib.DeviceGetUUID(dev), ...).
 func installServer(s *server.Server) {
+	forwardHandleFuncs(s)
 	s.DeviceGetHandleByUUIDFunc = func(id string) (nvml.Device, nvml.Return) {
 		for _, d := range s.Devices {
 			if d.(*gpuDevice).UUID == id {

@@ -299,3 +299,24 @@ func TestPreexistingInstances(t *testing.T) {
 	_, ret = dev.CreateGpuInstanceWithPlacement(&g3, at(4, 4))
 	want(t, "3g.40gb on the free half", ret, nvml.SUCCESS)
 }
+
+func TestLibraryFunctionForms(t *testing.T) {
+	h := newHW(t, "gpus: [{model: h100-80gb, count: 1, mig: true, migInstances: [{profile: 7g.80gb}]}]")
+	dev := device(t, h, 0)
+	lib := h.NVML
+	if a, _ := lib.DeviceGetUUID(dev); a != dev.UUID {
+		t.Errorf("DeviceGetUUID: %s, want %s", a, dev.UUID)
+	}
+	if cur, _, ret := lib.DeviceGetMigMode(dev); cur != 1 || ret != nvml.SUCCESS {
+		t.Errorf("DeviceGetMigMode: %d %v", cur, ret)
+	}
+	g7 := giProfile(t, dev, "7g.80gb")
+	gis, ret := lib.DeviceGetGpuInstances(dev, &g7)
+	if ret != nvml.SUCCESS || len(gis) != 1 {
+		t.Fatalf("DeviceGetGpuInstances: %d %v", len(gis), ret)
+	}
+	if info, ret := lib.GpuInstanceGetInfo(gis[0]); ret != nvml.SUCCESS || info.Placement != *at(0, 8) {
+		t.Errorf("GpuInstanceGetInfo: %+v %v", info, ret)
+	}
+	want(t, "GpuInstanceDestroy with a compute instance", lib.GpuInstanceDestroy(gis[0]), nvml.ERROR_IN_USE)
+}
