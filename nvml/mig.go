@@ -73,27 +73,9 @@ type profileInfoV3 interface {
 // giProfile reads one GPU instance profile; ok is false where the GPU does
 // not offer it.
 func (b *Backend) giProfile(ref gpuRef, dev nvml.Device, index int, totalBytes uint64) (info nvml.GpuInstanceProfileInfo, name string, ok bool, err error) {
-	var v3 nvml.GpuInstanceProfileInfo_v3
-	ret := nvml.ERROR_FUNCTION_NOT_FOUND
-	switch d := dev.(type) {
-	case profileInfoV3:
-		v3, ret = d.GetGpuInstanceProfileInfoV3(index)
-	default:
-		if isLibraryDevice(dev) && b.has("nvmlDeviceGetGpuInstanceProfileInfoV") {
-			v3, ret = dev.GetGpuInstanceProfileInfoV(index).V3()
-		}
-	}
-	switch ret {
-	case nvml.SUCCESS:
-		info = nvml.GpuInstanceProfileInfo{
-			Id: v3.Id, SliceCount: v3.SliceCount, InstanceCount: v3.InstanceCount,
-			MultiprocessorCount: v3.MultiprocessorCount, CopyEngineCount: v3.CopyEngineCount,
-			DecoderCount: v3.DecoderCount, EncoderCount: v3.EncoderCount,
-			JpegCount: v3.JpegCount, OfaCount: v3.OfaCount, MemorySizeMB: v3.MemorySizeMB,
-		}
-		name = strings.TrimPrefix(cString(v3.Name[:]), "MIG ")
-	case nvml.ERROR_FUNCTION_NOT_FOUND, nvml.ERROR_ARGUMENT_VERSION_MISMATCH:
-		// No v3 here (drivers before R535 know v2 at most): v1 + computed name.
+	info, name, ret := b.giProfileV(dev, index)
+	if ret == nvml.ERROR_FUNCTION_NOT_FOUND || ret == nvml.ERROR_ARGUMENT_VERSION_MISMATCH {
+		// No versioned call in this driver (or mock): v1 and a computed name.
 		info, ret = dev.GetGpuInstanceProfileInfo(index)
 	}
 	switch ret {
@@ -107,6 +89,35 @@ func (b *Backend) giProfile(ref gpuRef, dev nvml.Device, index int, totalBytes u
 		name = profileName(index, info, totalBytes)
 	}
 	return info, name, true, nil
+}
+
+// giProfileV reads a profile through the versioned call, which carries the
+// name: v3, else v2 on drivers that know v2 only. ERROR_FUNCTION_NOT_FOUND
+// where there is no versioned call to make.
+func (b *Backend) giProfileV(dev nvml.Device, index int) (nvml.GpuInstanceProfileInfo, string, nvml.Return) {
+	var v3 nvml.GpuInstanceProfileInfo_v3
+	ret := nvml.ERROR_FUNCTION_NOT_FOUND
+	if d, ok := dev.(profileInfoV3); ok {
+		v3, ret = d.GetGpuInstanceProfileInfoV3(index)
+	} else if isLibraryDevice(dev) && b.has("nvmlDeviceGetGpuInstanceProfileInfoV") {
+		v3, ret = dev.GetGpuInstanceProfileInfoV(index).V3()
+		if ret == nvml.ERROR_ARGUMENT_VERSION_MISMATCH {
+			v2, ret := dev.GetGpuInstanceProfileInfoV(index).V2()
+			return nvml.GpuInstanceProfileInfo{
+				Id: v2.Id, IsP2pSupported: v2.IsP2pSupported, SliceCount: v2.SliceCount,
+				InstanceCount: v2.InstanceCount, MultiprocessorCount: v2.MultiprocessorCount,
+				CopyEngineCount: v2.CopyEngineCount, DecoderCount: v2.DecoderCount,
+				EncoderCount: v2.EncoderCount, JpegCount: v2.JpegCount, OfaCount: v2.OfaCount,
+				MemorySizeMB: v2.MemorySizeMB,
+			}, strings.TrimPrefix(cString(v2.Name[:]), "MIG "), ret
+		}
+	}
+	return nvml.GpuInstanceProfileInfo{
+		Id: v3.Id, SliceCount: v3.SliceCount, InstanceCount: v3.InstanceCount,
+		MultiprocessorCount: v3.MultiprocessorCount, CopyEngineCount: v3.CopyEngineCount,
+		DecoderCount: v3.DecoderCount, EncoderCount: v3.EncoderCount,
+		JpegCount: v3.JpegCount, OfaCount: v3.OfaCount, MemorySizeMB: v3.MemorySizeMB,
+	}, strings.TrimPrefix(cString(v3.Name[:]), "MIG "), ret
 }
 
 // mig reads MIG capability, mode, profiles and, with MIG on, the existing
@@ -126,8 +137,9 @@ func (b *Backend) mig(ref gpuRef, dev nvml.Device, arch nvml.DeviceArchitecture,
 		Pending: pending == nvml.DEVICE_MIG_ENABLE,
 		// Hardware quirk: Hopper and later apply a MIG mode change at once.
 		// On Ampere it stays pending (GetMigMode: current != pending) until
-		// the GPU is reset, which needs the GPU idle or a reboot.
-		SwitchWithoutReset: arch >= nvml.DEVICE_ARCH_HOPPER,
+		// the GPU is reset, which needs the GPU idle or a reboot. Unknown
+		// architectures are assumed to need the reset.
+		SwitchWithoutReset: arch == nvml.DEVICE_ARCH_HOPPER || arch == nvml.DEVICE_ARCH_BLACKWELL || arch == nvml.DEVICE_ARCH_RUBIN,
 	}
 	var infos []nvml.GpuInstanceProfileInfo
 	byDriverID = map[uint32]int{}

@@ -134,6 +134,29 @@ type badPCI struct{ nvml.Device }
 
 func (badPCI) GetPciInfo() (nvml.PciInfo, nvml.Return) { return nvml.PciInfo{}, nvml.ERROR_UNKNOWN }
 
+type unknownArch struct{ nvml.Device }
+
+func (unknownArch) GetArchitecture() (nvml.DeviceArchitecture, nvml.Return) {
+	return nvml.DEVICE_ARCH_UNKNOWN, nvml.SUCCESS
+}
+
+// A GPU of an architecture we do not know is assumed to need a reset for a
+// MIG mode change.
+func TestUnknownArchitecture(t *testing.T) {
+	h := openMock(t, dgxH100)
+	b := New(failingLib{h.NVML, 0, func(d nvml.Device) nvml.Device { return unknownArch{d} }}, WithSysfs(h.Sysfs))
+	if err := b.Init(); err != nil {
+		t.Fatal(err)
+	}
+	gpus, err := b.GPUs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := gpus[0]; g.Architecture != "unknown" || g.MIG.SwitchWithoutReset || !gpus[1].MIG.SwitchWithoutReset {
+		t.Errorf("unknown architecture: %q, switch without reset %v", g.Architecture, g.MIG.SwitchWithoutReset)
+	}
+}
+
 type noNUMA struct{ nvml.Device }
 
 func (noNUMA) GetNumaNodeId() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
