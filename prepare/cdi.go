@@ -1,0 +1,81 @@
+package prepare
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// One CDI spec per claim, "<driver>_claim_<uid>.json", kind
+// "<driver>/claim", one CDI device per prepared device named after the
+// claim UID, so a runtime's cached spec of an earlier claim never matches.
+
+func (p *Plugin[R]) specName(uid types.UID) string { return p.specPrefix() + string(uid) + ".json" }
+
+func (p *Plugin[R]) specPrefix() string { return p.opts.DriverName + "_claim_" }
+
+// writeSpec writes the claim's spec and fills in each device's CDI ID.
+func (p *Plugin[R]) writeSpec(uid types.UID, devices []Device) error {
+	kind := p.opts.DriverName + "/claim"
+	spec := &cdispec.Spec{Kind: kind}
+	for i := range devices {
+		d := &devices[i]
+		if d.Edits == nil {
+			continue
+		}
+		name := string(uid) + "-" + d.Device
+		if d.ShareID != nil {
+			name += "-" + string(*d.ShareID)
+		}
+		spec.Devices = append(spec.Devices, cdispec.Device{Name: name, ContainerEdits: *d.Edits})
+		d.CDIDeviceIDs = []string{kind + "=" + name}
+	}
+	if len(spec.Devices) == 0 {
+		return nil
+	}
+	version, err := cdispec.MinimumRequiredVersion(spec)
+	if err != nil {
+		return fmt.Errorf("CDI spec: %w", err)
+	}
+	spec.Version = version
+	if err := p.cdi.WriteSpec(spec, p.specName(uid)); err != nil {
+		return fmt.Errorf("write CDI spec: %w", err)
+	}
+	return nil
+}
+
+func (p *Plugin[R]) removeSpec(uid types.UID) error {
+	return p.cdi.RemoveSpec(p.specName(uid))
+}
+
+// removeOrphanSpecs deletes claim specs of this driver whose claim is not
+// prepared: left behind by a crash between writing and recording.
+func (p *Plugin[R]) removeOrphanSpecs(ctx context.Context) error {
+	entries, err := os.ReadDir(p.opts.CDIDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), p.specPrefix())
+		if !ok {
+			continue
+		}
+		uid := types.UID(strings.TrimSuffix(rest, ".json"))
+		p.mu.Lock()
+		_, owned := p.cp.Claims[uid]
+		p.mu.Unlock()
+		if owned {
+			continue
+		}
+		klog.FromContext(ctx).Info("Removing orphaned CDI spec", "file", e.Name())
+		if err := p.removeSpec(uid); err != nil {
+			return err
+		}
+	}
+	return nil
+}

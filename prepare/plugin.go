@@ -1,0 +1,339 @@
+package prepare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// Device is one prepared device of a claim, as the checkpoint keeps it.
+type Device struct {
+	Requests []string   `json:"requests"`
+	Pool     string     `json:"pool"`
+	Device   string     `json:"device"`
+	ShareID  *types.UID `json:"shareID,omitempty"`
+	// Edits are what a container using the device gets (device nodes,
+	// environment, mounts). Nil: no CDI device.
+	Edits *cdispec.ContainerEdits `json:"edits,omitempty"`
+	// Attributes are the device metadata written for the container now.
+	// Nil defers metadata (network devices: written once the pod's network
+	// exists).
+	Attributes map[string]resourceapi.DeviceAttribute `json:"attributes,omitempty"`
+	// CDIDeviceIDs are filled in by the plugin when it writes the spec.
+	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+}
+
+// Driver does the hardware part of prepare for one driver name. R is its
+// record of applied side effects, kept in the checkpoint.
+type Driver[R any] interface {
+	// Prepare plans and applies a claim's devices of this driver. Before each
+	// side effect it calls save with a record that covers it (an intent is
+	// enough: "creating instance of profile P at placement X"), so that
+	// after a crash Unprepare can find and undo it. On error it returns the
+	// record of what was applied; the plugin then calls Unprepare.
+	Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(R) error) ([]Device, R, error)
+	// Unprepare undoes a record: idempotent, and it tolerates records of
+	// side effects that were only intended or were already undone.
+	Unprepare(ctx context.Context, claim types.UID, record R) error
+	// Reconcile runs at start, once leftover claims are rolled back: it
+	// removes hardware state that this driver creates but no record owns.
+	Reconcile(ctx context.Context, owned map[types.UID]R) error
+}
+
+// Options configure a Plugin.
+type Options struct {
+	DriverName string
+	// StateDir holds the checkpoint ("<driver>.checkpoint.json").
+	StateDir string
+	// CDIDir is where claim CDI specs go; the container runtime reads it.
+	CDIDir string
+	// BootID of the running kernel; empty reads /proc.
+	BootID string
+	// OnError gets background errors (ResourceSlice publishing).
+	OnError func(ctx context.Context, err error, msg string)
+}
+
+// Plugin is a kubeletplugin.DRAPlugin over a Driver.
+type Plugin[R any] struct {
+	opts   Options
+	driver Driver[R]
+	path   string
+
+	// mu guards cp and serialises checkpoint writes.
+	mu sync.Mutex
+	cp *Checkpoint[R]
+
+	claimLocks keyedMutex
+	cdi        *cdi.Cache
+}
+
+var _ kubeletplugin.DRAPlugin = (*Plugin[struct{}])(nil)
+
+// New loads the checkpoint and reconciles it with the hardware and the CDI
+// directory: claims left half-prepared are rolled back, hardware state and
+// CDI specs that no prepared claim owns are removed. An unreadable or
+// unknown-version checkpoint is set aside and reported, and the agent
+// starts with none: a crash loop would help nobody.
+func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R], error) {
+	logger := klog.FromContext(ctx)
+	if opts.BootID == "" {
+		opts.BootID = BootID()
+	}
+	for _, dir := range []string{opts.StateDir, opts.CDIDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(opts.CDIDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("CDI directory %s: %w", opts.CDIDir, err)
+	}
+	p := &Plugin[R]{opts: opts, driver: driver, cdi: cache, path: filepath.Join(opts.StateDir, opts.DriverName+".checkpoint.json")}
+	cp, err := readCheckpoint[R](p.path)
+	if errors.Is(err, ErrCorrupt) {
+		dest, mvErr := setAside(p.path, time.Now())
+		logger.Error(err, "Checkpoint unusable: set aside, starting without prepared claims; leftover hardware state is reclaimed below", "movedTo", dest)
+		if mvErr != nil {
+			return nil, errors.Join(err, mvErr)
+		}
+		cp, err = &Checkpoint[R]{Claims: map[types.UID]*Claim[R]{}}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint: %w", err)
+	}
+	if cp.BootID != "" && cp.BootID != opts.BootID {
+		// Rebooted: MIG instances, mediated devices and VF settings are
+		// gone, and so are the CDI specs in /var/run. The kubelet prepares
+		// running pods' claims again.
+		logger.Info("Node rebooted since the checkpoint was written: forgetting its claims", "claims", len(cp.Claims))
+		cp.Claims = map[types.UID]*Claim[R]{}
+	}
+	cp.BootID = opts.BootID
+	p.cp = cp
+
+	for uid, c := range cp.Claims {
+		if c.State == StatePrepared {
+			continue
+		}
+		logger.Info("Rolling back a claim left half-prepared", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+		if err := p.rollback(ctx, uid, c.Record); err != nil {
+			return nil, fmt.Errorf("roll back claim %s/%s: %w", c.Namespace, c.Name, err)
+		}
+		delete(cp.Claims, uid)
+	}
+	if err := p.save(); err != nil {
+		return nil, err
+	}
+	owned := map[types.UID]R{}
+	for uid, c := range cp.Claims {
+		owned[uid] = c.Record
+	}
+	if err := driver.Reconcile(ctx, owned); err != nil {
+		return nil, fmt.Errorf("reconcile hardware: %w", err)
+	}
+	if err := p.removeOrphanSpecs(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (p *Plugin[R]) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, claim := range claims {
+		devices, err := p.prepareClaim(ctx, claim)
+		if err != nil {
+			result[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)}
+			continue
+		}
+		result[claim.UID] = kubeletplugin.PrepareResult{Devices: toKubelet(devices)}
+	}
+	return result, nil
+}
+
+func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) ([]Device, error) {
+	unlock := p.claimLocks.lock(string(claim.UID))
+	defer unlock()
+
+	p.mu.Lock()
+	prev := p.cp.Claims[claim.UID]
+	p.mu.Unlock()
+	if prev != nil && prev.State == StatePrepared {
+		// The kubelet retries: same answer, hardware untouched.
+		return prev.Devices, nil
+	}
+	if prev != nil {
+		if err := p.rollback(ctx, claim.UID, prev.Record); err != nil {
+			return nil, fmt.Errorf("roll back earlier attempt: %w", err)
+		}
+	}
+
+	entry := &Claim[R]{Namespace: claim.Namespace, Name: claim.Name, State: StatePreparing}
+	if err := p.store(claim.UID, entry); err != nil {
+		return nil, err
+	}
+	save := func(r R) error {
+		p.mu.Lock()
+		entry.Record = r
+		p.mu.Unlock()
+		return p.store(claim.UID, entry)
+	}
+	devices, record, err := p.driver.Prepare(ctx, claim, save)
+	p.mu.Lock()
+	entry.Record = record
+	p.mu.Unlock()
+	if err == nil {
+		err = p.writeSpec(claim.UID, devices)
+	}
+	if err == nil {
+		p.mu.Lock()
+		entry.State, entry.Devices = StatePrepared, devices
+		p.mu.Unlock()
+		err = p.store(claim.UID, entry)
+	}
+	if err != nil {
+		if rbErr := p.rollback(ctx, claim.UID, record); rbErr != nil {
+			// The record stays, in state Preparing: the next start or
+			// attempt rolls it back again.
+			return nil, errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
+		}
+		return nil, errors.Join(err, p.store(claim.UID, nil))
+	}
+	return devices, nil
+}
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (p *Plugin[R]) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	result := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		result[c.UID] = p.unprepareClaim(ctx, c.UID)
+		if result[c.UID] != nil {
+			result[c.UID] = fmt.Errorf("claim %s: %w", c, result[c.UID])
+		}
+	}
+	return result, nil
+}
+
+func (p *Plugin[R]) unprepareClaim(ctx context.Context, uid types.UID) error {
+	unlock := p.claimLocks.lock(string(uid))
+	defer unlock()
+	p.mu.Lock()
+	entry := p.cp.Claims[uid]
+	p.mu.Unlock()
+	if entry == nil {
+		return nil // never prepared here, or already unprepared
+	}
+	// Back to Preparing first: if we crash half-way, start-up finishes the
+	// rollback instead of trusting a half-undone claim.
+	p.mu.Lock()
+	entry.State = StatePreparing
+	p.mu.Unlock()
+	if err := p.store(uid, entry); err != nil {
+		return err
+	}
+	if err := p.rollback(ctx, uid, entry.Record); err != nil {
+		return err
+	}
+	return p.store(uid, nil)
+}
+
+// rollback undoes a claim's side effects and its CDI spec.
+func (p *Plugin[R]) rollback(ctx context.Context, uid types.UID, record R) error {
+	return errors.Join(p.driver.Unprepare(ctx, uid, record), p.removeSpec(uid))
+}
+
+// store puts (or, with nil, removes) a claim and writes the checkpoint.
+func (p *Plugin[R]) store(uid types.UID, entry *Claim[R]) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if entry == nil {
+		delete(p.cp.Claims, uid)
+	} else {
+		p.cp.Claims[uid] = entry
+	}
+	return writeCheckpoint(p.path, p.cp)
+}
+
+func (p *Plugin[R]) save() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return writeCheckpoint(p.path, p.cp)
+}
+
+// HandleError implements kubeletplugin.DRAPlugin.
+func (p *Plugin[R]) HandleError(ctx context.Context, err error, msg string) {
+	if p.opts.OnError != nil {
+		p.opts.OnError(ctx, err, msg)
+		return
+	}
+	klog.FromContext(ctx).Error(err, msg)
+}
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin. Health reporting is
+// not implemented yet.
+func (p *Plugin[R]) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}
+
+// Prepared lists the prepared claims' UIDs, sorted.
+func (p *Plugin[R]) Prepared() []types.UID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []types.UID
+	for uid, c := range p.cp.Claims {
+		if c.State == StatePrepared {
+			out = append(out, uid)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func toKubelet(devices []Device) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(devices))
+	for _, d := range devices {
+		kd := kubeletplugin.Device{
+			Requests: d.Requests, PoolName: d.Pool, DeviceName: d.Device,
+			CDIDeviceIDs: d.CDIDeviceIDs, ShareID: d.ShareID,
+		}
+		if d.Attributes != nil {
+			kd.Metadata = &kubeletplugin.DeviceMetadata{Attributes: d.Attributes}
+		}
+		out = append(out, kd)
+	}
+	return out
+}
+
+// keyedMutex is one mutex per key, created on demand.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+func (k *keyedMutex) lock(key string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*sync.Mutex{}
+	}
+	m, ok := k.locks[key]
+	if !ok {
+		m = &sync.Mutex{}
+		k.locks[key] = m
+	}
+	k.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
