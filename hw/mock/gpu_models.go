@@ -62,8 +62,8 @@ var (
 // (memory 9.75/19.62/39.50/79.25 GiB; SM 16/16/26/32/60/64/132; CE 8 on 7g)
 // and the MIG user guide's H100 table (1 NVDEC + 1 NVJPG per compute slice,
 // 7g.80gb 7 NVDEC/7 NVJPG/1 OFA, OFA otherwise only on +me). go-nvml gave
-// 7g 5 decoders and no JPEG, 2g/3g/4g one or two decoders, 1g.20gb 16 SMs,
-// 3g 48 SMs, 7g 112 SMs and 7 copy engines.
+// no JPEG engines outside +me, 7g 5 decoders, 2g/3g/4g one or two,
+// 1g.20gb 16 SMs, 3g 48 SMs, 7g 112 SMs and 7 copy engines.
 func hopperProfiles(mem1, mem2, mem4, mem8 uint64) []profileRow {
 	return []profileRow{
 		{nvml.GPU_INSTANCE_PROFILE_1_SLICE, 19, "", 1, 7, 16, 1, 1, 0, 1, 0, mem1, seq7, 1},
@@ -99,8 +99,8 @@ func ampereProfiles(mem1, mem2, mem4, mem8 uint64) []profileRow {
 // a30Profiles: the A30 has 4 memory and 4 compute slices. Source: MIG user
 // guide's A30 table (1g.6gb 0 NVDEC x4; 1g.6gb+me 1/1/1; 2g.12gb 2 NVDEC x2;
 // 2g.12gb+me 2 NVDEC/1 JPEG/1 OFA; 4g.24gb 4 NVDEC/1 JPEG/1 OFA); memory
-// sizes are go-nvml's. Profile IDs as `nvidia-smi mig -lgip` prints them
-// on A30 (14, 21, 5, 6, 0).
+// sizes are go-nvml's. The driver profile IDs (14, 21, 5, 6, 0) follow
+// A30 `nvidia-smi mig -lgip` output as we know it; not checked on a board.
 func a30Profiles() []profileRow {
 	return []profileRow{
 		{nvml.GPU_INSTANCE_PROFILE_1_SLICE, 14, "", 1, 4, 14, 1, 0, 0, 0, 0, 5836, seq4, 1},
