@@ -1,0 +1,93 @@
+package api
+
+import (
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	gpuv1alpha1 "github.com/hwdra/hwdra/api/gpu/v1alpha1"
+	sriovv1alpha1 "github.com/hwdra/hwdra/api/sriov/v1alpha1"
+)
+
+func claimWith(configs ...resourceapi.DeviceAllocationConfiguration) *resourceapi.ResourceClaim {
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"},
+		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{
+			Devices: resourceapi.DeviceAllocationResult{Config: configs},
+		}},
+	}
+}
+
+func opaque(source resourceapi.AllocationConfigSource, driver, params string, requests ...string) resourceapi.DeviceAllocationConfiguration {
+	return resourceapi.DeviceAllocationConfiguration{Source: source, Requests: requests, DeviceConfiguration: resourceapi.DeviceConfiguration{
+		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driver, Parameters: runtime.RawExtension{Raw: []byte(params)}},
+	}}
+}
+
+const vf = `{"apiVersion":"sriov.hwdra.io/v1alpha1","kind":"VfConfig"`
+
+func TestVfConfigErrorsNameClaimRequestAndField(t *testing.T) {
+	cases := map[string]struct{ params, want string }{
+		"unknown field": {vf + `,"mtuu":1500}`, `unknown field "mtuu"`},
+		"bad mtu":       {vf + `,"mtu":20}`, "mtu: Invalid value: 20"},
+		"bad mac":       {vf + `,"mac":"zz"}`, "mac: Invalid value"},
+		"multicast mac": {vf + `,"mac":"01:00:5e:00:00:01"}`, "must be a unicast address"},
+		"bad vlan":      {vf + `,"vlan":4095}`, "vlan: Invalid value: 4095"},
+		"qos sans vlan": {vf + `,"vlanQoS":3}`, "vlanQoS: Invalid value: 3: needs a vlan"},
+		"bad address":   {vf + `,"addresses":["10.0.0.1"]}`, "addresses[0]: Invalid value"},
+		"bad route":     {vf + `,"routes":[{"destination":"10.0.0.0/8","gateway":"fe80::1"}]}`, "routes[0].gateway"},
+		"bad ifname":    {vf + `,"interfaceName":"a/b"}`, "interfaceName: Invalid value"},
+		"wrong kind":    {`{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"}`, "GpuConfig is not a configuration for sriov.hwdra.io"},
+		"unknown kind":  {`{"apiVersion":"sriov.hwdra.io/v1alpha1","kind":"Nope"}`, "no kind \"Nope\""},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := claimWith(opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", tc.params, "net"))
+			_, err := ForRequest(c, "sriov.hwdra.io", "net", &sriovv1alpha1.VfConfig{})
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, want := range []string{`claim ns/c, request "net"`, tc.want} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q lacks %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestClaimOverridesClassAndRequestsFilter(t *testing.T) {
+	c := claimWith(
+		opaque(resourceapi.AllocationConfigSourceClass, "sriov.hwdra.io", vf+`,"mtu":9000}`),
+		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"mtu":1500}`, "net"),
+		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"mtu":4000}`, "other"),
+		opaque(resourceapi.AllocationConfigSourceClaim, "gpu.hwdra.io", `{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"}`),
+	)
+	got, err := ForRequest(c, "sriov.hwdra.io", "net", &sriovv1alpha1.VfConfig{})
+	if err != nil || *got.MTU != 1500 || got.InterfaceName != "net1" || !*got.SpoofCheck {
+		t.Fatalf("%+v %v", got, err)
+	}
+	got, _ = ForRequest(c, "sriov.hwdra.io", "third", &sriovv1alpha1.VfConfig{})
+	if *got.MTU != 9000 {
+		t.Fatalf("class config not applied to other requests: %+v", got)
+	}
+	sub, _ := ForRequest(c, "sriov.hwdra.io", "net/fast", &sriovv1alpha1.VfConfig{})
+	if *sub.MTU != 1500 {
+		t.Fatalf("subrequest did not get its parent's config: %+v", sub)
+	}
+	none, err := ForRequest(claimWith(), "sriov.hwdra.io", "net", &sriovv1alpha1.VfConfig{})
+	if err != nil || none.InterfaceName != "net1" || none.MTU != nil {
+		t.Fatalf("defaults: %+v %v", none, err)
+	}
+}
+
+func TestGpuConfig(t *testing.T) {
+	c := claimWith(opaque(resourceapi.AllocationConfigSourceClaim, "gpu.hwdra.io",
+		`{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig","mig":{"computeInstanceSlices":9}}`))
+	if _, err := ForRequest(c, "gpu.hwdra.io", "gpu", &gpuv1alpha1.GpuConfig{}); err == nil || !strings.Contains(err.Error(), "mig.computeInstanceSlices") {
+		t.Fatalf("want mig.computeInstanceSlices error, got %v", err)
+	}
+}
