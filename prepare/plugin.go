@@ -336,4 +336,3 @@ func (k *keyedMutex) lock(key string) func() {
 	m.Lock()
 	return m.Unlock
 }
-
