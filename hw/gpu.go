@@ -25,7 +25,7 @@ type GPU struct {
 
 	MIG            MIG            `json:"mig"`
 	Virtualization Virtualization `json:"virtualization"`
-	VGPU           VGPU           `json:"vgpu,omitempty"`
+	VGPU           VGPU           `json:"vgpu,omitzero"`
 }
 
 // MIG describes a GPU's multi-instance GPU support and state.

@@ -78,6 +78,31 @@ func shortVGPUName(name string) string { return strings.TrimPrefix(name, "NVIDIA
 // GPU, and per GPU the whole GPU, its MIG partitions and its vGPU types, as
 // far as the hardware can deliver them in its current mode.
 func GPUResources(nodeName string, gpus []hw.GPU, f Features) resourceslice.DriverResources {
+	res, _ := buildGPUs(nodeName, gpus, f, false)
+	return res
+}
+
+// GPUDevice is what a published GPU device stands for on the hardware:
+// prepare looks devices up here by name.
+type GPUDevice struct {
+	Kind string // KindGPU, KindMIG or KindVGPU
+	GPU  hw.GPU
+	// Profile and Placement: a MIG partition, or the GPU instance a
+	// MIG-backed vGPU occupies.
+	Profile   hw.MIGProfile
+	Placement hw.Placement
+	// VGPUType is set for vGPUs.
+	VGPUType hw.VGPUType
+}
+
+// GPUDevices maps every device GPUResources publishes for these GPUs and
+// features to what it stands for; both come from one builder.
+func GPUDevices(gpus []hw.GPU, f Features) map[string]GPUDevice {
+	_, catalog := buildGPUs("", gpus, f, true)
+	return catalog
+}
+
+func buildGPUs(nodeName string, gpus []hw.GPU, f Features, withCatalog bool) (resourceslice.DriverResources, map[string]GPUDevice) {
 	gpus = append([]hw.GPU(nil), gpus...)
 	sort.Slice(gpus, func(i, j int) bool { return gpus[i].PCIBusID < gpus[j].PCIBusID })
 
@@ -85,9 +110,13 @@ func GPUResources(nodeName string, gpus []hw.GPU, f Features) resourceslice.Driv
 	var (
 		sets    []resourceapi.CounterSet
 		devices []resourceapi.Device
+		catalog map[string]GPUDevice
 	)
+	if withCatalog {
+		catalog = map[string]GPUDevice{}
+	}
 	for _, g := range gpus {
-		b := gpuDevices{gpu: g, f: f, budget: budgetFor(g, cache), set: GPUName(g.PCIBusID)}
+		b := gpuDevices{gpu: g, f: f, budget: budgetFor(g, cache), set: GPUName(g.PCIBusID), catalog: catalog}
 		b.build()
 		if b.usesCounters {
 			sets = append(sets, b.budget.counterSet(b.set, g.MIG.Profiles))
@@ -100,7 +129,7 @@ func GPUResources(nodeName string, gpus []hw.GPU, f Features) resourceslice.Driv
 	}
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 		nodeName: pool(sets, devices, partitionType),
-	}}
+	}}, catalog
 }
 
 // gpuDevices builds the devices of one GPU.
@@ -111,6 +140,7 @@ type gpuDevices struct {
 	budget       gpuBudget
 	set          string
 	devices      []resourceapi.Device
+	catalog      map[string]GPUDevice // nil unless asked for
 	usesCounters bool
 }
 
@@ -127,23 +157,23 @@ func (b *gpuDevices) build() {
 	if !b.f.PartitionableDevices {
 		// Without counters only fixed devices are safe to offer.
 		if !hostVGPU && !g.MIG.Enabled {
-			b.add(b.full(false))
+			b.add(b.full(false), GPUDevice{Kind: KindGPU})
 		}
 		for _, in := range g.MIG.Instances {
 			if p, ok := g.MIG.Profile(in.ProfileID); ok {
-				b.add(b.mig(p, in.Placement, false))
+				b.add(b.mig(p, in.Placement, false), GPUDevice{Kind: KindMIG, Profile: p, Placement: in.Placement})
 			}
 		}
 		return
 	}
 	b.usesCounters = true
 	if !hostVGPU && migOff {
-		b.add(b.full(true))
+		b.add(b.full(true), GPUDevice{Kind: KindGPU})
 	}
 	if migOn {
 		for _, p := range g.MIG.Profiles {
 			for _, pl := range b.freePlacements(p, true) {
-				b.add(b.mig(p, pl, true))
+				b.add(b.mig(p, pl, true), GPUDevice{Kind: KindMIG, Profile: p, Placement: pl})
 			}
 		}
 	}
@@ -152,7 +182,7 @@ func (b *gpuDevices) build() {
 			if t.GPUInstanceProfileID == nil {
 				if migOff {
 					for i := 0; i < t.MaxInstances; i++ {
-						b.add(b.timeSlicedVGPU(t, i))
+						b.add(b.timeSlicedVGPU(t, i), GPUDevice{Kind: KindVGPU, VGPUType: t})
 					}
 				}
 				continue
@@ -162,13 +192,19 @@ func (b *gpuDevices) build() {
 				continue
 			}
 			for _, pl := range b.freePlacements(p, false) {
-				b.add(b.migBackedVGPU(t, p, pl))
+				b.add(b.migBackedVGPU(t, p, pl), GPUDevice{Kind: KindVGPU, VGPUType: t, Profile: p, Placement: pl})
 			}
 		}
 	}
 }
 
-func (b *gpuDevices) add(d resourceapi.Device) { b.devices = append(b.devices, d) }
+func (b *gpuDevices) add(d resourceapi.Device, what GPUDevice) {
+	b.devices = append(b.devices, d)
+	if b.catalog != nil {
+		what.GPU = b.gpu
+		b.catalog[d.Name] = what
+	}
+}
 
 // freePlacements are a profile's placements that no existing instance
 // overlaps (or, with reuse, that an existing instance of that profile

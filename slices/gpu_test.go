@@ -258,3 +258,27 @@ func TestLongNamesStayUniqueLabels(t *testing.T) {
 		t.Fatalf("long names %q and %q", a, b)
 	}
 }
+
+func TestGPUDevicesMatchPublishedDevices(t *testing.T) {
+	gpus := append(dgx(2), h100VGPU("0000:f0:00.0"))
+	published := names(GPUResources(testNode, gpus, AllFeatures))
+	catalog := GPUDevices(gpus, AllFeatures)
+	if len(catalog) != len(published) {
+		t.Fatalf("catalog has %d devices, slices %d", len(catalog), len(published))
+	}
+	for name, d := range published {
+		what, ok := catalog[name]
+		if !ok {
+			t.Fatalf("%s published but not in the catalog", name)
+		}
+		if kind := *d.Attributes[AttrType].StringValue; kind != what.Kind {
+			t.Errorf("%s: kind %s in slices, %s in catalog", name, kind, what.Kind)
+		}
+		if what.GPU.PCIBusID != *d.Attributes["resource.kubernetes.io/pciBusID"].StringValue {
+			t.Errorf("%s: catalog GPU %s", name, what.GPU.PCIBusID)
+		}
+		if what.Kind == KindMIG && MIGName(what.GPU.PCIBusID, what.Profile.Name, what.Placement.Start) != name {
+			t.Errorf("%s: catalog says %s at %d", name, what.Profile.Name, what.Placement.Start)
+		}
+	}
+}

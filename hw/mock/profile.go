@@ -29,8 +29,8 @@ type GPUGroup struct {
 	// PCIBusIDs, when set, has Count entries; otherwise addresses are
 	// assigned in order.
 	PCIBusIDs []string `json:"pciBusIDs,omitempty"`
-	// NUMANodes, when set, has Count entries; otherwise every GPU is on
-	// NUMA node 0.
+	// NUMANodes, when set, has Count entries; otherwise the first half of
+	// the GPUs is on NUMA node 0 and the rest on node 1, as on a DGX.
 	NUMANodes []int `json:"numaNodes,omitempty"`
 	// MIG turns MIG mode on at start.
 	MIG bool `json:"mig,omitempty"`
