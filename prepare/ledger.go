@@ -1,0 +1,109 @@
+package prepare
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// Ledger is a small persistent map, written atomically on every change,
+// for hardware state a driver creates outside any one claim's record: the
+// GPU instances it made, the VFs whose settings it changed. Start-up
+// reconciliation compares it with the claims' records, so state made by
+// this agent is reclaimed while state made by an administrator (a static
+// MIG partition) is never touched.
+type Ledger[V any] struct {
+	path string
+	mu   sync.Mutex
+	m    map[string]V
+}
+
+type ledgerFile[V any] struct {
+	Version string       `json:"version"`
+	Entries map[string]V `json:"entries"`
+}
+
+const ledgerVersion = "hwdra.io/ledger/v1"
+
+// OpenLedger reads a ledger; a missing file is empty. An unreadable file
+// is set aside and reported, and the ledger starts empty.
+func OpenLedger[V any](path string) (*Ledger[V], error) {
+	l := &Ledger[V]{path: path, m: map[string]V{}}
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return l, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var f ledgerFile[V]
+	if err := json.Unmarshal(raw, &f); err != nil || f.Version != ledgerVersion {
+		dest, mvErr := setAside(path, time.Now())
+		klog.ErrorS(err, "Ledger unusable: set aside; state it listed is no longer reclaimed automatically", "file", path, "version", f.Version, "movedTo", dest)
+		if mvErr != nil {
+			return nil, mvErr
+		}
+		return l, nil
+	}
+	if f.Entries != nil {
+		l.m = f.Entries
+	}
+	return l, nil
+}
+
+// Put records an entry (before the state it describes is created).
+func (l *Ledger[V]) Put(key string, v V) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.m[key] = v
+	return l.write()
+}
+
+// Delete forgets an entry (after the state it describes is gone).
+func (l *Ledger[V]) Delete(key string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.m[key]; !ok {
+		return nil
+	}
+	delete(l.m, key)
+	return l.write()
+}
+
+// Get returns one entry.
+func (l *Ledger[V]) Get(key string) (V, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v, ok := l.m[key]
+	return v, ok
+}
+
+// Keys lists the entries' keys, sorted.
+func (l *Ledger[V]) Keys() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keys := make([]string, 0, len(l.m))
+	for k := range l.m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func (l *Ledger[V]) write() error {
+	raw, err := json.Marshal(ledgerFile[V]{Version: ledgerVersion, Entries: l.m})
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(l.path, raw); err != nil {
+		return fmt.Errorf("ledger %s: %w", l.path, err)
+	}
+	return nil
+}
