@@ -45,9 +45,6 @@ type VF struct {
 	Driver     string `json:"driver,omitempty"`
 	DeviceID   string `json:"deviceID,omitempty"`
 	MAC        string `json:"mac,omitempty"`
-	MTU        int    `json:"mtu,omitempty"`
-	// RDMADevice is the VF's own RDMA device ("mlx5_3"), empty without.
-	RDMADevice string `json:"rdmaDevice,omitempty"`
 }
 
 // VFRef names one VF for configuration: VF Index of the PF whose netdev is

@@ -64,19 +64,34 @@ func Discover(opts Options) ([]hw.PF, error) {
 		defaultRoute[n] = true
 	}
 
+	var sc scan
+	if sc.netdevs, err = scanClass(opts.SysfsRoot, "net"); err != nil {
+		return nil, fmt.Errorf("sriov: listing netdevs: %w", err)
+	}
+	sc.eswitch = opts.Eswitch
+
 	var (
 		pfs      []hw.PF
 		problems []error
+		vfs      = map[string]bool{} // VFs seen: no need to look at them again
 	)
 	for _, e := range entries { // ReadDir sorts by name, i.e. by address
+		// A VF's address follows its PF's (routing ID = PF's + offset), so
+		// the PF has been read and the VF skipped without a syscall.
+		if vfs[e.Name()] {
+			continue
+		}
 		d := newDevice(opts.SysfsRoot, e.Name())
 		if !isSRIOVNetworkPF(d, &problems) {
 			continue
 		}
-		pf, err := readPF(d, opts.Eswitch, &problems)
+		pf, err := sc.readPF(d.resolved(), &problems)
 		if err != nil {
 			problems = append(problems, err)
 			continue
+		}
+		for _, vf := range pf.VFs {
+			vfs[vf.PCIAddress] = true
 		}
 		pf.DefaultRoute = pf.Netdev != "" && defaultRoute[pf.Netdev]
 		pfs = append(pfs, pf)
@@ -100,10 +115,16 @@ func isSRIOVNetworkPF(d device, problems *[]error) bool {
 	return strings.HasPrefix(strings.ToLower(class), "0x02")
 }
 
+// scan is what one Discover call reads once for all devices.
+type scan struct {
+	netdevs classIndex
+	eswitch EswitchSource
+}
+
 // readPF reads one PF. Identity and VF counts are required (an error leaves
 // the PF out); everything else degrades to "unknown" and, where that is
 // not a normal state, a problem.
-func readPF(d device, eswitch EswitchSource, problems *[]error) (hw.PF, error) {
+func (sc scan) readPF(d device, problems *[]error) (hw.PF, error) {
 	pf := hw.PF{PCIAddress: d.address, NUMANode: hw.UnknownNUMANode}
 	var err error
 	if pf.VendorID, err = d.readHexID("vendor"); err != nil {
@@ -118,12 +139,19 @@ func readPF(d device, eswitch EswitchSource, problems *[]error) (hw.PF, error) {
 	if pf.NumVFs, err = d.readInt("sriov_numvfs"); err != nil {
 		return pf, err
 	}
-	pf.Driver = readDriver(d, problems)
+	pf.Driver = readDriver(d, true, problems)
 	pf.NUMANode = readNUMANode(d, problems)
 	if attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(d.address, deviceattribute.WithFSFromRoot(d.root)); err == nil {
 		pf.PCIeRoot = *attr.Value.StringValue
 	} else {
 		*problems = append(*problems, d.err("PCIe root", err))
+	}
+	if mode, err := sc.eswitch.EswitchMode(d.address); err == nil && mode != "unknown" {
+		// Best effort: most drivers (and kernels without devlink) have none.
+		pf.EswitchMode = mode
+	}
+	if pf.Netdev = uplink(d, sc.netdevs[d.address]); pf.Netdev != "" {
+		readNetdev(d, &pf, problems)
 	}
 	entries, err := d.list(".")
 	if err != nil {
@@ -132,24 +160,25 @@ func readPF(d device, eswitch EswitchSource, problems *[]error) (hw.PF, error) {
 	if pf.RDMADevice, err = rdmaDevice(d, entries); err != nil {
 		*problems = append(*problems, err)
 	}
-	if mode, err := eswitch.EswitchMode(d.address); err == nil && mode != "unknown" {
-		// Best effort: most drivers (and kernels without devlink) have none.
-		pf.EswitchMode = mode
-	}
-
-	netdevs, err := d.list("net")
-	if err != nil {
-		*problems = append(*problems, err)
-	}
-	if pf.Netdev = uplink(d, netdevs); pf.Netdev != "" {
-		readNetdev(d, &pf, problems)
-	}
-	pf.VFs = readVFs(d, entries, problems)
+	// One read for all VFs' device ID (kernels since 5.10); else per VF.
+	vfDeviceID, _ := d.readHexID("sriov_vf_device")
+	pf.VFs = sc.readVFs(d, entries, vfDeviceID, problems)
 	return pf, nil
 }
 
-func readDriver(d device, problems *[]error) string {
-	drv, err := d.linkTarget("driver")
+// readDriver returns the bound driver's name, "" when unbound. check also
+// stats the link's target, to report a dangling link; VFs skip that (the
+// kernel removes the link on unbind) since it costs a syscall per VF.
+func readDriver(d device, check bool, problems *[]error) string {
+	var (
+		drv string
+		err error
+	)
+	if check {
+		drv, err = d.linkTarget("driver")
+	} else if drv, err = d.readlink("driver"); err == nil {
+		drv = filepath.Base(drv)
+	}
 	if err != nil {
 		if !isNotExist(err) {
 			*problems = append(*problems, err)
@@ -172,13 +201,32 @@ func readNUMANode(d device, problems *[]error) int {
 	return hw.UnknownNUMANode
 }
 
-// rdmaDevice finds the RDMA device of a PCI function. Kernels before 5.11
-// put it in <dev>/infiniband/<name>; since mlx5 and ice moved to the
-// auxiliary bus it sits one level down, under the auxiliary device
+// RDMADevice returns the RDMA device of a PCI function ("mlx5_3"), "" if
+// it has none. Discover fills it for PFs only; prepare asks for the one VF
+// it hands out rather than every VF costing a directory listing.
+func RDMADevice(sysfsRoot, pciAddress string) (string, error) {
+	if sysfsRoot == "" {
+		sysfsRoot = DefaultSysfsRoot
+	}
+	d := newDevice(sysfsRoot, pciAddress)
+	entries, err := os.ReadDir(d.dir)
+	if err != nil {
+		return "", d.err(".", unwrapPath(err))
+	}
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Name()
+	}
+	return rdmaDevice(d, names)
+}
+
+// rdmaDevice finds the RDMA device among a function's directory entries.
+// Kernels before 5.11 put it in <dev>/infiniband/<name>; since mlx5 and ice
+// moved to the auxiliary bus it sits under the auxiliary device
 // (<dev>/mlx5_core.rdma.0/infiniband/mlx5_0, <dev>/ice.roce.0/...).
 func rdmaDevice(d device, entries []string) (string, error) {
 	for _, e := range entries {
-		if e != "infiniband" && strings.Count(e, ".") != 2 { // aux devices: <module>.<name>.<id>
+		if e != "infiniband" && !isAuxDevice(e) {
 			continue
 		}
 		dir := "infiniband"
@@ -202,14 +250,14 @@ func first(s []string) string {
 
 var uplinkPortName = regexp.MustCompile(`^p\d+$`)
 
-// uplink picks the PF's own netdev among those under <dev>/net. In legacy
-// mode there is one. In switchdev mode the VF representors (phys_port_name
-// "pf0vf3") sit there too and the uplink's phys_port_name is "p0".
+// uplink picks the PF's own netdev among those on its PCI function (sorted
+// by name). In legacy mode there is one. In switchdev mode the VF
+// representors (phys_port_name "pf0vf3") sit there too and the uplink's
+// phys_port_name is "p0".
 func uplink(d device, netdevs []string) string {
 	if len(netdevs) <= 1 {
 		return first(netdevs)
 	}
-	sort.Strings(netdevs)
 	for _, n := range netdevs {
 		if name, err := d.read(filepath.Join("net", n, "phys_port_name")); err == nil && uplinkPortName.MatchString(name) {
 			return n
@@ -283,7 +331,7 @@ func linkUp(d device, dir string) bool {
 
 // readVFs reads the virtfn<N> links. A dangling link (a VF going away while
 // sriov_numvfs changes) leaves that VF out and is reported.
-func readVFs(d device, names []string, problems *[]error) []hw.VF {
+func (sc scan) readVFs(d device, names []string, vfDeviceID string, problems *[]error) []hw.VF {
 	var vfs []hw.VF
 	for _, name := range names {
 		idx, ok := strings.CutPrefix(name, "virtfn")
@@ -294,42 +342,49 @@ func readVFs(d device, names []string, problems *[]error) []hw.VF {
 		if err != nil {
 			continue
 		}
-		addr, err := d.linkTarget(name)
+		target, err := d.readlink(name)
 		if err != nil {
 			*problems = append(*problems, err)
 			continue
 		}
-		vfs = append(vfs, readVF(newDevice(d.root, addr), index, problems))
+		// The VF's real directory: no symlink to walk for each of its files.
+		vfDev := device{root: d.root, address: filepath.Base(target), dir: filepath.Join(d.dir, target)}
+		vf, err := sc.readVF(vfDev, index, vfDeviceID, problems)
+		if isNotExist(err) {
+			// The VF's directory is gone, not just one file of it.
+			if _, statErr := os.Stat(filepath.Join(d.dir, name)); statErr != nil {
+				err = d.err(name, fmt.Errorf("%w to %s: %v", ErrDanglingLink, target, unwrapPath(statErr)))
+			}
+		}
+		if err != nil {
+			*problems = append(*problems, err)
+			continue
+		}
+		vfs = append(vfs, vf)
 	}
 	sort.Slice(vfs, func(i, j int) bool { return vfs[i].Index < vfs[j].Index })
 	return vfs
 }
 
-// readVF reads what is known of a VF; all of it is optional. A VF bound to
-// vfio-pci (or to no driver) has no netdev, so no MAC or MTU.
-func readVF(d device, index int, problems *[]error) hw.VF {
-	vf := hw.VF{Index: index, PCIAddress: d.address}
-	vf.Driver = readDriver(d, problems)
-	if id, err := d.readHexID("device"); err == nil {
-		vf.DeviceID = id
-	} else if !isNotExist(err) {
-		*problems = append(*problems, err)
+// readVF reads what is known of a VF. A VF bound to vfio-pci (or to no
+// driver) has no netdev, so no MAC. A VF whose directory is gone is an
+// error (isNotExist): its virtfn link dangles.
+func (sc scan) readVF(d device, index int, deviceID string, problems *[]error) (hw.VF, error) {
+	vf := hw.VF{Index: index, PCIAddress: d.address, DeviceID: deviceID}
+	var err error
+	if vf.DeviceID == "" {
+		if vf.DeviceID, err = d.readHexID("device"); err != nil {
+			return vf, err
+		}
 	}
-	netdevs, err := d.list("net")
-	if err != nil {
-		*problems = append(*problems, err)
+	if vf.Driver = readDriver(d, false, problems); vf.Driver == "" {
+		// Unbound, or gone: only the directory tells.
+		if _, err := os.Stat(d.dir); err != nil {
+			return vf, d.err(".", unwrapPath(err))
+		}
 	}
-	if vf.Netdev = first(netdevs); vf.Netdev != "" {
-		dir := filepath.Join("net", vf.Netdev)
-		vf.MAC, _ = d.read(filepath.Join(dir, "address"))
-		vf.MTU, _ = d.readInt(filepath.Join(dir, "mtu"))
+	if vf.Netdev = first(sc.netdevs[d.address]); vf.Netdev != "" {
+		vf.MAC, _ = d.read(filepath.Join("net", vf.Netdev, "address"))
 	}
-	entries, err := d.list(".")
-	if err != nil {
-		*problems = append(*problems, err)
-	}
-	if vf.RDMADevice, err = rdmaDevice(d, entries); err != nil {
-		*problems = append(*problems, err)
-	}
-	return vf
+	return vf, nil
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // DeviceError is a problem with one PCI device's sysfs entry. It names the
@@ -42,6 +44,29 @@ func newDevice(root, address string) device {
 	return device{root: root, address: address, dir: filepath.Join(root, "bus", "pci", "devices", address)}
 }
 
+// resolved points dir at the device's real directory under devices/, so
+// reading its files walks no symlink. Unchanged if the link is unreadable.
+func (d device) resolved() device {
+	target, err := os.Readlink(d.dir)
+	if err != nil {
+		return d
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(filepath.Dir(d.dir), target)
+	}
+	d.dir = target
+	return d
+}
+
+// readlink returns a symlink's target as written (no existence check).
+func (d device) readlink(file string) (string, error) {
+	target, err := os.Readlink(filepath.Join(d.dir, file))
+	if err != nil {
+		return "", d.err(file, unwrapPath(err))
+	}
+	return target, nil
+}
+
 func (d device) err(file string, err error) error {
 	return &DeviceError{PCIAddress: d.address, File: file, Err: err}
 }
@@ -50,11 +75,33 @@ func (d device) err(file string, err error) error {
 // A missing file is reported as fs.ErrNotExist (wrapped), so callers can
 // treat "absent" as a value.
 func (d device) read(file string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(d.dir, file))
+	s, err := readAttr(filepath.Join(d.dir, file))
 	if err != nil {
-		return "", d.err(file, unwrapPath(err))
+		return "", d.err(file, err)
 	}
-	return strings.TrimSpace(string(b)), nil
+	return s, nil
+}
+
+// readAttr reads a sysfs attribute with open, one read and close: sysfs
+// hands out at most a page per attribute, in one read. (os.ReadFile adds
+// an fstat and a second read, which adds up over hundreds of VFs.)
+func readAttr(path string) (string, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(fd)
+	var buf [4096]byte
+	for {
+		n, err := unix.Read(fd, buf[:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(string(buf[:n])), nil
+	}
 }
 
 func (d device) readInt(file string) (int, error) {
@@ -88,9 +135,9 @@ func (d device) readHexID(file string) (string, error) {
 // being unbound) is an error naming the link.
 func (d device) linkTarget(file string) (string, error) {
 	p := filepath.Join(d.dir, file)
-	target, err := os.Readlink(p)
+	target, err := d.readlink(file)
 	if err != nil {
-		return "", d.err(file, unwrapPath(err))
+		return "", err
 	}
 	if _, err := os.Stat(p); err != nil {
 		// %v, not %w: a dangling link is not a missing file to the callers.

@@ -1,0 +1,175 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+const header = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\n"
+
+func TestParseValid(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		yaml string
+		want []rule
+	}{{
+		name: "no nics: nothing selected",
+		yaml: header,
+		want: nil,
+	}, {
+		name: "catch-all with the built-in policy",
+		yaml: header + "nics:\n- {}\n",
+		want: []rule{{index: 0, mode: ModeShared, bandwidth: DefaultBandwidth}},
+	}, {
+		name: "selectors normalised",
+		yaml: header + `nics:
+- select:
+    names: [ens1f0np0]
+    pciAddresses: ["0000:17:00.0", "B1:00.1"]
+    vendorIDs: ["0x15B3"]
+    deviceIDs: ["1021"]
+    drivers: [mlx5_core]
+  mode: exclusive
+`,
+		want: []rule{{index: 0, mode: ModeExclusive, bandwidth: DefaultBandwidth, sel: PFSelector{
+			Names: []string{"ens1f0np0"}, PCIAddresses: []string{"0000:17:00.0", "0000:b1:00.1"},
+			VendorIDs: []string{"15b3"}, DeviceIDs: []string{"1021"}, Drivers: []string{"mlx5_core"},
+		}}},
+	}, {
+		name: "full bandwidth policy",
+		yaml: header + "nics:\n- bandwidth: {default: 25G, minimum: 5G, step: 5G}\n",
+		want: []rule{{index: 0, mode: ModeShared, bandwidth: BandwidthPolicy{DefaultMbps: 25000, MinimumMbps: 5000, StepMbps: 5000}}},
+	}, {
+		name: "step only: minimum is the step, default rounds up to it",
+		yaml: header + "nics:\n- bandwidth: {step: 4G}\n",
+		want: []rule{{index: 0, mode: ModeShared, bandwidth: BandwidthPolicy{DefaultMbps: 12000, MinimumMbps: 4000, StepMbps: 4000}}},
+	}, {
+		name: "minimum only: shares are its multiples",
+		yaml: header + "nics:\n- bandwidth: {minimum: 500M}\n",
+		want: []rule{{index: 0, mode: ModeShared, bandwidth: BandwidthPolicy{DefaultMbps: 10000, MinimumMbps: 500, StepMbps: 500}}},
+	}, {
+		name: "minimum above the built-in default",
+		yaml: header + "nics:\n- bandwidth: {minimum: 40G, step: 10G}\n",
+		want: []rule{{index: 0, mode: ModeShared, bandwidth: BandwidthPolicy{DefaultMbps: 40000, MinimumMbps: 40000, StepMbps: 10000}}},
+	}, {
+		name: "decimal quantities",
+		yaml: header + "nics:\n- bandwidth: {default: 2.5G, minimum: 500M, step: 0.5G}\n",
+		want: []rule{{index: 0, mode: ModeShared, bandwidth: BandwidthPolicy{DefaultMbps: 2500, MinimumMbps: 500, StepMbps: 500}}},
+	}, {
+		name: "disabled, then the rest",
+		yaml: header + "nics:\n- select: {names: [eth0]}\n  mode: disabled\n- mode: shared\n",
+		want: []rule{
+			{index: 0, mode: ModeDisabled, bandwidth: DefaultBandwidth, sel: PFSelector{Names: []string{"eth0"}, PCIAddresses: []string{}, VendorIDs: []string{}, DeviceIDs: []string{}, Drivers: []string{}}},
+			{index: 1, mode: ModeShared, bandwidth: DefaultBandwidth},
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Empty lists and nil lists select alike.
+			for i := range c.rules {
+				c.rules[i].sel = canon(c.rules[i].sel)
+			}
+			for i := range tc.want {
+				tc.want[i].sel = canon(tc.want[i].sel)
+			}
+			if !reflect.DeepEqual(c.rules, tc.want) {
+				t.Errorf("rules:\n got %+v\nwant %+v", c.rules, tc.want)
+			}
+		})
+	}
+}
+
+func canon(s PFSelector) PFSelector {
+	for _, l := range []*[]string{&s.Names, &s.PCIAddresses, &s.VendorIDs, &s.DeviceIDs, &s.Drivers} {
+		if len(*l) == 0 {
+			*l = nil
+		}
+	}
+	return s
+}
+
+// TestParseInvalid: every bad field is an error that names it, and a file
+// with an error gives no configuration.
+func TestParseInvalid(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"empty file", "", "empty file"},
+		{"no apiVersion", "kind: AgentConfig\n", `apiVersion: "" is not supported (use config.hwdra.io/v1alpha1)`},
+		{"wrong apiVersion", "apiVersion: config.hwdra.io/v2\nkind: AgentConfig\n", `apiVersion: "config.hwdra.io/v2" is not supported`},
+		{"wrong kind", "apiVersion: config.hwdra.io/v1alpha1\nkind: Config\n", `kind: "Config" is not AgentConfig`},
+		{"unknown top-level field", header + "gpus: []\n", "gpus: unknown field"},
+		{"unknown nested field", header + "nics:\n- {}\n- bandwidth: {stp: 1G}\n", "nics[1].bandwidth.stp: unknown field"},
+		{"case matters", header + "nics:\n- Mode: shared\n", "nics[0].Mode: unknown field"},
+		{"duplicate key", header + "nics: []\nnics: []\n", `key "nics" already set`},
+		{"nics not a list", header + "nics: {mode: shared}\n", "nics: must be a list"},
+		{"select not an object", header + "nics:\n- select: eth0\n", "nics[0].select: must be an object"},
+		{"unquoted device ID", header + "nics:\n- select: {deviceIDs: [1021]}\n", "nics[0].select.deviceIDs[0]: must be a string (quote it)"},
+		{"mode", header + "nics:\n- mode: dedicated\n", `nics[0].mode: "dedicated" is not shared, exclusive or disabled`},
+		{"name", header + "nics:\n- select: {names: [\"\"]}\n", `nics[0].select.names[0]: "" is not a netdev name`},
+		{"long name", header + "nics:\n- select: {names: [enp23s0f0np0v127]}\n", `nics[0].select.names[0]: "enp23s0f0np0v127" is not a netdev name`},
+		{"address", header + "nics:\n- select: {pciAddresses: [\"0000:17:00\"]}\n", `nics[0].select.pciAddresses[0]: "0000:17:00" is not a PCI address like 0000:17:00.0`},
+		{"vendor", header + "nics:\n- select: {vendorIDs: [\"15b\"]}\n", `nics[0].select.vendorIDs[0]: "15b" is not four hex digits`},
+		{"device", header + "nics:\n- select: {deviceIDs: [\"xyz1\"]}\n", `nics[0].select.deviceIDs[0]: "xyz1" is not four hex digits`},
+		{"driver", header + "nics:\n- select: {drivers: [\"mlx5 core\"]}\n", `nics[0].select.drivers[0]: "mlx5 core" is not a driver name`},
+		{"bandwidth in exclusive mode", header + "nics:\n- mode: exclusive\n  bandwidth: {default: 1G}\n", "nics[0].bandwidth: only applies to mode shared"},
+		{"step zero", header + "nics:\n- {}\n- bandwidth: {step: \"0\"}\n", "nics[1].bandwidth.step: must be > 0"},
+		{"negative minimum", header + "nics:\n- bandwidth: {minimum: -1G}\n", "nics[0].bandwidth.minimum: must be > 0"},
+		{"not a quantity", header + "nics:\n- bandwidth: {default: 10Gbps}\n", `nics[0].bandwidth.default: "10Gbps" is not a quantity in bits per second`},
+		{"number, not a quantity string", header + "nics:\n- bandwidth: {default: 10}\n", "nics[0].bandwidth.default: must be a string"},
+		{"binary suffix", header + "nics:\n- bandwidth: {step: 1Gi}\n", "nics[0].bandwidth.step: 1Gi must be a whole number of Mb/s"},
+		{"below 1 Mb/s", header + "nics:\n- bandwidth: {minimum: 100k}\n", "nics[0].bandwidth.minimum: 100k must be a whole number of Mb/s"},
+		{"absurd", header + "nics:\n- bandwidth: {default: 1E}\n", "nics[0].bandwidth.default: 1E is above 100T"},
+		{"default below minimum", header + "nics:\n- bandwidth: {default: 1G, minimum: 2G}\n", "nics[0].bandwidth.default: 1G is below the minimum (2G)"},
+		{"default off the step", header + "nics:\n- bandwidth: {default: 10G, minimum: 1G, step: 2G}\n",
+			"nics[0].bandwidth.default: 10G is not the minimum (1G) plus a multiple of the step (2G)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			}
+			if c != nil {
+				t.Error("a configuration came back with the error")
+			}
+		})
+	}
+}
+
+func TestParseReportsEveryError(t *testing.T) {
+	_, err := Parse([]byte(header + "nics:\n- mode: x\n- bandwidth: {step: \"0\"}\n"))
+	for _, want := range []string{"nics[0].mode:", "nics[1].bandwidth.step:"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not mention %s", err, want)
+		}
+	}
+}
+
+func TestLoad(t *testing.T) {
+	c, err := Load("")
+	if err != nil || !reflect.DeepEqual(c, Default()) {
+		t.Errorf("Load(\"\") = %+v, %v; want the default", c, err)
+	}
+	dir := t.TempDir()
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Error("a missing file given explicitly must be an error, not the default")
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte(header+"nics:\n- mode: x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(bad); err == nil || !strings.Contains(err.Error(), "config "+bad+": nics[0].mode") {
+		t.Errorf("Load(bad) = %v; want the path and the field", err)
+	}
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte(header+"nics:\n- mode: exclusive\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := Load(good); err != nil || len(c.rules) != 1 || c.rules[0].mode != ModeExclusive {
+		t.Errorf("Load(good) = %+v, %v", c, err)
+	}
+}

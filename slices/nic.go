@@ -1,0 +1,200 @@
+package slices
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/hw"
+)
+
+// NIC attribute and capacity names, in the driver's domain (CEL:
+// device.attributes["sriov.hwdra.io"].pfName; constraints:
+// "sriov.hwdra.io/pfName"). The standard ones (PCI address of an exclusive
+// VF, NUMA node, PCIe root) keep their resource.kubernetes.io names so
+// constraints match them across drivers: a GPU and a VF share on one NUMA
+// node.
+const (
+	NICAttrMode         resourceapi.QualifiedName = "mode" // "shared" or "exclusive"
+	NICAttrPFName       resourceapi.QualifiedName = "pfName"
+	NICAttrPFPCIAddress resourceapi.QualifiedName = "pfPciAddress"
+	NICAttrVendorID     resourceapi.QualifiedName = "vendorID" // "15b3"
+	NICAttrDeviceID     resourceapi.QualifiedName = "deviceID" // the PF's: "1021"
+	NICAttrDriver       resourceapi.QualifiedName = "driver"   // the PF's: "mlx5_core"
+	NICAttrLinkType     resourceapi.QualifiedName = "linkType" // "ethernet", "infiniband"
+	NICAttrRDMA         resourceapi.QualifiedName = "rdma"
+	NICAttrEswitchMode  resourceapi.QualifiedName = "eswitchMode"
+	NICAttrVFIndex      resourceapi.QualifiedName = "vfIndex"
+	NICAttrVFDeviceID   resourceapi.QualifiedName = "vfDeviceID"
+	NICAttrVFDriver     resourceapi.QualifiedName = "vfDriver" // "mlx5_core", "iavf", "vfio-pci"
+
+	// NICCapBandwidth is the link speed in bits per second; on shared
+	// devices each allocation consumes a share of it.
+	NICCapBandwidth resourceapi.QualifiedName = "bandwidth"
+	// NICCapVFs is a shared PF's VF count; each allocation consumes one.
+	NICCapVFs resourceapi.QualifiedName = "vfs"
+)
+
+// NICResources builds the sriov.hwdra.io devices of the offered PFs: in
+// shared mode one device per PF that many claims share (bandwidth and VF
+// capacities), in exclusive mode one device per VF. It returns the PFs it
+// left out and why: a link that is down, a link speed that is unknown or
+// too slow for the policy. The pool is named after the node.
+//
+// Without ConsumableCapacity the API server would drop the shared devices'
+// capacities and every claim would take a whole PF, so shared PFs fall back
+// to exclusive mode (one device per VF); the caller says so in its log.
+//
+// Device names derive from the PF's PCI address, stable across reboots:
+// "nic-0000-17-00-0" for a shared PF, "nic-0000-17-00-0-vf-3" for its VF 3.
+func NICResources(nodeName string, offers []config.NICOffer, f Features) (resourceslice.DriverResources, []config.Skip) {
+	offers = append([]config.NICOffer(nil), offers...)
+	sort.SliceStable(offers, func(i, j int) bool { return offers[i].PF.PCIAddress < offers[j].PF.PCIAddress })
+	var (
+		devices []resourceapi.Device
+		skips   []config.Skip
+	)
+	for _, o := range offers {
+		pf := o.PF
+		if !pf.LinkUp {
+			skips = append(skips, config.SkipPF(pf, "link is down"))
+			continue
+		}
+		mode := o.Mode
+		if mode == config.ModeShared && !f.ConsumableCapacity {
+			mode = config.ModeExclusive
+		}
+		switch mode {
+		case config.ModeShared:
+			d, reason := sharedDevice(pf, o.Bandwidth)
+			if reason != "" {
+				skips = append(skips, config.SkipPF(pf, reason))
+				continue
+			}
+			devices = append(devices, d)
+		case config.ModeExclusive:
+			for _, vf := range pf.VFs {
+				devices = append(devices, vfDevice(pf, vf))
+			}
+		default:
+			skips = append(skips, config.SkipPF(pf, fmt.Sprintf("mode %q is not published", o.Mode)))
+		}
+	}
+	return resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{nodeName: pool(nil, devices, "")},
+	}, skips
+}
+
+// NICDeviceName is the shared device of a PF.
+func NICDeviceName(pfAddress string) string { return join("nic", label(pfAddress)) }
+
+// NICVFDeviceName is the exclusive device of VF index of a PF.
+func NICVFDeviceName(pfAddress string, index int) string {
+	return join("nic", label(pfAddress), "vf", strconv.Itoa(index))
+}
+
+// sharedDevice: the bandwidth capacity's request policy is the configured
+// one, fitted to the link: the largest valid share (the range's max, which
+// the API wants on the step grid) is the largest on-grid value not above
+// the link speed, and the default is clamped to it.
+func sharedDevice(pf hw.PF, p config.BandwidthPolicy) (resourceapi.Device, string) {
+	speed := pf.SpeedMbps
+	switch {
+	case speed <= 0:
+		return resourceapi.Device{}, "link speed unknown: bandwidth shares need it"
+	case speed < p.MinimumMbps:
+		return resourceapi.Device{}, fmt.Sprintf("link speed %s is below the bandwidth minimum %s", bps(speed), bps(p.MinimumMbps))
+	case len(pf.VFs) == 0:
+		return resourceapi.Device{}, "no VFs"
+	}
+	maxShare := p.MinimumMbps + (speed-p.MinimumMbps)/p.StepMbps*p.StepMbps
+	rng := &resourceapi.CapacityRequestPolicyRange{Min: quantityBps(p.MinimumMbps), Max: quantityBps(maxShare)}
+	if maxShare > p.MinimumMbps { // the API wants min+step within the capacity
+		rng.Step = quantityBps(p.StepMbps)
+	}
+	d := resourceapi.Device{
+		Name:                     NICDeviceName(pf.PCIAddress),
+		Attributes:               pfAttributes(pf, config.ModeShared),
+		AllowMultipleAllocations: new(true),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			NICCapBandwidth: {
+				Value: *quantityBps(speed),
+				RequestPolicy: &resourceapi.CapacityRequestPolicy{
+					Default:    quantityBps(min(p.DefaultMbps, maxShare)),
+					ValidRange: rng,
+				},
+			},
+			NICCapVFs: {
+				Value: *resource.NewQuantity(int64(len(pf.VFs)), resource.DecimalSI),
+				RequestPolicy: &resourceapi.CapacityRequestPolicy{
+					Default:     resource.NewQuantity(1, resource.DecimalSI),
+					ValidValues: []resource.Quantity{*resource.NewQuantity(1, resource.DecimalSI)},
+				},
+			},
+		},
+	}
+	return d, ""
+}
+
+// vfDevice is one VF claimed whole. Its bandwidth capacity (the link
+// speed, when known) is informational: selectors can compare it.
+func vfDevice(pf hw.PF, vf hw.VF) resourceapi.Device {
+	attrs := pfAttributes(pf, config.ModeExclusive)
+	attrs[deviceattribute.StandardDeviceAttributePCIBusID] = str(vf.PCIAddress)
+	attrs[NICAttrVFIndex] = integer(vf.Index)
+	if vf.DeviceID != "" {
+		attrs[NICAttrVFDeviceID] = str(vf.DeviceID)
+	}
+	if vf.Driver != "" {
+		attrs[NICAttrVFDriver] = str(vf.Driver)
+	}
+	d := resourceapi.Device{Name: NICVFDeviceName(pf.PCIAddress, vf.Index), Attributes: attrs}
+	if pf.SpeedMbps > 0 {
+		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{NICCapBandwidth: {Value: *quantityBps(pf.SpeedMbps)}}
+	}
+	return d
+}
+
+// pfAttributes are the attributes every device of a PF carries. Unknown
+// values are left out rather than published empty, so a matchAttribute
+// constraint never pairs two unknowns.
+func pfAttributes(pf hw.PF, mode config.Mode) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	// Sized for the VF attributes too: no rehash while they are added.
+	a := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 16)
+	a[NICAttrMode] = str(string(mode))
+	a[NICAttrPFPCIAddress] = str(pf.PCIAddress)
+	a[NICAttrVendorID] = str(pf.VendorID)
+	a[NICAttrDeviceID] = str(pf.DeviceID)
+	a[NICAttrRDMA] = boolean(pf.RDMADevice != "")
+	for _, o := range [...]struct {
+		name  resourceapi.QualifiedName
+		value string
+	}{
+		{NICAttrPFName, pf.Netdev},
+		{NICAttrDriver, pf.Driver},
+		{NICAttrLinkType, string(pf.LinkType)},
+		{NICAttrEswitchMode, pf.EswitchMode},
+		{deviceattribute.StandardDeviceAttributePCIeRoot, pf.PCIeRoot},
+	} {
+		if o.value != "" {
+			a[o.name] = str(o.value)
+		}
+	}
+	if pf.NUMANode >= 0 {
+		a[deviceattribute.StandardDeviceAttributeNUMANode] = integer(pf.NUMANode)
+	}
+	return a
+}
+
+// quantityBps is a bit rate given in Mb/s ("400G" for 400000).
+func quantityBps(mbps int) *resource.Quantity {
+	return resource.NewScaledQuantity(int64(mbps), resource.Mega)
+}
+
+func bps(mbps int) string { return quantityBps(mbps).String() }

@@ -1,0 +1,268 @@
+package slices
+
+import (
+	"fmt"
+	"math/rand"
+	"reflect"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/hw"
+)
+
+// nicPF is a ConnectX-7 PF as discovery reports it.
+func nicPF(addr, netdev string, numa, speedMbps, vfs int) hw.PF {
+	pf := hw.PF{
+		PCIAddress: addr, Netdev: netdev, VendorID: "15b3", DeviceID: "1021", Driver: "mlx5_core",
+		NUMANode: numa, PCIeRoot: "pci0000:" + addr[5:7], LinkType: hw.LinkEthernet, RDMADevice: "mlx5_0",
+		LinkUp: true, SpeedMbps: speedMbps, EswitchMode: "legacy", TotalVFs: 127, NumVFs: vfs,
+	}
+	var a, bus int
+	fmt.Sscanf(addr, "%04x:%02x", &a, &bus)
+	for i := range vfs {
+		rid := bus<<8 + 8 + i
+		pf.VFs = append(pf.VFs, hw.VF{Index: i, PCIAddress: fmt.Sprintf("%04x:%02x:%02x.%x", a, rid>>8, rid>>3&0x1f, rid&7),
+			Netdev: fmt.Sprintf("%sv%d", netdev, i), Driver: "mlx5_core", DeviceID: "101e"})
+	}
+	return pf
+}
+
+func offer(mode config.Mode, pfs ...hw.PF) []config.NICOffer {
+	var out []config.NICOffer
+	for _, pf := range pfs {
+		out = append(out, config.NICOffer{PF: pf, Mode: mode, Bandwidth: config.DefaultBandwidth, Rule: -1})
+	}
+	return out
+}
+
+func nicDevices(res resourceslice.DriverResources) []resourceapi.Device {
+	var out []resourceapi.Device
+	for _, s := range res.Pools[testNode].Slices {
+		out = append(out, s.Devices...)
+	}
+	return out
+}
+
+func q(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
+
+func TestNICSharedDevice(t *testing.T) {
+	res, skips := NICResources(testNode, offer(config.ModeShared, nicPF("0000:17:00.0", "ens1f0", 1, 400000, 16)), AllFeatures)
+	if len(skips) != 0 {
+		t.Fatalf("skips: %v", skips)
+	}
+	devs := nicDevices(res)
+	if len(devs) != 1 {
+		t.Fatalf("%d devices, want 1", len(devs))
+	}
+	d := devs[0]
+	if d.Name != "nic-0000-17-00-0" || d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
+		t.Errorf("device %s, allowMultipleAllocations %v", d.Name, d.AllowMultipleAllocations)
+	}
+	want := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		"mode": str("shared"), "pfName": str("ens1f0"), "pfPciAddress": str("0000:17:00.0"),
+		"vendorID": str("15b3"), "deviceID": str("1021"), "driver": str("mlx5_core"), "linkType": str("ethernet"),
+		"rdma": boolean(true), "eswitchMode": str("legacy"),
+		"resource.kubernetes.io/numaNode": integer(1), "resource.kubernetes.io/pcieRoot": str("pci0000:17"),
+	}
+	if !reflect.DeepEqual(d.Attributes, want) {
+		t.Errorf("attributes:\n got %v\nwant %v", d.Attributes, want)
+	}
+	bw, vfs := d.Capacity[NICCapBandwidth], d.Capacity[NICCapVFs]
+	checkQ := func(what string, got *resource.Quantity, want string) {
+		t.Helper()
+		if got == nil || got.Cmp(*q(want)) != 0 || got.String() != want {
+			t.Errorf("%s = %v, want %s", what, got, want)
+		}
+	}
+	checkQ("bandwidth", &bw.Value, "400G")
+	checkQ("bandwidth default", bw.RequestPolicy.Default, "10G")
+	checkQ("bandwidth min", bw.RequestPolicy.ValidRange.Min, "1G")
+	checkQ("bandwidth max", bw.RequestPolicy.ValidRange.Max, "400G")
+	checkQ("bandwidth step", bw.RequestPolicy.ValidRange.Step, "1G")
+	checkQ("vfs", &vfs.Value, "16")
+	checkQ("vfs default", vfs.RequestPolicy.Default, "1")
+	if len(vfs.RequestPolicy.ValidValues) != 1 || vfs.RequestPolicy.ValidValues[0].String() != "1" || vfs.RequestPolicy.ValidRange != nil {
+		t.Errorf("vfs policy %+v", vfs.RequestPolicy)
+	}
+}
+
+// TestNICPolicyFitsTheLink: the API wants max on the step grid and within
+// the capacity, and the default within the range.
+func TestNICPolicyFitsTheLink(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		speed            int
+		policy           config.BandwidthPolicy
+		wantDef, wantMax string
+		wantStep         string // "" for none
+	}{
+		{"400G, 10G steps from 1G", 400000, config.BandwidthPolicy{DefaultMbps: 11000, MinimumMbps: 1000, StepMbps: 10000}, "11G", "391G", "10G"},
+		{"25G link, default 40G clamped", 25000, config.BandwidthPolicy{DefaultMbps: 40000, MinimumMbps: 1000, StepMbps: 1000}, "25G", "25G", "1G"},
+		{"1.5G link, 1G shares: one size only", 1500, config.DefaultBandwidth, "1G", "1G", ""},
+		{"100G E810, 500M shares", 100000, config.BandwidthPolicy{DefaultMbps: 10000, MinimumMbps: 500, StepMbps: 500}, "10G", "100G", "500M"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := offer(config.ModeShared, nicPF("0000:17:00.0", "ens1f0", 0, tc.speed, 4))
+			o[0].Bandwidth = tc.policy
+			res, skips := NICResources(testNode, o, AllFeatures)
+			if len(skips) > 0 {
+				t.Fatal(skips)
+			}
+			p := nicDevices(res)[0].Capacity[NICCapBandwidth].RequestPolicy
+			if p.Default.String() != tc.wantDef || p.ValidRange.Max.String() != tc.wantMax {
+				t.Errorf("default %s max %s, want %s %s", p.Default, p.ValidRange.Max, tc.wantDef, tc.wantMax)
+			}
+			if (p.ValidRange.Step == nil) != (tc.wantStep == "") || (p.ValidRange.Step != nil && p.ValidRange.Step.String() != tc.wantStep) {
+				t.Errorf("step %v, want %q", p.ValidRange.Step, tc.wantStep)
+			}
+			checkNICInvariants(t, res)
+		})
+	}
+}
+
+func TestNICExclusiveDevices(t *testing.T) {
+	var pfs []hw.PF
+	for i, bus := range []string{"17", "31", "b1", "ca"} {
+		pfs = append(pfs, nicPF("0000:"+bus+":00.0", fmt.Sprintf("ens%df0", i), i/2, 400000, 64))
+	}
+	pfs[3].NUMANode = hw.UnknownNUMANode
+	pfs[3].VFs[5].Driver = "vfio-pci"
+	pfs[3].VFs[5].Netdev = ""
+	res, skips := NICResources(testNode, offer(config.ModeExclusive, pfs...), AllFeatures)
+	if len(skips) != 0 {
+		t.Fatal(skips)
+	}
+	sl := res.Pools[testNode].Slices
+	if len(sl) != 2 || len(sl[0].Devices) != 128 || len(sl[1].Devices) != 128 {
+		t.Fatalf("slices: %d", len(sl))
+	}
+	d := sl[1].Devices[128-64+5] // PF 3, VF 5
+	if d.Name != "nic-0000-ca-00-0-vf-5" || d.AllowMultipleAllocations != nil {
+		t.Errorf("device %s", d.Name)
+	}
+	for name, want := range map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		"resource.kubernetes.io/pciBusID": str("0000:ca:01.5"), "vfIndex": integer(5), "vfDriver": str("vfio-pci"),
+		"vfDeviceID": str("101e"), "mode": str("exclusive"), "pfName": str("ens3f0"), "pfPciAddress": str("0000:ca:00.0"),
+	} {
+		if got := d.Attributes[name]; !reflect.DeepEqual(got, want) {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	if _, ok := d.Attributes["resource.kubernetes.io/numaNode"]; ok {
+		t.Error("numaNode published for an unknown NUMA node")
+	}
+	if bw := d.Capacity[NICCapBandwidth]; bw.Value.String() != "400G" || bw.RequestPolicy != nil {
+		t.Errorf("bandwidth %+v", bw)
+	}
+	checkNICInvariants(t, res)
+}
+
+func TestNICSkips(t *testing.T) {
+	down := nicPF("0000:17:00.0", "ens1f0", 0, 0, 4)
+	down.LinkUp = false
+	unknown := nicPF("0000:18:00.0", "ens2f0", 0, 0, 4)
+	slow := nicPF("0000:19:00.0", "ens3f0", 0, 100, 4)
+	noVFs := nicPF("0000:1a:00.0", "ens4f0", 0, 100000, 0)
+	exclDown := nicPF("0000:1b:00.0", "ens5f0", 0, 0, 4)
+	exclDown.LinkUp = false
+	exclUnknownSpeed := nicPF("0000:1c:00.0", "ens6f0", 0, 0, 2)
+	offers := append(offer(config.ModeShared, down, unknown, slow, noVFs), offer(config.ModeExclusive, exclDown, exclUnknownSpeed)...)
+	res, skips := NICResources(testNode, offers, AllFeatures)
+	var got []string
+	for _, s := range skips {
+		got = append(got, s.String())
+	}
+	want := []string{
+		"0000:17:00.0 (ens1f0): link is down",
+		"0000:18:00.0 (ens2f0): link speed unknown: bandwidth shares need it",
+		"0000:19:00.0 (ens3f0): link speed 100M is below the bandwidth minimum 1G",
+		"0000:1a:00.0 (ens4f0): no VFs",
+		"0000:1b:00.0 (ens5f0): link is down",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("skips:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// Exclusive VFs need no speed; they just carry no bandwidth capacity.
+	devs := nicDevices(res)
+	if len(devs) != 2 || devs[0].Name != "nic-0000-1c-00-0-vf-0" || devs[0].Capacity != nil {
+		t.Errorf("devices %+v", devs)
+	}
+}
+
+func TestNICWithoutConsumableCapacity(t *testing.T) {
+	f := AllFeatures
+	f.ConsumableCapacity = false
+	res, _ := NICResources(testNode, offer(config.ModeShared, nicPF("0000:17:00.0", "ens1f0", 0, 400000, 3)), f)
+	devs := nicDevices(res)
+	if len(devs) != 3 || devs[2].Name != "nic-0000-17-00-0-vf-2" || devs[2].AllowMultipleAllocations != nil {
+		t.Fatalf("want 3 exclusive VF devices, got %d", len(devs))
+	}
+	checkNICInvariants(t, res)
+}
+
+func TestNICDeterministic(t *testing.T) {
+	var pfs []hw.PF
+	for i := range 6 {
+		pfs = append(pfs, nicPF(fmt.Sprintf("0000:%02x:00.0", 0x20+i), fmt.Sprintf("ens%d", i), i%2, 200000, 8))
+	}
+	a, _ := NICResources(testNode, offer(config.ModeShared, pfs...), AllFeatures)
+	rand.Shuffle(len(pfs), func(i, j int) { pfs[i], pfs[j] = pfs[j], pfs[i] })
+	b, _ := NICResources(testNode, offer(config.ModeShared, pfs...), AllFeatures)
+	if !reflect.DeepEqual(a, b) {
+		t.Error("output depends on input order")
+	}
+	if n := nicDevices(a); n[0].Name != "nic-0000-20-00-0" || n[5].Name != "nic-0000-25-00-0" {
+		t.Errorf("order %s..%s", n[0].Name, n[5].Name)
+	}
+}
+
+// checkNICInvariants adds to checkLimits what the API server validates of
+// consumable capacity (resource/v1) and would refuse at publish time.
+func checkNICInvariants(t *testing.T, res resourceslice.DriverResources) {
+	t.Helper()
+	checkLimits(t, res)
+	for _, d := range nicDevices(res) {
+		for name, c := range d.Capacity {
+			p := c.RequestPolicy
+			if p == nil {
+				continue
+			}
+			if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
+				t.Errorf("%s/%s: requestPolicy on a device that is not multi-allocatable", d.Name, name)
+			}
+			if p.Default == nil {
+				t.Errorf("%s/%s: no default", d.Name, name)
+				continue
+			}
+			if r := p.ValidRange; r != nil {
+				v, lo, hi, def := c.Value.Value(), r.Min.Value(), r.Max.Value(), p.Default.Value()
+				if lo > v || hi > v || lo > hi || def < lo || def > hi {
+					t.Errorf("%s/%s: min %d default %d max %d capacity %d", d.Name, name, lo, def, hi, v)
+				}
+				if r.Step != nil {
+					st := r.Step.Value()
+					if lo+st > v || (def-lo)%st != 0 || (hi-lo)%st != 0 {
+						t.Errorf("%s/%s: step %d off for min %d default %d max %d capacity %d", d.Name, name, st, lo, def, hi, v)
+					}
+				}
+			}
+			if vv := p.ValidValues; len(vv) > 0 {
+				found := false
+				for _, x := range vv {
+					found = found || x.Cmp(*p.Default) == 0
+					if x.Cmp(c.Value) > 0 {
+						t.Errorf("%s/%s: valid value %s above capacity %s", d.Name, name, x.String(), c.Value.String())
+					}
+				}
+				if !found {
+					t.Errorf("%s/%s: default not among valid values", d.Name, name)
+				}
+			}
+		}
+	}
+}
