@@ -173,3 +173,23 @@ func TestLoad(t *testing.T) {
 		t.Errorf("Load(good) = %+v, %v", c, err)
 	}
 }
+
+// TestExample keeps the shipped example valid and meaning what it says.
+func TestExample(t *testing.T) {
+	c, err := Load("example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Mode{ModeDisabled, ModeShared, ModeExclusive}
+	if len(c.rules) != len(want) {
+		t.Fatalf("%d rules", len(c.rules))
+	}
+	for i, m := range want {
+		if c.rules[i].mode != m {
+			t.Errorf("nics[%d].mode = %s, want %s", i, c.rules[i].mode, m)
+		}
+	}
+	if p := c.rules[1].bandwidth; p != (BandwidthPolicy{DefaultMbps: 25000, MinimumMbps: 5000, StepMbps: 5000}) {
+		t.Errorf("policy %+v", p)
+	}
+}

@@ -160,7 +160,8 @@ func (sc scan) readPF(d device, problems *[]error) (hw.PF, error) {
 	if pf.RDMADevice, err = rdmaDevice(d, entries); err != nil {
 		*problems = append(*problems, err)
 	}
-	// One read for all VFs' device ID (kernels since 5.10); else per VF.
+	// One read for all VFs' device ID where the kernel has sriov_vf_device;
+	// else one per VF.
 	vfDeviceID, _ := d.readHexID("sriov_vf_device")
 	pf.VFs = sc.readVFs(d, entries, vfDeviceID, problems)
 	return pf, nil

@@ -164,7 +164,7 @@ func (g NICGroup) totalVFs(m nicModel) int {
 // buildNICs creates the NICs' sysfs tree. With HWDRA_MOCK_VETH=1, as root,
 // it also creates veth stand-ins for their netdevs (see NICs.EnableVeths).
 func (h *Hardware) buildNICs() error {
-	n := &NICs{sysfs: h.Sysfs}
+	n := &NICs{sysfs: h.Sysfs, recorder: newVFRecorder(nil)}
 	nicStates.Store(h, n)
 	if len(h.Profile.NICs) == 0 {
 		return nil

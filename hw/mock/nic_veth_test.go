@@ -1,6 +1,7 @@
 package mock
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/hwdra/hwdra/hw"
 )
@@ -73,6 +75,20 @@ func TestVethStandIns(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join("/run/netns", name)); !os.IsNotExist(err) {
 		t.Errorf("namespace %s still there after Close: %v", name, err)
+	}
+}
+
+func TestNoNICs(t *testing.T) {
+	h, err := New(Profile{Name: "gpu-only", GPUs: []GPUGroup{{Model: "h100-80gb", Count: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.NICs().VFConfigurator().SetVF(hw.VFRef{PF: "eth0"}, hw.VFConfig{}); !errors.Is(err, unix.ENODEV) {
+		t.Errorf("SetVF on a node without NICs: %v", err)
+	}
+	if routes, err := h.NICs().DefaultRouteNetdevs(); routes != nil || err != nil {
+		t.Errorf("routes %v, %v", routes, err)
 	}
 }
 
