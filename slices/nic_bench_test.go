@@ -1,6 +1,7 @@
 package slices
 
 import (
+	"syscall"
 	"testing"
 
 	"github.com/hwdra/hwdra/config"
@@ -36,6 +37,7 @@ func BenchmarkNICDiscoveryAndSlices(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
+			start := cpuTime()
 			for b.Loop() {
 				pfs, err := sriov.Discover(bc.opts)
 				if err != nil {
@@ -47,6 +49,15 @@ func BenchmarkNICDiscoveryAndSlices(b *testing.B) {
 					b.Fatalf("%d slices, skips %v", len(sl), skips)
 				}
 			}
+			// CPU time (process, user+system) per op: wall time on a shared
+			// machine depends on whatever else runs.
+			b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
 		})
 	}
+}
+
+func cpuTime() int64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }

@@ -367,9 +367,10 @@ func (sc scan) readVFs(d device, names []string, vfDeviceID string, problems *[]
 	return vfs
 }
 
-// readVF reads what is known of a VF. A VF bound to vfio-pci (or to no
-// driver) has no netdev, so no MAC. A VF whose directory is gone is an
-// error (isNotExist): its virtfn link dangles.
+// readVF reads what is known of a VF: a handful of syscalls each, since a
+// node can have hundreds. A VF bound to vfio-pci (or to no driver) has no
+// netdev. A VF whose directory is gone is an error (isNotExist): its
+// virtfn link dangles.
 func (sc scan) readVF(d device, index int, deviceID string, problems *[]error) (hw.VF, error) {
 	vf := hw.VF{Index: index, PCIAddress: d.address, DeviceID: deviceID}
 	var err error
@@ -384,8 +385,6 @@ func (sc scan) readVF(d device, index int, deviceID string, problems *[]error) (
 			return vf, d.err(".", unwrapPath(err))
 		}
 	}
-	if vf.Netdev = first(sc.netdevs[d.address]); vf.Netdev != "" {
-		vf.MAC, _ = d.read(filepath.Join("net", vf.Netdev, "address"))
-	}
+	vf.Netdev = first(sc.netdevs[d.address])
 	return vf, nil
 }
