@@ -23,10 +23,12 @@ func (c *AgentConfig) Resolve(pfs []hw.PF) ([]NICOffer, []Skip) {
 			skips = append(skips, SkipPF(pf, reason))
 		case r.mode == ModeDisabled:
 			skips = append(skips, SkipPF(pf, fmt.Sprintf("mode disabled by nics[%d]", r.index)))
-		case pf.NumVFs == 0 || len(pf.VFs) == 0:
+		case pf.NumVFs == 0:
 			// The agent does not create VFs: that is the node's setup
 			// (sriov_numvfs, or the SR-IOV network operator).
 			skips = append(skips, SkipPF(pf, "no VFs enabled (sriov_numvfs is 0)"))
+		case len(pf.VFs) == 0:
+			skips = append(skips, SkipPF(pf, fmt.Sprintf("sriov_numvfs is %d but no VF could be read", pf.NumVFs)))
 		case pf.Netdev == "":
 			skips = append(skips, SkipPF(pf, fmt.Sprintf("no netdev (driver %q): VFs are configured through the PF's netdev", pf.Driver)))
 		default:

@@ -18,6 +18,7 @@ func testPFs() []hw.PF {
 		{PCIAddress: "0000:32:00.0", Netdev: "eno2", VendorID: "8086", DeviceID: "1592", Driver: "ice"},
 		{PCIAddress: "0000:4b:00.0", VendorID: "15b3", DeviceID: "1021", Driver: "vfio-pci", NumVFs: 2, VFs: vfs},
 		{PCIAddress: "0000:b1:00.0", Netdev: "ens2f0", VendorID: "15b3", DeviceID: "1021", Driver: "mlx5_core", NumVFs: 2, VFs: vfs},
+		{PCIAddress: "0000:ca:00.0", Netdev: "ens3f0", VendorID: "15b3", DeviceID: "1021", Driver: "mlx5_core", NumVFs: 4},
 	}
 }
 
@@ -40,6 +41,7 @@ func TestResolve(t *testing.T) {
 		want: map[string]outcome{
 			"0000:17:00.0": {mode: ModeShared, rule: -1}, "0000:31:00.0": skipRoute, "0000:32:00.0": skipNoVFs,
 			"0000:4b:00.0": skipNoNetdev, "0000:b1:00.0": {mode: ModeShared, rule: -1},
+			"0000:ca:00.0": {skip: "sriov_numvfs is 4 but no VF could be read"},
 		},
 	}, {
 		name: "a catch-all does not name the default-route PF",
