@@ -139,7 +139,7 @@ func (b *Backend) mig(ref gpuRef, dev nvml.Device, arch nvml.DeviceArchitecture,
 		// On Ampere it stays pending (GetMigMode: current != pending) until
 		// the GPU is reset, which needs the GPU idle or a reboot. Unknown
 		// architectures are assumed to need the reset.
-		SwitchWithoutReset: arch == nvml.DEVICE_ARCH_HOPPER || arch == nvml.DEVICE_ARCH_BLACKWELL || arch == nvml.DEVICE_ARCH_RUBIN,
+		SwitchWithoutReset: switchWithoutReset(arch),
 	}
 	var infos []nvml.GpuInstanceProfileInfo
 	byDriverID = map[uint32]int{}

@@ -203,10 +203,16 @@ func (h *Hardware) buildGPUs() error {
 	}
 	installServer(s)
 	vgpuIDs := map[string]uint32{}
+	tree := h.nodeTree()
+	var minors []int
+	vfio := false
 	for i, g := range layout {
 		group := h.Profile.GPUs[g.group]
 		d := newGPUDevice(s.Devices[i].(*server.Device), g.model, h.Profile.Name, g.busID, g.numa)
+		d.tree = tree
 		s.Devices[i] = d
+		minors = append(minors, d.Minor)
+		vfio = vfio || group.Virtualization == "host-vgpu"
 		if err := h.setupGPU(d, group, vgpuIDs); err != nil {
 			return fmt.Errorf("gpus[%d] (%s): %w", g.group, g.busID, err)
 		}
@@ -218,8 +224,11 @@ func (h *Hardware) buildGPUs() error {
 			return err
 		}
 	}
+	if err := tree.setup(minors, vfio); err != nil {
+		return err
+	}
 	h.NVML = s
-	return nil
+	return h.buildMdevs(s)
 }
 
 // setupGPU puts one GPU in the group's start state: virtualization, vGPU
@@ -268,16 +277,42 @@ func (h *Hardware) setupGPU(d *gpuDevice, g GPUGroup, vgpuIDs map[string]uint32)
 // `nvidia-smi --gpu-reset`: a pending MIG mode takes effect and MIG
 // instances, which do not survive a reset, are gone.
 func (h *Hardware) ResetGPU(busID string) error {
+	d, err := h.gpu(busID)
+	if err != nil {
+		return fmt.Errorf("reset GPU %s: %w", busID, err)
+	}
+	d.reset()
+	return nil
+}
+
+// SetRunningProcesses makes the GPU at a PCI address report these process
+// IDs as running compute work on it (none: idle). The hardware refuses to
+// switch MIG mode while any run.
+func (h *Hardware) SetRunningProcesses(busID string, pids ...uint32) error {
+	d, err := h.gpu(busID)
+	if err != nil {
+		return err
+	}
+	d.Lock()
+	defer d.Unlock()
+	d.processes = nil
+	for _, pid := range pids {
+		d.processes = append(d.processes, nvml.ProcessInfo{Pid: pid})
+	}
+	return nil
+}
+
+// gpu returns the mock GPU at a PCI address.
+func (h *Hardware) gpu(busID string) (*gpuDevice, error) {
 	s, ok := h.NVML.(*server.Server)
 	if !ok {
-		return fmt.Errorf("mock profile %q has no GPUs", h.Profile.Name)
+		return nil, fmt.Errorf("mock profile %q has no GPUs", h.Profile.Name)
 	}
 	dev, ret := s.DeviceGetHandleByPciBusId(busID)
 	if ret != nvml.SUCCESS {
-		return fmt.Errorf("reset GPU %s: %v", busID, ret)
+		return nil, fmt.Errorf("GPU %s: %v", busID, ret)
 	}
-	dev.(*gpuDevice).reset()
-	return nil
+	return dev.(*gpuDevice), nil
 }
 
 // noNVML is the NVML of a node without the NVIDIA driver: Init fails with

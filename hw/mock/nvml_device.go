@@ -2,7 +2,10 @@ package mock
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
@@ -30,6 +33,22 @@ type gpuDevice struct {
 
 	// Guarded by the server.Device lock, like its GpuInstances map.
 	migCurrent, migPending int
+	// processes run on the GPU (SetRunningProcesses).
+	processes []nvml.ProcessInfo
+	// vgpus hosted, by mdev UUID (see mdev.go).
+	active []*vgpuInstance
+
+	// kernel is the node's mdev emulation; onChange refreshes its view of
+	// this GPU after MIG changes (nil: no vGPU host).
+	kernel   *mdevKernel
+	onChange func()
+
+	// tree publishes MIG capabilities and device nodes; nil in unit tests
+	// of the device alone.
+	tree *nodeTree
+	// serials number compute instances in creation order (for MIG UUIDs).
+	serials    sync.Map // *server.ComputeInstance -> uint64
+	nextSerial atomic.Uint64
 }
 
 // newGPUDevice wraps the server's device and installs the hardware
@@ -47,7 +66,17 @@ func newGPUDevice(sd *server.Device, m *gpuModel, profile, busID string, numa in
 		defer d.RUnlock()
 		return d.migCurrent, d.migPending, nvml.SUCCESS
 	}
-	sd.SetMigModeFunc = d.setMigMode
+	sd.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
+		activation, ret := d.setMigMode(mode)
+		d.notify()
+		return activation, ret
+	}
+	sd.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		d.RLock()
+		defer d.RUnlock()
+		return slices.Clone(d.processes), nvml.SUCCESS
+	}
+	sd.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
 	sd.GetGpuInstanceProfileInfoVFunc = func(int) nvml.GpuInstanceProfileInfoHandler {
 		// go-nvml's handler has unexported fields and its V1/V2/V3 call
 		// the C library directly: without libnvidia-ml loaded that kills
@@ -108,8 +137,9 @@ func copyCString(dst []int8, s string) {
 
 // setMigMode changes the MIG mode as the hardware does. SetMigMode returns
 // (activationStatus, ret).
-//   - GPU instances exist: refused with ERROR_IN_USE (nvidia-smi: "In use
-//     by another client"); they must be destroyed first.
+//   - GPU instances exist or processes run on the GPU: refused with
+//     ERROR_IN_USE (nvidia-smi: "In use by another client"); instances
+//     must be destroyed and processes ended first.
 //   - Hopper and later switch at once, without a GPU reset.
 //   - Ampere: the new mode is only pending (GetMigMode reports current !=
 //     pending) until the GPU is reset; activationStatus says
@@ -122,7 +152,7 @@ func (d *gpuDevice) setMigMode(mode int) (nvml.Return, nvml.Return) {
 	}
 	d.Lock()
 	defer d.Unlock()
-	if len(d.GpuInstances) > 0 {
+	if len(d.GpuInstances) > 0 || len(d.processes) > 0 {
 		return nvml.ERROR_IN_USE, nvml.ERROR_IN_USE
 	}
 	d.migPending = mode
@@ -143,8 +173,12 @@ func (d *gpuDevice) reset() {
 	d.Lock()
 	defer d.Unlock()
 	clear(d.GpuInstances)
+	d.tree.removeGPU(d.Minor)
 	d.migCurrent = d.migPending
 	d.MigMode = d.migPending
+	d.Unlock()
+	d.notify()
+	d.Lock()
 }
 
 // installServer fixes the server-level lookups, which type-assert devices

@@ -26,13 +26,17 @@ func (d *gpuDevice) installMIG() {
 		return p.placements(), nvml.SUCCESS
 	}
 	sd.CreateGpuInstanceFunc = func(info *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
-		return d.createGI(info, nil)
+		gi, ret := d.createGI(info, nil)
+		d.notify()
+		return gi, ret
 	}
 	sd.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
 		if pl == nil {
 			return nil, nvml.ERROR_INVALID_ARGUMENT
 		}
-		return d.createGI(info, pl)
+		gi, ret := d.createGI(info, pl)
+		d.notify()
+		return gi, ret
 	}
 	sd.GetGpuInstancesFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
 		if info == nil {
@@ -187,8 +191,21 @@ func (d *gpuDevice) createGI(info *nvml.GpuInstanceProfileInfo, want *nvml.GpuIn
 		}
 		pl = placements[i]
 	}
+	// GPU instance IDs are slots the driver reuses: the lowest free one.
+	id := 0
+	for ; id < maxGIs; id++ {
+		if !slices.ContainsFunc(d.instancesLocked(), func(gi *server.GpuInstance) bool { return int(gi.Info.Id) == id }) {
+			break
+		}
+	}
+	if id == maxGIs {
+		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	if err := d.tree.addInstance(d.Minor, id, -1); err != nil {
+		return nil, nvml.ERROR_UNKNOWN
+	}
 	gi := server.NewGpuInstanceFromInfo(nvml.GpuInstanceInfo{
-		Device: d, Id: d.GpuInstanceCounter, ProfileId: p.id, Placement: pl,
+		Device: d, Id: uint32(id), ProfileId: p.id, Placement: pl,
 	}, d.Config.MIGProfiles)
 	d.GpuInstanceCounter++
 	d.installGI(gi, p)
@@ -197,23 +214,13 @@ func (d *gpuDevice) createGI(info *nvml.GpuInstanceProfileInfo, want *nvml.GpuIn
 }
 
 // installGI gives a new GPU instance the hardware's refusals: destroy with
-// compute instances inside is ERROR_IN_USE; compute instances respect
-// their profile's placements and instance count.
+// compute instances inside or a vGPU on it is ERROR_IN_USE; compute
+// instances respect their profile's placements and instance count.
 func (d *gpuDevice) installGI(gi *server.GpuInstance, p profileRow) {
 	gi.DestroyFunc = func() nvml.Return {
-		d.Lock()
-		defer d.Unlock()
-		if _, ok := d.GpuInstances[gi]; !ok {
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		gi.RLock()
-		n := len(gi.ComputeInstances)
-		gi.RUnlock()
-		if n > 0 {
-			return nvml.ERROR_IN_USE
-		}
-		delete(d.GpuInstances, gi)
-		return nvml.SUCCESS
+		ret := d.destroyGI(gi)
+		d.notify()
+		return ret
 	}
 	gi.CreateComputeInstanceFunc = func(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
 		return d.createCI(gi, p, info, nil)
@@ -224,6 +231,29 @@ func (d *gpuDevice) installGI(gi *server.GpuInstance, p profileRow) {
 		}
 		return d.createCI(gi, p, info, pl)
 	}
+	d.installGIQueries(gi)
+}
+
+// destroyGI: ERROR_IN_USE while compute instances or a vGPU use it.
+func (d *gpuDevice) destroyGI(gi *server.GpuInstance) nvml.Return {
+	d.Lock()
+	defer d.Unlock()
+	if _, ok := d.GpuInstances[gi]; !ok {
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	gi.RLock()
+	n := len(gi.ComputeInstances)
+	gi.RUnlock()
+	if n > 0 || d.hostsVGPULocked(int(gi.Info.Id)) {
+		return nvml.ERROR_IN_USE
+	}
+	delete(d.GpuInstances, gi)
+	d.tree.removeInstance(d.Minor, int(gi.Info.Id), -1)
+	return nvml.SUCCESS
+}
+
+// installGIQueries answers a GPU instance's compute-instance lookups.
+func (d *gpuDevice) installGIQueries(gi *server.GpuInstance) {
 	gi.GetComputeInstancesFunc = func(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
 		if info == nil {
 			return nil, nvml.ERROR_INVALID_ARGUMENT
@@ -309,8 +339,21 @@ func (d *gpuDevice) createCI(gi *server.GpuInstance, p profileRow, info *nvml.Co
 		}
 		pl = placements[i]
 	}
+	// Compute instance IDs, like GPU instance IDs, are reused slots.
+	id := 0
+	for ; id < maxCIs; id++ {
+		if !slices.ContainsFunc(computeInstancesLocked(gi), func(ci *server.ComputeInstance) bool { return int(ci.Info.Id) == id }) {
+			break
+		}
+	}
+	if id == maxCIs {
+		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	if err := d.tree.addInstance(d.Minor, int(gi.Info.Id), id); err != nil {
+		return nil, nvml.ERROR_UNKNOWN
+	}
 	ci := server.NewComputeInstanceFromInfo(nvml.ComputeInstanceInfo{
-		Device: d, GpuInstance: gi, Id: gi.ComputeInstanceCounter, ProfileId: info.Id, Placement: pl,
+		Device: d, GpuInstance: gi, Id: uint32(id), ProfileId: info.Id, Placement: pl,
 	})
 	gi.ComputeInstanceCounter++
 	ci.DestroyFunc = func() nvml.Return {
@@ -320,16 +363,20 @@ func (d *gpuDevice) createCI(gi *server.GpuInstance, p profileRow, info *nvml.Co
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
 		delete(gi.ComputeInstances, ci)
+		d.serials.Delete(ci)
+		d.tree.removeInstance(d.Minor, int(gi.Info.Id), int(ci.Info.Id))
 		return nvml.SUCCESS
 	}
 	gi.ComputeInstances[ci] = struct{}{}
+	d.serials.Store(ci, d.nextSerial.Add(1))
 	return ci, nvml.SUCCESS
 }
 
 // migDeviceByIndex returns the index-th MIG device (one per compute
 // instance, in GI then CI ID order) like nvmlDeviceGetMigDeviceHandleByIndex.
-// Its UUID is name-based on the parent UUID and the GI and CI IDs; IDs are
-// never reused, so a re-created instance gets a new UUID as on hardware.
+// Its UUID is name-based on the parent UUID, the GI and CI IDs and the
+// compute instance's creation number: IDs are reused slots, yet a
+// re-created instance gets a new UUID as on hardware.
 func (d *gpuDevice) migDeviceByIndex(index int) (nvml.Device, nvml.Return) {
 	if index < 0 || index >= d.model.computeSlices {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
@@ -356,7 +403,8 @@ func (d *gpuDevice) migDeviceByIndex(index int) (nvml.Device, nvml.Return) {
 
 func (d *gpuDevice) migDevice(gi *server.GpuInstance, ci *server.ComputeInstance) nvml.Device {
 	giID, ciID := int(gi.Info.Id), int(ci.Info.Id)
-	id := "MIG-" + uuid.NewSHA1(uuidSpace, fmt.Appendf(nil, "%s/gi/%d/ci/%d", d.UUID, giID, ciID)).String()
+	serial, _ := d.serials.Load(ci)
+	id := "MIG-" + uuid.NewSHA1(uuidSpace, fmt.Appendf(nil, "%s/gi/%d/ci/%d/%v", d.UUID, giID, ciID, serial)).String()
 	p, _ := d.model.profileByID(gi.Info.ProfileId)
 	return &mock.Device{
 		GetUUIDFunc:                            func() (string, nvml.Return) { return id, nvml.SUCCESS },

@@ -103,6 +103,7 @@ func (d *gpuDevice) installVGPU() {
 		}
 		return out, nvml.SUCCESS
 	}
+	sd.GetActiveVgpusFunc = d.activeVGPUs
 	sd.GetVgpuHeterogeneousModeFunc = func() (nvml.VgpuHeterogeneousMode, nvml.Return) {
 		if d.virt != nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU || !d.model.hopperOrLater() {
 			return nvml.VgpuHeterogeneousMode{}, nvml.ERROR_NOT_SUPPORTED
