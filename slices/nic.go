@@ -14,31 +14,33 @@ import (
 	"github.com/hwdra/hwdra/hw"
 )
 
-// NIC attribute and capacity names, in the driver's domain (CEL:
-// device.attributes["sriov.hwdra.io"].pfName; constraints:
-// "sriov.hwdra.io/pfName"). The standard ones (PCI address of an exclusive
-// VF, NUMA node, PCIe root) keep their resource.kubernetes.io names so
-// constraints match them across drivers: a GPU and a VF share on one NUMA
-// node.
+// NIC attribute and capacity names, qualified with the driver name as the
+// GPU ones are (CEL: device.attributes["sriov.hwdra.io"].pfName; constraints
+// and capacity requests: "sriov.hwdra.io/pfName", "sriov.hwdra.io/bandwidth").
+// A capacity request must use the qualified name: the allocator matches
+// request keys to capacity names exactly. The standard ones (PCI address of
+// an exclusive VF, NUMA node, PCIe root) keep their resource.kubernetes.io
+// names so constraints match them across drivers: a GPU and a VF share on
+// one NUMA node.
 const (
-	NICAttrMode         resourceapi.QualifiedName = "mode" // "shared" or "exclusive"
-	NICAttrPFName       resourceapi.QualifiedName = "pfName"
-	NICAttrPFPCIAddress resourceapi.QualifiedName = "pfPciAddress"
-	NICAttrVendorID     resourceapi.QualifiedName = "vendorID" // "15b3"
-	NICAttrDeviceID     resourceapi.QualifiedName = "deviceID" // the PF's: "1021"
-	NICAttrDriver       resourceapi.QualifiedName = "driver"   // the PF's: "mlx5_core"
-	NICAttrLinkType     resourceapi.QualifiedName = "linkType" // "ethernet", "infiniband"
-	NICAttrRDMA         resourceapi.QualifiedName = "rdma"
-	NICAttrEswitchMode  resourceapi.QualifiedName = "eswitchMode"
-	NICAttrVFIndex      resourceapi.QualifiedName = "vfIndex"
-	NICAttrVFDeviceID   resourceapi.QualifiedName = "vfDeviceID"
-	NICAttrVFDriver     resourceapi.QualifiedName = "vfDriver" // "mlx5_core", "iavf", "vfio-pci"
+	NICAttrMode         resourceapi.QualifiedName = NICDriver + "/mode" // "shared" or "exclusive"
+	NICAttrPFName       resourceapi.QualifiedName = NICDriver + "/pfName"
+	NICAttrPFPCIAddress resourceapi.QualifiedName = NICDriver + "/pfPciAddress"
+	NICAttrVendorID     resourceapi.QualifiedName = NICDriver + "/vendorID" // "15b3"
+	NICAttrDeviceID     resourceapi.QualifiedName = NICDriver + "/deviceID" // the PF's: "1021"
+	NICAttrDriver       resourceapi.QualifiedName = NICDriver + "/driver"   // the PF's: "mlx5_core"
+	NICAttrLinkType     resourceapi.QualifiedName = NICDriver + "/linkType" // "ethernet", "infiniband"
+	NICAttrRDMA         resourceapi.QualifiedName = NICDriver + "/rdma"
+	NICAttrEswitchMode  resourceapi.QualifiedName = NICDriver + "/eswitchMode"
+	NICAttrVFIndex      resourceapi.QualifiedName = NICDriver + "/vfIndex"
+	NICAttrVFDeviceID   resourceapi.QualifiedName = NICDriver + "/vfDeviceID"
+	NICAttrVFDriver     resourceapi.QualifiedName = NICDriver + "/vfDriver" // "mlx5_core", "iavf", "vfio-pci"
 
 	// NICCapBandwidth is the link speed in bits per second; on shared
 	// devices each allocation consumes a share of it.
-	NICCapBandwidth resourceapi.QualifiedName = "bandwidth"
+	NICCapBandwidth resourceapi.QualifiedName = NICDriver + "/bandwidth"
 	// NICCapVFs is a shared PF's VF count; each allocation consumes one.
-	NICCapVFs resourceapi.QualifiedName = "vfs"
+	NICCapVFs resourceapi.QualifiedName = NICDriver + "/vfs"
 )
 
 // NICResources builds the sriov.hwdra.io devices of the offered PFs: in
@@ -54,12 +56,41 @@ const (
 // Device names derive from the PF's PCI address, stable across reboots:
 // "nic-0000-17-00-0" for a shared PF, "nic-0000-17-00-0-vf-3" for its VF 3.
 func NICResources(nodeName string, offers []config.NICOffer, f Features) (resourceslice.DriverResources, []config.Skip) {
+	res, skips, _ := buildNICs(nodeName, offers, f, false)
+	return res, skips
+}
+
+// NICDevice is what a published NIC device stands for on the hardware:
+// prepare looks devices up here by name.
+type NICDevice struct {
+	// Mode is the device's mode as published: a shared PF falls back to
+	// exclusive VFs without ConsumableCapacity.
+	Mode config.Mode
+	PF   hw.PF
+	// VF is the exclusive device's VF; nil for a shared PF.
+	VF *hw.VF
+	// Bandwidth is the PF's policy (shared devices).
+	Bandwidth config.BandwidthPolicy
+}
+
+// NICDevices maps every device NICResources publishes for these offers and
+// features to what it stands for; both come from one builder.
+func NICDevices(offers []config.NICOffer, f Features) map[string]NICDevice {
+	_, _, catalog := buildNICs("", offers, f, true)
+	return catalog
+}
+
+func buildNICs(nodeName string, offers []config.NICOffer, f Features, withCatalog bool) (resourceslice.DriverResources, []config.Skip, map[string]NICDevice) {
 	offers = append([]config.NICOffer(nil), offers...)
 	sort.SliceStable(offers, func(i, j int) bool { return offers[i].PF.PCIAddress < offers[j].PF.PCIAddress })
 	var (
 		devices []resourceapi.Device
 		skips   []config.Skip
+		catalog map[string]NICDevice
 	)
+	if withCatalog {
+		catalog = map[string]NICDevice{}
+	}
 	for _, o := range offers {
 		pf := o.PF
 		if !pf.LinkUp {
@@ -78,9 +109,16 @@ func NICResources(nodeName string, offers []config.NICOffer, f Features) (resour
 				continue
 			}
 			devices = append(devices, d)
+			if catalog != nil {
+				catalog[d.Name] = NICDevice{Mode: mode, PF: pf, Bandwidth: o.Bandwidth}
+			}
 		case config.ModeExclusive:
 			for _, vf := range pf.VFs {
-				devices = append(devices, vfDevice(pf, vf))
+				d := vfDevice(pf, vf)
+				devices = append(devices, d)
+				if catalog != nil {
+					catalog[d.Name] = NICDevice{Mode: mode, PF: pf, VF: &vf, Bandwidth: o.Bandwidth}
+				}
 			}
 		default:
 			skips = append(skips, config.SkipPF(pf, fmt.Sprintf("mode %q is not published", o.Mode)))
@@ -88,7 +126,7 @@ func NICResources(nodeName string, offers []config.NICOffer, f Features) (resour
 	}
 	return resourceslice.DriverResources{
 		Pools: map[string]resourceslice.Pool{nodeName: pool(nil, devices, "")},
-	}, skips
+	}, skips, catalog
 }
 
 // NICDeviceName is the shared device of a PF.

@@ -127,9 +127,12 @@ func TestNICShareRounding(t *testing.T) {
 		{"the largest share", share("nic", "391G"), "391G"},
 		{"rounds past the max", share("nic", "392G"), ""},
 		{"above the link", share("nic", "401G"), ""},
-		{"two VFs", share("nic", "10G", "vfs", "2"), ""},
-		{"zero VFs rounds up to one", share("nic", "10G", "vfs", "0"), "11G"},
-		{"unknown capacity", share("nic", "10G", "iops", "1"), ""},
+		{"two VFs", share("nic", "10G", string(NICCapVFs), "2"), ""},
+		{"zero VFs rounds up to one", share("nic", "10G", string(NICCapVFs), "0"), "11G"},
+		{"unknown capacity", share("nic", "10G", "sriov.hwdra.io/iops", "1"), ""},
+		// Capacity requests name the capacity exactly: the unqualified
+		// name of the capacity before it was qualified matches nothing.
+		{"unqualified bandwidth", share("nic", "", "bandwidth", "10G"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := nicAllocator(t, o)

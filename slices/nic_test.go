@@ -64,9 +64,9 @@ func TestNICSharedDevice(t *testing.T) {
 		t.Errorf("device %s, allowMultipleAllocations %v", d.Name, d.AllowMultipleAllocations)
 	}
 	want := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		"mode": str("shared"), "pfName": str("ens1f0"), "pfPciAddress": str("0000:17:00.0"),
-		"vendorID": str("15b3"), "deviceID": str("1021"), "driver": str("mlx5_core"), "linkType": str("ethernet"),
-		"rdma": boolean(true), "eswitchMode": str("legacy"),
+		"sriov.hwdra.io/mode": str("shared"), "sriov.hwdra.io/pfName": str("ens1f0"), "sriov.hwdra.io/pfPciAddress": str("0000:17:00.0"),
+		"sriov.hwdra.io/vendorID": str("15b3"), "sriov.hwdra.io/deviceID": str("1021"), "sriov.hwdra.io/driver": str("mlx5_core"),
+		"sriov.hwdra.io/linkType": str("ethernet"), "sriov.hwdra.io/rdma": boolean(true), "sriov.hwdra.io/eswitchMode": str("legacy"),
 		"resource.kubernetes.io/numaNode": integer(1), "resource.kubernetes.io/pcieRoot": str("pci0000:17"),
 	}
 	if !reflect.DeepEqual(d.Attributes, want) {
@@ -146,8 +146,9 @@ func TestNICExclusiveDevices(t *testing.T) {
 		t.Errorf("device %s", d.Name)
 	}
 	for name, want := range map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		"resource.kubernetes.io/pciBusID": str("0000:ca:01.5"), "vfIndex": integer(5), "vfDriver": str("vfio-pci"),
-		"vfDeviceID": str("101e"), "mode": str("exclusive"), "pfName": str("ens3f0"), "pfPciAddress": str("0000:ca:00.0"),
+		"resource.kubernetes.io/pciBusID": str("0000:ca:01.5"), "sriov.hwdra.io/vfIndex": integer(5), "sriov.hwdra.io/vfDriver": str("vfio-pci"),
+		"sriov.hwdra.io/vfDeviceID": str("101e"), "sriov.hwdra.io/mode": str("exclusive"), "sriov.hwdra.io/pfName": str("ens3f0"),
+		"sriov.hwdra.io/pfPciAddress": str("0000:ca:00.0"),
 	} {
 		if got := d.Attributes[name]; !reflect.DeepEqual(got, want) {
 			t.Errorf("%s = %v, want %v", name, got, want)
@@ -264,5 +265,48 @@ func checkNICInvariants(t *testing.T, res resourceslice.DriverResources) {
 				}
 			}
 		}
+	}
+}
+
+func TestNICDevicesMatchPublishedDevices(t *testing.T) {
+	shared := nicPF("0000:17:00.0", "ens1f0", 0, 400000, 4)
+	excl := nicPF("0000:31:00.0", "ens2f0", 1, 100000, 3)
+	down := nicPF("0000:4b:00.0", "ens3f0", 0, 0, 2)
+	down.LinkUp = false
+	offers := append(offer(config.ModeShared, shared, down), offer(config.ModeExclusive, excl)...)
+	noCC := AllFeatures
+	noCC.ConsumableCapacity = false
+	for _, tc := range []struct {
+		name string
+		f    Features
+		want int
+	}{{"all features", AllFeatures, 1 + 3}, {"no consumable capacity", noCC, 4 + 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, _ := NICResources(testNode, offers, tc.f)
+			catalog := NICDevices(offers, tc.f)
+			devs := nicDevices(res)
+			if len(catalog) != len(devs) || len(devs) != tc.want {
+				t.Fatalf("catalog has %d devices, slices %d, want %d", len(catalog), len(devs), tc.want)
+			}
+			for _, d := range devs {
+				what, ok := catalog[d.Name]
+				if !ok {
+					t.Fatalf("%s published but not in the catalog", d.Name)
+				}
+				if mode := *d.Attributes[NICAttrMode].StringValue; mode != string(what.Mode) {
+					t.Errorf("%s: mode %s in slices, %s in catalog", d.Name, mode, what.Mode)
+				}
+				if pf := *d.Attributes[NICAttrPFPCIAddress].StringValue; pf != what.PF.PCIAddress {
+					t.Errorf("%s: PF %s in slices, %s in catalog", d.Name, pf, what.PF.PCIAddress)
+				}
+				switch {
+				case what.Mode == config.ModeShared && what.VF != nil:
+					t.Errorf("%s: shared device with VF %d", d.Name, what.VF.Index)
+				case what.Mode == config.ModeExclusive && (what.VF == nil || NICVFDeviceName(what.PF.PCIAddress, what.VF.Index) != d.Name ||
+					*d.Attributes[NICAttrVFIndex].IntValue != int64(what.VF.Index)):
+					t.Errorf("%s: catalog VF %+v", d.Name, what.VF)
+				}
+			}
+		})
 	}
 }
