@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/hwdra/hwdra/internal/strictyaml"
 )
 
 // Load reads and validates a configuration file. An empty path means no
@@ -39,10 +41,10 @@ func Default() *AgentConfig {
 // no configuration: nothing is used from a half-valid file.
 func Parse(data []byte) (*AgentConfig, error) {
 	c := &AgentConfig{}
-	if err := decodeStrict(data, c); err != nil {
+	if err := strictyaml.Decode(data, c); err != nil {
 		return nil, err
 	}
-	var problems fieldErrors
+	var problems strictyaml.Problems
 	if c.APIVersion != APIVersion {
 		problems = append(problems, fmt.Sprintf("apiVersion: %q is not supported (use %s)", c.APIVersion, APIVersion))
 	}

@@ -135,7 +135,9 @@ func TestDeterministic(t *testing.T) {
 	}
 }
 
-func names(res resourceslice.DriverResources) map[string]resourceapi.Device { return devicesByName(res) }
+func names(res resourceslice.DriverResources) map[string]resourceapi.Device {
+	return devicesByName(res)
+}
 
 func TestDeliverableDevicesOnly(t *testing.T) {
 	a100MIG := h100("0000:1b:00.0", 0)

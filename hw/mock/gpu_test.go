@@ -46,7 +46,7 @@ func TestGPUGroupValidate(t *testing.T) {
 			`gpus[0].vgpuTypes[0].migProfile: "1g.5gb" not offered by h100-80gb`},
 		{"vGPU type size", "gpus: [{model: h100-80gb, count: 1, virtualization: host-vgpu, vgpuTypes: [{name: x, maxInstances: 1}]}]",
 			"gpus[0].vgpuTypes[0].framebufferMB: must be more than 0"},
-		{"unknown field", "gpus: [{model: h100-80gb, count: 1, colour: green}]", `unknown field "colour"`},
+		{"unknown field", "gpus: [{model: h100-80gb, count: 1, colour: green}]", `gpus[0].colour: unknown field`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("t", []byte(tc.yaml))

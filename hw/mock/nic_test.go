@@ -31,7 +31,7 @@ func TestNICGroupValidate(t *testing.T) {
 		{"no InfiniBand on E810", "nics: [{model: e810, count: 1, linkType: infiniband}]", `nics[0].linkType: e810 has no "infiniband" link`},
 		{"eswitch", "nics: [{model: cx7, count: 1, eswitchMode: offload}]", `nics[0].eswitchMode: "offload" is not legacy, switchdev or none`},
 		{"MTU", "nics: [{model: e810, count: 1, mtu: 9978}]", "nics[0].mtu: 9978 is outside 68-9702"},
-		{"unknown field", "nics: [{model: cx7, count: 1, speed: 1}]", `unknown field "speed"`},
+		{"unknown field", "nics: [{model: cx7, count: 1, speed: 1}]", `nics[0].speed: unknown field`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("t", []byte(tc.yaml))

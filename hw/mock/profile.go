@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"sigs.k8s.io/yaml"
+	"github.com/hwdra/hwdra/internal/strictyaml"
 )
 
 // Profile describes a mock node: which GPUs and NICs it has and in which
@@ -105,7 +105,7 @@ func Load(nameOrPath string) (Profile, error) {
 // Parse decodes and validates a profile strictly: unknown fields are errors.
 func Parse(name string, data []byte) (Profile, error) {
 	var p Profile
-	if err := yaml.UnmarshalStrict(data, &p); err != nil {
+	if err := strictyaml.Decode(data, &p); err != nil {
 		return Profile{}, fmt.Errorf("mock profile %q: %w", name, err)
 	}
 	if p.Name == "" {

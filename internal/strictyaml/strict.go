@@ -1,4 +1,7 @@
-package config
+// Package strictyaml decodes YAML configuration files strictly, naming the
+// path of every unknown field and wrong type, for the agent's configuration
+// and the mock hardware profiles alike.
+package strictyaml
 
 import (
 	"bytes"
@@ -11,11 +14,11 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// decodeStrict decodes YAML into out (a pointer to a struct) and refuses
+// Decode decodes YAML into out (a pointer to a struct) and refuses
 // duplicate keys, unknown fields and wrong types, naming the path of each
 // ("nics[1].bandwidth.stp: unknown field"). encoding/json alone names
 // neither the path of an unknown field nor matches keys case-sensitively.
-func decodeStrict(data []byte, out any) error {
+func Decode(data []byte, out any) error {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return err
@@ -33,15 +36,15 @@ func decodeStrict(data []byte, out any) error {
 	check(reflect.TypeOf(out).Elem(), generic, "", &problems)
 	if len(problems) > 0 {
 		sort.Strings(problems) // map order is random
-		return fieldErrors(problems)
+		return Problems(problems)
 	}
 	return json.Unmarshal(js, out)
 }
 
-// fieldErrors lists one problem per line.
-type fieldErrors []string
+// Problems are field errors, one per line.
+type Problems []string
 
-func (e fieldErrors) Error() string { return strings.Join(e, "\n") }
+func (e Problems) Error() string { return strings.Join(e, "\n") }
 
 // check walks a decoded JSON value along the Go type it will decode into.
 func check(t reflect.Type, v any, path string, problems *[]string) {

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	logsapi "k8s.io/component-base/logs/api/v1"
+)
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	// Logging is configured once per process; each run configures it anew.
+	if err := logsapi.ResetForTest(nil); err != nil {
+		t.Fatal(err)
+	}
+	root := newRootCommand()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestSlicesPrintsApplicableResourceSlices(t *testing.T) {
+	out, err := run(t, "slices", "--hardware", "mock:dgx-h100", "--node-name", "worker-1", "-o", "yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+	drivers := map[string]int{}
+	names := map[string]bool{}
+	for {
+		var s resourceapi.ResourceSlice
+		if err := dec.Decode(&s); err != nil {
+			break
+		}
+		if s.APIVersion != "resource.k8s.io/v1" || s.Kind != "ResourceSlice" || s.Name == "" || names[s.Name] {
+			t.Fatalf("bad object header: %s %s %q", s.APIVersion, s.Kind, s.Name)
+		}
+		names[s.Name] = true
+		if s.Spec.NodeName == nil || *s.Spec.NodeName != "worker-1" || s.Spec.Pool.Name != "worker-1" || s.Spec.Pool.ResourceSliceCount < 1 {
+			t.Fatalf("%s: bad spec node/pool: %+v", s.Name, s.Spec.Pool)
+		}
+		drivers[s.Spec.Driver]++
+	}
+	if drivers["gpu.hwdra.io"] < 2 || drivers["sriov.hwdra.io"] < 1 {
+		t.Fatalf("slices per driver: %v", drivers)
+	}
+}
+
+func TestProbeJSON(t *testing.T) {
+	out, err := run(t, "probe", "--hardware", "mock:dgx-h100", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"productName": "NVIDIA H100 80GB HBM3"`, `"pciBusID": "0000:1b:00.0"`, `"pfs"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("probe output lacks %s", want)
+		}
+	}
+}
+
+func TestBadInputFails(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("gpus:\n- model: h100-80gb\n  count: 1\n  colour: blue\n"), 0o644)
+	cases := map[string]struct {
+		args []string
+		want string
+	}{
+		"unknown profile": {[]string{"slices", "--hardware", "mock:nope", "--node-name", "n"}, `unknown mock profile "nope"`},
+		"bad yaml field":  {[]string{"probe", "--hardware", "mock:" + bad}, `gpus[0].colour: unknown field`},
+		"bad hardware":    {[]string{"probe", "--hardware", "gpu"}, `--hardware "gpu"`},
+		"no node name":    {[]string{"slices", "--hardware", "mock:cx7"}, "--node-name is required"},
+		"bad output":      {[]string{"probe", "--hardware", "mock:cx7", "-o", "xml"}, `--output "xml"`},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := run(t, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want error containing %q, got %v", tc.want, err)
+			}
+		})
+	}
+}

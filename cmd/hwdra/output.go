@@ -1,0 +1,59 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hwdra/hwdra/backend"
+)
+
+func addHardwareFlag(cmd *cobra.Command, hardware *string) {
+	cmd.Flags().StringVar(hardware, "hardware", backend.Host,
+		`"host" for this machine's GPUs and NICs, or "mock:<profile>" (built-in name or YAML file)`)
+}
+
+func addOutputFlag(cmd *cobra.Command, output *string) {
+	cmd.Flags().StringVarP(output, "output", "o", "yaml", "output format: yaml or json")
+}
+
+func printObject(w io.Writer, format string, v any) error {
+	var (
+		out []byte
+		err error
+	)
+	switch format {
+	case "yaml":
+		out, err = yaml.Marshal(v)
+	case "json":
+		out, err = json.MarshalIndent(v, "", "  ")
+		out = append(out, '\n')
+	default:
+		return fmt.Errorf("--output %q: want yaml or json", format)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(out)
+	return err
+}
+
+// printList writes objects as a multi-document YAML stream, or as a JSON
+// v1 List: both are what `kubectl apply -f -` takes.
+func printList[T any](w io.Writer, format string, items []T) error {
+	if format != "yaml" {
+		return printObject(w, format, map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
+	}
+	for _, item := range items {
+		if _, err := io.WriteString(w, "---\n"); err != nil {
+			return err
+		}
+		if err := printObject(w, format, item); err != nil {
+			return err
+		}
+	}
+	return nil
+}

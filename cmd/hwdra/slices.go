@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/spf13/cobra"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/slices"
+)
+
+func slicesCommand() *cobra.Command {
+	var (
+		hardware, output, nodeName, configPath string
+	)
+	cmd := &cobra.Command{
+		Use:   "slices",
+		Short: "Print the ResourceSlices the agent would publish for this node",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if nodeName == "" {
+				return fmt.Errorf("--node-name is required")
+			}
+			cfg, err := config.Load(configPath)
+			if err != nil {
+				return err
+			}
+			node, err := backend.Open(hardware)
+			if err != nil {
+				return err
+			}
+			defer node.Close()
+			inv, err := node.Inventory(cmd.Context())
+			if err != nil {
+				klog.ErrorS(err, "Some devices could not be read")
+			}
+			res, skipped := slices.ForNode(nodeName, inv, cfg, slices.AllFeatures)
+			for _, s := range skipped {
+				klog.InfoS("PF not offered", "pf", s.String())
+			}
+			drivers := make([]string, 0, len(res))
+			for d := range res {
+				drivers = append(drivers, d)
+			}
+			sort.Strings(drivers)
+			var objs []resourceapi.ResourceSlice
+			for _, d := range drivers {
+				objs = append(objs, slices.Objects(d, nodeName, res[d])...)
+			}
+			return printList(cmd.OutOrStdout(), output, objs)
+		},
+	}
+	addHardwareFlag(cmd, &hardware)
+	addOutputFlag(cmd, &output)
+	cmd.Flags().StringVar(&nodeName, "node-name", "", "name of the Node the slices belong to")
+	cmd.Flags().StringVar(&configPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
+	return cmd
+}

@@ -1,0 +1,107 @@
+package slices
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/hw/mock"
+)
+
+// probe reads a mock node through the real backends.
+func probe(t testing.TB, spec string) hw.Inventory {
+	t.Helper()
+	n, err := backend.Open(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	inv, err := n.Inventory(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inv
+}
+
+// TestBuiltinProfiles builds every built-in mock node end to end (mock
+// hardware, nvml and sriov backends, slices) and checks the API limits and
+// that two fresh mock nodes give byte-identical slices.
+func TestBuiltinProfiles(t *testing.T) {
+	for _, name := range mock.Builtins() {
+		t.Run(name, func(t *testing.T) {
+			var first []byte
+			for i := 0; i < 2; i++ {
+				res, _ := ForNode(testNode, probe(t, "mock:"+name), config.Default(), AllFeatures)
+				for _, r := range res {
+					checkLimits(t, r)
+				}
+				out, err := json.Marshal(res)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i == 0 {
+					first = out
+				} else if string(out) != string(first) {
+					t.Fatal("two mock nodes of one profile give different slices")
+				}
+			}
+		})
+	}
+}
+
+// TestOneMockH100 repeats the partition checks on a GPU read through NVML
+// from the mock, rather than on the fixture.
+func TestOneMockH100(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "one-h100.yaml")
+	if err := os.WriteFile(file, []byte("gpus:\n- model: h100-80gb\n  count: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inv := probe(t, "mock:"+file)
+	if len(inv.GPUs) != 1 {
+		t.Fatalf("%d GPUs", len(inv.GPUs))
+	}
+	a, _ := gpuAllocator(t, inv.GPUs...)
+	for i := 0; i < 7; i++ {
+		if !fits(t, a, claim(profile("mig", "1g.10gb", 1))) {
+			t.Fatalf("1g.10gb number %d refused", i+1)
+		}
+	}
+	if fits(t, a, claim(profile("mig", "1g.10gb", 1))) {
+		t.Fatal("eighth 1g.10gb allocated")
+	}
+	a, _ = gpuAllocator(t, inv.GPUs...)
+	if !fits(t, a, claim(profile("a", "4g.40gb", 1), profile("b", "3g.40gb", 1))) {
+		t.Fatal("4g.40gb + 3g.40gb refused")
+	}
+	if fits(t, a, claim(profile("c", "1g.10gb", 1))) {
+		t.Fatal("1g.10gb allocated beside 4g+3g")
+	}
+}
+
+// BenchmarkProbeAndBuild: probe a DGX H200 (8 GPUs, NICs) through the real
+// backends on the mock, and build every slice. Target: < 5 ms, < 5 MiB.
+func BenchmarkProbeAndBuild(b *testing.B) {
+	n, err := backend.Open("mock:dgx-h200")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	cfg := config.Default()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		inv, err := n.Inventory(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, _ := ForNode(testNode, inv, cfg, AllFeatures)
+		if len(res) == 0 {
+			b.Fatal("nothing built")
+		}
+	}
+}
