@@ -1,0 +1,84 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// ExampleClaim reads a ResourceClaim from deploy/examples/<file>.
+func ExampleClaim(file string) (*resourceapi.ResourceClaim, error) {
+	dir, err := DeployDir()
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "examples", file))
+	if err != nil {
+		return nil, err
+	}
+	var claim resourceapi.ResourceClaim
+	if err := yaml.UnmarshalStrict(data, &claim); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return &claim, nil
+}
+
+// TemplateFor turns a claim into a ResourceClaimTemplate of the same name, so
+// that each pod gets its own claim from it.
+func TemplateFor(claim *resourceapi.ResourceClaim) *resourceapi.ResourceClaimTemplate {
+	return &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: claim.Name},
+		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: claim.Spec},
+	}
+}
+
+// PodWithClaimTemplate is a test-app pod whose container uses one claim made
+// from the named template (pod claim name "devices").
+func PodWithClaimTemplate(name, template string, paths ...string) *corev1.Pod {
+	pod := TestAppPod(name, paths...)
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "devices", ResourceClaimTemplateName: &template}}
+	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "devices"}}
+	return pod
+}
+
+// WaitPodClaimAllocated waits until the claim generated for the pod's claim
+// "devices" is allocated and reserved for the pod, and the pod is bound to a
+// node: the scheduler's work, done before the kubelet prepares anything.
+func (n *Node) WaitPodClaimAllocated(ctx context.Context, ns, podName string, timeout time.Duration) (*resourceapi.ResourceClaim, *corev1.Pod, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		pod, err := n.Admin.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+		if err != nil {
+			return nil, nil, err
+		}
+		var claimName string
+		for _, s := range pod.Status.ResourceClaimStatuses {
+			if s.Name == "devices" && s.ResourceClaimName != nil {
+				claimName = *s.ResourceClaimName
+			}
+		}
+		if claimName != "" && pod.Spec.NodeName != "" {
+			claim, err := n.Admin.ResourceV1().ResourceClaims(ns).Get(ctx, claimName, metav1.GetOptions{})
+			if err != nil {
+				return nil, nil, err
+			}
+			if claim.Status.Allocation != nil && len(claim.Status.ReservedFor) > 0 {
+				return claim, pod, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, pod, fmt.Errorf("claim of pod %s/%s not allocated within %v (claim %q): %s",
+				ns, podName, timeout, claimName, n.describePod(ns, podName, pod))
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return nil, pod, err
+		}
+	}
+}

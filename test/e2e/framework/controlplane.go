@@ -1,0 +1,244 @@
+package framework
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// DefaultFeatureGates are the gates of the cluster hwdra targets: every DRA
+// feature its slices and claims use, alpha ones included. The same set goes
+// to the apiserver, scheduler, controller-manager and kubelet. (There is no
+// gate for KEP-5304 device metadata: it lives in the driver library and CDI.)
+func DefaultFeatureGates() map[string]bool {
+	return map[string]bool{
+		"DynamicResourceAllocation":    true,
+		"DRAPartitionableDevices":      true,
+		"DRAPartitionableDevicesType":  true,
+		"DRADeviceCompatibilityGroups": true,
+		"DRAConsumableCapacity":        true,
+		"DRADeviceTaints":              true,
+		"DRADeviceTaintRules":          true,
+		"DRAResourceClaimDeviceStatus": true,
+		"DRAPrioritizedList":           true,
+		"DRAResourcePoolStatus":        true,
+		// Granular status authorization is what lets RBAC restrict the
+		// agent's status.devices writes to its own drivers and node.
+		"DRAResourceClaimGranularStatusAuthorization": true,
+	}
+}
+
+// runtimeConfig enables every resource.k8s.io version, alpha included.
+const runtimeConfig = "resource.k8s.io/v1alpha3=true,resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
+
+const (
+	apiserverPort = 6443
+	etcdPort      = 2379
+	serviceCIDR   = "10.201.0.0/24" // virtual only: no kube-proxy runs
+	serviceIP     = "10.201.0.1"
+	saIssuer      = "https://kubernetes.default.svc.cluster.local"
+)
+
+func gateFlag(gates map[string]bool) string {
+	var parts []string
+	for k, v := range gates {
+		parts = append(parts, fmt.Sprintf("%s=%t", k, v))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func randomToken() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// identity is one static-token user of the apiserver.
+type identity struct {
+	name, token string
+	groups      []string
+}
+
+// writeKubeconfig writes a kubeconfig that reaches the apiserver with token.
+func writeKubeconfig(path, caFile, token string) error {
+	cfg := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster:
+    server: https://127.0.0.1:%d
+    certificate-authority: %s
+users:
+- name: u
+  user:
+    token: %s
+contexts:
+- name: c
+  context: {cluster: e2e, user: u}
+current-context: c
+`, apiserverPort, caFile, token)
+	return os.WriteFile(path, []byte(cfg), 0o600)
+}
+
+// startControlPlane starts etcd, the apiserver, the controller-manager and the
+// scheduler and waits until the apiserver is ready.
+func (n *Node) startControlPlane(ctx context.Context) error {
+	dir := filepath.Join(n.Root, "cp")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	p, err := newPKI(dir)
+	if err != nil {
+		return err
+	}
+	n.pki = p
+	ids := map[string]identity{
+		"admin":              {"hwdra-e2e-admin", randomToken(), []string{"system:masters"}},
+		"controller-manager": {"system:kube-controller-manager", randomToken(), []string{"system:masters"}},
+		"scheduler":          {"system:kube-scheduler", randomToken(), nil},
+		"kubelet":            {"system:node:" + n.Name, randomToken(), []string{"system:nodes"}},
+	}
+	var tokens strings.Builder
+	for _, id := range ids {
+		fmt.Fprintf(&tokens, "%s,%s,%s,\"%s\"\n", id.token, id.name, id.name, strings.Join(id.groups, ","))
+	}
+	tokenFile := filepath.Join(dir, "tokens.csv")
+	if err := os.WriteFile(tokenFile, []byte(tokens.String()), 0o600); err != nil {
+		return err
+	}
+	kc := map[string]string{}
+	for name, id := range ids {
+		kc[name] = filepath.Join(dir, name+".kubeconfig")
+		if err := writeKubeconfig(kc[name], p.CACert, id.token); err != nil {
+			return err
+		}
+	}
+	n.kubeconfigs = kc
+	gates := gateFlag(n.Options.FeatureGates)
+
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
+	n.Etcd = n.newProcess("etcd", bin("etcd"),
+		"--name=e2e", "--data-dir="+filepath.Join(dir, "etcd"),
+		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		"--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+		"--initial-cluster=e2e=http://127.0.0.1:2380",
+		"--unsafe-no-fsync", // a throwaway store: durability costs seconds here
+		"--log-level=warn")
+	if err := n.Etcd.Start(); err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, etcdURL+"/health", nil, 30*time.Second); err != nil {
+		return fmt.Errorf("etcd: %w\n%s", err, n.Etcd.Tail(20))
+	}
+
+	n.APIServer = n.newProcess("kube-apiserver", bin("kube-apiserver"),
+		"--etcd-servers="+etcdURL,
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiserverPort),
+		"--advertise-address="+NodeIP,
+		"--tls-cert-file="+p.ServingCert, "--tls-private-key-file="+p.ServingKey,
+		"--token-auth-file="+tokenFile,
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--service-account-issuer="+saIssuer,
+		"--service-account-key-file="+p.SAPub,
+		"--service-account-signing-key-file="+p.SAKey,
+		"--service-cluster-ip-range="+serviceCIDR,
+		"--endpoint-reconciler-type=none",
+		"--kubelet-preferred-address-types=InternalIP",
+		"--allow-privileged=true",
+		"--runtime-config="+runtimeConfig,
+		"--feature-gates="+gates,
+		"--profiling=false")
+	if err := n.APIServer.Start(); err != nil {
+		return err
+	}
+	if err := n.waitAPIServer(ctx, 60*time.Second); err != nil {
+		return fmt.Errorf("kube-apiserver: %w\n%s", err, n.APIServer.Tail(30))
+	}
+
+	n.ControllerManager = n.newProcess("kube-controller-manager", bin("kube-controller-manager"),
+		"--kubeconfig="+kc["controller-manager"],
+		"--leader-elect=false", "--secure-port=0",
+		"--root-ca-file="+p.CACert,
+		"--service-account-private-key-file="+p.SAKey,
+		"--use-service-account-credentials=false",
+		"--flex-volume-plugin-dir="+filepath.Join(n.Root, "cm-flexvolume"),
+		"--feature-gates="+gates,
+		"--profiling=false")
+	n.Scheduler = n.newProcess("kube-scheduler", bin("kube-scheduler"),
+		"--kubeconfig="+kc["scheduler"],
+		"--leader-elect=false", "--secure-port=0",
+		"--feature-gates="+gates,
+		"--profiling=false")
+	for _, proc := range []*Process{n.ControllerManager, n.Scheduler} {
+		if err := proc.Start(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitAPIServer polls /readyz with the admin credentials.
+func (n *Node) waitAPIServer(ctx context.Context, timeout time.Duration) error {
+	cs, err := n.adminClient()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if !n.APIServer.Running() {
+			return fmt.Errorf("exited: %v", n.APIServer.ExitErr())
+		}
+		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil {
+			return nil
+		}
+		last = fmt.Errorf("%v: %s", err, body)
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("not ready after %v: %v", timeout, last)
+}
+
+// waitHTTP polls url until it answers 200.
+func waitHTTP(ctx context.Context, url string, client *http.Client, timeout time.Duration) error {
+	if client == nil {
+		client = &http.Client{Timeout: 2 * time.Second}
+	}
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		last = err
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%s not healthy after %v: %v", url, timeout, last)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}

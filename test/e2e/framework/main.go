@@ -1,0 +1,150 @@
+package framework
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// The node's addresses. They exist only inside the run's network namespace:
+// the node IP sits on a bridge there and pods get addresses from the same
+// subnet through the CNI bridge plugin, so no packet ever leaves it.
+const (
+	NodeIP     = "10.200.0.1"
+	PodCIDR    = "10.200.0.0/24"
+	bridgeName = "e2ebr0"
+)
+
+// Main is the suite's TestMain. As root with HWDRA_REALNODE_BIN set it
+// creates a network namespace, re-executes the test binary inside it, and
+// after that exits sweeps whatever a crashed or timed-out run left behind.
+// Otherwise it runs the tests, which skip.
+func Main(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		code := m.Run()
+		stopShared()
+		os.Exit(code)
+	}
+	if err := checkEnvironment(); err != nil {
+		skipReason = err.Error()
+		fmt.Fprintf(os.Stderr, "hwdra e2e: real-node tests skip: %s\n", skipReason)
+		os.Exit(m.Run())
+	}
+	os.Exit(runInNamespace())
+}
+
+// runInNamespace is the parent: it owns the namespace and the temp root and
+// cleans both up whatever the child did.
+func runInNamespace() int {
+	root, err := os.MkdirTemp("", "hwe2e-") // short: unix socket paths under it must stay < 108 bytes
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ns := "hwdra-e2e-" + strconv.Itoa(os.Getpid())
+	fixed := snapshotFixedPaths()
+	defer func() {
+		sweep(ns, root, fixed, func(format string, args ...any) {
+			fmt.Fprintf(os.Stderr, "hwdra e2e: sweep: "+format+"\n", args...)
+		})
+	}()
+	if err := createNamespace(ns); err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+		return 1
+	}
+	cmd := exec.Command(os.Args[0], os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), envChild+"=1", envRoot+"="+root)
+	cmd.Env = append(cmd.Env, prebuild(root)...)
+	if err := startInNamespace(ns, cmd); err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+		return 1
+	}
+	// Forward interrupts so the child can run its cleanups.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		for s := range sigs {
+			_ = cmd.Process.Signal(s)
+		}
+	}()
+	err = cmd.Wait()
+	signal.Stop(sigs)
+	if ee, ok := err.(*exec.ExitError); ok {
+		if code := ee.ExitCode(); code > 0 {
+			return code
+		}
+		return 1 // killed by a signal
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+		return 1
+	}
+	return 0
+}
+
+// prebuild compiles the images and the hwdra binary before entering the
+// namespace, where the go command could not reach the module proxy. It
+// returns environment for the child; failures are left for the child to
+// report in the tests that need the result.
+func prebuild(root string) []string {
+	if _, err := buildImages(filepath.Join(root, "images")); err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e: building images:", err)
+	}
+	if os.Getenv(EnvHwdra) != "" {
+		return nil
+	}
+	if path, err := buildHwdra(root); err == nil && path != "" {
+		return []string{EnvHwdra + "=" + path}
+	}
+	return nil
+}
+
+// createNamespace makes the named network namespace with loopback up and a
+// bridge that holds the node IP (the kubelet refuses a loopback node IP).
+func createNamespace(ns string) error {
+	steps := [][]string{
+		{"netns", "add", ns},
+		{"-n", ns, "link", "set", "lo", "up"},
+		{"-n", ns, "link", "add", bridgeName, "type", "bridge"},
+		{"-n", ns, "addr", "add", NodeIP + "/24", "dev", bridgeName},
+		{"-n", ns, "link", "set", bridgeName, "up"},
+	}
+	for _, args := range steps {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	return nil
+}
+
+// startInNamespace starts cmd from an OS thread switched into the namespace:
+// a forked child inherits its thread's network namespace. The thread is
+// never unlocked, so the Go runtime discards it afterwards instead of reusing
+// it for unrelated goroutines.
+func startInNamespace(ns string, cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		fd, err := unix.Open("/run/netns/"+ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns %s: %w", ns, err)
+			return
+		}
+		errc <- cmd.Start()
+	}()
+	return <-errc
+}

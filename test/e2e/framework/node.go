@@ -1,0 +1,260 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Options change how a node is started. The zero value is the cluster hwdra
+// targets.
+type Options struct {
+	// Name is the node name; default "node-1".
+	Name string
+	// FeatureGates override DefaultFeatureGates (e.g. one gate off) in every
+	// component.
+	FeatureGates map[string]bool
+	// SkipDeploy leaves deploy/ unapplied.
+	SkipDeploy bool
+}
+
+// Node is a running single-node cluster.
+type Node struct {
+	Name    string
+	Root    string // everything the node writes lives here
+	CDIDir  string // containerd's CDI spec directory = the agent's --cdi-dir
+	Options Options
+
+	NRISocket string
+
+	Admin       *kubernetes.Clientset
+	AdminConfig *rest.Config
+
+	Etcd, APIServer, ControllerManager, Scheduler, Containerd, Kubelet *Process
+
+	// StartupTime is how long Start took, from nothing to a Ready node with
+	// images imported and deploy/ applied.
+	StartupTime time.Duration
+
+	pki         *pki
+	kubeconfigs map[string]string
+	procs       []*Process
+	stopOnce    sync.Once
+}
+
+var (
+	nodeSeq    int
+	sharedMu   sync.Mutex
+	sharedNode *Node
+)
+
+// SkipIfUnavailable skips t when this run cannot start a node.
+func SkipIfUnavailable(t testing.TB) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip("real-node test skipped: " + skipReason)
+	}
+	if os.Getenv(envChild) == "" {
+		t.Skip("real-node test skipped: TestMain must call framework.Main")
+	}
+}
+
+// Shared returns the suite's node with default options, starting it on first
+// use; it stops when the suite ends. Tests that use it leave it as they found
+// it (their own namespaces, their own agents).
+func Shared(t testing.TB) *Node {
+	t.Helper()
+	SkipIfUnavailable(t)
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedNode == nil {
+		n, err := start(Options{})
+		if err != nil {
+			t.Fatalf("start node: %v", err)
+		}
+		sharedNode = n
+	}
+	n := sharedNode
+	t.Cleanup(func() { n.dumpIfFailed(t) })
+	return n
+}
+
+// New starts a node of its own for t, stopped when t ends. Only one node
+// runs at a time (they share the namespace, ports and the kubelet's fixed
+// paths), so the shared node is stopped first and restarted on next use.
+func New(t testing.TB, opts Options) *Node {
+	t.Helper()
+	SkipIfUnavailable(t)
+	stopShared()
+	n, err := start(opts)
+	if err != nil {
+		t.Fatalf("start node: %v", err)
+	}
+	t.Cleanup(func() {
+		n.dumpIfFailed(t)
+		n.Stop()
+	})
+	return n
+}
+
+func stopShared() {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedNode != nil {
+		sharedNode.Stop()
+		sharedNode = nil
+	}
+}
+
+func start(opts Options) (*Node, error) {
+	began := time.Now()
+	if opts.Name == "" {
+		opts.Name = "node-1"
+	}
+	gates := DefaultFeatureGates()
+	maps.Copy(gates, opts.FeatureGates)
+	opts.FeatureGates = gates
+
+	runRoot := os.Getenv(envRoot)
+	nodeSeq++
+	root := filepath.Join(runRoot, "n"+strconv.Itoa(nodeSeq))
+	n := &Node{
+		Name: opts.Name, Root: root, Options: opts,
+		CDIDir:    filepath.Join(root, "cdi"),
+		NRISocket: filepath.Join(root, "nri", "nri.sock"),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := n.boot(ctx, filepath.Join(runRoot, "images")); err != nil {
+		n.Stop()
+		return nil, err
+	}
+	n.StartupTime = time.Since(began)
+	fmt.Fprintf(os.Stderr, "hwdra e2e: node %s up in %v (root %s)\n", n.Name, n.StartupTime.Round(time.Millisecond), n.Root)
+	return n, nil
+}
+
+// boot brings the pieces up, overlapping what does not depend on each other:
+// images build while the control plane starts; containerd starts with it.
+func (n *Node) boot(ctx context.Context, imageDir string) error {
+	if err := os.MkdirAll(n.Root, 0o755); err != nil {
+		return err
+	}
+	type result struct {
+		archives []string
+		err      error
+	}
+	imagesCh := make(chan result, 1)
+	go func() {
+		a, err := buildImages(imageDir)
+		imagesCh <- result{a, err}
+	}()
+	if err := n.startControlPlane(ctx); err != nil {
+		return err
+	}
+	var err error
+	if n.AdminConfig, n.Admin, err = n.clientFromKubeconfig(n.kubeconfigs["admin"]); err != nil {
+		return err
+	}
+	img := <-imagesCh
+	if img.err != nil {
+		return img.err
+	}
+	if err := n.startContainerd(ctx, img.archives); err != nil {
+		return err
+	}
+	if err := n.startKubelet(ctx); err != nil {
+		return err
+	}
+	if !n.Options.SkipDeploy {
+		if err := n.ApplyDeploy(ctx); err != nil {
+			return err
+		}
+	}
+	if err := n.WaitNodeReady(ctx, 90*time.Second); err != nil {
+		return err
+	}
+	if !n.Options.SkipDeploy {
+		return n.waitDeployEffective(ctx, 30*time.Second)
+	}
+	return nil
+}
+
+func (n *Node) newProcess(name, path string, args ...string) *Process {
+	p := &Process{Name: name, Path: path, Args: args, LogPath: filepath.Join(n.Root, "logs", name+".log")}
+	n.procs = append(n.procs, p)
+	return p
+}
+
+// Stop tears the node down completely: agents, kubelet, every sandbox
+// (through CRI: pods outlive the kubelet), containerd and its shims, the
+// kubepods cgroups, mounts under the root (deepest first), the control
+// plane, and the root itself. Safe to call twice.
+func (n *Node) Stop() {
+	n.stopOnce.Do(func() {
+		log := func(format string, args ...any) {
+			fmt.Fprintf(os.Stderr, "hwdra e2e: stop %s: "+format+"\n", append([]any{n.Name}, args...)...)
+		}
+		for _, p := range n.procs {
+			if p.Name != "kube-apiserver" && p.Name != "etcd" && p.Name != "containerd" &&
+				p.Name != "kube-controller-manager" && p.Name != "kube-scheduler" {
+				p.Stop(5 * time.Second) // agents and the kubelet first
+			}
+		}
+		if n.Containerd != nil && n.Containerd.Running() {
+			if err := removeAllSandboxes(n.ContainerdSocket(), 20*time.Second); err != nil {
+				log("removing sandboxes: %v", err)
+			}
+			n.Containerd.Stop(5 * time.Second)
+		}
+		killByCommandLine(n.Root, log)
+		cleanupCgroups(log)
+		unmountUnder(n.Root, log)
+		for _, p := range []*Process{n.Scheduler, n.ControllerManager, n.APIServer, n.Etcd} {
+			if p != nil {
+				p.Stop(5 * time.Second)
+			}
+		}
+		n.saveLogs()
+		if os.Getenv(EnvKeep) == "" {
+			if err := os.RemoveAll(n.Root); err != nil {
+				log("remove root: %v", err)
+			}
+		}
+	})
+}
+
+// saveLogs copies every component's log to $HWDRA_E2E_ARTIFACTS/<node>-<seq>.
+func (n *Node) saveLogs() {
+	dst := os.Getenv(EnvArtifacts)
+	if dst == "" {
+		return
+	}
+	dir := filepath.Join(dst, n.Name+"-"+filepath.Base(n.Root))
+	_ = os.MkdirAll(dir, 0o755)
+	logs, _ := filepath.Glob(filepath.Join(n.Root, "logs", "*.log"))
+	for _, l := range logs {
+		if data, err := os.ReadFile(l); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, filepath.Base(l)), data, 0o644)
+		}
+	}
+}
+
+// dumpIfFailed shows the end of every component's log in a failed test.
+func (n *Node) dumpIfFailed(t testing.TB) {
+	if !t.Failed() {
+		return
+	}
+	for _, p := range n.procs {
+		t.Logf("---- %s (last 25 lines of %s)\n%s", p.Name, p.LogPath, p.Tail(25))
+	}
+}

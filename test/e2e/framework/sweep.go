@@ -1,0 +1,201 @@
+package framework
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// fixedPaths are written by the kubelet, libcni or the controller-manager
+// outside any directory we can configure (the device-plugin socket folder,
+// libcni's result cache, the default flex-volume folder). The sweep removes
+// those that did not exist before the run.
+var fixedPaths = []string{"/var/lib/kubelet", "/var/lib/cni", "/usr/libexec/kubernetes"}
+
+func snapshotFixedPaths() []string {
+	var absent []string
+	for _, p := range fixedPaths {
+		if _, err := os.Lstat(p); os.IsNotExist(err) {
+			absent = append(absent, p)
+		}
+	}
+	return absent
+}
+
+type logf func(format string, args ...any)
+
+// sweep removes everything a run may have left behind, whether or not the
+// tests cleaned up: processes in the namespace, containers (found through the
+// kubepods cgroups, since they live in their pods' own namespaces), mounts
+// under the root, cgroups, fixed paths and the namespace itself.
+func sweep(ns, root string, createdFixed []string, log logf) {
+	if out, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil {
+		for _, f := range strings.Fields(string(out)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				log("killing leftover process %d in %s", pid, ns)
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	killByCommandLine(root, log)
+	cleanupCgroups(log)
+	unmountUnder(root, log)
+	if os.Getenv(EnvKeep) == "" {
+		if err := os.RemoveAll(root); err != nil {
+			log("remove %s: %v", root, err)
+		}
+	} else {
+		log("keeping %s", root)
+	}
+	for _, p := range createdFixed {
+		if err := os.RemoveAll(p); err != nil {
+			log("remove %s: %v", p, err)
+		}
+	}
+	if out, err := exec.Command("ip", "netns", "delete", ns).CombinedOutput(); err != nil {
+		log("ip netns delete %s: %v: %s", ns, err, out)
+	}
+}
+
+// killByCommandLine SIGKILLs every process (but this one) whose command line
+// mentions dir: every component of a node is started with paths under it, and
+// containerd's shims re-parent themselves away from containerd.
+func killByCommandLine(dir string, log logf) {
+	self := os.Getpid()
+	needle := []byte(dir + "/")
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, needle) {
+			continue
+		}
+		log("killing leftover process %d: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " "))
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// kubepodsCgroups lists the kubelet's top-level cgroup in every mounted
+// hierarchy (cgroup v1 controllers and the unified one).
+func kubepodsCgroups() []string {
+	var dirs []string
+	for _, pattern := range []string{"/sys/fs/cgroup/*/kubepods", "/sys/fs/cgroup/kubepods"} {
+		m, _ := filepath.Glob(pattern)
+		dirs = append(dirs, m...)
+	}
+	return dirs
+}
+
+// cleanupCgroups kills what still runs in kubepods and removes the cgroups,
+// deepest first (a cgroup with children or tasks cannot be removed).
+func cleanupCgroups(log logf) {
+	for attempt := 0; attempt < 50; attempt++ {
+		var all []string
+		for _, top := range kubepodsCgroups() {
+			_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+				if err == nil && d.IsDir() {
+					all = append(all, p)
+				}
+				return nil
+			})
+		}
+		if len(all) == 0 {
+			return
+		}
+		for _, dir := range all {
+			for _, pid := range readPids(filepath.Join(dir, "cgroup.procs")) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		sort.Slice(all, func(i, j int) bool { return len(all[i]) > len(all[j]) })
+		for _, dir := range all {
+			_ = unix.Rmdir(dir)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	log("cgroups left behind: %v", kubepodsCgroups())
+}
+
+func readPids(file string) []int {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// mountsUnder lists mount points at or below dir, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var mounts []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountPath(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			mounts = append(mounts, mp)
+		}
+	}
+	sort.SliceStable(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
+	return mounts
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmountUnder lazily unmounts everything below dir, deepest first, until
+// nothing is left (mounts may be stacked).
+func unmountUnder(dir string, log logf) {
+	for attempt := 0; attempt < 10; attempt++ {
+		mounts := mountsUnder(dir)
+		if len(mounts) == 0 {
+			return
+		}
+		for _, mp := range mounts {
+			if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && attempt > 0 {
+				log("unmount %s: %v", mp, err)
+			}
+		}
+	}
+}

@@ -1,0 +1,90 @@
+// Command testapp is the workload image of the real-node tests. It prints
+// what a container sees of its devices — its environment and the files,
+// directories and device nodes named in its arguments — so that a test can
+// read the result with `kubectl logs`, then sleeps until SIGTERM.
+//
+// Output format (one section per line-delimited block, parsed by tests):
+//
+//	=== ENV
+//	KEY=value
+//	=== FILE /path
+//	<contents>
+//	=== DEV /dev/x char 195:0
+//	=== DIR /path
+//	=== MISSING /path: <error>
+//	=== END
+package main
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"syscall"
+)
+
+func main() {
+	w := os.Stdout
+	fmt.Fprintln(w, "=== ENV")
+	env := os.Environ()
+	sort.Strings(env)
+	for _, kv := range env {
+		fmt.Fprintln(w, kv)
+	}
+	for _, arg := range os.Args[1:] {
+		show(w, arg)
+	}
+	fmt.Fprintln(w, "=== END")
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	<-sigs
+}
+
+// show prints one path: a directory recursively, a device node with its
+// numbers, a regular file with its contents.
+func show(w *os.File, root string) {
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			fmt.Fprintf(w, "=== MISSING %s: %v\n", path, err)
+			return nil
+		}
+		info, err := os.Stat(path) // follow symlinks: CDI and metadata files may be links
+		if err != nil {
+			fmt.Fprintf(w, "=== MISSING %s: %v\n", path, err)
+			return nil
+		}
+		switch {
+		case info.IsDir():
+			fmt.Fprintf(w, "=== DIR %s\n", path)
+		case info.Mode()&os.ModeDevice != 0:
+			kind := "block"
+			if info.Mode()&os.ModeCharDevice != 0 {
+				kind = "char"
+			}
+			st := info.Sys().(*syscall.Stat_t)
+			fmt.Fprintf(w, "=== DEV %s %s %d:%d\n", path, kind, major(st.Rdev), minor(st.Rdev))
+		default:
+			data, err := os.ReadFile(path)
+			if err != nil {
+				fmt.Fprintf(w, "=== MISSING %s: %v\n", path, err)
+				return nil
+			}
+			fmt.Fprintf(w, "=== FILE %s\n", path)
+			w.Write(data)
+			if len(data) > 0 && data[len(data)-1] != '\n' {
+				fmt.Fprintln(w)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(w, "=== MISSING %s: %v\n", root, err)
+	}
+}
+
+// major and minor decode Linux's dev_t like glibc's gnu_dev_major/minor.
+func major(dev uint64) uint64 { return ((dev >> 8) & 0xfff) | ((dev >> 32) &^ 0xfff) }
+func minor(dev uint64) uint64 { return (dev & 0xff) | ((dev >> 12) &^ 0xff) }
