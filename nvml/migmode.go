@@ -16,6 +16,21 @@ func switchWithoutReset(arch nvml.DeviceArchitecture) bool {
 	return arch == nvml.DEVICE_ARCH_HOPPER || arch == nvml.DEVICE_ARCH_BLACKWELL || arch == nvml.DEVICE_ARCH_RUBIN
 }
 
+// MIGEnabled reports the GPU's current MIG mode; false where the GPU has
+// no MIG.
+func (b *Backend) MIGEnabled(busID string) (bool, error) {
+	var on bool
+	err := b.onGPU(busID, func(dev nvml.Device, ref gpuRef) error {
+		current, _, ret := dev.GetMigMode()
+		if ok, err := ref.optional("GetMigMode", ret); err != nil || !ok {
+			return err
+		}
+		on = current == nvml.DEVICE_MIG_ENABLE
+		return nil
+	})
+	return on, err
+}
+
 // SetMIGMode turns MIG mode on or off; nothing happens when it already is.
 // It refuses, with errors wrapping ErrResetRequired or ErrInUse, where the
 // hardware would need a reset or would refuse:

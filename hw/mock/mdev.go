@@ -53,6 +53,8 @@ type mdevParent struct {
 	dir    string // absolute device directory
 	gpu    *gpuDevice
 	hosted *vgpuInstance
+	// avail is each type's available_instances as last written.
+	avail map[uint32]int
 }
 
 // firstIOMMUGroup is above the groups of the node's PCI devices.
@@ -123,7 +125,7 @@ func (k *mdevKernel) addVFs(d *gpuDevice) error {
 				return err
 			}
 		}
-		k.parents[pd.Address] = &mdevParent{addr: pd.Address, dir: vfDir, gpu: d}
+		k.parents[pd.Address] = &mdevParent{addr: pd.Address, dir: vfDir, gpu: d, avail: map[uint32]int{}}
 	}
 	return os.MkdirAll(filepath.Join(k.sysfs, "bus/mdev/devices"), 0o755)
 }
@@ -172,15 +174,23 @@ func (k *mdevKernel) refresh(d *gpuDevice) {
 }
 
 func (k *mdevKernel) refreshLocked(d *gpuDevice) {
+	fits := map[uint32]bool{}
+	for _, t := range d.vgpus {
+		fits[t.GetID()] = k.available(d, t)
+	}
 	for _, p := range k.parents {
 		if p.gpu != d {
 			continue
 		}
 		for _, t := range d.vgpus {
 			n := 0
-			if p.hosted == nil && k.available(d, t) {
+			if p.hosted == nil && fits[t.GetID()] {
 				n = 1
 			}
+			if n == p.avail[t.GetID()] {
+				continue // files start at 0
+			}
+			p.avail[t.GetID()] = n
 			path := filepath.Join(p.dir, "mdev_supported_types", typeDirName(t.GetID()), "available_instances")
 			os.WriteFile(path, []byte(fmt.Sprintf("%d\n", n)), 0o644)
 		}

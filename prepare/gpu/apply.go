@@ -1,0 +1,275 @@
+package gpu
+
+import (
+	"fmt"
+
+	"github.com/google/uuid"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/prepare"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+// applier applies one claim's plan. Before each side effect it records
+// the intent and saves the record; after it, it records the result.
+type applier struct {
+	d     *Driver
+	claim types.UID
+	rec   *Record
+	save  func() error
+}
+
+func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
+	a.rec.Devices = append(a.rec.Devices, DeviceRecord{Request: p.request, Device: p.device, GPU: p.dev.GPU.PCIBusID})
+	r := &a.rec.Devices[len(a.rec.Devices)-1]
+	if err := a.migMode(r, p.wantMIG); err != nil {
+		return prepare.Device{}, err
+	}
+	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
+	var err error
+	switch p.dev.Kind {
+	case hwslices.KindGPU:
+		out.Edits, out.Attributes, err = a.fullGPU(r, p, libs)
+	case hwslices.KindMIG:
+		out.Edits, out.Attributes, err = a.mig(r, p, libs)
+	case hwslices.KindVGPU:
+		out.Edits, out.Attributes, err = a.vgpu(r, p)
+	}
+	return out, err
+}
+
+// migMode switches the GPU's MIG mode where the device needs the other
+// one. The nvml backend refuses where that needs a reset or anything uses
+// the GPU.
+func (a *applier) migMode(r *DeviceRecord, want bool) error {
+	on, err := a.d.nvml.MIGEnabled(r.GPU)
+	if err != nil || on == want {
+		return err
+	}
+	r.MIGMode = &MIGModeChange{Enabled: want}
+	if err := a.save(); err != nil {
+		return err
+	}
+	if err := a.d.nvml.SetMIGMode(r.GPU, want); err != nil {
+		return err
+	}
+	return a.d.effect("mig-mode")
+}
+
+func (a *applier) fullGPU(r *DeviceRecord, p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
+	g := p.dev.GPU
+	edits, _, err := a.d.gpuEdits(g.PCIBusID)
+	if err != nil {
+		return nil, nil, err
+	}
+	edits.Env = append(edits.Env, envName(p.device, "UUID")+"="+g.UUID)
+	attrs := gpuAttrs(g, hwslices.KindGPU)
+	attrs["uuid"] = str(g.UUID)
+	return merge(edits, libs), attrs, nil
+}
+
+func (a *applier) mig(r *DeviceRecord, p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
+	g := p.dev.GPU
+	gi, existing, err := a.gpuInstance(r, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	ci, err := a.computeInstance(r, p, gi, existing)
+	if err != nil {
+		return nil, nil, err
+	}
+	migUUID, err := a.d.nvml.MIGDeviceUUID(g.PCIBusID, gi, ci)
+	if err != nil {
+		return nil, nil, err
+	}
+	edits, minor, err := a.d.gpuEdits(g.PCIBusID)
+	if err != nil {
+		return nil, nil, err
+	}
+	caps, err := a.d.nodes.migCaps(minor, gi, ci)
+	if err != nil {
+		return nil, nil, err
+	}
+	edits.DeviceNodes = append(edits.DeviceNodes, caps...)
+	edits.Env = append(edits.Env, envName(p.device, "UUID")+"="+migUUID)
+	attrs := gpuAttrs(g, hwslices.KindMIG)
+	attrs["uuid"] = str(migUUID)
+	attrs["parentUUID"] = str(g.UUID)
+	attrs["migProfile"] = str(p.dev.Profile.Name)
+	attrs["placementStart"] = integer(p.dev.Placement.Start)
+	attrs["placementSize"] = integer(p.dev.Placement.Size)
+	attrs["gpuInstanceID"] = integer(gi)
+	attrs["computeInstanceID"] = integer(ci)
+	return merge(edits, libs), attrs, nil
+}
+
+// gpuInstance finds or creates the device's GPU instance. One that exists
+// exactly at the placement with the profile is used as it is: a static
+// partition (never destroyed by the agent), or one the agent made (its
+// ledger says so) that no prepared claim owns. Otherwise it is created.
+func (a *applier) gpuInstance(r *DeviceRecord, p devicePlan) (int, []hw.ComputeInstance, error) {
+	prof, at := p.dev.Profile, p.dev.Placement
+	key := giKey(r.GPU, prof.ID, at)
+	list, err := a.d.nvml.GPUInstances(r.GPU)
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, gi := range list {
+		if gi.ProfileID != prof.ID || gi.Placement != at {
+			continue
+		}
+		if err := a.d.own(key, a.claim); err != nil {
+			return 0, nil, err
+		}
+		_, agentMade := a.d.ledger.Get(key)
+		id := gi.ID
+		r.GPUInstance = &GPUInstanceRecord{Profile: prof.ID, Placement: at, Created: agentMade, ID: &id}
+		return gi.ID, gi.ComputeInstances, nil
+	}
+	if err := a.d.own(key, a.claim); err != nil {
+		return 0, nil, err
+	}
+	r.GPUInstance = &GPUInstanceRecord{Profile: prof.ID, Placement: at, Created: true}
+	if err := a.save(); err != nil {
+		return 0, nil, err
+	}
+	if err := a.d.ledger.Put(key, ledgerEntry{GPU: r.GPU, Profile: prof.ID, Placement: &at}); err != nil {
+		return 0, nil, err
+	}
+	id, err := a.d.nvml.CreateGPUInstance(r.GPU, prof.ID, at)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := a.d.effect("gpu-instance"); err != nil {
+		return 0, nil, err
+	}
+	r.GPUInstance.ID = &id
+	return id, nil, nil
+}
+
+// computeInstance uses an existing compute instance of the wanted size
+// (a static partition comes with one) or creates one.
+func (a *applier) computeInstance(r *DeviceRecord, p devicePlan, gi int, existing []hw.ComputeInstance) (int, error) {
+	want := p.computeSlices
+	if want == 0 {
+		want = p.dev.Profile.Slices
+	}
+	var ids []int
+	for _, ci := range existing {
+		if ciSlices(p.dev.Profile, ci.ProfileID) == want {
+			id := ci.ID
+			r.ComputeInstance = &ComputeInstanceRecord{GPUInstance: gi, Slices: p.computeSlices, Created: r.GPUInstance.Created, ID: &id}
+			return ci.ID, nil
+		}
+		ids = append(ids, ci.ID)
+	}
+	r.ComputeInstance = &ComputeInstanceRecord{GPUInstance: gi, Slices: p.computeSlices, Created: true, Existing: ids}
+	if err := a.save(); err != nil {
+		return 0, err
+	}
+	id, err := a.d.nvml.CreateComputeInstance(r.GPU, gi, p.computeSlices)
+	if err != nil {
+		return 0, err
+	}
+	if err := a.d.effect("compute-instance"); err != nil {
+		return 0, err
+	}
+	r.ComputeInstance.ID = &id
+	return id, nil
+}
+
+// ciSlices is the size of a compute instance profile
+// (COMPUTE_INSTANCE_PROFILE_* index) from the inventory, or by NVML's
+// naming of the constants where the inventory has none.
+func ciSlices(p hw.MIGProfile, profileID int) int {
+	for _, c := range p.ComputeProfiles {
+		if c.ID == profileID {
+			return c.Slices
+		}
+	}
+	// 1, 2, 3, 4, 7, 8, 6 slices, then 1_SLICE_REV1, 2_SLICE_REV1, 1_SLICE_REV2.
+	byIndex := []int{1, 2, 3, 4, 7, 8, 6, 1, 2, 1}
+	if profileID >= 0 && profileID < len(byIndex) {
+		return byIndex[profileID]
+	}
+	return 0
+}
+
+func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
+	g, t := p.dev.GPU, p.dev.VGPUType
+	gi := -1
+	if t.GPUInstanceProfileID != nil {
+		var err error
+		if gi, _, err = a.gpuInstance(r, p); err != nil {
+			return nil, nil, err
+		}
+	}
+	parent, err := a.d.mdevs.Parent(g.PCIBusID, t.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	id := uuid.NewString()
+	r.Mdev = &MdevRecord{UUID: id, Parent: parent, Type: t.ID}
+	if err := a.save(); err != nil {
+		return nil, nil, err
+	}
+	if err := a.d.ledger.Put(mdevKey(id), ledgerEntry{GPU: g.PCIBusID, Mdev: id}); err != nil {
+		return nil, nil, err
+	}
+	if err := a.d.mdevs.Create(parent, t.ID, id); err != nil {
+		return nil, nil, err
+	}
+	if err := a.d.effect("mdev"); err != nil {
+		return nil, nil, err
+	}
+	if gi >= 0 {
+		// Hardware quirk: the vendor driver picks the GPU instance of a
+		// MIG-backed vGPU. With another free instance of the profile on
+		// the GPU (a static one) it may not be the allocated one.
+		got, err := a.d.nvml.VGPUInstanceOf(g.PCIBusID, id)
+		if err != nil {
+			return nil, nil, err
+		}
+		if got != gi {
+			return nil, nil, fmt.Errorf("the vGPU went to GPU instance %d, not to %d at the allocated placement: another %s instance without a vGPU exists on the GPU",
+				got, gi, p.dev.Profile.Name)
+		}
+	}
+	edits, err := a.d.vfioEdits(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	edits.Env = append(edits.Env, envName(p.device, "MDEV")+"="+id)
+	attrs := gpuAttrs(g, hwslices.KindVGPU)
+	attrs["mdevUUID"] = str(id)
+	attrs["mdevParent"] = str(parent)
+	attrs["parentUUID"] = str(g.UUID)
+	attrs["vgpuType"] = str(t.Name)
+	if gi >= 0 {
+		attrs["migProfile"] = str(p.dev.Profile.Name)
+		attrs["placementStart"] = integer(p.dev.Placement.Start)
+		attrs["placementSize"] = integer(p.dev.Placement.Size)
+		attrs["gpuInstanceID"] = integer(gi)
+	}
+	return edits, attrs, nil
+}
+
+// gpuAttrs are the metadata every device of a GPU carries.
+func gpuAttrs(g hw.GPU, kind string) map[string]resourceapi.DeviceAttribute {
+	return map[string]resourceapi.DeviceAttribute{
+		"type":        str(kind),
+		"productName": str(g.ProductName),
+		string(deviceattribute.StandardDeviceAttributePCIBusID): str(g.PCIBusID),
+	}
+}
+
+func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
+
+func integer(i int) resourceapi.DeviceAttribute {
+	v := int64(i)
+	return resourceapi.DeviceAttribute{IntValue: &v}
+}

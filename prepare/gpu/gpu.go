@@ -1,0 +1,180 @@
+// Package gpu is the gpu.hwdra.io side of prepare: it turns allocated GPU
+// devices (whole GPUs, MIG partitions, vGPUs) into hardware state and CDI
+// container edits, recording every side effect so that a failed or
+// interrupted prepare is undone and nothing leaks.
+package gpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/nvml"
+	"github.com/hwdra/hwdra/prepare"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+// DriverName is the driver this package prepares devices of.
+const DriverName = hwslices.GPUDriver
+
+// Options configure a Driver. Roots default to the host's.
+type Options struct {
+	// NVML is the initialised GPU backend.
+	NVML *nvml.Backend
+	// Inventory returns the node's GPUs and the features the published
+	// slices were built with; prepare looks devices up in the catalog
+	// they give (slices.GPUDevices). It may be the agent's last scan:
+	// prepare checks MIG mode and instances on the live hardware itself.
+	Inventory func(ctx context.Context) ([]hw.GPU, hwslices.Features, error)
+	// StateDir holds the ledger of GPU instances and mediated devices the
+	// agent made ("gpu.hwdra.io.ledger.json").
+	StateDir string
+	// DevRoot is where the host's device nodes are ("/dev"), ProcRoot its
+	// procfs ("/proc"), SysfsRoot its sysfs ("/sys").
+	DevRoot, ProcRoot, SysfsRoot string
+	// Sysfs writes sysfs attributes (creating and removing mediated
+	// devices); nil writes files under SysfsRoot.
+	Sysfs nvml.SysfsWriter
+	// DriverSpecDirs are searched for the node-wide NVIDIA CDI spec (kind
+	// nvidia.com/gpu) whose driver libraries and hooks containers get;
+	// nil means /etc/cdi and /var/run/cdi.
+	DriverSpecDirs []string
+}
+
+// Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
+type Driver struct {
+	nvml      *nvml.Backend
+	inventory func(ctx context.Context) ([]hw.GPU, hwslices.Features, error)
+	mdevs     *nvml.Mdevs
+	ledger    *prepare.Ledger[ledgerEntry]
+	nodes     nodeResolver
+	libs      *driverLibs
+
+	gpuLocks keyedMutex
+	// owners maps the ledger key of each GPU instance a prepared claim
+	// uses (created or static) to that claim.
+	mu     sync.Mutex
+	owners map[string]types.UID
+
+	// afterEffect, when set (tests), runs right after each side effect
+	// succeeds, before its result is recorded; an error fails the prepare
+	// there.
+	afterEffect func(what string) error
+}
+
+var _ prepare.Driver[Record] = (*Driver)(nil)
+
+// New returns a Driver. It touches no hardware.
+func New(opts Options) (*Driver, error) {
+	if opts.NVML == nil || opts.Inventory == nil {
+		return nil, errors.New("gpu: NVML and Inventory are required")
+	}
+	for _, r := range []struct {
+		root *string
+		def  string
+	}{{&opts.DevRoot, "/dev"}, {&opts.ProcRoot, "/proc"}, {&opts.SysfsRoot, "/sys"}} {
+		if *r.root == "" {
+			*r.root = r.def
+		}
+	}
+	if opts.DriverSpecDirs == nil {
+		opts.DriverSpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
+	}
+	ledger, err := prepare.OpenLedger[ledgerEntry](filepath.Join(opts.StateDir, DriverName+".ledger.json"))
+	if err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	return &Driver{
+		nvml:      opts.NVML,
+		inventory: opts.Inventory,
+		mdevs:     nvml.NewMdevs(opts.SysfsRoot, opts.Sysfs),
+		ledger:    ledger,
+		nodes:     nodeResolver{dev: opts.DevRoot, proc: opts.ProcRoot, sys: opts.SysfsRoot},
+		libs:      newDriverLibs(opts.DriverSpecDirs),
+		owners:    map[string]types.UID{},
+	}, nil
+}
+
+// Prepare implements prepare.Driver: plan, then apply device by device
+// under the locks of the claim's GPUs (in PCI order, so concurrent claims
+// never deadlock).
+func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
+	var rec Record
+	gpus, features, err := d.inventory(ctx)
+	if err != nil {
+		return nil, rec, fmt.Errorf("GPU inventory: %w", err)
+	}
+	plans, err := plan(claim, hwslices.GPUDevices(gpus, features))
+	if err != nil {
+		return nil, rec, err
+	}
+	for _, g := range gpusOf(plans) {
+		defer d.gpuLocks.lock(g)()
+	}
+	a := &applier{d: d, claim: claim.UID, rec: &rec, save: func() error { return save(rec.clone()) }}
+	libs := d.libs.edits(ctx)
+	devices := make([]prepare.Device, 0, len(plans))
+	for _, p := range plans {
+		dev, err := a.apply(p, libs)
+		if err != nil {
+			return nil, rec, fmt.Errorf("request %q, device %s: %w", p.request, p.device, err)
+		}
+		devices = append(devices, dev)
+	}
+	return devices, rec, nil
+}
+
+// effect runs the test hook after a side effect.
+func (d *Driver) effect(what string) error {
+	if d.afterEffect != nil {
+		return d.afterEffect(what)
+	}
+	return nil
+}
+
+// own records that a claim uses the GPU instance at key; it fails when
+// another prepared claim does.
+func (d *Driver) own(key string, claim types.UID) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if other, ok := d.owners[key]; ok && other != claim {
+		return fmt.Errorf("the GPU instance (%s) is in use by claim %s", key, other)
+	}
+	d.owners[key] = claim
+	return nil
+}
+
+func (d *Driver) disown(key string, claim types.UID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.owners[key] == claim {
+		delete(d.owners, key)
+	}
+}
+
+// keyedMutex is one mutex per key, created on demand.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+func (k *keyedMutex) lock(key string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*sync.Mutex{}
+	}
+	m, ok := k.locks[key]
+	if !ok {
+		m = &sync.Mutex{}
+		k.locks[key] = m
+	}
+	k.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}

@@ -1,0 +1,333 @@
+package gpu
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/nvml"
+	"github.com/hwdra/hwdra/prepare"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+const testNode = "worker-1"
+
+// env is one node: mock hardware driven through the real nvml backend,
+// a state directory, a CDI directory, and the agent's plugin over them.
+type env struct {
+	t      testing.TB
+	hw     *mock.Hardware
+	nvml   *nvml.Backend
+	dir    string
+	gpus   []hw.GPU // the inventory the agent scanned
+	alloc  *allocate.Allocator
+	driver *Driver
+	plugin *prepare.Plugin[Record]
+	seq    int
+}
+
+// newEnv builds mock hardware from a built-in profile name or a "gpus:"
+// snippet, and starts the plugin. A node-wide NVIDIA CDI spec is written
+// unless noDriverSpec.
+func newEnv(t testing.TB, profile string, driverSpec bool) *env {
+	t.Helper()
+	dir := t.TempDir() // state and CDI directories: on disk, fsync and all
+	// The mock's sysfs, procfs and /dev stand for in-memory file systems:
+	// on tmpfs where there is one (a vGPU host's sysfs has thousands of
+	// files, slow to create on a disk).
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && unix.Access("/dev/shm", unix.W_OK) == nil {
+		t.Setenv("TMPDIR", "/dev/shm")
+	}
+	var h *mock.Hardware
+	var err error
+	if strings.HasPrefix(profile, "gpus:") {
+		var p mock.Profile
+		if p, err = mock.Parse("test", []byte(profile)); err == nil {
+			h, err = mock.New(p)
+		}
+	} else {
+		h, err = mock.Open(profile)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	b := nvml.New(h.NVML, nvml.WithSysfs(h.Sysfs))
+	if err := b.Init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Shutdown() })
+	e := &env{t: t, hw: h, nvml: b, dir: dir}
+	if driverSpec {
+		writeDriverSpec(t, filepath.Join(e.dir, "etc-cdi"))
+	}
+	e.rescan()
+	classes := []*resourceapi.DeviceClass{{
+		ObjectMeta: metav1.ObjectMeta{Name: DriverName},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{
+			CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", DriverName)},
+		}}},
+	}}
+	var objs []*resourceapi.ResourceSlice
+	for _, s := range hwslices.Objects(DriverName, testNode, hwslices.GPUResources(testNode, e.gpus, hwslices.AllFeatures)) {
+		objs = append(objs, &s)
+	}
+	e.alloc = allocate.New(allocate.ClusterFeatures, testNode, objs, classes)
+	e.restart(nil)
+	return e
+}
+
+// rescan refreshes the inventory, as the agent's periodic scan does.
+func (e *env) rescan() {
+	gpus, err := e.nvml.GPUs(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.gpus = gpus
+}
+
+// restart builds a fresh driver and plugin on the same state directory and
+// hardware, as an agent restart does.
+func (e *env) restart(hook func(string) error) {
+	e.t.Helper()
+	d, err := New(Options{
+		NVML:           e.nvml,
+		Inventory:      func(context.Context) ([]hw.GPU, hwslices.Features, error) { return e.gpus, hwslices.AllFeatures, nil },
+		StateDir:       filepath.Join(e.dir, "state"),
+		DevRoot:        e.hw.DevRoot(),
+		ProcRoot:       e.hw.ProcRoot(),
+		SysfsRoot:      e.hw.Sysfs,
+		Sysfs:          e.hw.SysfsWriter(),
+		DriverSpecDirs: []string{filepath.Join(e.dir, "etc-cdi"), filepath.Join(e.dir, "cdi")},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	d.afterEffect = hook
+	p, err := prepare.New[Record](context.Background(), d, prepare.Options{
+		DriverName: DriverName, StateDir: filepath.Join(e.dir, "state"), CDIDir: filepath.Join(e.dir, "cdi"), BootID: "boot-1",
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.driver, e.plugin = d, p
+}
+
+// request asks for one device matching a CEL expression on the driver's
+// attributes, e.g. `profile == "1g.10gb"`.
+type request struct {
+	name, cel string
+	config    string // opaque GpuConfig parameters, JSON
+}
+
+// claim allocates a claim of the requests with the scheduler's allocator.
+func (e *env) claim(reqs ...request) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	e.seq++
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{
+		Namespace: "default", Name: fmt.Sprintf("claim-%d", e.seq), UID: types.UID(fmt.Sprintf("uid-%d", e.seq)),
+	}}
+	for _, r := range reqs {
+		dr := resourceapi.DeviceRequest{Name: r.name, Exactly: &resourceapi.ExactDeviceRequest{
+			DeviceClassName: DriverName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+		}}
+		if r.cel != "" {
+			dr.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: `device.attributes["gpu.hwdra.io"].` + r.cel,
+			}}}
+		}
+		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, dr)
+		if r.config != "" {
+			c.Spec.Devices.Config = append(c.Spec.Devices.Config, resourceapi.DeviceClaimConfiguration{
+				Requests: []string{r.name},
+				DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+					Driver: DriverName, Parameters: runtime.RawExtension{Raw: []byte(r.config)},
+				}},
+			})
+		}
+	}
+	if err := e.alloc.Allocate(context.Background(), c); err != nil {
+		e.t.Fatalf("allocate %v: %v", reqs, err)
+	}
+	return c
+}
+
+func (e *env) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	res, err := e.plugin.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{c})
+	if err != nil {
+		return nil, err
+	}
+	return res[c.UID].Devices, res[c.UID].Err
+}
+
+func (e *env) mustPrepare(c *resourceapi.ResourceClaim) []kubeletplugin.Device {
+	e.t.Helper()
+	devs, err := e.prepare(c)
+	if err != nil {
+		e.t.Fatalf("prepare %s: %v", c.Name, err)
+	}
+	return devs
+}
+
+func (e *env) unprepare(c *resourceapi.ResourceClaim) {
+	e.t.Helper()
+	res, err := e.plugin.UnprepareResourceClaims(context.Background(), []kubeletplugin.NamespacedObject{{
+		NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, UID: c.UID,
+	}})
+	if err == nil {
+		err = res[c.UID]
+	}
+	if err != nil {
+		e.t.Fatalf("unprepare %s: %v", c.Name, err)
+	}
+}
+
+// hwState is what a test compares before and after: GPU instances, MIG
+// modes and mediated devices of the node.
+func (e *env) hwState() string {
+	e.t.Helper()
+	var b strings.Builder
+	for _, g := range e.gpus {
+		on, err := e.nvml.MIGEnabled(g.PCIBusID)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		list, err := e.nvml.GPUInstances(g.PCIBusID)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s mig=%v", g.PCIBusID, on)
+		for _, gi := range list {
+			fmt.Fprintf(&b, " gi(profile %d at %d, %d CIs)", gi.ProfileID, gi.Placement.Start, len(gi.ComputeInstances))
+		}
+		b.WriteString("\n")
+	}
+	fmt.Fprintf(&b, "mdevs %v", e.hw.MdevUUIDs())
+	return b.String()
+}
+
+// inject loads the CDI directory into a fresh cache and injects the
+// devices into an OCI spec, as a container runtime does.
+func (e *env) inject(devs []kubeletplugin.Device) *oci.Spec {
+	e.t.Helper()
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Join(e.dir, "cdi")), cdi.WithAutoRefresh(false))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for path, errs := range cache.GetErrors() {
+		if len(errs) > 0 {
+			e.t.Fatalf("CDI spec %s: %v", path, errs)
+		}
+	}
+	var ids []string
+	for _, d := range devs {
+		ids = append(ids, d.CDIDeviceIDs...)
+	}
+	spec := &oci.Spec{Process: &oci.Process{Env: []string{"PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=all"}}, Linux: &oci.Linux{}}
+	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
+		e.t.Fatalf("inject %v: %v (unresolved %v)", ids, err, unresolved)
+	}
+	return spec
+}
+
+// ledgerKeys reads the ledger file.
+func (e *env) ledgerKeys() []string {
+	raw, err := os.ReadFile(filepath.Join(e.dir, "state", DriverName+".ledger.json"))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	var f struct{ Entries map[string]json.RawMessage }
+	if err == nil {
+		err = json.Unmarshal(raw, &f)
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var keys []string
+	for k := range f.Entries {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// checkpointRecord reads a claim's record from the checkpoint file.
+func (e *env) checkpointRecord(uid types.UID) (Record, bool) {
+	raw, err := os.ReadFile(filepath.Join(e.dir, "state", DriverName+".checkpoint.json"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var env struct {
+		Data struct {
+			Claims map[types.UID]struct {
+				State  string `json:"state"`
+				Record Record `json:"record"`
+			} `json:"claims"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(raw, &env); err != nil {
+		e.t.Fatal(err)
+	}
+	c, ok := env.Data.Claims[uid]
+	return c.Record, ok
+}
+
+// writeDriverSpec writes what `nvidia-ctk cdi generate` writes, trimmed:
+// devices plus spec-level edits with a library mount, an ldcache hook and
+// a control device node.
+func writeDriverSpec(t testing.TB, dir string) {
+	t.Helper()
+	os.MkdirAll(dir, 0o755)
+	const spec = `cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: all
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+      type: c
+      major: 195
+      minor: 0
+containerEdits:
+  env:
+  - NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu
+  - NVIDIA_VISIBLE_DEVICES=all
+  deviceNodes:
+  - path: /dev/nvidia-modeset
+    type: c
+    major: 195
+    minor: 254
+  - path: /dev/nvidiactl
+    type: c
+    major: 195
+    minor: 255
+  hooks:
+  - hookName: createContainer
+    path: /usr/bin/nvidia-cdi-hook
+    args: [nvidia-cdi-hook, update-ldcache, --folder, /usr/lib/x86_64-linux-gnu]
+  mounts:
+  - hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+    containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+    options: [ro, nosuid, nodev, bind]
+`
+	if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,131 @@
+package gpu
+
+import (
+	"fmt"
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/hwdra/hwdra/api"
+	gpuv1alpha1 "github.com/hwdra/hwdra/api/gpu/v1alpha1"
+	"github.com/hwdra/hwdra/hw"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+// devicePlan is what one allocated device needs: which hardware it stands
+// for, the MIG mode its GPU must be in, and its configuration. Whether a
+// GPU instance already exists or must be created, and whether MIG mode
+// must actually change, apply decides on the live hardware under the
+// GPU's lock: the inventory the plan is made from may be a little old.
+type devicePlan struct {
+	request, pool, device string
+	dev                   hwslices.GPUDevice
+	// wantMIG is the MIG mode the device needs on its GPU.
+	wantMIG bool
+	// computeSlices is the MIG device's compute instance size, 0 for the
+	// whole GPU instance.
+	computeSlices int
+}
+
+// plan is pure: the claim's allocation, its configuration and the catalog
+// of published devices give the devices to prepare, or an error before
+// any hardware is touched.
+func plan(claim *resourceapi.ResourceClaim, catalog map[string]hwslices.GPUDevice) ([]devicePlan, error) {
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	configs := map[string]*gpuv1alpha1.GpuConfig{}
+	var out []devicePlan
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != DriverName {
+			continue
+		}
+		dev, ok := catalog[r.Device]
+		if !ok {
+			return nil, fmt.Errorf("request %q: device %q (pool %q) is not one of this node's GPU devices now", r.Request, r.Device, r.Pool)
+		}
+		cfg, ok := configs[r.Request]
+		if !ok {
+			var err error
+			if cfg, err = api.ForRequest(claim, DriverName, r.Request, &gpuv1alpha1.GpuConfig{}); err != nil {
+				return nil, err
+			}
+			configs[r.Request] = cfg
+		}
+		p := devicePlan{request: r.Request, pool: r.Pool, device: r.Device, dev: dev}
+		switch dev.Kind {
+		case hwslices.KindGPU:
+		case hwslices.KindMIG:
+			p.wantMIG = true
+			if cfg.MIG != nil && cfg.MIG.ComputeInstanceSlices != nil {
+				n := *cfg.MIG.ComputeInstanceSlices
+				if sizes := computeSizes(dev.Profile); !slices.Contains(sizes, n) {
+					err := field.Invalid(field.NewPath("mig", "computeInstanceSlices"), n,
+						fmt.Sprintf("MIG profile %s offers compute instances of %v slices", dev.Profile.Name, sizes))
+					return nil, fmt.Errorf("claim %s/%s, request %q, device %s: %w", claim.Namespace, claim.Name, r.Request, r.Device, err)
+				}
+				if n != dev.Profile.Slices {
+					p.computeSlices = n
+				}
+			}
+		case hwslices.KindVGPU:
+			// A MIG-backed vGPU's compute instances belong to its VM.
+			p.wantMIG = dev.VGPUType.GPUInstanceProfileID != nil
+		default:
+			return nil, fmt.Errorf("request %q: device %q is of unknown kind %q", r.Request, r.Device, dev.Kind)
+		}
+		if g := dev.GPU.MIG; g.Enabled != p.wantMIG && !g.SwitchWithoutReset {
+			return nil, fmt.Errorf("request %q: device %q needs MIG mode %s on GPU %s, which cannot switch without a GPU reset",
+				r.Request, r.Device, onOff(p.wantMIG), dev.GPU.PCIBusID)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// computeSizes are the compute-instance sizes (in compute slices) of a
+// GPU instance profile: from NVML where an instance of the profile exists
+// (NVML lists compute profiles only per GPU instance), else by the rule
+// the hardware follows (`nvidia-smi mig -lcip`, MIG user guide): a 4-slice
+// GPU instance offers 1, 2 and 4 but no 3; 7 slices 1, 2, 3, 4 and 7.
+func computeSizes(p hw.MIGProfile) []int {
+	if len(p.ComputeProfiles) > 0 {
+		var out []int
+		for _, c := range p.ComputeProfiles {
+			out = append(out, c.Slices)
+		}
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	switch p.Slices {
+	case 1:
+		return []int{1}
+	case 2:
+		return []int{1, 2}
+	case 3:
+		return []int{1, 2, 3}
+	case 4:
+		return []int{1, 2, 4}
+	case 7:
+		return []int{1, 2, 3, 4, 7}
+	}
+	return []int{p.Slices}
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
+// gpusOf lists the plans' GPUs, sorted and unique: the locks to take.
+func gpusOf(plans []devicePlan) []string {
+	var out []string
+	for _, p := range plans {
+		out = append(out, p.dev.GPU.PCIBusID)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

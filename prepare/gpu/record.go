@@ -1,0 +1,140 @@
+package gpu
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/hwdra/hwdra/hw"
+)
+
+// Record is what a claim's prepare did to the hardware, kept in the
+// checkpoint. Each side effect is recorded before it is attempted, as an
+// intent precise enough for Unprepare to find and undo it after a crash,
+// even when the intent was never carried out or its result (an ID) was
+// never recorded.
+type Record struct {
+	Devices []DeviceRecord `json:"devices,omitempty"`
+}
+
+// DeviceRecord is one prepared device.
+type DeviceRecord struct {
+	Request string `json:"request"`
+	// Device is the published device name.
+	Device string `json:"device"`
+	// GPU is the PCI bus ID of the physical GPU.
+	GPU string `json:"gpu"`
+	// MIGMode is set when prepare switched (or set out to switch) the
+	// GPU's MIG mode to Enabled. Unprepare switches it back once no GPU
+	// instance is left on the GPU.
+	MIGMode *MIGModeChange `json:"migMode,omitempty"`
+	// GPUInstance is the MIG GPU instance the device uses (MIG devices and
+	// MIG-backed vGPUs).
+	GPUInstance *GPUInstanceRecord `json:"gpuInstance,omitempty"`
+	// ComputeInstance is the MIG device's compute instance.
+	ComputeInstance *ComputeInstanceRecord `json:"computeInstance,omitempty"`
+	// Mdev is a vGPU's mediated device.
+	Mdev *MdevRecord `json:"mdev,omitempty"`
+}
+
+// MIGModeChange: prepare switched MIG mode to Enabled.
+type MIGModeChange struct {
+	Enabled bool `json:"enabled"`
+}
+
+// GPUInstanceRecord identifies a GPU instance by what the allocation
+// fixed, its profile and placement: that is how Unprepare finds it, also
+// when its ID was never learnt.
+type GPUInstanceRecord struct {
+	// Profile is the GPU_INSTANCE_PROFILE_* index (hw.MIGProfile.ID).
+	Profile   int          `json:"profile"`
+	Placement hw.Placement `json:"placement"`
+	// Created: the agent creates (or created) it and destroys it at
+	// unprepare. False: an instance that existed before (a static MIG
+	// partition), used as it is and never destroyed.
+	Created bool `json:"created"`
+	// ID is set once known.
+	ID *int `json:"id,omitempty"`
+}
+
+// ComputeInstanceRecord is a compute instance inside the GPU instance.
+type ComputeInstanceRecord struct {
+	GPUInstance int `json:"gpuInstance"`
+	// Slices is the size asked for, 0 for the whole GPU instance.
+	Slices int `json:"slices,omitempty"`
+	// Created: the agent creates it. Existing lists the compute instances
+	// that were there before, which are never destroyed: without an ID,
+	// Unprepare destroys the others.
+	Created  bool  `json:"created"`
+	Existing []int `json:"existing,omitempty"`
+	ID       *int  `json:"id,omitempty"`
+}
+
+// MdevRecord is a vGPU's mediated device. Its UUID is chosen before it is
+// created, so the intent names it exactly.
+type MdevRecord struct {
+	UUID string `json:"uuid"`
+	// Parent is the PCI function it is created on (the GPU or one of its
+	// virtual functions); Type the vGPU type ID.
+	Parent string `json:"parent"`
+	Type   uint   `json:"type"`
+}
+
+// clone deep-copies the record: the checkpoint keeps what save was given
+// while prepare goes on changing its own copy.
+func (r Record) clone() Record {
+	out := Record{Devices: make([]DeviceRecord, len(r.Devices))}
+	for i, d := range r.Devices {
+		c := d
+		c.MIGMode = clonePtr(d.MIGMode)
+		if d.GPUInstance != nil {
+			gi := *d.GPUInstance
+			gi.ID = clonePtr(gi.ID)
+			c.GPUInstance = &gi
+		}
+		if d.ComputeInstance != nil {
+			ci := *d.ComputeInstance
+			ci.ID = clonePtr(ci.ID)
+			ci.Existing = slices.Clone(ci.Existing)
+			c.ComputeInstance = &ci
+		}
+		c.Mdev = clonePtr(d.Mdev)
+		out.Devices[i] = c
+	}
+	return out
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
+// gpus lists the records' GPUs, sorted and unique: the locks to take.
+func (r Record) gpus() []string {
+	var out []string
+	for _, d := range r.Devices {
+		out = append(out, d.GPU)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Ledger keys of the hardware state the agent creates.
+func giKey(gpu string, profile int, at hw.Placement) string {
+	return fmt.Sprintf("gi/%s/%d/%d", gpu, profile, at.Start)
+}
+
+func mdevKey(uuid string) string { return "mdev/" + uuid }
+
+// ledgerEntry describes a GPU instance or mediated device the agent made,
+// so that start-up can remove it when no prepared claim owns it.
+type ledgerEntry struct {
+	GPU string `json:"gpu"`
+	// GPU instance: profile and placement.
+	Profile   int           `json:"profile,omitempty"`
+	Placement *hw.Placement `json:"placement,omitempty"`
+	// Mediated device.
+	Mdev string `json:"mdev,omitempty"`
+}
