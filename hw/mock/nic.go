@@ -169,7 +169,7 @@ func (h *Hardware) buildNICs() error {
 	if len(h.Profile.NICs) == 0 {
 		return nil
 	}
-	if err := n.build(h.Profile.NICs); err != nil {
+	if err := n.build(h.Profile.NICs, h.nodeTree()); err != nil {
 		return err
 	}
 	if os.Getenv(VethEnv) == "1" {

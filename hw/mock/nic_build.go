@@ -99,7 +99,7 @@ func (pf *mockPF) vfOffset() int {
 }
 
 // build lays out every PF and VF and writes them to the sysfs tree.
-func (n *NICs) build(groups []NICGroup) error {
+func (n *NICs) build(groups []NICGroup, nodes *nodeTree) error {
 	used, err := usedBuses(n.sysfs)
 	if err != nil {
 		return err
@@ -120,7 +120,7 @@ func (n *NICs) build(groups []NICGroup) error {
 			n.pfs = append(n.pfs, pf)
 		}
 	}
-	w := &treeWriter{sysfs: n.sysfs, ifindex: 10}
+	w := &treeWriter{sysfs: n.sysfs, ifindex: 10, iommuGroup: firstNICIOMMUGroup, nodes: nodes}
 	for _, pf := range n.pfs {
 		if err := w.writePF(pf); err != nil {
 			return fmt.Errorf("NIC %s: %w", pf.addr, err)

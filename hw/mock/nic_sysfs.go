@@ -12,10 +12,28 @@ import (
 // treeWriter writes NICs into the fake sysfs tree the way the kernel lays
 // them out, numbering ifindexes and RDMA devices as it goes.
 type treeWriter struct {
-	sysfs   string
-	ifindex int
-	rdma    int // next mlx5_<n> / irdma<n> and auxiliary device id
+	sysfs      string
+	ifindex    int
+	rdma       int // next mlx5_<n> / irdma<n>, auxiliary device id and uverbs<n>
+	iommuGroup int // next VF IOMMU group
+	nodes      *nodeTree
+	rdmaCM     bool // /sys/class/misc/rdma_cm written
+	vfio       bool // /sys/class/misc/vfio written
 }
+
+// Character devices of the NIC side. ib_uverbs has the fixed major 231
+// with minors from 192 (its first 32 devices); rdma_cm and vfio are misc
+// devices (major 10), vfio at its fixed minor 196 and rdma_cm at a
+// dynamic one. VFIO group nodes use the mock's VFIO major.
+const (
+	uverbsMajor     = 231
+	uverbsBaseMinor = 192
+	rdmaCMMinor     = 58
+)
+
+// firstNICIOMMUGroup numbers the VFs' IOMMU groups (one each, as on a
+// host with ACS), above the range the vGPU mock's mediated devices use.
+const firstNICIOMMUGroup = 512
 
 // PCI class codes: Ethernet and InfiniBand controllers.
 const (
@@ -88,6 +106,9 @@ func (w *treeWriter) writeVF(pf *mockPF, vf *mockVF) error {
 		return err
 	}
 	if err := os.Symlink(filepath.Join("..", vf.addr.String()), filepath.Join(pfDir, fmt.Sprintf("virtfn%d", vf.index))); err != nil {
+		return err
+	}
+	if err := w.writeIOMMUGroup(dir, vf.addr.String(), pf.vfDriver == "vfio-pci"); err != nil {
 		return err
 	}
 	if vf.netdev == "" {
@@ -163,11 +184,89 @@ func (w *treeWriter) writeNetdev(devDir string, nd netdev) error {
 func (w *treeWriter) writeRDMA(devDir string, pf *mockPF) error {
 	n := w.rdma
 	w.rdma++
-	dir := filepath.Join(devDir, fmt.Sprintf("%s.%d", pf.model.rdmaAux, n), "infiniband", fmt.Sprintf("%s%d", pf.model.rdmaName, n))
+	aux := filepath.Join(devDir, fmt.Sprintf("%s.%d", pf.model.rdmaAux, n))
+	name := fmt.Sprintf("%s%d", pf.model.rdmaName, n)
+	dir := filepath.Join(aux, "infiniband", name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	return w.classLink("infiniband", filepath.Base(dir), dir)
+	if err := w.classLink("infiniband", name, dir); err != nil {
+		return err
+	}
+	// The verbs node (/dev/infiniband/uverbs<n>) is a sibling class device
+	// with the same parent, naming its RDMA device in ibdev.
+	uverbs := fmt.Sprintf("uverbs%d", n)
+	vdir := filepath.Join(aux, "infiniband_verbs", uverbs)
+	minor := uverbsBaseMinor + n
+	if err := writeFilesIn(vdir, map[string]string{"ibdev": name, "dev": fmt.Sprintf("%d:%d", uverbsMajor, minor)}); err != nil {
+		return err
+	}
+	if err := w.classLink("infiniband_verbs", uverbs, vdir); err != nil {
+		return err
+	}
+	if err := w.nodes.node("infiniband/"+uverbs, uverbsMajor, uint32(minor)); err != nil {
+		return err
+	}
+	if !w.rdmaCM {
+		w.rdmaCM = true
+		return w.miscDevice("rdma_cm", "infiniband/rdma_cm", rdmaCMMinor)
+	}
+	return nil
+}
+
+// writeIOMMUGroup puts a VF in an IOMMU group of its own; bound to
+// vfio-pci it also gets its VFIO group node (/sys/class/vfio/<group>,
+// /dev/vfio/<group>) and the node has /dev/vfio/vfio.
+func (w *treeWriter) writeIOMMUGroup(devDir, addr string, vfio bool) error {
+	g := w.iommuGroup
+	w.iommuGroup++
+	groupDir := filepath.Join(w.sysfs, "kernel", "iommu_groups", strconv.Itoa(g))
+	if err := os.MkdirAll(filepath.Join(groupDir, "devices"), 0o755); err != nil {
+		return err
+	}
+	for _, l := range []struct{ at, to string }{
+		{filepath.Join(devDir, "iommu_group"), groupDir},
+		{filepath.Join(groupDir, "devices", addr), devDir},
+	} {
+		rel, err := filepath.Rel(filepath.Dir(l.at), l.to)
+		if err != nil {
+			return err
+		}
+		if err := os.Symlink(rel, l.at); err != nil {
+			return err
+		}
+	}
+	if !vfio {
+		return nil
+	}
+	minor := g - firstNICIOMMUGroup
+	if err := writeFilesIn(filepath.Join(w.sysfs, "class", "vfio", strconv.Itoa(g)), map[string]string{"dev": fmt.Sprintf("%d:%d", VFIOMajor, minor)}); err != nil {
+		return err
+	}
+	if err := w.nodes.node("vfio/"+strconv.Itoa(g), VFIOMajor, uint32(minor)); err != nil {
+		return err
+	}
+	if !w.vfio {
+		w.vfio = true
+		return w.miscDevice("vfio", "vfio/vfio", vfioMiscMinor)
+	}
+	return nil
+}
+
+// miscDevice writes /sys/class/misc/<name>/dev and /dev/<path>.
+func (w *treeWriter) miscDevice(name, path string, minor int) error {
+	if err := writeFilesIn(filepath.Join(w.sysfs, "class", "misc", name), map[string]string{"dev": fmt.Sprintf("%d:%d", miscMajor, minor)}); err != nil {
+		return err
+	}
+	return w.nodes.node(path, miscMajor, uint32(minor))
+}
+
+// writeFilesIn is writeFiles that creates the directory first.
+func writeFilesIn(dir string, files map[string]string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return writeFiles(dir, files)
 }
 
 // classLink makes /sys/class/<class>/<name> point at dir.

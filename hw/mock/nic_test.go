@@ -2,9 +2,11 @@ package mock
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -225,5 +227,102 @@ func TestVFRecorderStopsAtFirstError(t *testing.T) {
 	}
 	if got, _ := r.GetVF(ref); !reflect.DeepEqual(got, before) {
 		t.Errorf("restore: %+v, want %+v", got, before)
+	}
+}
+
+// TestNICCharDevices: RDMA and VFIO nodes are published in sysfs (class
+// dev files) and, as root, created under the dev root with those numbers.
+func TestNICCharDevices(t *testing.T) {
+	h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 1, pciAddresses: ["0000:17:00.0"]},
+                          {model: e810, count: 1, vfs: 1, pciAddresses: ["0000:31:00.0"], vfDriver: vfio-pci}]`)
+	vfio := filepath.Join(h.Sysfs, "bus/pci/devices/0000:31:00.0/virtfn0/iommu_group")
+	group, err := os.Readlink(vfio)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := filepath.Base(group)
+	gi, _ := strconv.Atoi(g)
+	minor := uint32(gi - firstNICIOMMUGroup) // the second VF's group: 1
+	for dev, want := range map[string]string{
+		"class/infiniband_verbs/uverbs1/dev":   "231:193", // the VF's; uverbs0 is the PF's
+		"class/infiniband_verbs/uverbs1/ibdev": "mlx5_1",
+		"class/misc/rdma_cm/dev":               "10:58",
+		"class/misc/vfio/dev":                  "10:196",
+		"class/vfio/" + g + "/dev":             fmt.Sprintf("%d:%d", VFIOMajor, minor),
+	} {
+		got, err := os.ReadFile(filepath.Join(h.Sysfs, dev))
+		if err != nil || strings.TrimSpace(string(got)) != want {
+			t.Errorf("%s = %q, %v; want %s", dev, got, err, want)
+		}
+	}
+	if !CanMknod() {
+		return
+	}
+	for node, want := range map[string][2]uint32{
+		"infiniband/uverbs1": {231, 193}, "infiniband/rdma_cm": {10, 58}, "vfio/vfio": {10, 196}, "vfio/" + g: {VFIOMajor, minor},
+	} {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(h.DevRoot(), node), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR ||
+			unix.Major(st.Rdev) != want[0] || unix.Minor(st.Rdev) != want[1] {
+			t.Errorf("%s: %v, rdev %d:%d, want %v", node, err, unix.Major(st.Rdev), unix.Minor(st.Rdev), want)
+		}
+	}
+}
+
+// TestVFRecorderSwitchdevVLAN: mlx5 in switchdev mode takes VLAN 0 (what
+// libvirt sets) but refuses a port VLAN with EOPNOTSUPP; legacy mode and
+// E810 in switchdev mode accept it.
+func TestVFRecorderSwitchdevVLAN(t *testing.T) {
+	h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 1, netdevs: [sw0], eswitchMode: switchdev},
+                          {model: cx7, count: 1, vfs: 1, netdevs: [lg0]},
+                          {model: e810, count: 1, vfs: 1, netdevs: [ice0], eswitchMode: switchdev}]`)
+	r := h.NICs().VFConfigurator()
+	for _, tc := range []struct {
+		pf   string
+		cfg  hw.VFConfig
+		want error
+	}{
+		{"sw0", hw.VFConfig{VLAN: 100}, unix.EOPNOTSUPP},
+		{"sw0", hw.VFConfig{VLAN: 0, MaxTxRateMbps: 1000}, nil},
+		{"lg0", hw.VFConfig{VLAN: 100}, nil},
+		{"ice0", hw.VFConfig{VLAN: 100}, nil},
+	} {
+		if err := r.SetVF(hw.VFRef{PF: tc.pf}, tc.cfg); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("%s %+v: %v, want %v", tc.pf, tc.cfg, err, tc.want)
+		}
+	}
+}
+
+// TestVFRecorderFault: the fault hook is asked field by field, in order,
+// and its error stops SetVF there; Snapshot shows what was applied.
+func TestVFRecorderFault(t *testing.T) {
+	h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 2, netdevs: [pf0]}]`)
+	r := h.NICs().VFConfigurator()
+	var asked []string
+	r.SetFault(func(ref hw.VFRef, field string) error {
+		asked = append(asked, field)
+		if field == "trust" {
+			return unix.EIO
+		}
+		return nil
+	})
+	up := true
+	err := r.SetVF(hw.VFRef{PF: "pf0", Index: 1, Netdev: "pf0v1"}, hw.VFConfig{MAC: "02:00:00:00:00:01", VLAN: 3, MaxTxRateMbps: 1000, SpoofChk: true, Trust: true, MTU: 9000, NetdevUp: &up})
+	if !errors.Is(err, unix.EIO) || !strings.Contains(err.Error(), "setting trust") {
+		t.Fatalf("SetVF: %v", err)
+	}
+	if want := []string{"MAC", "VLAN", "rate", "spoofchk", "trust"}; !reflect.DeepEqual(asked, want) {
+		t.Errorf("asked %v, want %v", asked, want)
+	}
+	snap := r.Snapshot()
+	if got := snap["pf0/1"]; got.MAC != "02:00:00:00:00:01" || got.VLAN != 3 || got.MaxTxRateMbps != 1000 || !got.SpoofChk || got.Trust || got.MTU != 1500 {
+		t.Errorf("pf0/1 after a refused trust: %+v", got)
+	}
+	if got := snap["pf0/0"]; got.MAC != "00:00:00:00:00:00" || got.MTU != 1500 || got.NetdevUp == nil || *got.NetdevUp {
+		t.Errorf("pf0/0 untouched: %+v", got)
+	}
+	r.SetFault(nil)
+	if err := r.SetVF(hw.VFRef{PF: "pf0", Index: 1}, hw.VFConfig{Trust: true}); err != nil {
+		t.Errorf("after SetFault(nil): %v", err)
 	}
 }

@@ -28,13 +28,18 @@ type VFRecorder struct {
 	records []VFRecord
 	// netdev applies MTU/link state to a stand-in netdev; nil without.
 	netdev func(name string, mtu int, up *bool) error
+	// fault, when set, is asked before each field is applied.
+	fault func(ref hw.VFRef, field string) error
 }
 
 type recPF struct {
 	speedMbps int // 0 while the link is down
 	maxMTU    int
 	rateCheck bool
-	vfs       []recVF
+	// vlanLegacyOnly: the driver sets a VF's port VLAN only in legacy
+	// eswitch mode (mlx5 in switchdev mode).
+	vlanLegacyOnly bool
+	vfs            []recVF
 }
 
 type recVF struct {
@@ -47,7 +52,8 @@ var _ hw.VFConfigurator = (*VFRecorder)(nil)
 func newVFRecorder(pfs []*mockPF) *VFRecorder {
 	r := &VFRecorder{pfs: map[string]*recPF{}}
 	for _, pf := range pfs {
-		p := &recPF{maxMTU: pf.model.maxMTU, rateCheck: pf.model.vfRateNeedsLinkMax}
+		p := &recPF{maxMTU: pf.model.maxMTU, rateCheck: pf.model.vfRateNeedsLinkMax,
+			vlanLegacyOnly: pf.model.driver == "mlx5_core" && pf.eswitch == "switchdev"}
 		if pf.linkUp {
 			p.speedMbps = pf.speedMbps
 		}
@@ -103,17 +109,40 @@ func (r *VFRecorder) apply(ref hw.VFRef, cfg hw.VFConfig) error {
 	fail := func(what string, err error) error {
 		return fmt.Errorf("mock: VF %d of %s: setting %s: %w", ref.Index, ref.PF, what, err)
 	}
+	faulty := func(what string) error {
+		if r.fault == nil {
+			return nil
+		}
+		if err := r.fault(ref, what); err != nil {
+			return fail(what, err)
+		}
+		return nil
+	}
 	if cfg.MAC != "" {
+		if err := faulty("MAC"); err != nil {
+			return err
+		}
 		mac, err := net.ParseMAC(cfg.MAC)
 		if err != nil || len(mac) != 6 || mac[0]&1 == 1 { // multicast
 			return fail("MAC", unix.EINVAL)
 		}
 		vf.cfg.MAC = mac.String()
 	}
+	if err := faulty("VLAN"); err != nil {
+		return err
+	}
 	if cfg.VLAN < 0 || cfg.VLAN > 4094 || cfg.QoS < 0 || cfg.QoS > 7 {
 		return fail("VLAN", unix.EINVAL)
 	}
+	if pf.vlanLegacyOnly && (cfg.VLAN != 0 || cfg.QoS != 0) {
+		// mlx5 in switchdev mode: VLAN 0 is accepted (libvirt sets it),
+		// any other port VLAN is EOPNOTSUPP; VLANs go on the representor.
+		return fail("VLAN", unix.EOPNOTSUPP)
+	}
 	vf.cfg.VLAN, vf.cfg.QoS = cfg.VLAN, cfg.QoS
+	if err := faulty("rate"); err != nil {
+		return err
+	}
 	switch {
 	case cfg.MinTxRateMbps < 0 || cfg.MaxTxRateMbps < 0:
 		return fail("rate", unix.EINVAL)
@@ -124,12 +153,21 @@ func (r *VFRecorder) apply(ref hw.VFRef, cfg hw.VFConfig) error {
 		return fail("rate", unix.EINVAL)
 	}
 	vf.cfg.MinTxRateMbps, vf.cfg.MaxTxRateMbps = cfg.MinTxRateMbps, cfg.MaxTxRateMbps
+	if err := faulty("spoofchk"); err != nil {
+		return err
+	}
 	vf.cfg.SpoofChk = cfg.SpoofChk
+	if err := faulty("trust"); err != nil {
+		return err
+	}
 	vf.cfg.Trust = cfg.Trust
 	if ref.Netdev == "" {
 		return nil
 	}
 	if cfg.MTU != 0 {
+		if err := faulty("MTU"); err != nil {
+			return err
+		}
 		if cfg.MTU < 68 || cfg.MTU > pf.maxMTU {
 			return fail("MTU", unix.EINVAL)
 		}
@@ -141,6 +179,9 @@ func (r *VFRecorder) apply(ref hw.VFRef, cfg hw.VFConfig) error {
 		vf.cfg.MTU = cfg.MTU
 	}
 	if cfg.NetdevUp != nil {
+		if err := faulty("link state"); err != nil {
+			return err
+		}
 		if r.netdev != nil {
 			if err := r.netdev(ref.Netdev, 0, cfg.NetdevUp); err != nil {
 				return fail("link state", err)
@@ -167,6 +208,36 @@ func (r *VFRecorder) lookup(ref hw.VFRef) (*recVF, error) {
 		return nil, fmt.Errorf("mock: VF %d of %s has no netdev %q: %w", ref.Index, ref.PF, ref.Netdev, unix.ENODEV)
 	}
 	return vf, nil
+}
+
+// SetFault installs f (nil removes it): SetVF asks it before applying each
+// field ("MAC", "VLAN", "rate", "spoofchk", "trust", "MTU", "link state",
+// in that order, skipping those the call does not set) and stops with its
+// error, leaving the earlier fields applied as a refusing driver would.
+// Tests inject refusals this way, or crashes (f calls runtime.Goexit).
+func (r *VFRecorder) SetFault(f func(ref hw.VFRef, field string) error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fault = f
+}
+
+// Snapshot is the state of every VF, keyed "<pf netdev>/<index>", with
+// MTU and link state for VFs that have a netdev: what a test compares to
+// tell that nothing changed.
+func (r *VFRecorder) Snapshot() map[string]hw.VFConfig {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]hw.VFConfig{}
+	for name, pf := range r.pfs {
+		for i, vf := range pf.vfs {
+			cfg := vf.cfg
+			if cfg.NetdevUp != nil {
+				cfg.NetdevUp = ptrTo(*cfg.NetdevUp)
+			}
+			out[fmt.Sprintf("%s/%d", name, i)] = cfg
+		}
+	}
+	return out
 }
 
 // Records returns every SetVF call so far, in order.
