@@ -137,8 +137,8 @@ func copyCString(dst []int8, s string) {
 
 // setMigMode changes the MIG mode as the hardware does. SetMigMode returns
 // (activationStatus, ret).
-//   - GPU instances exist or processes run on the GPU: refused with
-//     ERROR_IN_USE (nvidia-smi: "In use by another client"); instances
+//   - GPU instances exist, or processes or vGPUs run on the GPU: refused
+//     with ERROR_IN_USE (nvidia-smi: "In use by another client"); instances
 //     must be destroyed and processes ended first.
 //   - Hopper and later switch at once, without a GPU reset.
 //   - Ampere: the new mode is only pending (GetMigMode reports current !=
@@ -152,7 +152,7 @@ func (d *gpuDevice) setMigMode(mode int) (nvml.Return, nvml.Return) {
 	}
 	d.Lock()
 	defer d.Unlock()
-	if len(d.GpuInstances) > 0 || len(d.processes) > 0 {
+	if len(d.GpuInstances) > 0 || len(d.processes) > 0 || len(d.active) > 0 {
 		return nvml.ERROR_IN_USE, nvml.ERROR_IN_USE
 	}
 	d.migPending = mode

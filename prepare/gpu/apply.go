@@ -26,6 +26,7 @@ type applier struct {
 func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
 	a.rec.Devices = append(a.rec.Devices, DeviceRecord{Request: p.request, Device: p.device, GPU: p.dev.GPU.PCIBusID})
 	r := &a.rec.Devices[len(a.rec.Devices)-1]
+	a.d.use(r.GPU, a.claim)
 	if err := a.migMode(r, p.wantMIG); err != nil {
 		return prepare.Device{}, err
 	}
@@ -44,7 +45,8 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 
 // migMode switches the GPU's MIG mode where the device needs the other
 // one. The nvml backend refuses where that needs a reset or anything uses
-// the GPU.
+// the GPU. The ledger keeps the mode the GPU had before the agent first
+// switched it, for restoring once no claim uses the GPU.
 func (a *applier) migMode(r *DeviceRecord, want bool) error {
 	on, err := a.d.nvml.MIGEnabled(r.GPU)
 	if err != nil || on == want {
@@ -53,6 +55,11 @@ func (a *applier) migMode(r *DeviceRecord, want bool) error {
 	r.MIGMode = &MIGModeChange{Enabled: want}
 	if err := a.save(); err != nil {
 		return err
+	}
+	if _, ok := a.d.ledger.Get(migKey(r.GPU)); !ok {
+		if err := a.d.ledger.Put(migKey(r.GPU), ledgerEntry{GPU: r.GPU, MIGEnabled: &on}); err != nil {
+			return err
+		}
 	}
 	if err := a.d.nvml.SetMIGMode(r.GPU, want); err != nil {
 		return err

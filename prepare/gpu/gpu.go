@@ -57,10 +57,16 @@ type Driver struct {
 	libs      *driverLibs
 
 	gpuLocks keyedMutex
+	mu       sync.Mutex
 	// owners maps the ledger key of each GPU instance a prepared claim
 	// uses (created or static) to that claim.
-	mu     sync.Mutex
 	owners map[string]types.UID
+	// users are the claims that use each GPU (by PCI bus ID).
+	users map[string]map[types.UID]bool
+	// reconciled: users and owners know every prepared claim (Reconcile
+	// ran). Until then MIG modes are left alone: a claim rolled back at
+	// start may share its GPU with claims not yet known.
+	reconciled bool
 
 	// afterEffect, when set (tests), runs right after each side effect
 	// succeeds, before its result is recorded; an error fails the prepare
@@ -98,6 +104,7 @@ func New(opts Options) (*Driver, error) {
 		nodes:     nodeResolver{dev: opts.DevRoot, proc: opts.ProcRoot, sys: opts.SysfsRoot},
 		libs:      newDriverLibs(opts.DriverSpecDirs),
 		owners:    map[string]types.UID{},
+		users:     map[string]map[types.UID]bool{},
 	}, nil
 }
 
@@ -156,6 +163,25 @@ func (d *Driver) disown(key string, claim types.UID) {
 	if d.owners[key] == claim {
 		delete(d.owners, key)
 	}
+}
+
+// use records that a claim uses a GPU.
+func (d *Driver) use(gpu string, claim types.UID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.users[gpu] == nil {
+		d.users[gpu] = map[types.UID]bool{}
+	}
+	d.users[gpu][claim] = true
+}
+
+// release records that a claim no longer uses a GPU and tells whether the
+// GPU is free now (and the driver knows all claims).
+func (d *Driver) release(gpu string, claim types.UID) (free bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.users[gpu], claim)
+	return d.reconciled && len(d.users[gpu]) == 0
 }
 
 // keyedMutex is one mutex per key, created on demand.

@@ -24,8 +24,9 @@ type DeviceRecord struct {
 	// GPU is the PCI bus ID of the physical GPU.
 	GPU string `json:"gpu"`
 	// MIGMode is set when prepare switched (or set out to switch) the
-	// GPU's MIG mode to Enabled. Unprepare switches it back once no GPU
-	// instance is left on the GPU.
+	// GPU's MIG mode to Enabled. The mode the GPU had before the agent
+	// first switched it is in the ledger, GPU-wide: it is restored once no
+	// prepared claim uses the GPU, whichever claim that is.
 	MIGMode *MIGModeChange `json:"migMode,omitempty"`
 	// GPUInstance is the MIG GPU instance the device uses (MIG devices and
 	// MIG-backed vGPUs).
@@ -128,8 +129,12 @@ func giKey(gpu string, profile int, at hw.Placement) string {
 
 func mdevKey(uuid string) string { return "mdev/" + uuid }
 
+func migKey(gpu string) string { return "migmode/" + gpu }
+
 // ledgerEntry describes a GPU instance or mediated device the agent made,
-// so that start-up can remove it when no prepared claim owns it.
+// or the MIG mode a GPU had before the agent switched it, so that the
+// state is undone when no prepared claim needs it any more, also after
+// the claims' records are lost.
 type ledgerEntry struct {
 	GPU string `json:"gpu"`
 	// GPU instance: profile and placement.
@@ -137,4 +142,6 @@ type ledgerEntry struct {
 	Placement *hw.Placement `json:"placement,omitempty"`
 	// Mediated device.
 	Mdev string `json:"mdev,omitempty"`
+	// MIGEnabled is the GPU's MIG mode before the agent first switched it.
+	MIGEnabled *bool `json:"migEnabled,omitempty"`
 }

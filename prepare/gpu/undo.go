@@ -25,14 +25,22 @@ func (d *Driver) Unprepare(ctx context.Context, claim types.UID, rec Record) err
 	var errs []error
 	for i := len(rec.Devices) - 1; i >= 0; i-- {
 		r := rec.Devices[i]
-		if err := d.undo(ctx, claim, r); err != nil {
+		if err := d.undo(claim, r); err != nil {
 			errs = append(errs, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err))
 		}
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return errors.Join(errs...) // the claim still holds its GPUs
+	}
+	for _, g := range rec.gpus() {
+		if d.release(g, claim) {
+			d.restoreMIGMode(ctx, g)
+		}
+	}
+	return nil
 }
 
-func (d *Driver) undo(ctx context.Context, claim types.UID, r DeviceRecord) error {
+func (d *Driver) undo(claim types.UID, r DeviceRecord) error {
 	if m := r.Mdev; m != nil {
 		if err := d.mdevs.Remove(m.UUID); err != nil {
 			return err
@@ -57,9 +65,6 @@ func (d *Driver) undo(ctx context.Context, claim types.UID, r DeviceRecord) erro
 			}
 		}
 		d.disown(key, claim)
-	}
-	if m := r.MIGMode; m != nil {
-		d.restoreMIGMode(ctx, r.GPU, !m.Enabled)
 	}
 	return nil
 }
@@ -116,28 +121,27 @@ func (d *Driver) destroyGPUInstanceAt(gpu string, profile int, at hw.Placement) 
 	return nil
 }
 
-// restoreMIGMode switches MIG mode back to what it was before a prepare,
-// once no GPU instance is left (other claims' partitions keep it on). It
-// is best effort: the slices offer both modes on a GPU that can switch,
-// so a mode left over only costs the next prepare a switch; failing
-// unprepare for it would block the pod's teardown for nothing.
-func (d *Driver) restoreMIGMode(ctx context.Context, gpu string, enabled bool) {
-	logger := klog.FromContext(ctx)
-	on, err := d.nvml.MIGEnabled(gpu)
-	if err == nil && on == enabled {
+// restoreMIGMode switches a GPU that no claim uses back to the MIG mode
+// it had before the agent first switched it, if the ledger says it did.
+// It is best effort: the slices offer both modes on a GPU that switches
+// without a reset, so a mode left over only costs the next prepare a
+// switch, and failing unprepare for it would block the pod's teardown for
+// nothing. The ledger entry stays until it succeeds.
+func (d *Driver) restoreMIGMode(ctx context.Context, gpu string) {
+	e, ok := d.ledger.Get(migKey(gpu))
+	if !ok || e.MIGEnabled == nil {
 		return
 	}
-	if err == nil && on {
-		var list []hw.GPUInstance
-		if list, err = d.nvml.GPUInstances(gpu); err == nil && len(list) > 0 {
-			return
-		}
+	want := *e.MIGEnabled
+	on, err := d.nvml.MIGEnabled(gpu)
+	if err == nil && on != want {
+		err = d.nvml.SetMIGMode(gpu, want)
 	}
 	if err == nil {
-		err = d.nvml.SetMIGMode(gpu, enabled)
+		err = d.ledger.Delete(migKey(gpu))
 	}
 	if err != nil {
-		logger.Error(err, "Could not restore the GPU's MIG mode; left as it is", "gpu", gpu, "migMode", onOff(enabled))
+		klog.FromContext(ctx).Error(err, "Could not restore the GPU's MIG mode; left as it is", "gpu", gpu, "migMode", onOff(want))
 	}
 }
 
@@ -151,8 +155,14 @@ func (d *Driver) Reconcile(ctx context.Context, owned map[types.UID]Record) erro
 	covered := map[string]bool{}
 	d.mu.Lock()
 	clear(d.owners)
+	clear(d.users)
+	d.reconciled = true
 	for uid, rec := range owned {
 		for _, r := range rec.Devices {
+			if d.users[r.GPU] == nil {
+				d.users[r.GPU] = map[types.UID]bool{}
+			}
+			d.users[r.GPU][uid] = true
 			if gi := r.GPUInstance; gi != nil {
 				key := giKey(r.GPU, gi.Profile, gi.Placement)
 				d.owners[key] = uid
@@ -165,11 +175,19 @@ func (d *Driver) Reconcile(ctx context.Context, owned map[types.UID]Record) erro
 	}
 	d.mu.Unlock()
 	var errs []error
-	// Mediated devices first: a MIG-backed vGPU holds its GPU instance.
+	// Mediated devices first (a MIG-backed vGPU holds its GPU instance),
+	// MIG modes last (no instance may be left).
+	order := func(key string) int {
+		switch {
+		case strings.HasPrefix(key, "mdev/"):
+			return 0
+		case strings.HasPrefix(key, "migmode/"):
+			return 2
+		}
+		return 1
+	}
 	keys := d.ledger.Keys()
-	slices.SortStableFunc(keys, func(a, b string) int {
-		return boolInt(!strings.HasPrefix(a, "mdev/")) - boolInt(!strings.HasPrefix(b, "mdev/"))
-	})
+	slices.SortStableFunc(keys, func(a, b string) int { return order(a) - order(b) })
 	for _, key := range keys {
 		if covered[key] {
 			continue
@@ -178,6 +196,15 @@ func (d *Driver) Reconcile(ctx context.Context, owned map[types.UID]Record) erro
 		unlock := d.gpuLocks.lock(e.GPU)
 		var err error
 		switch {
+		case e.MIGEnabled != nil:
+			d.mu.Lock()
+			free := len(d.users[e.GPU]) == 0
+			d.mu.Unlock()
+			if free {
+				d.restoreMIGMode(ctx, e.GPU)
+			}
+			unlock()
+			continue
 		case e.Mdev != "":
 			logger.Info("Removing a vGPU mediated device no prepared claim owns", "gpu", e.GPU, "mdev", e.Mdev)
 			err = d.mdevs.Remove(e.Mdev)
@@ -194,11 +221,4 @@ func (d *Driver) Reconcile(ctx context.Context, owned map[types.UID]Record) erro
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -1,0 +1,174 @@
+package gpu
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// crash is what the test hook panics with: the agent dies right after a
+// side effect, before it records the effect's result.
+type crash struct{ after string }
+
+// crashed runs a prepare whose agent dies (the hook panics with crash)
+// and reports after which side effect it died.
+func crashed(run func()) (died string) {
+	defer func() {
+		r := recover()
+		if cr, ok := r.(crash); ok {
+			died = cr.after
+			return
+		}
+		if r != nil {
+			panic(r)
+		}
+	}()
+	run()
+	return ""
+}
+
+func TestFailureAfterEachSideEffect(t *testing.T) {
+	for _, tc := range []struct {
+		name, profile string
+		req           request
+		effects       []string
+	}{
+		{"dynamic MIG", "gpus: [{model: h100-80gb, count: 1}]",
+			request{name: "mig", cel: `profile == "1g.10gb"`}, []string{"mig-mode", "gpu-instance", "compute-instance"}},
+		{"dynamic MIG next to a static partition", "gpus: [{model: h100-80gb, count: 1, mig: true, migInstances: [{profile: 3g.40gb, start: 0}]}]",
+			request{name: "mig", cel: `profile == "3g.40gb" && device.attributes["gpu.hwdra.io"].placementStart == 4`}, []string{"gpu-instance", "compute-instance"}},
+		{"vGPU", "h100-vgpu", request{name: "vgpu", cel: `profile == "H100-20C"`}, []string{"mdev"}},
+		{"MIG-backed vGPU", "h100-vgpu", request{name: "vgpu", cel: `profile == "H100-1-10C"`}, []string{"mig-mode", "gpu-instance", "mdev"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.profile, false)
+			before := e.hwState()
+			c := e.claim(tc.req)
+			var seen []string
+			e.restart(func(what string) error { seen = append(seen, what); return nil })
+			e.mustPrepare(c)
+			e.unprepare(c)
+			if !slices.Equal(seen, tc.effects) {
+				t.Fatalf("side effects %v, want %v: the test must fail after each", seen, tc.effects)
+			}
+			clean := func(when string) {
+				t.Helper()
+				if got := e.hwState(); got != before {
+					t.Errorf("%s: hardware\n%s\nwant\n%s", when, got, before)
+				}
+				if keys := e.ledgerKeys(); len(keys) != 0 {
+					t.Errorf("%s: ledger %v", when, keys)
+				}
+				if specs, _ := filepath.Glob(filepath.Join(e.dir, "cdi", "*")); len(specs) != 0 {
+					t.Errorf("%s: CDI specs %v", when, specs)
+				}
+			}
+			for i, at := range tc.effects {
+				t.Run("error after "+at, func(t *testing.T) {
+					n := 0
+					e.restart(func(what string) error {
+						if n++; n == i+1 {
+							return fmt.Errorf("injected failure after %s", what)
+						}
+						return nil
+					})
+					if _, err := e.prepare(c); err == nil || !strings.Contains(err.Error(), "injected failure after "+at) || !strings.Contains(err.Error(), c.Name) {
+						t.Fatalf("prepare: %v", err)
+					}
+					clean("after the failed prepare")
+					e.restart(nil)
+					e.mustPrepare(c)
+					e.unprepare(c)
+					clean("after preparing again")
+				})
+				t.Run("crash after "+at, func(t *testing.T) {
+					n := 0
+					e.restart(func(what string) error {
+						if n++; n == i+1 {
+							panic(crash{what})
+						}
+						return nil
+					})
+					if died := crashed(func() { e.prepare(c) }); died != at {
+						t.Fatalf("died after %q, want %q", died, at)
+					}
+					if e.hwState() == before {
+						t.Fatal("the side effect did not happen")
+					}
+					rec, ok := e.checkpointRecord(c.UID)
+					if !ok || len(rec.Devices) != 1 {
+						t.Fatalf("checkpoint has no record of the crashed claim: %+v", rec)
+					}
+					// Killed between creating and recording: only the intent.
+					switch r := rec.Devices[0]; at {
+					case "gpu-instance":
+						if r.GPUInstance == nil || !r.GPUInstance.Created || r.GPUInstance.ID != nil {
+							t.Errorf("GPU instance record %+v, want the intent only", r.GPUInstance)
+						}
+					case "compute-instance":
+						if r.ComputeInstance == nil || r.ComputeInstance.ID != nil {
+							t.Errorf("compute instance record %+v, want the intent only", r.ComputeInstance)
+						}
+					case "mdev":
+						if r.Mdev == nil || !slices.Contains(e.hw.MdevUUIDs(), r.Mdev.UUID) {
+							t.Errorf("mdev record %+v, mdevs %v", r.Mdev, e.hw.MdevUUIDs())
+						}
+					case "mig-mode":
+						if r.MIGMode == nil {
+							t.Error("no record of the MIG mode switch")
+						}
+					}
+					e.restart(nil) // a fresh agent on the same state and hardware
+					clean("after the restart")
+					if _, ok := e.checkpointRecord(c.UID); ok {
+						t.Error("the crashed claim is still in the checkpoint")
+					}
+					e.mustPrepare(c)
+					e.unprepare(c)
+					clean("after preparing again")
+				})
+			}
+		})
+	}
+}
+
+// A lost checkpoint (corrupt, set aside) leaves the agent without claims:
+// start-up removes the GPU instances and mdevs its ledger says it made,
+// never a static partition, and restores the MIG modes it switched.
+func TestReconcileAfterLostCheckpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name, profile string
+		reqs          []request
+	}{
+		{"MIG", "h100-mig", []request{
+			{name: "dynamic", cel: `profile == "1g.10gb"`},
+			{name: "static", cel: `profile == "3g.40gb" && device.attributes["gpu.hwdra.io"].placementStart == 0`},
+		}},
+		{"vGPU", "h100-vgpu", []request{{name: "a", cel: `profile == "H100-2-20C"`}, {name: "b", cel: `profile == "H100-2-20C"`}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.profile, false)
+			before := e.hwState()
+			for _, r := range tc.reqs {
+				e.mustPrepare(e.claim(r))
+			}
+			if e.hwState() == before || len(e.ledgerKeys()) == 0 {
+				t.Fatalf("nothing made: %s, ledger %v", e.hwState(), e.ledgerKeys())
+			}
+			path := filepath.Join(e.dir, "state", DriverName+".checkpoint.json")
+			if err := os.WriteFile(path, []byte("{garbage"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			e.restart(nil)
+			if got := e.hwState(); got != before {
+				t.Errorf("after restart:\n%s\nwant\n%s", got, before)
+			}
+			if keys := e.ledgerKeys(); len(keys) != 0 {
+				t.Errorf("ledger %v", keys)
+			}
+		})
+	}
+}
