@@ -30,6 +30,15 @@ type Node struct {
 	GPU *nvml.Backend
 	// NIC is how to discover SR-IOV NICs.
 	NIC sriov.Options
+	// DevRoot, ProcRoot and SysfsRoot are where the host's device nodes,
+	// procfs and sysfs are ("/dev", "/proc", "/sys"); the mock's trees on
+	// mock hardware.
+	DevRoot, ProcRoot, SysfsRoot string
+	// Sysfs writes sysfs attributes (mediated devices); on mock hardware it
+	// also plays the kernel's part.
+	Sysfs nvml.SysfsWriter
+	// VFs reads and applies VF settings.
+	VFs hw.VFConfigurator
 	// Mock is set for mock hardware.
 	Mock *mock.Hardware
 }
@@ -44,15 +53,18 @@ func Open(spec string) (*Node, error) {
 		if err != nil {
 			return nil, err
 		}
-		n := &Node{Mock: m}
+		nics := m.NICs()
+		n := &Node{
+			Mock: m, DevRoot: m.DevRoot(), ProcRoot: m.ProcRoot(), SysfsRoot: m.Sysfs,
+			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(),
+			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
+		}
 		if len(m.Profile.GPUs) > 0 {
 			n.GPU = nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs))
 			if err := n.GPU.Init(); err != nil {
 				return nil, errors.Join(err, m.Close())
 			}
 		}
-		nics := m.NICs()
-		n.NIC = sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics}
 		return n, nil
 	default:
 		return nil, fmt.Errorf("--hardware %q: want %q or %q<profile> (built-in profiles: %s)",
@@ -61,7 +73,11 @@ func Open(spec string) (*Node, error) {
 }
 
 func openHost() *Node {
-	n := &Node{NIC: sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot}}
+	n := &Node{
+		NIC:     sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
+		DevRoot: "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
+		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{},
+	}
 	gpu := nvml.New(gonvml.New())
 	if err := gpu.Init(); err != nil {
 		// A NIC-only node has no NVIDIA driver: not an error.

@@ -32,6 +32,6 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logs, root.PersistentFlags())
-	root.AddCommand(probeCommand(), slicesCommand())
+	root.AddCommand(agentCommand(), probeCommand(), slicesCommand())
 	return root
 }

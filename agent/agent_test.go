@@ -1,0 +1,334 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2/ktesting"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/deploy"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+const node = "worker-1"
+
+// testAgent runs the agent on mock hardware against a fake API server, with
+// the kubelet's directories in a temp dir.
+type testAgent struct {
+	t      *testing.T
+	dir    string
+	client *fake.Clientset
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startAgent starts the agent; before registers API reactors first.
+func startAgent(t *testing.T, profile string, before ...func(*fake.Clientset)) *testAgent {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "profile.yaml")
+	if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "registry"), 0o755); err != nil { // the kubelet's
+		t.Fatal(err)
+	}
+	a := &testAgent{t: t, dir: dir, done: make(chan error, 1),
+		client: fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})}
+	// The fake API server does not implement generateName; the slice
+	// controller relies on it.
+	seq := 0
+	a.client.PrependReactor("create", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if obj, ok := action.(k8stesting.CreateAction).GetObject().(metav1.Object); ok && obj.GetName() == "" && obj.GetGenerateName() != "" {
+			seq++
+			obj.SetName(fmt.Sprintf("%s%05d", obj.GetGenerateName(), seq))
+		}
+		return false, nil, nil
+	})
+	for _, f := range before {
+		f(a.client)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, a.cancel = context.WithCancel(ctx)
+	opts := Options{
+		NodeName: node, Hardware: "mock:" + file, KubeClient: a.client,
+		RegistrarDir: filepath.Join(dir, "registry"), PluginsDir: filepath.Join(dir, "plugins"),
+		CDIDir: filepath.Join(dir, "cdi"), StateDir: filepath.Join(dir, "state"), Rescan: 100 * time.Millisecond,
+	}
+	go func() { a.done <- Run(ctx, opts) }()
+	t.Cleanup(a.stop)
+	return a
+}
+
+func (a *testAgent) stop() {
+	if a.cancel == nil {
+		return
+	}
+	a.cancel()
+	a.cancel = nil
+	select {
+	case err := <-a.done:
+		if err != nil {
+			a.t.Errorf("agent: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		a.t.Error("agent did not stop within 30s of cancellation")
+	}
+}
+
+// slices waits until the driver's pool is complete and returns it.
+func (a *testAgent) slices(driver string, ok func([]*resourceapi.ResourceSlice) bool) []*resourceapi.ResourceSlice {
+	a.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		list, err := a.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		var out []*resourceapi.ResourceSlice
+		gen := int64(-1)
+		for i := range list.Items {
+			s := &list.Items[i]
+			if s.Spec.Driver == driver {
+				gen = max(gen, s.Spec.Pool.Generation)
+			}
+		}
+		for i := range list.Items {
+			if s := &list.Items[i]; s.Spec.Driver == driver && s.Spec.Pool.Generation == gen {
+				out = append(out, s)
+			}
+		}
+		if len(out) > 0 && int64(len(out)) == out[0].Spec.Pool.ResourceSliceCount && (ok == nil || ok(out)) {
+			return out
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	a.t.Fatalf("no complete pool of %s as expected within 30s", driver)
+	return nil
+}
+
+func (a *testAgent) dial(path string) *grpc.ClientConn {
+	a.t.Helper()
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	a.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func (a *testAgent) writes() int {
+	n := 0
+	for _, act := range a.client.Actions() {
+		if act.GetResource().Resource == "resourceslices" && slices.Contains([]string{"create", "update", "patch", "delete"}, act.GetVerb()) {
+			n++
+		}
+	}
+	return n
+}
+
+func deviceNames(ss []*resourceapi.ResourceSlice) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range ss {
+		for _, d := range s.Spec.Devices {
+			out[d.Name] = true
+		}
+	}
+	return out
+}
+
+// allocated is a claim allocated by the scheduler's allocator over the
+// published slices and stored in the API, as the scheduler would.
+func (a *testAgent) allocated(ss []*resourceapi.ResourceSlice, name string, req resourceapi.DeviceRequest) *resourceapi.ResourceClaim {
+	a.t.Helper()
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	c := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name)},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}},
+	}
+	if err := allocate.New(allocate.ClusterFeatures, node, ss, classes).Allocate(context.Background(), c); err != nil {
+		a.t.Fatal(err)
+	}
+	if _, err := a.client.ResourceV1().ResourceClaims("default").Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+		a.t.Fatal(err)
+	}
+	return c
+}
+
+func migRequest(profile string) resourceapi.DeviceRequest {
+	return resourceapi.DeviceRequest{Name: "mig", Exactly: &resourceapi.ExactDeviceRequest{
+		DeviceClassName: "mig.gpu.hwdra.io", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf(`device.attributes["gpu.hwdra.io"].profile == %q`, profile)}}},
+	}}
+}
+
+func TestAgentServesTheKubelet(t *testing.T) {
+	a := startAgent(t, "gpus:\n- model: h100-80gb\n  count: 2\n")
+	ctx := context.Background()
+	full := hwslices.GPUName("0000:1b:00.0")
+	published := a.slices(hwslices.GPUDriver, nil)
+	if !deviceNames(published)[full] {
+		t.Fatalf("%s not published", full)
+	}
+
+	// The kubelet finds the plugin through the registrar socket.
+	info, err := registerapi.NewRegistrationClient(a.dial(filepath.Join(a.dir, "registry", "gpu.hwdra.io-reg.sock"))).GetInfo(ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Type != registerapi.DRAPlugin || info.Name != "gpu.hwdra.io" || info.Endpoint != filepath.Join(a.dir, "plugins", "gpu.hwdra.io", "dra.sock") {
+		t.Fatalf("registration info %+v", info)
+	}
+
+	claim := a.allocated(published, "mig", migRequest("3g.40gb"))
+	dev := claim.Status.Allocation.Devices.Results[0].Device
+	dra := drapb.NewDRAPluginClient(a.dial(info.Endpoint))
+	pbClaim := &drapb.Claim{Namespace: claim.Namespace, Name: claim.Name, Uid: string(claim.UID)}
+	resp, err := dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{pbClaim}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := resp.Claims[string(claim.UID)]
+	if res.Error != "" || len(res.Devices) != 1 || res.Devices[0].DeviceName != dev {
+		t.Fatalf("prepare: %+v", res)
+	}
+	ids := res.Devices[0].CdiDeviceIds
+	if !slices.ContainsFunc(ids, func(id string) bool { return strings.HasPrefix(id, "gpu.hwdra.io/claim=") }) {
+		t.Fatalf("no claim CDI device in %v", ids)
+	}
+	injectCDI(t, filepath.Join(a.dir, "cdi"), ids)
+
+	// The GPU instance exists now: the GPU is in MIG mode with an
+	// instance, so its full device and the overlapping placements go.
+	a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+		names := deviceNames(ss)
+		return !names[full] && names[dev]
+	})
+	// A repeated prepare (kubelet restart) gives the same answer.
+	again, err := dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{pbClaim}})
+	if err != nil || !slices.Equal(again.Claims[string(claim.UID)].Devices[0].CdiDeviceIds, ids) {
+		t.Fatalf("second prepare: %+v %v", again, err)
+	}
+
+	un, err := dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{pbClaim}})
+	if err != nil || un.Claims[string(claim.UID)].Error != "" {
+		t.Fatalf("unprepare: %+v %v", un, err)
+	}
+	if specs, _ := filepath.Glob(filepath.Join(a.dir, "cdi", "gpu.hwdra.io_*")); len(specs) != 0 {
+		t.Fatalf("CDI specs left after unprepare: %v", specs)
+	}
+	a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return deviceNames(ss)[full] })
+
+	// At rest the agent makes no API writes, though it keeps rescanning.
+	time.Sleep(300 * time.Millisecond)
+	before := a.writes()
+	time.Sleep(time.Second)
+	if after := a.writes(); after != before {
+		t.Fatalf("%d ResourceSlice writes while at rest", after-before)
+	}
+
+	// SIGTERM: a clean stop that removes the sockets.
+	a.stop()
+	if _, err := os.Stat(info.Endpoint); !os.IsNotExist(err) {
+		t.Errorf("plugin socket left behind: %v", err)
+	}
+}
+
+// injectCDI does what a container runtime does with the CDI IDs and checks
+// the container gets device nodes and the NVIDIA environment.
+func injectCDI(t *testing.T, dir string, ids []string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Log("not root: the mock's device nodes are plain files, skipping CDI injection")
+		return
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if _, err := cache.InjectDevices(spec, ids...); err != nil {
+		t.Fatalf("inject %v: %v", ids, err)
+	}
+	var paths []string
+	for _, d := range spec.Linux.Devices {
+		paths = append(paths, d.Path)
+	}
+	for _, want := range []string{"/dev/nvidiactl", "/dev/nvidia0"} {
+		if !slices.Contains(paths, want) {
+			t.Errorf("container lacks %s (has %v)", want, paths)
+		}
+	}
+	if !slices.ContainsFunc(spec.Process.Env, func(e string) bool { return strings.HasPrefix(e, "NVIDIA_VISIBLE_DEVICES=") }) {
+		t.Errorf("no NVIDIA_VISIBLE_DEVICES in %v", spec.Process.Env)
+	}
+}
+
+// TestAgentFallsBackWhenFieldsAreDropped: an API server without
+// DRADeviceCompatibilityGroups drops the groups; the agent notices and
+// republishes a model that needs none (no vGPU devices), instead of leaving
+// MIG and vGPU of one GPU co-allocatable.
+func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
+	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
+		var obj runtime.Object
+		switch act := action.(type) {
+		case k8stesting.CreateAction:
+			obj = act.GetObject()
+		case k8stesting.UpdateAction:
+			obj = act.GetObject()
+		}
+		if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+			for i := range s.Spec.Devices {
+				for j := range s.Spec.Devices[i].ConsumesCounters {
+					s.Spec.Devices[i].ConsumesCounters[j].CompatibilityGroups = nil
+				}
+			}
+		}
+		return false, nil, nil
+	}
+	a := startAgent(t, "gpus:\n- model: h100-80gb\n  count: 1\n  virtualization: host-vgpu\n", func(c *fake.Clientset) {
+		c.PrependReactor("create", "resourceslices", strip)
+		c.PrependReactor("update", "resourceslices", strip)
+	})
+
+	ss := a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+		vgpu, mig := 0, 0
+		for _, s := range ss {
+			for _, d := range s.Spec.Devices {
+				switch *d.Attributes[hwslices.AttrType].StringValue {
+				case hwslices.KindVGPU:
+					vgpu++
+				case hwslices.KindMIG:
+					mig++
+				}
+			}
+		}
+		return vgpu == 0 && mig > 0
+	})
+	// MIG partitions still allocate.
+	a.allocated(ss, "mig", migRequest("1g.10gb"))
+}

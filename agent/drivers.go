@@ -1,0 +1,69 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/prepare"
+	gpuprep "github.com/hwdra/hwdra/prepare/gpu"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+// Driver is one driver's kubelet-side implementation.
+type Driver struct {
+	Name   string
+	Plugin kubeletplugin.DRAPlugin
+}
+
+// PluginOptions say where drivers keep state and write CDI specs.
+type PluginOptions struct {
+	StateDir, CDIDir string
+	// Current returns the last probed inventory and the slice features in
+	// use: prepare looks allocated devices up in what was published.
+	Current func() (hw.Inventory, hwslices.Features)
+	// OnError gets background errors of the kubelet plugin helpers.
+	OnError func(ctx context.Context, err error, msg string)
+}
+
+// NewDrivers builds a plugin for each driver that has hardware in inv. Each
+// plugin reconciles its checkpoint with the hardware on creation.
+func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts PluginOptions) ([]Driver, error) {
+	var drivers []Driver
+	if len(inv.GPUs) > 0 && node.GPU != nil {
+		d, err := gpuprep.New(gpuprep.Options{
+			NVML: node.GPU,
+			Inventory: func(context.Context) ([]hw.GPU, hwslices.Features, error) {
+				inv, f := opts.Current()
+				return inv.GPUs, f, nil
+			},
+			StateDir: opts.StateDir,
+			DevRoot:  node.DevRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
+			Sysfs: node.Sysfs,
+		})
+		if err != nil {
+			return nil, err
+		}
+		p, err := prepare.New(ctx, d, prepare.Options{
+			DriverName: hwslices.GPUDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", hwslices.GPUDriver, err)
+		}
+		drivers = append(drivers, Driver{Name: hwslices.GPUDriver, Plugin: p})
+	}
+	return drivers, nil
+}
+
+// buildDrivers builds the node's drivers for the agent.
+func buildDrivers(ctx context.Context, opts Options, node *backend.Node, pub *publisher, inv hw.Inventory) ([]Driver, error) {
+	return NewDrivers(ctx, node, inv, PluginOptions{
+		StateDir: opts.StateDir,
+		CDIDir:   opts.CDIDir,
+		Current:  pub.current,
+		OnError:  pub.onError,
+	})
+}

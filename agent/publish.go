@@ -1,0 +1,165 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/hw"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+// publisher keeps each driver's ResourceSlices equal to what the hardware
+// offers now. It probes on a timer and when poked (after a prepare changed
+// MIG instances, say), and writes only when the slices differ: a node at
+// rest makes no API writes.
+type publisher struct {
+	nodeName string
+	probe    func(context.Context) (hw.Inventory, error)
+	cfg      *config.AgentConfig
+	publish  map[string]func(context.Context, resourceslice.DriverResources) error
+
+	mu        sync.Mutex
+	inv       hw.Inventory
+	features  hwslices.Features
+	published map[string]resourceslice.DriverResources
+	skipped   map[string]bool // PFs already logged as not offered
+
+	poke chan struct{}
+	// writes counts PublishResources calls, for tests and metrics.
+	writes int
+}
+
+func newPublisher(nodeName string, cfg *config.AgentConfig, probe func(context.Context) (hw.Inventory, error)) *publisher {
+	return &publisher{
+		nodeName:  nodeName,
+		probe:     probe,
+		cfg:       cfg,
+		publish:   map[string]func(context.Context, resourceslice.DriverResources) error{},
+		features:  hwslices.AllFeatures,
+		published: map[string]resourceslice.DriverResources{},
+		skipped:   map[string]bool{},
+		poke:      make(chan struct{}, 1),
+	}
+}
+
+// Poke asks for a rescan soon; it never blocks.
+func (p *publisher) Poke() {
+	select {
+	case p.poke <- struct{}{}:
+	default:
+	}
+}
+
+// run rescans until ctx ends.
+func (p *publisher) run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-p.poke:
+		}
+		if err := p.sync(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Publishing devices")
+		}
+	}
+}
+
+// sync probes, builds and publishes what changed.
+func (p *publisher) sync(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	inv, probeErr := p.probe(ctx)
+	if probeErr != nil {
+		// Devices that could be read are still published; a device that
+		// vanished is better gone from the slices than offered.
+		logger.Error(probeErr, "Some devices could not be read")
+	}
+	p.mu.Lock()
+	p.inv = inv
+	features := p.features
+	p.mu.Unlock()
+
+	res, skipped := hwslices.ForNode(p.nodeName, inv, p.cfg, features)
+	p.logSkipped(logger, skipped)
+	var errs []error
+	for driver, publish := range p.publish {
+		want := res[driver]
+		p.mu.Lock()
+		have, ok := p.published[driver]
+		p.mu.Unlock()
+		if ok && equality.Semantic.DeepEqual(want, have) {
+			continue
+		}
+		if err := publish(ctx, want); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p.mu.Lock()
+		p.published[driver] = want
+		p.writes++
+		p.mu.Unlock()
+		logger.V(2).Info("Published devices", "driver", driver)
+	}
+	return errors.Join(errs...)
+}
+
+func (p *publisher) logSkipped(logger klog.Logger, skipped []config.Skip) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := map[string]bool{}
+	for _, s := range skipped {
+		now[s.String()] = true
+		if !p.skipped[s.String()] {
+			logger.Info("PF not offered", "pf", s.PCIAddress, "netdev", s.Netdev, "reason", s.Reason)
+		}
+	}
+	p.skipped = now
+}
+
+// current returns the last probed inventory and the features in use.
+func (p *publisher) current() (hw.Inventory, hwslices.Features) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inv, p.features
+}
+
+// dropFeatures is called when the API server dropped fields of our slices
+// because a DRA feature gate is off. It falls back to a model without those
+// features and republishes, so the pool stays usable.
+func (p *publisher) dropFeatures(ctx context.Context, gates []string) {
+	p.mu.Lock()
+	f := p.features
+	for _, g := range gates {
+		switch g {
+		case "DRAPartitionableDevices":
+			f.PartitionableDevices = false
+		case "DRAPartitionableDevicesType":
+			f.PartitionType = false
+		case "DRADeviceCompatibilityGroups":
+			f.CompatibilityGroups = false
+		case "DRAConsumableCapacity":
+			f.ConsumableCapacity = false
+		case "DRADeviceTaints":
+			f.DeviceTaints = false
+		}
+	}
+	changed := f != p.features
+	p.features = f
+	p.mu.Unlock()
+	if !changed {
+		return
+	}
+	klog.FromContext(ctx).Error(nil, "The API server dropped fields of our ResourceSlices: a DRA feature gate is off in this cluster. Falling back to a device model without it; enable the gate in kube-apiserver and kube-scheduler for the full model",
+		"missingGates", slices.Sorted(slices.Values(gates)), "features", f)
+	p.Poke()
+}

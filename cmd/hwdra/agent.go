@@ -1,0 +1,51 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/hwdra/hwdra/agent"
+)
+
+func agentCommand() *cobra.Command {
+	opts := agent.Options{NodeName: os.Getenv("NODE_NAME")}
+	var kubeconfig string
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run the node agent: publish devices and prepare claims for the kubelet",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.NodeName == "" {
+				return fmt.Errorf("--node-name (or NODE_NAME) is required")
+			}
+			// Empty kubeconfig: the in-cluster service account.
+			rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+			if err != nil {
+				return err
+			}
+			rc.UserAgent = "hwdra-agent/" + opts.NodeName
+			client, err := kubernetes.NewForConfig(rc)
+			if err != nil {
+				return err
+			}
+			opts.KubeClient = client
+			return agent.Run(cmd.Context(), opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.NodeName, "node-name", opts.NodeName, "name of this Node (default $NODE_NAME)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
+	addHardwareFlag(cmd, &opts.Hardware)
+	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
+	f.StringVar(&opts.RegistrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")
+	f.StringVar(&opts.PluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "directory for the drivers' sockets and metadata (one subdirectory per driver)")
+	f.StringVar(&opts.CDIDir, "cdi-dir", "/var/run/cdi", "directory for CDI specs, as configured in the container runtime")
+	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/hwdra", "directory for checkpoints")
+	f.DurationVar(&opts.Rescan, "rescan-interval", time.Minute, "how often to probe the hardware for changes")
+	return cmd
+}
