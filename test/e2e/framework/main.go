@@ -6,12 +6,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // The node's addresses. They exist only inside the run's network namespace:
@@ -126,25 +123,15 @@ func createNamespace(ns string) error {
 	return nil
 }
 
-// startInNamespace starts cmd from an OS thread switched into the namespace:
-// a forked child inherits its thread's network namespace. The thread is
-// never unlocked, so the Go runtime discards it afterwards instead of reusing
-// it for unrelated goroutines.
+// startInNamespace starts cmd inside the namespace through nsenter
+// (util-linux), which switches only the network namespace: mounts, cgroups
+// and /sys stay the host's, as the kubelet needs them.
 func startInNamespace(ns string, cmd *exec.Cmd) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		fd, err := unix.Open("/run/netns/"+ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		errc <- cmd.Start()
-	}()
-	return <-errc
+	nsenter, err := exec.LookPath("nsenter")
+	if err != nil {
+		return fmt.Errorf("nsenter (util-linux) missing: %w", err)
+	}
+	cmd.Args = append([]string{nsenter, "--net=/run/netns/" + ns, "--"}, cmd.Args...)
+	cmd.Path = nsenter
+	return cmd.Start()
 }

@@ -216,14 +216,16 @@ func (n *Node) Stop() {
 			}
 			n.Containerd.Stop(5 * time.Second)
 		}
-		killByCommandLine(n.Root, log)
-		cleanupCgroups(log)
-		unmountUnder(n.Root, log)
 		for _, p := range []*Process{n.Scheduler, n.ControllerManager, n.APIServer, n.Etcd} {
 			if p != nil {
 				p.Stop(5 * time.Second)
 			}
 		}
+		// Whatever still runs with a path under the root (shims whose
+		// sandbox could not be removed) has no owner left.
+		killByCommandLine(n.Root, log)
+		cleanupCgroups(log)
+		unmountUnder(n.Root, log)
 		n.saveLogs()
 		if os.Getenv(EnvKeep) == "" {
 			if err := os.RemoveAll(n.Root); err != nil {

@@ -40,7 +40,7 @@ type logf func(format string, args ...any)
 func sweep(ns, root string, createdFixed []string, log logf) {
 	if out, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil {
 		for _, f := range strings.Fields(string(out)) {
-			if pid, err := strconv.Atoi(f); err == nil {
+			if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
 				log("killing leftover process %d in %s", pid, ns)
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
