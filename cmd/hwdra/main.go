@@ -32,6 +32,6 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logs, root.PersistentFlags())
-	root.AddCommand(agentCommand(), probeCommand(), slicesCommand())
+	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand())
 	return root
 }

@@ -1,0 +1,27 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/hwdra/hwdra/lab"
+)
+
+func labCommand() *cobra.Command {
+	var opts lab.Options
+	cmd := &cobra.Command{
+		Use:   "lab --claim FILE...",
+		Short: "Without a cluster: probe, publish, allocate claims with the scheduler's allocator, prepare them for real, show the result, unprepare",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return lab.Run(cmd.Context(), cmd.OutOrStdout(), opts)
+		},
+	}
+	f := cmd.Flags()
+	addHardwareFlag(cmd, &opts.Hardware)
+	f.StringArrayVar(&opts.ClaimFiles, "claim", nil, "ResourceClaim or ResourceClaimTemplate YAML file (repeatable; deploy/examples has some)")
+	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
+	f.BoolVar(&opts.Keep, "keep", false, "leave the claims prepared instead of unpreparing them at the end")
+	f.StringVar(&opts.StateDir, "state-dir", "", "checkpoint directory (default: a temporary one)")
+	f.StringVar(&opts.CDIDir, "cdi-dir", "", "directory for CDI specs (default: a temporary one)")
+	return cmd
+}

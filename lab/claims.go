@@ -1,0 +1,131 @@
+package lab
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// readClaims reads ResourceClaims and ResourceClaimTemplates (a template
+// stands for the claim it would make) from YAML files, and applies the
+// defaults the API server would.
+func readClaims(files []string) ([]*resourceapi.ResourceClaim, error) {
+	if len(files) == 0 {
+		return nil, errors.New("no --claim given")
+	}
+	var claims []*resourceapi.ResourceClaim
+	seen := map[string]string{}
+	for _, file := range files {
+		docs, err := readDocuments(file)
+		if err != nil {
+			return nil, err
+		}
+		for i, doc := range docs {
+			claim, err := toClaim(doc)
+			if err != nil {
+				return nil, fmt.Errorf("%s, document %d: %w", file, i+1, err)
+			}
+			if prev, dup := seen[claim.Name]; dup {
+				return nil, fmt.Errorf("%s: claim %q already read from %s", file, claim.Name, prev)
+			}
+			seen[claim.Name] = file
+			claims = append(claims, claim)
+		}
+	}
+	return claims, nil
+}
+
+func readDocuments(file string) ([]json.RawMessage, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	var docs []json.RawMessage
+	for {
+		var doc json.RawMessage
+		if err := dec.Decode(&doc); err == io.EOF {
+			return docs, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		if len(bytes.TrimSpace(doc)) > 0 && string(doc) != "null" {
+			docs = append(docs, doc)
+		}
+	}
+}
+
+// toClaim decodes one document strictly.
+func toClaim(doc json.RawMessage) (*resourceapi.ResourceClaim, error) {
+	var head struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := json.Unmarshal(doc, &head); err != nil {
+		return nil, err
+	}
+	if head.APIVersion != resourceapi.SchemeGroupVersion.String() {
+		return nil, fmt.Errorf("apiVersion %q: want %s", head.APIVersion, resourceapi.SchemeGroupVersion)
+	}
+	claim := &resourceapi.ResourceClaim{}
+	switch head.Kind {
+	case "ResourceClaim":
+		if err := strict(doc, claim); err != nil {
+			return nil, err
+		}
+	case "ResourceClaimTemplate":
+		var t resourceapi.ResourceClaimTemplate
+		if err := strict(doc, &t); err != nil {
+			return nil, err
+		}
+		claim.ObjectMeta = t.ObjectMeta
+		claim.Spec = t.Spec.Spec
+	default:
+		return nil, fmt.Errorf("kind %q: want ResourceClaim or ResourceClaimTemplate", head.Kind)
+	}
+	if claim.Name == "" {
+		return nil, errors.New("metadata.name is required")
+	}
+	if claim.Namespace == "" {
+		claim.Namespace = "default"
+	}
+	claim.UID = types.UID("lab-" + claim.Namespace + "-" + claim.Name)
+	setDefaults(&claim.Spec)
+	return claim, nil
+}
+
+func strict(doc json.RawMessage, out any) error {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.DisallowUnknownFields()
+	return dec.Decode(out)
+}
+
+// setDefaults applies the API server's defaults for device requests: an
+// exact count of one.
+func setDefaults(spec *resourceapi.ResourceClaimSpec) {
+	def := func(mode *resourceapi.DeviceAllocationMode, count *int64) {
+		if *mode == "" {
+			*mode = resourceapi.DeviceAllocationModeExactCount
+		}
+		if *mode == resourceapi.DeviceAllocationModeExactCount && *count == 0 {
+			*count = 1
+		}
+	}
+	for i := range spec.Devices.Requests {
+		r := &spec.Devices.Requests[i]
+		if r.Exactly != nil {
+			def(&r.Exactly.AllocationMode, &r.Exactly.Count)
+		}
+		for j := range r.FirstAvailable {
+			def(&r.FirstAvailable[j].AllocationMode, &r.FirstAvailable[j].Count)
+		}
+	}
+}

@@ -1,0 +1,260 @@
+// Package lab runs the whole pipeline on one machine without a cluster:
+// probe the hardware, build the slices, allocate claims with the
+// scheduler's allocator, prepare them for real and show the result.
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hwdra/hwdra/agent"
+	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/hw"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+// NodeName is the node the lab pretends to be.
+const NodeName = "lab"
+
+// Options are the lab command's settings.
+type Options struct {
+	Hardware   string
+	ConfigPath string
+	ClaimFiles []string
+	// Keep leaves the claims prepared (state in StateDir) instead of
+	// unpreparing them at the end.
+	Keep bool
+	// StateDir and CDIDir default to a temporary directory.
+	StateDir, CDIDir string
+}
+
+// Run does the pipeline and reports each step to out.
+func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
+	claims, err := readClaims(opts.ClaimFiles)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return err
+	}
+	if opts.StateDir == "" || opts.CDIDir == "" {
+		tmp, err := os.MkdirTemp("", "hwdra-lab-")
+		if err != nil {
+			return err
+		}
+		if !opts.Keep {
+			defer os.RemoveAll(tmp)
+		}
+		if opts.StateDir == "" {
+			opts.StateDir = filepath.Join(tmp, "state")
+		}
+		if opts.CDIDir == "" {
+			opts.CDIDir = filepath.Join(tmp, "cdi")
+		}
+	}
+	node, err := backend.Open(opts.Hardware)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, node.Close()) }()
+
+	inv, err := node.Inventory(ctx)
+	if err != nil {
+		fmt.Fprintf(out, "warning: some devices could not be read: %v\n", err)
+	}
+	res, skipped := hwslices.ForNode(NodeName, inv, cfg, hwslices.AllFeatures)
+	var objs []*resourceapi.ResourceSlice
+	section(out, "Hardware and slices")
+	fmt.Fprintf(out, "%d GPU(s), %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PFs))
+	for _, driver := range sortedKeys(res) {
+		n := 0
+		for _, s := range hwslices.Objects(driver, NodeName, res[driver]) {
+			objs = append(objs, &s)
+			n += len(s.Spec.Devices)
+		}
+		fmt.Fprintf(out, "%s: %d devices in %d slices\n", driver, n, len(res[driver].Pools[NodeName].Slices))
+	}
+	for _, s := range skipped {
+		fmt.Fprintf(out, "not offered: %s\n", s)
+	}
+
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		return err
+	}
+	if err := allocate.New(allocate.ClusterFeatures, NodeName, objs, classes).Allocate(ctx, claims...); err != nil {
+		return fmt.Errorf("allocation: %w", err)
+	}
+	section(out, "Allocation (the scheduler's allocator)")
+	for _, c := range claims {
+		if err := printYAML(out, map[string]any{c.Name: c.Status.Allocation.Devices.Results}); err != nil {
+			return err
+		}
+	}
+
+	current := func() (hw.Inventory, hwslices.Features) { return inv, hwslices.AllFeatures }
+	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Current: current})
+	if err != nil {
+		return err
+	}
+	for _, d := range drivers {
+		mine := claimsOf(claims, d.Name)
+		if len(mine) == 0 {
+			continue
+		}
+		if err := prepare(ctx, out, d, mine, opts); err != nil {
+			return err
+		}
+	}
+	after, _ := node.Inventory(ctx)
+	section(out, "Hardware after prepare")
+	printHardwareChanges(out, inv, after)
+	if opts.Keep {
+		fmt.Fprintf(out, "\nKept prepared: state in %s, CDI specs in %s\n", opts.StateDir, opts.CDIDir)
+		return nil
+	}
+	section(out, "Unprepare")
+	for _, d := range drivers {
+		mine := claimsOf(claims, d.Name)
+		if len(mine) == 0 {
+			continue
+		}
+		var refs []kubeletplugin.NamespacedObject
+		for _, c := range mine {
+			refs = append(refs, kubeletplugin.NamespacedObject{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, UID: c.UID})
+		}
+		results, err := d.Plugin.UnprepareResourceClaims(ctx, refs)
+		if err != nil {
+			return err
+		}
+		for _, c := range mine {
+			if results[c.UID] != nil {
+				return fmt.Errorf("unprepare %s: %w", c.Name, results[c.UID])
+			}
+			fmt.Fprintf(out, "%s: unprepared (%s)\n", c.Name, d.Name)
+		}
+	}
+	final, _ := node.Inventory(ctx)
+	printHardwareChanges(out, inv, final)
+	return nil
+}
+
+func prepare(ctx context.Context, out io.Writer, d agent.Driver, claims []*resourceapi.ResourceClaim, opts Options) error {
+	section(out, "Prepare: "+d.Name)
+	results, err := d.Plugin.PrepareResourceClaims(ctx, claims)
+	if err != nil {
+		return err
+	}
+	for _, c := range claims {
+		r := results[c.UID]
+		if r.Err != nil {
+			return fmt.Errorf("prepare %s: %w", c.Name, r.Err)
+		}
+		type shown struct {
+			Request    string                                 `json:"request"`
+			Device     string                                 `json:"device"`
+			CDIDevices []string                               `json:"cdiDevices,omitempty"`
+			Metadata   map[string]resourceapi.DeviceAttribute `json:"metadata,omitempty"`
+		}
+		var devs []shown
+		for _, dev := range r.Devices {
+			s := shown{Request: strings.Join(dev.Requests, ","), Device: dev.DeviceName, CDIDevices: dev.CDIDeviceIDs}
+			if dev.Metadata != nil {
+				s.Metadata = dev.Metadata.Attributes
+			}
+			devs = append(devs, s)
+		}
+		if err := printYAML(out, map[string]any{c.Name: devs}); err != nil {
+			return err
+		}
+		spec, err := os.ReadFile(filepath.Join(opts.CDIDir, d.Name+"_claim_"+string(c.UID)+".json"))
+		if err == nil {
+			fmt.Fprintf(out, "CDI spec of %s:\n", c.Name)
+			y, _ := yaml.JSONToYAML(spec)
+			out.Write(y)
+		}
+	}
+	return nil
+}
+
+// printHardwareChanges shows the state prepare changes: MIG mode and GPU
+// instances.
+func printHardwareChanges(out io.Writer, before, now hw.Inventory) {
+	was := map[string]hw.GPU{}
+	for _, g := range before.GPUs {
+		was[g.PCIBusID] = g
+	}
+	changed := false
+	for _, g := range now.GPUs {
+		b := was[g.PCIBusID]
+		if b.MIG.Enabled == g.MIG.Enabled && len(b.MIG.Instances) == len(g.MIG.Instances) {
+			continue
+		}
+		changed = true
+		fmt.Fprintf(out, "GPU %s: MIG %s, %d GPU instance(s)", g.PCIBusID, onOff(g.MIG.Enabled), len(g.MIG.Instances))
+		for _, in := range g.MIG.Instances {
+			if p, ok := g.MIG.Profile(in.ProfileID); ok {
+				fmt.Fprintf(out, " [%s at slice %d]", p.Name, in.Placement.Start)
+			}
+		}
+		fmt.Fprintln(out)
+	}
+	if !changed {
+		fmt.Fprintln(out, "no GPU instances or MIG modes differ from the start")
+	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func claimsOf(claims []*resourceapi.ResourceClaim, driver string) []*resourceapi.ResourceClaim {
+	var out []*resourceapi.ResourceClaim
+	for _, c := range claims {
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver == driver {
+				out = append(out, c)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func section(out io.Writer, title string) { fmt.Fprintf(out, "\n== %s ==\n", title) }
+
+func printYAML(out io.Writer, v any) error {
+	y, err := yaml.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = out.Write(y)
+	return err
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
