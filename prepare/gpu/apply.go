@@ -175,8 +175,14 @@ func (a *applier) computeInstance(r *DeviceRecord, p devicePlan, gi int, existin
 		ids = append(ids, ci.ID)
 	}
 	r.ComputeInstance = &ComputeInstanceRecord{GPUInstance: gi, Slices: p.computeSlices, Created: true, Existing: ids}
-	if err := a.save(); err != nil {
-		return 0, err
+	// In a GPU instance of its own the agent's compute instances go with
+	// it, so the GPU instance's intent covers this one: no checkpoint
+	// write (an fsync) needed. In a static one the intent must say which
+	// compute instances were there before.
+	if !r.GPUInstance.Created {
+		if err := a.save(); err != nil {
+			return 0, err
+		}
 	}
 	id, err := a.d.nvml.CreateComputeInstance(r.GPU, gi, p.computeSlices)
 	if err != nil {

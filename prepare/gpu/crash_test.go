@@ -2,6 +2,8 @@ package gpu
 
 import (
 	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"os"
 	"path/filepath"
 	"slices"
@@ -35,16 +37,37 @@ func TestFailureAfterEachSideEffect(t *testing.T) {
 		name, profile string
 		req           request
 		effects       []string
+		setup         func(e *env)
 	}{
 		{"dynamic MIG", "gpus: [{model: h100-80gb, count: 1}]",
-			request{name: "mig", cel: `profile == "1g.10gb"`}, []string{"mig-mode", "gpu-instance", "compute-instance"}},
+			request{name: "mig", cel: `profile == "1g.10gb"`}, []string{"mig-mode", "gpu-instance", "compute-instance"}, nil},
 		{"dynamic MIG next to a static partition", "gpus: [{model: h100-80gb, count: 1, mig: true, migInstances: [{profile: 3g.40gb, start: 0}]}]",
-			request{name: "mig", cel: `profile == "3g.40gb" && device.attributes["gpu.hwdra.io"].placementStart == 4`}, []string{"gpu-instance", "compute-instance"}},
-		{"vGPU", "h100-vgpu", request{name: "vgpu", cel: `profile == "H100-20C"`}, []string{"mdev"}},
-		{"MIG-backed vGPU", "h100-vgpu", request{name: "vgpu", cel: `profile == "H100-1-10C"`}, []string{"mig-mode", "gpu-instance", "mdev"}},
+			request{name: "mig", cel: `profile == "3g.40gb" && device.attributes["gpu.hwdra.io"].placementStart == 4`}, []string{"gpu-instance", "compute-instance"}, nil},
+		{"vGPU", "h100-vgpu", request{name: "vgpu", cel: `profile == "H100-20C"`}, []string{"mdev"}, nil},
+		{"MIG-backed vGPU", "h100-vgpu", request{name: "vgpu", cel: `profile == "H100-1-10C"`}, []string{"mig-mode", "gpu-instance", "mdev"}, nil},
+		// An administrator's GPU instance with a compute instance of one
+		// slice (at slice 2): the claim wants two slices, gets a compute
+		// instance of its own next to it, and never touches the other.
+		{"compute instance in a static partition", "gpus: [{model: h100-80gb, count: 1, mig: true, migInstances: [{profile: 3g.40gb, start: 0}]}]",
+			request{name: "mig", cel: `profile == "3g.40gb" && device.attributes["gpu.hwdra.io"].placementStart == 0`,
+				config: `{"apiVersion": "gpu.hwdra.io/v1alpha1", "kind": "GpuConfig", "mig": {"computeInstanceSlices": 2}}`},
+			[]string{"compute-instance"}, func(e *env) {
+				dev, _ := e.hw.NVML.DeviceGetHandleByIndex(0)
+				gi, _ := dev.GetGpuInstanceById(0)
+				cis, _ := gi.GetComputeInstances(&nvml.ComputeInstanceProfileInfo{Id: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE})
+				cis[0].Destroy()
+				one, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+				if _, ret := gi.CreateComputeInstanceWithPlacement(&one, &nvml.ComputeInstancePlacement{Start: 2, Size: 1}); ret != nvml.SUCCESS {
+					e.t.Fatal(ret)
+				}
+				e.rescan()
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, tc.profile, false)
+			if tc.setup != nil {
+				tc.setup(e)
+			}
 			before := e.hwState()
 			c := e.claim(tc.req)
 			var seen []string
@@ -109,8 +132,11 @@ func TestFailureAfterEachSideEffect(t *testing.T) {
 							t.Errorf("GPU instance record %+v, want the intent only", r.GPUInstance)
 						}
 					case "compute-instance":
-						if r.ComputeInstance == nil || r.ComputeInstance.ID != nil {
-							t.Errorf("compute instance record %+v, want the intent only", r.ComputeInstance)
+						// In the agent's own GPU instance the GPU instance's
+						// intent covers it; in a static one its own intent.
+						if r.GPUInstance.Created && r.ComputeInstance != nil ||
+							!r.GPUInstance.Created && (r.ComputeInstance == nil || r.ComputeInstance.ID != nil || len(r.ComputeInstance.Existing) != 1) {
+							t.Errorf("GPU instance %+v, compute instance record %+v, want the intent only", r.GPUInstance, r.ComputeInstance)
 						}
 					case "mdev":
 						if r.Mdev == nil || !slices.Contains(e.hw.MdevUUIDs(), r.Mdev.UUID) {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -58,6 +59,12 @@ type Driver struct {
 
 	gpuLocks keyedMutex
 	mu       sync.Mutex
+	// cat caches the catalog of the last inventory.
+	cat struct {
+		gpus     []hw.GPU
+		features hwslices.Features
+		devices  map[string]hwslices.GPUDevice
+	}
 	// owners maps the ledger key of each GPU instance a prepared claim
 	// uses (created or static) to that claim.
 	owners map[string]types.UID
@@ -117,7 +124,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	if err != nil {
 		return nil, rec, fmt.Errorf("GPU inventory: %w", err)
 	}
-	plans, err := plan(claim, hwslices.GPUDevices(gpus, features))
+	plans, err := plan(claim, d.catalog(gpus, features))
 	if err != nil {
 		return nil, rec, err
 	}
@@ -135,6 +142,19 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		devices = append(devices, dev)
 	}
 	return devices, rec, nil
+}
+
+// catalog maps published device names to hardware. Building it costs
+// milliseconds on an 8-GPU node, so the last one is kept while the
+// inventory stays the same (the agent's scan between changes). Inventory
+// must not change a slice it returned.
+func (d *Driver) catalog(gpus []hw.GPU, f hwslices.Features) map[string]hwslices.GPUDevice {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cat.devices == nil || d.cat.features != f || !reflect.DeepEqual(d.cat.gpus, gpus) {
+		d.cat.gpus, d.cat.features, d.cat.devices = gpus, f, hwslices.GPUDevices(gpus, f)
+	}
+	return d.cat.devices
 }
 
 // effect runs the test hook after a side effect.
