@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -166,6 +167,42 @@ func TestConcurrentClaims(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	if got := e.hwState(); got != before {
+		t.Errorf("after unprepare:\n%s\nwant\n%s", got, before)
+	}
+}
+
+// A claim with several devices (a whole GPU and two MIG partitions of
+// another GPU) and a result of another driver: each GPU device gets its
+// own CDI device, the other driver's result is left to it.
+func TestMultiDeviceClaim(t *testing.T) {
+	e := newEnv(t, "gpus: [{model: h100-80gb, count: 2}]", true)
+	before := e.hwState()
+	c := e.claim(request{name: "mig-a", cel: `profile == "1g.10gb"`}, request{name: "mig-b", cel: `profile == "2g.20gb"`},
+		request{name: "whole", cel: `profile == "full"`})
+	c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results, resourceapi.DeviceRequestAllocationResult{
+		Request: "nic", Driver: "sriov.hwdra.io", Pool: testNode, Device: "pf-0000-18-00-0",
+	})
+	devs := e.mustPrepare(c)
+	if len(devs) != 3 {
+		t.Fatalf("devices %+v", devs)
+	}
+	ids := map[string]bool{}
+	for _, d := range devs {
+		for _, id := range d.CDIDeviceIDs {
+			ids[id] = true
+		}
+	}
+	spec := e.inject(devs)
+	if len(ids) != 3 || len(spec.Mounts) != 1 {
+		t.Errorf("CDI devices %v, mounts %v", ids, spec.Mounts)
+	}
+	for _, d := range devs {
+		if v := attr(d, "uuid"); v == "<unset>" || !slices.Contains(spec.Process.Env, envName(d.DeviceName, "UUID")+"="+v) {
+			t.Errorf("%s: uuid %s not in the environment %v", d.DeviceName, v, spec.Process.Env)
+		}
+	}
+	e.unprepare(c)
 	if got := e.hwState(); got != before {
 		t.Errorf("after unprepare:\n%s\nwant\n%s", got, before)
 	}
