@@ -25,16 +25,20 @@ type CharDevice struct {
 // (<dev>/mlx5_core.rdma.<id>/infiniband_verbs/uverbs<n>). Its ibdev file
 // names the RDMA device it serves.
 func Uverbs(sysfsRoot, pciAddress string) (string, *CharDevice, error) {
-	rdma, err := RDMADevice(sysfsRoot, pciAddress)
+	d := newDevice(rootOrDefault(sysfsRoot), pciAddress)
+	entries, err := os.ReadDir(d.dir)
+	if err != nil {
+		return "", nil, d.err(".", unwrapPath(err))
+	}
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Name()
+	}
+	rdma, err := rdmaDevice(d, names)
 	if err != nil || rdma == "" {
 		return "", nil, err
 	}
-	d := newDevice(rootOrDefault(sysfsRoot), pciAddress)
-	entries, err := d.list(".")
-	if err != nil {
-		return "", nil, err
-	}
-	for _, e := range entries {
+	for _, e := range names {
 		if e != "infiniband_verbs" && !isAuxDevice(e) {
 			continue
 		}
@@ -42,11 +46,11 @@ func Uverbs(sysfsRoot, pciAddress string) (string, *CharDevice, error) {
 		if e != dir {
 			dir = filepath.Join(e, dir)
 		}
-		names, err := d.list(dir)
+		nodes, err := d.list(dir)
 		if err != nil {
 			return "", nil, err
 		}
-		for _, n := range names {
+		for _, n := range nodes {
 			if ib, err := d.read(filepath.Join(dir, n, "ibdev")); err != nil || ib != rdma {
 				continue
 			}

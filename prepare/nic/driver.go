@@ -1,0 +1,333 @@
+package nic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"sort"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/prepare"
+	"github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/sriov"
+)
+
+// Options configure a Driver.
+type Options struct {
+	// VFs reads and sets VF configuration (sriov.NetlinkVFConfigurator on
+	// a host, the mock's VFRecorder in tests).
+	VFs hw.VFConfigurator
+	// Inventory returns the PFs the agent offers now and the cluster's
+	// features: prepare looks devices up in what they publish.
+	Inventory func(ctx context.Context) ([]config.NICOffer, slices.Features, error)
+	// SysfsRoot ("/sys") and DevRoot ("/dev") are the host's.
+	SysfsRoot, DevRoot string
+	// StateDir holds the ledger, "sriov.hwdra.io.ledger.json".
+	StateDir string
+	// NodeName, if set, is the only pool prepare accepts.
+	NodeName string
+	// BootID of the running kernel; empty reads /proc.
+	BootID string
+}
+
+// Driver is the sriov.hwdra.io prepare.Driver.
+type Driver struct {
+	opts   Options
+	ledger *prepare.Ledger[LedgerEntry]
+
+	pfLocks keyedMutex // by PF PCI address: plan, reserve, apply, restore
+
+	mu   sync.Mutex
+	held map[string]types.UID // VF PCI address -> claim holding it
+
+	// hook, in tests, is called after each side effect ("recorded",
+	// "ledger", "configured"): a test crashes the prepare there.
+	hook func(step string)
+}
+
+var _ prepare.Driver[Record] = (*Driver)(nil)
+
+// LedgerFile is the ledger's name in the state directory.
+const LedgerFile = slices.NICDriver + ".ledger.json"
+
+// New opens the ledger. Hand the Driver to prepare.New, which calls
+// Reconcile before any prepare.
+func New(opts Options) (*Driver, error) {
+	if opts.VFs == nil || opts.Inventory == nil || opts.StateDir == "" {
+		return nil, errors.New("nic: VFs, Inventory and StateDir are required")
+	}
+	if opts.SysfsRoot == "" {
+		opts.SysfsRoot = sriov.DefaultSysfsRoot
+	}
+	if opts.DevRoot == "" {
+		opts.DevRoot = "/dev"
+	}
+	if opts.BootID == "" {
+		opts.BootID = prepare.BootID()
+	}
+	l, err := prepare.OpenLedger[LedgerEntry](filepath.Join(opts.StateDir, LedgerFile))
+	if err != nil {
+		return nil, fmt.Errorf("nic: %w", err)
+	}
+	return &Driver{opts: opts, ledger: l, held: map[string]types.UID{}}, nil
+}
+
+// Prepare implements prepare.Driver: plan, reserve, then configure each VF.
+func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
+	var rec Record
+	offers, features, err := d.opts.Inventory(ctx)
+	if err != nil {
+		return nil, rec, fmt.Errorf("NIC inventory: %w", err)
+	}
+	catalog := slices.NICDevices(offers, features)
+	// Plan and reserve under the locks of every PF the claim uses, so that
+	// concurrent claims on one PF never pick the same VF.
+	defer d.pfLocks.lock(claimPFs(claim, catalog)...)()
+	plan, err := Plan(claim, catalog, d.heldCopy(), d.opts.NodeName)
+	if err != nil {
+		return nil, rec, err
+	}
+	d.reserve(claim.UID, plan)
+	devices := make([]prepare.Device, 0, len(plan))
+	for _, a := range plan {
+		dev, err := d.apply(claim.UID, a, &rec, save)
+		if err != nil {
+			return nil, rec, err
+		}
+		devices = append(devices, dev)
+	}
+	return devices, rec, nil
+}
+
+// apply configures one VF: read its original settings and what a
+// container needs, record both, then change the hardware.
+func (d *Driver) apply(uid types.UID, a Assignment, rec *Record, save func(Record) error) (prepare.Device, error) {
+	dev := prepare.Device{Requests: []string{a.Request}, Pool: a.Pool, Device: a.Device, ShareID: a.ShareID}
+	if a.Admin {
+		dev.Attributes = pfAttributes(a)
+		return dev, nil
+	}
+	ref := hw.VFRef{PF: a.PF.Netdev, Index: a.VF.Index, Netdev: a.VF.Netdev}
+	original, err := d.original(ref, a.VF.PCIAddress)
+	if err != nil {
+		return dev, fmt.Errorf("request %q: %w", a.Request, err)
+	}
+	applied := a.Config
+	if a.KeepRate {
+		applied.MinTxRateMbps, applied.MaxTxRateMbps = original.MinTxRateMbps, original.MaxTxRateMbps
+	}
+	// Device nodes are looked up before anything changes: a node without
+	// them fails here at no cost.
+	if dev.Edits, dev.Attributes, err = d.describe(a, applied); err != nil {
+		return dev, fmt.Errorf("request %q: %w", a.Request, err)
+	}
+	rec.VFs = append(rec.VFs, VF{
+		Request: a.Request, Pool: a.Pool, Device: a.Device, ShareID: a.ShareID,
+		PFAddress: a.PF.PCIAddress, PF: a.PF.Netdev, Index: a.VF.Index,
+		PCIAddress: a.VF.PCIAddress, Netdev: a.VF.Netdev,
+		Original: original, Applied: applied, Network: a.Network,
+	})
+	if err := save(*rec); err != nil {
+		return dev, err
+	}
+	d.step("recorded")
+	entry := LedgerEntry{Claim: uid, BootID: d.opts.BootID, PF: ref.PF, Index: ref.Index, Original: original}
+	if err := d.ledger.Put(a.VF.PCIAddress, entry); err != nil {
+		return dev, err
+	}
+	d.step("ledger")
+	if err := d.opts.VFs.SetVF(ref, applied); err != nil {
+		return dev, fmt.Errorf("request %q: configuring VF %d of %s: %w", a.Request, a.VF.Index, pfName(a.PF), err)
+	}
+	d.step("configured")
+	return dev, nil
+}
+
+// original is the VF's configuration before the agent touched it: the
+// ledger's, if a restore failed earlier (the hardware then shows the
+// agent's settings), else what the hardware reports.
+func (d *Driver) original(ref hw.VFRef, addr string) (hw.VFConfig, error) {
+	if e, ok := d.ledger.Get(addr); ok && e.BootID == d.opts.BootID {
+		return e.Original, nil
+	}
+	cfg, err := d.opts.VFs.GetVF(ref)
+	if err != nil {
+		return cfg, fmt.Errorf("reading VF %d of %s: %w", ref.Index, ref.PF, err)
+	}
+	return cfg, nil
+}
+
+// Unprepare implements prepare.Driver: restore each recorded VF from its
+// saved original and free it. A VF whose restore fails stays held (and in
+// the ledger), and the error makes the plugin keep the record to retry.
+func (d *Driver) Unprepare(ctx context.Context, uid types.UID, rec Record) error {
+	var errs []error
+	for i := len(rec.VFs) - 1; i >= 0; i-- {
+		if err := d.restore(ctx, uid, rec.VFs[i]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	// Reserved but never recorded: the prepare failed before touching them.
+	d.mu.Lock()
+	for addr, owner := range d.held {
+		if owner == uid {
+			delete(d.held, addr)
+		}
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *Driver) restore(ctx context.Context, uid types.UID, v VF) error {
+	defer d.pfLocks.lock(v.PFAddress)()
+	if e, ok := d.ledger.Get(v.PCIAddress); ok && e.Claim != uid {
+		// Another claim changed the VF since (this record is an old,
+		// already undone attempt): its settings are not ours to undo.
+		d.release(uid, v.PCIAddress)
+		return nil
+	}
+	if err := d.opts.VFs.SetVF(d.currentRef(v.PCIAddress, v.PF, v.Index, v.Netdev), v.Original); err != nil {
+		if !d.gone(ctx, v.PCIAddress, err) {
+			return fmt.Errorf("restoring VF %d of %s (%s): %w", v.Index, v.PF, v.PCIAddress, err)
+		}
+	}
+	if err := d.ledger.Delete(v.PCIAddress); err != nil {
+		return err
+	}
+	d.release(uid, v.PCIAddress)
+	return nil
+}
+
+// gone reports (and logs) that a VF whose restore failed no longer exists:
+// its PF's VFs were disabled or its driver unloaded, and its settings went
+// with it. Retrying could only fail forever.
+func (d *Driver) gone(ctx context.Context, addr string, err error) bool {
+	if _, _, serr := sriov.FunctionState(d.opts.SysfsRoot, addr); !errors.Is(serr, fs.ErrNotExist) {
+		return false
+	}
+	klog.FromContext(ctx).Info("VF is gone: nothing to restore", "vf", addr, "err", err)
+	return true
+}
+
+// currentRef addresses a VF as it is now: its netdev may have been
+// renamed or moved away since it was prepared (a VF netdev returning from
+// a destroyed pod namespace can come back under another name). Without a
+// netdev in this namespace, MTU and link state are left as they are.
+func (d *Driver) currentRef(addr, pf string, index int, netdev string) hw.VFRef {
+	ref := hw.VFRef{PF: pf, Index: index, Netdev: netdev}
+	if _, nd, err := sriov.FunctionState(d.opts.SysfsRoot, addr); err == nil {
+		ref.Netdev = nd
+	}
+	return ref
+}
+
+func (d *Driver) heldCopy() map[string]types.UID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.heldLocked()
+}
+
+func (d *Driver) heldLocked() map[string]types.UID {
+	out := make(map[string]types.UID, len(d.held))
+	for k, v := range d.held {
+		out[k] = v
+	}
+	return out
+}
+
+func (d *Driver) reserve(uid types.UID, plan []Assignment) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, a := range plan {
+		if !a.Admin {
+			d.held[a.VF.PCIAddress] = uid
+		}
+	}
+}
+
+func (d *Driver) release(uid types.UID, addr string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.held[addr] == uid {
+		delete(d.held, addr)
+	}
+}
+
+// Held lists the VFs claims hold, by PCI address, sorted.
+func (d *Driver) Held() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]string, 0, len(d.held))
+	for addr := range d.held {
+		out = append(out, addr)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (d *Driver) step(name string) {
+	if d.hook != nil {
+		d.hook(name)
+	}
+}
+
+// claimPFs are the PCI addresses of the PFs behind the claim's devices.
+func claimPFs(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice) []string {
+	if claim.Status.Allocation == nil {
+		return nil
+	}
+	var out []string
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if dev, ok := catalog[r.Device]; ok && r.Driver == slices.NICDriver {
+			out = append(out, dev.PF.PCIAddress)
+		}
+	}
+	return out
+}
+
+// keyedMutex is one mutex per key, created on demand.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+// lock takes the keys' mutexes in sorted order (no deadlock between two
+// callers sharing keys), each once, and returns the unlock.
+func (k *keyedMutex) lock(keys ...string) func() {
+	keys = append([]string(nil), keys...)
+	sort.Strings(keys)
+	var held []*sync.Mutex
+	for i, key := range keys {
+		if i > 0 && keys[i-1] == key {
+			continue
+		}
+		k.mu.Lock()
+		if k.locks == nil {
+			k.locks = map[string]*sync.Mutex{}
+		}
+		m, ok := k.locks[key]
+		if !ok {
+			m = &sync.Mutex{}
+			k.locks[key] = m
+		}
+		k.mu.Unlock()
+		m.Lock()
+		held = append(held, m)
+	}
+	return func() {
+		for i := len(held) - 1; i >= 0; i-- {
+			held[i].Unlock()
+		}
+	}
+}

@@ -1,0 +1,236 @@
+package nic
+
+import (
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/hwdra/hwdra/hw"
+)
+
+const exclusiveConfig = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nnics:\n- mode: exclusive\n"
+
+// TestPrepareUnprepare: a share and an exclusive VF are configured as the
+// claim asks (a share's rate is its consumed bandwidth in Mb/s, an
+// exclusive VF keeps its own), their metadata says so, and unprepare
+// restores every VF exactly.
+func TestPrepareUnprepare(t *testing.T) {
+	const vfConfig = `, "mac": "02:00:00:00:aa:01", "vlan": 100, "vlanQoS": 5, "trust": true, "spoofCheck": false, "mtu": 9000,
+		"interfaceName": "fast0", "addresses": ["10.0.0.5/24"], "routes": [{"destination": "10.1.0.0/16", "gateway": "10.0.0.1"}]`
+	up := false
+	for _, tc := range []struct {
+		name, profile, agentConfig string
+		req                        resourceapi.DeviceRequest
+		vf                         string // "<pf>/<index>" configured
+		want                       hw.VFConfig
+		wantAttrs                  map[string]string
+	}{
+		{
+			name: "share of a CX7", profile: cx7Node, req: share("nic", "25G"), vf: "pfa/0",
+			want: hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MaxTxRateMbps: 25000, Trust: true, MTU: 9000, NetdevUp: &up},
+			wantAttrs: map[string]string{"resource.kubernetes.io/pciBusID": "0000:17:01.0", "sriov.hwdra.io/mode": "shared",
+				"sriov.hwdra.io/pfName": "pfa", "sriov.hwdra.io/bandwidth": "25G", "sriov.hwdra.io/rdmaDevice": "mlx5_1", "sriov.hwdra.io/mac": "02:00:00:00:aa:01"},
+		},
+		{
+			name: "share at the policy default", profile: cx7Node, req: share("nic", ""), vf: "pfa/0",
+			want:      hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MaxTxRateMbps: 10000, Trust: true, MTU: 9000, NetdevUp: &up},
+			wantAttrs: map[string]string{"sriov.hwdra.io/bandwidth": "10G"},
+		},
+		{
+			name: "exclusive E810 VF", agentConfig: exclusiveConfig, req: vfRequest("nic"), vf: "pfb/0",
+			profile: `nics: [{model: e810, count: 1, vfs: 2, pciAddresses: ["0000:31:00.0"], netdevs: [pfb]}]`,
+			// ice VFs start with spoof checking on; the rate stays the VF's.
+			want:      hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, Trust: true, MTU: 9000, NetdevUp: &up},
+			wantAttrs: map[string]string{"sriov.hwdra.io/mode": "exclusive", "sriov.hwdra.io/vfIndex": "0", "resource.kubernetes.io/pciBusID": "0000:31:01.0"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.profile, tc.agentConfig)
+			if tc.agentConfig != "" { // a rate set by the administrator is kept
+				if err := e.vfs.SetVF(hw.VFRef{PF: "pfb", Index: 0}, hw.VFConfig{MaxTxRateMbps: 5000, SpoofChk: true}); err != nil {
+					t.Fatal(err)
+				}
+				tc.want.MaxTxRateMbps = 5000
+				e.initial = e.vfs.Snapshot()
+			}
+			c := e.allocate(newClaim(vfConfig, tc.req))
+			res := e.mustPrepare(c)
+			if got := e.vfs.Snapshot()[tc.vf]; !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("VF %s: %+v\nwant %+v", tc.vf, got, tc.want)
+			}
+			if len(res.Devices) != 1 || res.Devices[0].Metadata == nil {
+				t.Fatalf("devices %+v", res.Devices)
+			}
+			d := res.Devices[0]
+			if d.DeviceName != c.Status.Allocation.Devices.Results[0].Device || !reflect.DeepEqual(d.ShareID, c.Status.Allocation.Devices.Results[0].ShareID) {
+				t.Errorf("device %s share %v", d.DeviceName, d.ShareID)
+			}
+			for k, want := range tc.wantAttrs {
+				if got := attrString(d.Metadata.Attributes[k]); got != want {
+					t.Errorf("attribute %s = %q, want %q", k, got, want)
+				}
+			}
+			// The NRI step finds the pod-side settings in the record.
+			rec := e.record(c)
+			if len(rec.VFs) != 1 || rec.VFs[0].Network.InterfaceName != "fast0" || rec.VFs[0].Network.Addresses[0] != "10.0.0.5/24" ||
+				rec.VFs[0].Network.Routes[0].Gateway != "10.0.0.1" || rec.VFs[0].Netdev == "" {
+				t.Errorf("record %+v", rec)
+			}
+			if err := e.unprepare(c); err != nil {
+				t.Fatal(err)
+			}
+			e.checkPristine()
+			// Prepared again (a new pod with the same claim): same VF.
+			e.mustPrepare(c)
+			if got := e.vfs.Snapshot()[tc.vf]; !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("second prepare: VF %s: %+v", tc.vf, got)
+			}
+		})
+	}
+}
+
+func attrString(a resourceapi.DeviceAttribute) string {
+	switch {
+	case a.StringValue != nil:
+		return *a.StringValue
+	case a.IntValue != nil:
+		return strconv.FormatInt(*a.IntValue, 10)
+	case a.BoolValue != nil && *a.BoolValue:
+		return "true"
+	case a.BoolValue != nil:
+		return "false"
+	}
+	return ""
+}
+
+// TestSharesGetTheirOwnVFs: two shares of one PF in one claim, and two
+// claims, each get a VF of their own, lowest index first; a VF freed by
+// unprepare is reused.
+func TestSharesGetTheirOwnVFs(t *testing.T) {
+	e := newEnv(t, cx7Node, "")
+	a := e.allocate(newClaim("", share("x", "10G"), share("y", "20G")))
+	b := e.allocate(newClaim("", share("z", "30G")))
+	for _, c := range []*resourceapi.ResourceClaim{a, b} {
+		e.mustPrepare(c)
+	}
+	snap := e.vfs.Snapshot()
+	for vf, rate := range map[string]int{"pfa/0": 10000, "pfa/1": 20000, "pfa/2": 30000, "pfa/3": 0} {
+		if got := snap[vf].MaxTxRateMbps; got != rate {
+			t.Errorf("%s rate %d, want %d", vf, got, rate)
+		}
+	}
+	if got := e.driver.Held(); !reflect.DeepEqual(got, []string{"0000:17:01.0", "0000:17:01.1", "0000:17:01.2"}) {
+		t.Errorf("held %v", got)
+	}
+	if err := e.unprepare(a); err != nil {
+		t.Fatal(err)
+	}
+	c := e.allocate(newClaim("", share("w", "40G")))
+	e.mustPrepare(c)
+	if got := e.vfs.Snapshot()["pfa/0"].MaxTxRateMbps; got != 40000 {
+		t.Errorf("freed VF 0 not reused: rate %d", got)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{b, c} {
+		if err := e.unprepare(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.checkPristine()
+}
+
+// TestNoFreeVF: the scheduler refuses a 17th share of 16 VFs; and when it
+// hands out a VF's worth of capacity that an unprepare has not returned
+// yet (a deleted claim's pod still stopping), prepare refuses, naming the
+// PF, and changes nothing.
+func TestNoFreeVF(t *testing.T) {
+	e := newEnv(t, cx7Node, "")
+	var claims []*resourceapi.ResourceClaim
+	for range 16 {
+		c := e.allocate(newClaim("", share("nic", "1G")))
+		e.mustPrepare(c)
+		claims = append(claims, c)
+	}
+	if err := e.alloc.Allocate(t.Context(), newClaim("", share("nic", "1G"))); err == nil {
+		t.Fatal("the allocator handed out a 17th share of 16 VFs")
+	}
+	e.alloc.Release(claims[3]) // deleted, not yet unprepared
+	before := e.vfs.Snapshot()
+	late := e.allocate(newClaim("", share("nic", "1G")))
+	_, err := e.prepare(late)
+	if err == nil || !strings.Contains(err.Error(), "no free VF on PF pfa (0000:17:00.0)") || !strings.Contains(err.Error(), late.Name) {
+		t.Fatalf("prepare with every VF held: %v", err)
+	}
+	if !reflect.DeepEqual(e.vfs.Snapshot(), before) || len(e.driver.Held()) != 16 {
+		t.Error("a refused prepare changed VFs or reservations")
+	}
+	if err := e.unprepare(claims[3]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.prepare(late); err != nil {
+		t.Fatalf("after the unprepare: %v", err)
+	}
+}
+
+// TestUnknownDevice: a device the node no longer publishes (its PF was
+// reconfigured since allocation) fails with an error naming it.
+func TestUnknownDevice(t *testing.T) {
+	e := newEnv(t, cx7Node, "")
+	c := e.allocate(newClaim("", share("nic", "1G")))
+	e.offers = nil
+	_, err := e.prepare(c)
+	if err == nil || !strings.Contains(err.Error(), "device nic-0000-17-00-0 is not among this node's sriov.hwdra.io devices") {
+		t.Fatalf("got %v", err)
+	}
+	e.checkPristine()
+}
+
+// TestSharesSkipUnusableVFs: a share needs a netdev VF; vfio-pci VFs are
+// for exclusive devices only.
+func TestSharesSkipUnusableVFs(t *testing.T) {
+	e := newEnv(t, `nics: [{model: e810, count: 1, vfs: 2, netdevs: [pfv], vfDriver: vfio-pci}]`, "")
+	_, err := e.prepare(e.allocate(newClaim("", share("nic", "1G"))))
+	if err == nil || !strings.Contains(err.Error(), "all 0 of its 2 VFs usable for a share") {
+		t.Fatalf("share on a PF whose VFs are all vfio-pci: %v", err)
+	}
+	e.checkPristine()
+}
+
+// TestConcurrentPrepares: claims prepared at once on one PF (the kubelet
+// prepares different pods' claims in parallel) get distinct VFs, and
+// unprepared at once restore every VF.
+func TestConcurrentPrepares(t *testing.T) {
+	e := newEnv(t, cx7Node, "")
+	claims := make([]*resourceapi.ResourceClaim, 12)
+	for i := range claims {
+		claims[i] = e.allocate(newClaim(`, "vlan": `+strconv.Itoa(100+i), share("nic", strconv.Itoa(i+1)+"G")))
+	}
+	parallel := func(f func(c *resourceapi.ResourceClaim) error) {
+		errs := make(chan error, len(claims))
+		for _, c := range claims {
+			go func() { errs <- f(c) }()
+		}
+		for range claims {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	parallel(func(c *resourceapi.ResourceClaim) error { _, err := e.prepare(c); return err })
+	if held := e.driver.Held(); len(held) != len(claims) {
+		t.Fatalf("%d VFs held for %d claims", len(held), len(claims))
+	}
+	rates, vlans := map[int]bool{}, map[int]bool{}
+	for _, c := range e.vfs.Snapshot() {
+		if c.MaxTxRateMbps != 0 {
+			rates[c.MaxTxRateMbps], vlans[c.VLAN] = true, true
+		}
+	}
+	if len(rates) != len(claims) || len(vlans) != len(claims) {
+		t.Errorf("%d distinct rates and %d VLANs on the VFs, want %d each", len(rates), len(vlans), len(claims))
+	}
+	parallel(e.unprepare)
+	e.checkPristine()
+}
