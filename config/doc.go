@@ -29,8 +29,9 @@
 // Defaults: minimum 1G and step 1G; given only one of minimum and step,
 // the other takes its value (the valid shares are its multiples); default
 // 10G, rounded up to a valid share. A shared PF publishes capacity
-// "bandwidth" = link speed with that request policy, and "vfs" = its VF
-// count with each share taking one VF.
+// "sriov.hwdra.io/bandwidth" = link speed with that request policy, and
+// "sriov.hwdra.io/vfs" = its VF count with each share taking one VF; a
+// claim's capacity request names them so.
 //
 // Without a file (no --config) every PF with VFs is offered in shared mode
 // with those defaults, except the PFs that carry a default route.
