@@ -17,6 +17,11 @@ key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_containerd-${CONTAINERD_VERSION}_cn
 bin="$cache/realnode/$key/bin"
 mkdir -p "$bin"
 
+# One build at a time per key: a second caller (another checkout, CI while a
+# developer builds) waits and then finds the binaries.
+exec 9>"$cache/realnode/$key.lock"
+flock 9
+
 log() { echo "build-realnode: $*" >&2; }
 
 have() { [ -x "$bin/$1" ]; }

@@ -83,3 +83,28 @@ func TestPlainPod(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestProcessRunner: the runner the agent tests use (crash with SIGKILL,
+// restart with the same arguments), on an ordinary program.
+func TestProcessRunner(t *testing.T) {
+	n := framework.Shared(t)
+	p := n.StartProcess(t, "sleeper", "/bin/sleep", "300")
+	if !p.Running() {
+		t.Fatalf("not running: %v", p.ExitErr())
+	}
+	first := p.Pid()
+	p.Kill()
+	if p.Running() || p.ExitErr() == nil || !strings.Contains(p.ExitErr().Error(), "killed") {
+		t.Fatalf("after Kill: running %t, exit %v", p.Running(), p.ExitErr())
+	}
+	if err := p.Restart(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !p.Running() || p.Pid() == first {
+		t.Fatalf("after Restart: running %t, pid %d (was %d)", p.Running(), p.Pid(), first)
+	}
+	p.Stop(time.Second)
+	if p.Running() {
+		t.Fatal("still running after Stop")
+	}
+}

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // AgentArgs are the flags the DaemonSet gives `hwdra agent`: the kubelet's
@@ -99,4 +103,38 @@ func HwdraBinary(t testing.TB) string {
 		t.Fatal(hwdraErr)
 	}
 	return hwdraPath
+}
+
+// StartAgent runs `hwdra agent` as the node's DaemonSet would: the DaemonSet's
+// flags, the agent's own node-bound credentials (never admin), hardware as
+// given (e.g. "mock:dgx-h100"), extra flags appended.
+func (n *Node) StartAgent(t testing.TB, hardware string, extra ...string) *Process {
+	t.Helper()
+	bin := HwdraBinary(t)
+	creds, err := n.AgentCredentials(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append(n.AgentArgs(creds.Kubeconfig, hardware), extra...)
+	return n.StartProcess(t, "hwdra-agent", bin, args...)
+}
+
+// WaitResourceSlices waits until driver has published at least one
+// ResourceSlice for this node and returns them.
+func (n *Node) WaitResourceSlices(ctx context.Context, driver string, timeout time.Duration) ([]resourceapi.ResourceSlice, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		list, err := n.Admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+			FieldSelector: "spec.nodeName=" + n.Name + ",spec.driver=" + driver,
+		})
+		if err == nil && len(list.Items) > 0 {
+			return list.Items, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("no ResourceSlice of %s for node %s after %v (last error %v)", driver, n.Name, timeout, err)
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The node's addresses. They exist only inside the run's network namespace:
@@ -93,9 +94,18 @@ func runInNamespace() int {
 // returns environment for the child; failures are left for the child to
 // report in the tests that need the result.
 func prebuild(root string) []string {
-	if _, err := buildImages(filepath.Join(root, "images")); err != nil {
-		fmt.Fprintln(os.Stderr, "hwdra e2e: building images:", err)
-	}
+	began := time.Now()
+	defer func() {
+		fmt.Fprintf(os.Stderr, "hwdra e2e: images and hwdra built in %v\n", time.Since(began).Round(time.Millisecond))
+	}()
+	imagesDone := make(chan struct{})
+	go func() { // independent of the hwdra build: overlap them
+		defer close(imagesDone)
+		if _, err := buildImages(filepath.Join(root, "images")); err != nil {
+			fmt.Fprintln(os.Stderr, "hwdra e2e: building images:", err)
+		}
+	}()
+	defer func() { <-imagesDone }()
 	if os.Getenv(EnvHwdra) != "" {
 		return nil
 	}

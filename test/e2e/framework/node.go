@@ -201,6 +201,10 @@ func (n *Node) newProcess(name, path string, args ...string) *Process {
 // plane, and the root itself. Safe to call twice.
 func (n *Node) Stop() {
 	n.stopOnce.Do(func() {
+		began := time.Now()
+		defer func() {
+			fmt.Fprintf(os.Stderr, "hwdra e2e: node %s stopped in %v\n", n.Name, time.Since(began).Round(time.Millisecond))
+		}()
 		log := func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, "hwdra e2e: stop %s: "+format+"\n", append([]any{n.Name}, args...)...)
 		}
