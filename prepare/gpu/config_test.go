@@ -207,3 +207,26 @@ func TestMultiDeviceClaim(t *testing.T) {
 		t.Errorf("after unprepare:\n%s\nwant\n%s", got, before)
 	}
 }
+
+// MIG mode is switched only where nothing runs on the GPU: otherwise the
+// prepare fails saying so, and the GPU is left as it was.
+func TestMIGModeNotSwitchedUnderRunningProcesses(t *testing.T) {
+	e := newEnv(t, "gpus: [{model: h100-80gb, count: 1}]", false)
+	before := e.hwState()
+	if err := e.hw.SetRunningProcesses(e.gpus[0].PCIBusID, 4242); err != nil {
+		t.Fatal(err)
+	}
+	c := e.claim(request{name: "mig", cel: `profile == "1g.10gb"`})
+	if _, err := e.prepare(c); err == nil || !strings.Contains(err.Error(), "1 processes run on the GPU") {
+		t.Fatalf("prepare: %v", err)
+	}
+	if got := e.hwState(); got != before {
+		t.Errorf("hardware:\n%s\nwas\n%s", got, before)
+	}
+	if keys := e.ledgerKeys(); len(keys) != 0 {
+		t.Errorf("ledger %v", keys)
+	}
+	e.hw.SetRunningProcesses(e.gpus[0].PCIBusID)
+	e.mustPrepare(c)
+	e.unprepare(c)
+}

@@ -128,11 +128,11 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	if err != nil {
 		return nil, rec, err
 	}
+	libs := d.libs.edits(ctx)
 	for _, g := range gpusOf(plans) {
 		defer d.gpuLocks.lock(g)()
 	}
 	a := &applier{d: d, claim: claim.UID, rec: &rec, save: func() error { return save(rec.clone()) }}
-	libs := d.libs.edits(ctx)
 	devices := make([]prepare.Device, 0, len(plans))
 	for _, p := range plans {
 		dev, err := a.apply(p, libs)
