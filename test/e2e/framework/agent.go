@@ -116,6 +116,10 @@ func (n *Node) StartAgent(t testing.TB, hardware string, extra ...string) *Proce
 		t.Fatal(err)
 	}
 	args := append(n.AgentArgs(creds.Kubeconfig, hardware), extra...)
+	// Registered before the process's own cleanup, so it runs after the
+	// agent stopped: the next test on this node starts without its slices
+	// (the kubelet removes them only after a grace period).
+	t.Cleanup(func() { n.DeleteResourceSlices(context.Background()) })
 	return n.StartProcess(t, "hwdra-agent", bin, args...)
 }
 
@@ -137,4 +141,10 @@ func (n *Node) WaitResourceSlices(ctx context.Context, driver string, timeout ti
 			return nil, err
 		}
 	}
+}
+
+// DeleteResourceSlices removes every ResourceSlice of this node (as admin).
+func (n *Node) DeleteResourceSlices(ctx context.Context) {
+	_ = n.Admin.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
 }

@@ -11,12 +11,14 @@
 //	<contents>
 //	=== DEV /dev/x char 195:0
 //	=== DIR /path
+//	=== OTHER /path <type>   (FIFO, socket: not read)
 //	=== MISSING /path: <error>
 //	=== END
 package main
 
 import (
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/signal"
@@ -66,8 +68,12 @@ func show(w *os.File, root string) {
 			}
 			st := info.Sys().(*syscall.Stat_t)
 			fmt.Fprintf(w, "=== DEV %s %s %d:%d\n", path, kind, major(st.Rdev), minor(st.Rdev))
+		case !info.Mode().IsRegular():
+			// FIFOs, sockets, /dev/stdout and friends: reading them would
+			// block or read our own output.
+			fmt.Fprintf(w, "=== OTHER %s %s\n", path, info.Mode().Type())
 		default:
-			data, err := os.ReadFile(path)
+			data, err := readHead(path, maxFileBytes)
 			if err != nil {
 				fmt.Fprintf(w, "=== MISSING %s: %v\n", path, err)
 				return nil
@@ -83,6 +89,19 @@ func show(w *os.File, root string) {
 	if err != nil {
 		fmt.Fprintf(w, "=== MISSING %s: %v\n", root, err)
 	}
+}
+
+// maxFileBytes bounds what one file adds to the log (metadata and config
+// files are small; anything larger is not what a test looks for).
+const maxFileBytes = 64 << 10
+
+func readHead(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, n))
 }
 
 // major and minor decode Linux's dev_t like glibc's gnu_dev_major/minor.
