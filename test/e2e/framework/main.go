@@ -42,7 +42,10 @@ func Main(m *testing.M) {
 // runInNamespace is the parent: it owns the namespace and the temp root and
 // cleans both up whatever the child did.
 func runInNamespace() int {
-	root, err := os.MkdirTemp("", "hwe2e-") // short: unix socket paths under it must stay < 108 bytes
+	sweepStale()
+	// Short: unix socket paths under it must stay < 108 bytes. The pid in
+	// the name lets a later run clean up after a killed one.
+	root, err := os.MkdirTemp("", fmt.Sprintf("hwe2e-%d-", os.Getpid()))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -3,6 +3,7 @@ package framework
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,6 +64,41 @@ func sweep(ns, root string, createdFixed []string, log logf) {
 	}
 	if out, err := exec.Command("ip", "netns", "delete", ns).CombinedOutput(); err != nil {
 		log("ip netns delete %s: %v: %s", ns, err, out)
+	}
+}
+
+// sweepStale cleans up after runs whose parent process was killed before its
+// own sweep: their namespace (hwdra-e2e-<pid>) and root (/tmp/hwe2e-<pid>-*)
+// outlive them.
+func sweepStale() {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	log := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "hwdra e2e: stale run: "+format+"\n", args...)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		pidStr, ok := strings.CutPrefix(fields[0], "hwdra-e2e-")
+		if !ok {
+			continue
+		}
+		pid, err := strconv.Atoi(pidStr)
+		if err != nil || syscall.Kill(pid, 0) == nil {
+			continue // malformed, or its run is still going
+		}
+		log("sweeping namespace %s", fields[0])
+		roots, _ := filepath.Glob(filepath.Join(os.TempDir(), "hwe2e-"+pidStr+"-*"))
+		for _, root := range roots {
+			sweep(fields[0], root, nil, log)
+		}
+		if len(roots) == 0 {
+			sweep(fields[0], filepath.Join(os.TempDir(), "hwe2e-"+pidStr+"-none"), nil, log)
+		}
 	}
 }
 
