@@ -35,20 +35,25 @@ const node = "worker-1"
 // testAgent runs the agent on mock hardware against a fake API server, with
 // the kubelet's directories in a temp dir.
 type testAgent struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	client *fake.Clientset
 	cancel context.CancelFunc
 	done   chan error
+	opts   Options
 }
 
 // startAgent starts the agent; before registers API reactors first.
-func startAgent(t *testing.T, profile string, before ...func(*fake.Clientset)) *testAgent {
+func startAgent(t testing.TB, profile string, before ...func(*fake.Clientset)) *testAgent {
 	t.Helper()
 	dir := t.TempDir()
-	file := filepath.Join(dir, "profile.yaml")
-	if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
-		t.Fatal(err)
+	hardware := profile
+	if !strings.HasPrefix(profile, "mock:") {
+		file := filepath.Join(dir, "profile.yaml")
+		if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		hardware = "mock:" + file
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "registry"), 0o755); err != nil { // the kubelet's
 		t.Fatal(err)
@@ -68,13 +73,17 @@ func startAgent(t *testing.T, profile string, before ...func(*fake.Clientset)) *
 	for _, f := range before {
 		f(a.client)
 	}
-	_, ctx := ktesting.NewTestContext(t)
+	ctx := context.Background()
+	if tt, ok := t.(*testing.T); ok {
+		_, ctx = ktesting.NewTestContext(tt)
+	}
 	ctx, a.cancel = context.WithCancel(ctx)
 	opts := Options{
-		NodeName: node, Hardware: "mock:" + file, KubeClient: a.client,
+		NodeName: node, Hardware: hardware, KubeClient: a.client,
 		RegistrarDir: filepath.Join(dir, "registry"), PluginsDir: filepath.Join(dir, "plugins"),
 		CDIDir: filepath.Join(dir, "cdi"), StateDir: filepath.Join(dir, "state"), Rescan: 100 * time.Millisecond,
 	}
+	a.opts = opts
 	go func() { a.done <- Run(ctx, opts) }()
 	t.Cleanup(a.stop)
 	return a
@@ -331,4 +340,46 @@ func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
 	})
 	// MIG partitions still allocate.
 	a.allocated(ss, "mig", migRequest("1g.10gb"))
+}
+
+// TestAgentStartsOnACorruptCheckpoint: a checkpoint the agent cannot read is
+// set aside and reported; the agent serves instead of crash-looping.
+func TestAgentStartsOnACorruptCheckpoint(t *testing.T) {
+	a := startAgent(t, "gpus:\n- model: h100-80gb\n  count: 1\n", func(*fake.Clientset) {})
+	a.slices(hwslices.GPUDriver, nil)
+	a.stop()
+	path := filepath.Join(a.dir, "state", "gpu.hwdra.io.checkpoint.json")
+	if err := os.WriteFile(path, []byte(`{"version":"hwdra.io/checkpoint/v1","checksum":"sha256:0","data":{`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restartAgent(t, a)
+	waitFor(t, "the restarted agent's plugin socket", func() bool {
+		_, err := os.Stat(filepath.Join(a.dir, "plugins", "gpu.hwdra.io", "dra.sock"))
+		return err == nil
+	})
+	if m, _ := filepath.Glob(path + ".corrupt-*"); len(m) != 1 {
+		t.Fatalf("corrupt checkpoint not set aside: %v", m)
+	}
+}
+
+// restartAgent starts a new agent on the same directories and hardware
+// profile as a stopped one.
+func restartAgent(t *testing.T, a *testAgent) *testAgent {
+	t.Helper()
+	b := &testAgent{t: t, dir: a.dir, client: a.client, done: make(chan error, 1), opts: a.opts}
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, b.cancel = context.WithCancel(ctx)
+	go func() { b.done <- Run(ctx, a.opts) }()
+	t.Cleanup(b.stop)
+	return b
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("no %s within 30s", what)
 }

@@ -7,9 +7,11 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/prepare"
 	gpuprep "github.com/hwdra/hwdra/prepare/gpu"
+	nicprep "github.com/hwdra/hwdra/prepare/nic"
 	hwslices "github.com/hwdra/hwdra/slices"
 )
 
@@ -25,6 +27,10 @@ type PluginOptions struct {
 	// Current returns the last probed inventory and the slice features in
 	// use: prepare looks allocated devices up in what was published.
 	Current func() (hw.Inventory, hwslices.Features)
+	// Config decides which PFs are offered and how.
+	Config *config.AgentConfig
+	// NodeName is the pool name.
+	NodeName string
 	// OnError gets background errors of the kubelet plugin helpers.
 	OnError func(ctx context.Context, err error, msg string)
 }
@@ -55,6 +61,28 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 		}
 		drivers = append(drivers, Driver{Name: hwslices.GPUDriver, Plugin: p})
 	}
+	if len(inv.PFs) > 0 {
+		d, err := nicprep.New(nicprep.Options{
+			VFs: node.VFs,
+			Inventory: func(context.Context) ([]config.NICOffer, hwslices.Features, error) {
+				inv, f := opts.Current()
+				offers, _ := opts.Config.Resolve(inv.PFs)
+				return offers, f, nil
+			},
+			SysfsRoot: node.SysfsRoot, DevRoot: node.DevRoot,
+			StateDir: opts.StateDir, NodeName: opts.NodeName,
+		})
+		if err != nil {
+			return nil, err
+		}
+		p, err := prepare.New(ctx, d, prepare.Options{
+			DriverName: hwslices.NICDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", hwslices.NICDriver, err)
+		}
+		drivers = append(drivers, Driver{Name: hwslices.NICDriver, Plugin: p})
+	}
 	return drivers, nil
 }
 
@@ -64,6 +92,8 @@ func buildDrivers(ctx context.Context, opts Options, node *backend.Node, pub *pu
 		StateDir: opts.StateDir,
 		CDIDir:   opts.CDIDir,
 		Current:  pub.current,
+		Config:   pub.cfg,
+		NodeName: opts.NodeName,
 		OnError:  pub.onError,
 	})
 }

@@ -61,8 +61,9 @@ func Decode(raw []byte) (Config, error) {
 // request of an allocated claim, or the zero T (defaulted) when none does.
 // Configurations come from the DeviceClass first and the claim second;
 // among those naming the driver and the request (or all requests) the
-// last wins, so a claim overrides its class. Errors name the claim, the
-// request, where the configuration came from and the field.
+// last wins, so a claim overrides its class. Errors name the request,
+// where the configuration came from and the field (the caller names the
+// claim).
 func ForRequest[T Config](claim *resourceapi.ResourceClaim, driver, request string, zero T) (T, error) {
 	chosen := zero
 	chosen.Default()
@@ -77,7 +78,7 @@ func ForRequest[T Config](claim *resourceapi.ResourceClaim, driver, request stri
 		if len(c.Requests) > 0 && !slices.Contains(c.Requests, request) && !slices.Contains(c.Requests, base) {
 			continue
 		}
-		where := fmt.Sprintf("claim %s/%s, request %q, config[%d] from %s", claim.Namespace, claim.Name, request, i, sourceName(c.Source))
+		where := fmt.Sprintf("request %q, config[%d] from %s", request, i, sourceName(c.Source))
 		decoded, err := Decode(c.Opaque.Parameters.Raw)
 		if err != nil {
 			return zero, fmt.Errorf("%s: %w", where, err)

@@ -29,7 +29,7 @@ func opaque(source resourceapi.AllocationConfigSource, driver, params string, re
 
 const vf = `{"apiVersion":"sriov.hwdra.io/v1alpha1","kind":"VfConfig"`
 
-func TestVfConfigErrorsNameClaimRequestAndField(t *testing.T) {
+func TestVfConfigErrorsNameRequestSourceAndField(t *testing.T) {
 	cases := map[string]struct{ params, want string }{
 		"unknown field": {vf + `,"mtuu":1500}`, `unknown field "mtuu"`},
 		"bad mtu":       {vf + `,"mtu":20}`, "mtu: Invalid value: 20"},
@@ -50,7 +50,7 @@ func TestVfConfigErrorsNameClaimRequestAndField(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
-			for _, want := range []string{`claim ns/c, request "net"`, tc.want} {
+			for _, want := range []string{`request "net", config[0] from the claim`, tc.want} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error %q lacks %q", err, want)
 				}

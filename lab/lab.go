@@ -108,7 +108,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	}
 
 	current := func() (hw.Inventory, hwslices.Features) { return inv, hwslices.AllFeatures }
-	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Current: current})
+	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Current: current, Config: cfg, NodeName: NodeName})
 	if err != nil {
 		return err
 	}

@@ -101,7 +101,7 @@ func writeCheckpoint[R any](path string, cp *Checkpoint[R]) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(path, raw)
+	return writeFile(path, raw, true)
 }
 
 func checksum(data []byte) string {
@@ -109,9 +109,11 @@ func checksum(data []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// writeFileAtomic: temp file in the same folder, fsync, rename, fsync of
-// the folder (without it the rename itself may not survive a power loss).
-func writeFileAtomic(path string, data []byte) error {
+// writeFile replaces a file atomically: temp file in the same folder,
+// rename. With durable, the temp file is fsynced before the rename and the
+// folder after it (without that the rename itself may not survive a power
+// loss).
+func writeFile(path string, data []byte, durable bool) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -122,15 +124,20 @@ func writeFileAtomic(path string, data []byte) error {
 		tmp.Close()
 		return err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
+	if durable {
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return err
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	d, err := os.Open(dir)
 	if err != nil {

@@ -102,7 +102,11 @@ func (l *Ledger[V]) write() error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(l.path, raw); err != nil {
+	// Renamed into place but not fsynced: the ledger is the second line of
+	// defence behind the (fsynced) checkpoint, and what it lists does not
+	// outlive a power loss anyway (the node reboots, and GPU instances and
+	// VF settings with it). A process crash keeps the page cache.
+	if err := writeFile(l.path, raw, false); err != nil {
 		return fmt.Errorf("ledger %s: %w", l.path, err)
 	}
 	return nil

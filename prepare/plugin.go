@@ -155,6 +155,7 @@ func (p *Plugin[R]) PrepareResourceClaims(ctx context.Context, claims []*resourc
 	for _, claim := range claims {
 		devices, err := p.prepareClaim(ctx, claim)
 		if err != nil {
+			// Drivers name the request and field; the claim is named here.
 			result[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)}
 			continue
 		}
@@ -180,14 +181,17 @@ func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.Resourc
 		}
 	}
 
+	// Nothing is written until the driver saves its first intent: a
+	// prepare without hardware side effects costs one checkpoint write,
+	// and a crash before it leaves at most a CDI spec, which start-up
+	// removes as an orphan.
 	entry := &Claim[R]{Namespace: claim.Namespace, Name: claim.Name, State: StatePreparing}
-	if err := p.store(claim.UID, entry); err != nil {
-		return nil, err
-	}
+	stored := false
 	save := func(r R) error {
 		p.mu.Lock()
 		entry.Record = r
 		p.mu.Unlock()
+		stored = true
 		return p.store(claim.UID, entry)
 	}
 	devices, record, err := p.driver.Prepare(ctx, claim, save)
@@ -205,9 +209,15 @@ func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.Resourc
 	}
 	if err != nil {
 		if rbErr := p.rollback(ctx, claim.UID, record); rbErr != nil {
-			// The record stays, in state Preparing: the next start or
-			// attempt rolls it back again.
-			return nil, errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
+			// Keep the record, in state Preparing: the next attempt or
+			// start rolls it back again.
+			p.mu.Lock()
+			entry.State = StatePreparing
+			p.mu.Unlock()
+			return nil, errors.Join(err, fmt.Errorf("rollback: %w", rbErr), p.store(claim.UID, entry))
+		}
+		if !stored {
+			return nil, err
 		}
 		return nil, errors.Join(err, p.store(claim.UID, nil))
 	}
@@ -218,9 +228,10 @@ func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.Resourc
 func (p *Plugin[R]) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	result := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
-		result[c.UID] = p.unprepareClaim(ctx, c.UID)
-		if result[c.UID] != nil {
-			result[c.UID] = fmt.Errorf("claim %s: %w", c, result[c.UID])
+		if err := p.unprepareClaim(ctx, c.UID); err != nil {
+			result[c.UID] = fmt.Errorf("claim %s: %w", c, err)
+		} else {
+			result[c.UID] = nil
 		}
 	}
 	return result, nil
@@ -235,14 +246,8 @@ func (p *Plugin[R]) unprepareClaim(ctx context.Context, uid types.UID) error {
 	if entry == nil {
 		return nil // never prepared here, or already unprepared
 	}
-	// Back to Preparing first: if we crash half-way, start-up finishes the
-	// rollback instead of trusting a half-undone claim.
-	p.mu.Lock()
-	entry.State = StatePreparing
-	p.mu.Unlock()
-	if err := p.store(uid, entry); err != nil {
-		return err
-	}
+	// The claim stays Prepared while it is undone: Unprepare is
+	// idempotent, and after a crash half-way the kubelet calls it again.
 	if err := p.rollback(ctx, uid, entry.Record); err != nil {
 		return err
 	}

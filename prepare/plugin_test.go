@@ -124,8 +124,8 @@ func TestFailedPrepareRollsBack(t *testing.T) {
 	l := &ledger{held: map[string]bool{}, failAfter: 2}
 	p := newPlugin(t, l, t.TempDir(), "boot-1")
 	res, _ := p.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{testClaim("u1")})
-	if res["u1"].Err == nil || !strings.Contains(res["u1"].Err.Error(), "ns/c-u1") {
-		t.Fatalf("want an error naming the claim, got %v", res["u1"].Err)
+	if err := res["u1"].Err; err == nil || !strings.Contains(err.Error(), "claim ns/c-u1: injected failure") {
+		t.Fatalf("want the driver's error naming the claim, got %v", err)
 	}
 	if len(l.held) != 0 || len(l.undone) != 2 {
 		t.Fatalf("held %v, undone %v", l.held, l.undone)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"golang.org/x/sys/unix"
 )
 
 // Hardware is a running mock node: an nvml.Interface that behaves like the
@@ -34,7 +35,7 @@ func Open(spec string) (*Hardware, error) {
 
 // New builds the mock hardware of a profile in a fresh temp directory.
 func New(p Profile) (*Hardware, error) {
-	dir, err := os.MkdirTemp("", "hwdra-mock-")
+	dir, err := os.MkdirTemp(tempRoot(), "hwdra-mock-")
 	if err != nil {
 		return nil, err
 	}
@@ -49,6 +50,19 @@ func New(p Profile) (*Hardware, error) {
 		return nil, errors.Join(fmt.Errorf("mock profile %q: %w", p.Name, err), h.Close())
 	}
 	return h, nil
+}
+
+// tempRoot is where mock trees go. The kernel keeps sysfs in memory, and
+// so does the mock where it can: on disk, building a vGPU host's thousands
+// of sysfs files takes seconds. An explicit TMPDIR wins.
+func tempRoot() string {
+	if os.Getenv("TMPDIR") != "" {
+		return ""
+	}
+	if unix.Access("/dev/shm", unix.W_OK) == nil {
+		return "/dev/shm"
+	}
+	return ""
 }
 
 // Close removes everything the mock created.
