@@ -13,14 +13,15 @@ import (
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
-// TestAgentFullGPUPod: the agent, run as the DaemonSet would on mock DGX H100
-// hardware with its own least-privilege credentials, publishes its slices; a
-// pod asking for a full GPU through a ResourceClaimTemplate is scheduled,
-// prepared by the real kubelet through the agent's plugin, and runs. Its own
-// output shows the device node and environment from our CDI spec and the
-// KEP-5304 metadata naming the allocated device. Deleting the pod
-// unprepares: the claim's CDI spec goes away.
-func TestAgentFullGPUPod(t *testing.T) {
+// TestAgentGPUPods: the agent, run as the DaemonSet would on mock DGX H100
+// hardware with its own least-privilege credentials, publishes its slices;
+// pods asking for a full GPU, a MIG partition and a prioritized list through
+// ResourceClaimTemplates are scheduled, prepared by the real kubelet through
+// the agent's plugin, and run. Each container's own output shows the device
+// nodes and environment from our CDI spec and the KEP-5304 metadata naming
+// its device under the top-level request name. Deleting a pod unprepares:
+// the claim's CDI spec goes away.
+func TestAgentGPUPods(t *testing.T) {
 	n := framework.Shared(t)
 	ctx := context.Background()
 	began := time.Now()
@@ -29,78 +30,92 @@ func TestAgentFullGPUPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	framework.RecordTiming(t, "agent start -> gpu slices published", time.Since(began))
-
 	ns := n.CreateNamespace(t, "agent-gpu")
-	claim, err := framework.ExampleClaim("gpu-full.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := framework.TemplateFor(claim)
-	if _, err := n.Admin.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	metadata := framework.MetadataPath("devices", "gpu", "gpu.hwdra.io")
-	pod := framework.PodWithClaimTemplate("gpu", tmpl.Name, "/dev", metadata)
-	began = time.Now()
-	if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.WaitPodRunning(ctx, ns, pod.Name, 90*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	framework.RecordTiming(t, "full GPU pod creation -> Running", time.Since(began))
-	got, _, err := n.WaitPodClaimAllocated(ctx, ns, pod.Name, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	device := got.Status.Allocation.Devices.Results[0].Device
 
-	logs, err := n.WaitPodLogs(ctx, ns, pod.Name, "app", "=== END", 20*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := framework.ParseAppOutput(logs)
-	if !strings.HasPrefix(out.Devices["/dev/nvidia0"], "char 195:") && !anyNvidiaGPU(out.Devices) {
-		t.Errorf("no GPU device node from the CDI spec in /dev: %v", out.Devices)
-	}
-	if _, ok := out.Devices["/dev/nvidiactl"]; !ok {
-		t.Errorf("no /dev/nvidiactl from the CDI spec: %v", out.Devices)
-	}
-	var uuidEnv bool
-	for k := range out.Env {
-		uuidEnv = uuidEnv || strings.HasPrefix(k, "HWDRA_GPU_")
-	}
-	if !uuidEnv {
-		t.Errorf("no HWDRA_GPU_* variable from the CDI spec: %v", out.Env)
-	}
-	docs, err := framework.DecodeMetadata(out.Files[metadata])
-	if err != nil || len(docs) == 0 {
-		t.Fatalf("metadata %s: %v (%d documents)\n%s", metadata, err, len(docs), logs)
-	}
-	for _, d := range docs {
-		if len(d.Requests) != 1 || d.Requests[0].Name != "gpu" || len(d.Requests[0].Devices) != 1 ||
-			d.Requests[0].Devices[0].Name != device {
-			t.Errorf("metadata %s does not name request gpu with device %s: %+v", d.APIVersion, device, d)
-		}
-	}
+	for _, tc := range []struct {
+		example string
+		request string // top-level request: the metadata's directory and name
+	}{
+		{"gpu-full.yaml", "gpu"},
+		{"mig-1g.10gb.yaml", "mig"},
+		{"first-available.yaml", "gpu"}, // allocated as gpu/small
+	} {
+		t.Run(tc.example, func(t *testing.T) {
+			claim, err := framework.ExampleClaim(tc.example)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tmpl := framework.TemplateFor(claim)
+			if _, err := n.Admin.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			metadata := framework.MetadataPath("devices", tc.request, "gpu.hwdra.io")
+			pod := framework.PodWithClaimTemplate(claim.Name, tmpl.Name, "/dev", metadata)
+			began := time.Now()
+			if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := n.WaitPodRunning(ctx, ns, pod.Name, 90*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			framework.RecordTiming(t, "pod creation -> Running through the agent ("+tc.example+")", time.Since(began))
+			got, _, err := n.WaitPodClaimAllocated(ctx, ns, pod.Name, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			device := got.Status.Allocation.Devices.Results[0].Device
+			// "gpu/small" for a prioritized list: the library files the
+			// metadata under the top-level request and records the
+			// subrequest inside.
+			allocatedRequest := got.Status.Allocation.Devices.Results[0].Request
+			logs, err := n.WaitPodLogs(ctx, ns, pod.Name, "app", "=== END", 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := framework.ParseAppOutput(logs)
+			if !anyNvidiaGPU(out.Devices) {
+				t.Errorf("no GPU device node from the CDI spec in /dev: %v", out.Devices)
+			}
+			if _, ok := out.Devices["/dev/nvidiactl"]; !ok {
+				t.Errorf("no /dev/nvidiactl from the CDI spec: %v", out.Devices)
+			}
+			var hwdraEnv bool
+			for k := range out.Env {
+				hwdraEnv = hwdraEnv || strings.HasPrefix(k, "HWDRA_")
+			}
+			if !hwdraEnv {
+				t.Errorf("no HWDRA_* variable from the CDI spec: %v", out.Env)
+			}
+			docs, err := framework.DecodeMetadata(out.Files[metadata])
+			if err != nil || len(docs) == 0 {
+				t.Fatalf("metadata %s: %v (%d documents)\n%s", metadata, err, len(docs), logs)
+			}
+			for _, d := range docs {
+				if len(d.Requests) != 1 || d.Requests[0].Name != allocatedRequest || len(d.Requests[0].Devices) != 1 ||
+					d.Requests[0].Devices[0].Name != device {
+					t.Errorf("metadata %s does not name request %s with device %s: %+v", d.APIVersion, allocatedRequest, device, d)
+				}
+			}
 
-	// Deleting the pod unprepares the claim: its CDI spec goes away.
-	claimUID := string(got.UID)
-	if specs := cdiSpecsMentioning(t, n.CDIDir, claimUID); len(specs) == 0 {
-		t.Errorf("no CDI spec in %s mentions claim %s while the pod runs", n.CDIDir, claimUID)
-	}
-	if err := n.Admin.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.WaitPodGone(ctx, ns, pod.Name, 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(cdiSpecsMentioning(t, n.CDIDir, claimUID)) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("CDI spec of claim %s still in %s after the pod was deleted", claimUID, n.CDIDir)
-		}
-		time.Sleep(200 * time.Millisecond)
+			// Deleting the pod unprepares the claim: its CDI spec goes away.
+			claimUID := string(got.UID)
+			if specs := cdiSpecsMentioning(t, n.CDIDir, claimUID); len(specs) == 0 {
+				t.Errorf("no CDI spec in %s mentions claim %s while the pod runs", n.CDIDir, claimUID)
+			}
+			if err := n.Admin.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := n.WaitPodGone(ctx, ns, pod.Name, 60*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for len(cdiSpecsMentioning(t, n.CDIDir, claimUID)) > 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("CDI spec of claim %s still in %s after the pod was deleted", claimUID, n.CDIDir)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		})
 	}
 }
 
