@@ -36,6 +36,8 @@ type Options struct {
 	StateDir string
 	// Rescan is how often hardware is probed again.
 	Rescan time.Duration
+	// MetricsAddress serves /metrics and /healthz; empty: off.
+	MetricsAddress string
 }
 
 // metadataVersions: the newest first, so containers that read the older
@@ -62,7 +64,14 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}()
 
+	m := newMetrics()
+	if opts.MetricsAddress != "" {
+		if err := m.serve(ctx, opts.MetricsAddress); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
 	pub := newPublisher(opts.NodeName, cfg, node.Inventory)
+	pub.metrics = m
 	inv, err := node.Inventory(ctx)
 	if err != nil {
 		logger.Error(err, "Some devices could not be read")
@@ -89,7 +98,7 @@ func Run(ctx context.Context, opts Options) error {
 		if err := os.MkdirAll(dataDir, 0o750); err != nil {
 			return err
 		}
-		helper, err := kubeletplugin.Start(ctx, pokeAfter(d.Plugin, pub.Poke),
+		helper, err := kubeletplugin.Start(ctx, observed(d, m, pub.Poke),
 			kubeletplugin.DriverName(d.Name),
 			kubeletplugin.NodeName(opts.NodeName),
 			kubeletplugin.KubeClient(opts.KubeClient),

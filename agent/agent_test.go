@@ -3,6 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -82,6 +85,7 @@ func startAgent(t testing.TB, profile string, before ...func(*fake.Clientset)) *
 		NodeName: node, Hardware: hardware, KubeClient: a.client,
 		RegistrarDir: filepath.Join(dir, "registry"), PluginsDir: filepath.Join(dir, "plugins"),
 		CDIDir: filepath.Join(dir, "cdi"), StateDir: filepath.Join(dir, "state"), Rescan: 100 * time.Millisecond,
+		MetricsAddress: freeAddress(t),
 	}
 	a.opts = opts
 	go func() { a.done <- Run(ctx, opts) }()
@@ -260,6 +264,16 @@ func TestAgentServesTheKubelet(t *testing.T) {
 		t.Fatalf("%d ResourceSlice writes while at rest", after-before)
 	}
 
+	for sample, want := range map[string]string{
+		`hwdra_claim_operation_duration_seconds_count{driver="gpu.hwdra.io",operation="prepare",result="success"}`:   "2",
+		`hwdra_claim_operation_duration_seconds_count{driver="gpu.hwdra.io",operation="unprepare",result="success"}`: "1",
+		`hwdra_published_devices{driver="gpu.hwdra.io"}`:                                                             "52",
+	} {
+		if got := a.metric(sample); got != want {
+			t.Errorf("metric %s = %q, want %q", sample, got, want)
+		}
+	}
+
 	// SIGTERM: a clean stop that removes the sockets.
 	a.stop()
 	if _, err := os.Stat(info.Endpoint); !os.IsNotExist(err) {
@@ -340,6 +354,9 @@ func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
 	})
 	// MIG partitions still allocate.
 	a.allocated(ss, "mig", migRequest("1g.10gb"))
+	if got := a.metric(`hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`); got != "1" {
+		t.Errorf("fallback metric %q", got)
+	}
 }
 
 // TestAgentStartsOnACorruptCheckpoint: a checkpoint the agent cannot read is
@@ -372,6 +389,33 @@ func restartAgent(t *testing.T, a *testAgent) *testAgent {
 	go func() { b.done <- Run(ctx, a.opts) }()
 	t.Cleanup(b.stop)
 	return b
+}
+
+// freeAddress is a loopback address with a port free right now.
+func freeAddress(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// metric returns the value of one sample line of the agent's /metrics.
+func (a *testAgent) metric(sample string) string {
+	a.t.Helper()
+	resp, err := http.Get("http://" + a.opts.MetricsAddress + "/metrics")
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

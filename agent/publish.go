@@ -32,9 +32,8 @@ type publisher struct {
 	published map[string]resourceslice.DriverResources
 	skipped   map[string]bool // PFs already logged as not offered
 
-	poke chan struct{}
-	// writes counts PublishResources calls, for tests and metrics.
-	writes int
+	poke    chan struct{}
+	metrics *metrics
 }
 
 func newPublisher(nodeName string, cfg *config.AgentConfig, probe func(context.Context) (hw.Inventory, error)) *publisher {
@@ -47,6 +46,7 @@ func newPublisher(nodeName string, cfg *config.AgentConfig, probe func(context.C
 		published: map[string]resourceslice.DriverResources{},
 		skipped:   map[string]bool{},
 		poke:      make(chan struct{}, 1),
+		metrics:   newMetrics(),
 	}
 }
 
@@ -106,8 +106,9 @@ func (p *publisher) sync(ctx context.Context) error {
 		}
 		p.mu.Lock()
 		p.published[driver] = want
-		p.writes++
 		p.mu.Unlock()
+		p.metrics.writes.WithLabelValues(driver).Inc()
+		p.metrics.devices.WithLabelValues(driver).Set(float64(countDevices(want)))
 		logger.V(2).Info("Published devices", "driver", driver)
 	}
 	return errors.Join(errs...)
@@ -156,10 +157,23 @@ func (p *publisher) dropFeatures(ctx context.Context, gates []string) {
 	changed := f != p.features
 	p.features = f
 	p.mu.Unlock()
+	for _, g := range gates {
+		p.metrics.fallbacks.WithLabelValues(g).Set(1)
+	}
 	if !changed {
 		return
 	}
 	klog.FromContext(ctx).Error(nil, "The API server dropped fields of our ResourceSlices: a DRA feature gate is off in this cluster. Falling back to a device model without it; enable the gate in kube-apiserver and kube-scheduler for the full model",
 		"missingGates", slices.Sorted(slices.Values(gates)), "features", f)
 	p.Poke()
+}
+
+func countDevices(res resourceslice.DriverResources) int {
+	n := 0
+	for _, p := range res.Pools {
+		for _, s := range p.Slices {
+			n += len(s.Devices)
+		}
+	}
+	return n
 }

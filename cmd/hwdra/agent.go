@@ -47,5 +47,6 @@ func agentCommand() *cobra.Command {
 	f.StringVar(&opts.CDIDir, "cdi-dir", "/var/run/cdi", "directory for CDI specs, as configured in the container runtime")
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/hwdra", "directory for checkpoints")
 	f.DurationVar(&opts.Rescan, "rescan-interval", time.Minute, "how often to probe the hardware for changes")
+	f.StringVar(&opts.MetricsAddress, "metrics-address", ":9464", "address for /metrics (Prometheus) and /healthz; empty: off")
 	return cmd
 }
