@@ -16,6 +16,8 @@ import (
 	"k8s.io/klog/v2"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/hwdra/hwdra/internal/keyedlock"
 )
 
 // Device is one prepared device of a claim, as the checkpoint keeps it.
@@ -75,7 +77,7 @@ type Plugin[R any] struct {
 	mu sync.Mutex
 	cp *Checkpoint[R]
 
-	claimLocks keyedMutex
+	claimLocks keyedlock.Locks
 	cdi        *cdi.Cache
 }
 
@@ -165,7 +167,7 @@ func (p *Plugin[R]) PrepareResourceClaims(ctx context.Context, claims []*resourc
 }
 
 func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) ([]Device, error) {
-	unlock := p.claimLocks.lock(string(claim.UID))
+	unlock := p.claimLocks.Lock(string(claim.UID))
 	defer unlock()
 
 	p.mu.Lock()
@@ -238,7 +240,7 @@ func (p *Plugin[R]) UnprepareResourceClaims(ctx context.Context, claims []kubele
 }
 
 func (p *Plugin[R]) unprepareClaim(ctx context.Context, uid types.UID) error {
-	unlock := p.claimLocks.lock(string(uid))
+	unlock := p.claimLocks.Lock(string(uid))
 	defer unlock()
 	p.mu.Lock()
 	entry := p.cp.Claims[uid]
@@ -319,25 +321,4 @@ func toKubelet(devices []Device) []kubeletplugin.Device {
 		out = append(out, kd)
 	}
 	return out
-}
-
-// keyedMutex is one mutex per key, created on demand.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
-}
-
-func (k *keyedMutex) lock(key string) func() {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*sync.Mutex{}
-	}
-	m, ok := k.locks[key]
-	if !ok {
-		m = &sync.Mutex{}
-		k.locks[key] = m
-	}
-	k.mu.Unlock()
-	m.Lock()
-	return m.Unlock
 }

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/hw"
 )
 
 func probeCommand() *cobra.Command {
@@ -17,14 +20,9 @@ func probeCommand() *cobra.Command {
 		Short: "Print the hardware inventory (GPUs, MIG and vGPU partitions, SR-IOV NICs)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			node, err := backend.Open(hardware)
+			inv, err := inventory(cmd.Context(), hardware)
 			if err != nil {
 				return err
-			}
-			defer node.Close()
-			inv, err := node.Inventory(cmd.Context())
-			if err != nil {
-				klog.ErrorS(err, "Some devices could not be read")
 			}
 			return printObject(cmd.OutOrStdout(), output, inv)
 		},
@@ -32,4 +30,19 @@ func probeCommand() *cobra.Command {
 	addHardwareFlag(cmd, &hardware)
 	addOutputFlag(cmd, &output)
 	return cmd
+}
+
+// inventory probes the hardware once. Devices that could not be read are
+// logged and left out; only failing to open the hardware is an error.
+func inventory(ctx context.Context, hardware string) (hw.Inventory, error) {
+	node, err := backend.Open(hardware)
+	if err != nil {
+		return hw.Inventory{}, err
+	}
+	defer node.Close()
+	inv, err := node.Inventory(ctx)
+	if err != nil {
+		klog.ErrorS(err, "Some devices could not be read")
+	}
+	return inv, nil
 }

@@ -8,7 +8,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/slices"
 )
@@ -29,14 +28,9 @@ func slicesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			node, err := backend.Open(hardware)
+			inv, err := inventory(cmd.Context(), hardware)
 			if err != nil {
 				return err
-			}
-			defer node.Close()
-			inv, err := node.Inventory(cmd.Context())
-			if err != nil {
-				klog.ErrorS(err, "Some devices could not be read")
 			}
 			res, skipped := slices.ForNode(nodeName, inv, cfg, slices.AllFeatures)
 			for _, s := range skipped {

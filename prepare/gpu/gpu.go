@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 	hwslices "github.com/hwdra/hwdra/slices"
@@ -57,7 +58,7 @@ type Driver struct {
 	nodes     nodeResolver
 	libs      *driverLibs
 
-	gpuLocks keyedMutex
+	gpuLocks keyedlock.Locks
 	mu       sync.Mutex
 	// cat caches the catalog of the last inventory.
 	cat struct {
@@ -130,7 +131,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	}
 	libs := d.libs.edits(ctx)
 	for _, g := range gpusOf(plans) {
-		defer d.gpuLocks.lock(g)()
+		defer d.gpuLocks.Lock(g)()
 	}
 	a := &applier{d: d, claim: claim.UID, rec: &rec, save: func() error { return save(rec.clone()) }}
 	devices := make([]prepare.Device, 0, len(plans))
@@ -202,25 +203,4 @@ func (d *Driver) release(gpu string, claim types.UID) (free bool) {
 	defer d.mu.Unlock()
 	delete(d.users[gpu], claim)
 	return d.reconciled && len(d.users[gpu]) == 0
-}
-
-// keyedMutex is one mutex per key, created on demand.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
-}
-
-func (k *keyedMutex) lock(key string) func() {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*sync.Mutex{}
-	}
-	m, ok := k.locks[key]
-	if !ok {
-		m = &sync.Mutex{}
-		k.locks[key] = m
-	}
-	k.mu.Unlock()
-	m.Lock()
-	return m.Unlock
 }

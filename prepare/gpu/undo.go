@@ -20,7 +20,7 @@ import (
 // after a failure and reports all of them.
 func (d *Driver) Unprepare(ctx context.Context, claim types.UID, rec Record) error {
 	for _, g := range rec.gpus() {
-		defer d.gpuLocks.lock(g)()
+		defer d.gpuLocks.Lock(g)()
 	}
 	var errs []error
 	for i := len(rec.Devices) - 1; i >= 0; i-- {
@@ -193,7 +193,7 @@ func (d *Driver) Reconcile(ctx context.Context, owned map[types.UID]Record) erro
 			continue
 		}
 		e, _ := d.ledger.Get(key)
-		unlock := d.gpuLocks.lock(e.GPU)
+		unlock := d.gpuLocks.Lock(e.GPU)
 		var err error
 		switch {
 		case e.MIGEnabled != nil:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/slices"
 	"github.com/hwdra/hwdra/sriov"
@@ -43,7 +44,7 @@ type Driver struct {
 	opts   Options
 	ledger *prepare.Ledger[LedgerEntry]
 
-	pfLocks keyedMutex // by PF PCI address: plan, reserve, apply, restore
+	pfLocks keyedlock.Locks // by PF PCI address: plan, reserve, apply, restore
 
 	mu   sync.Mutex
 	held map[string]types.UID // VF PCI address -> claim holding it
@@ -90,7 +91,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	catalog := slices.NICDevices(offers, features)
 	// Plan and reserve under the locks of every PF the claim uses, so that
 	// concurrent claims on one PF never pick the same VF.
-	defer d.pfLocks.lock(claimPFs(claim, catalog)...)()
+	defer d.pfLocks.Lock(claimPFs(claim, catalog)...)()
 	plan, err := Plan(claim, catalog, d.heldCopy(), d.opts.NodeName)
 	if err != nil {
 		return nil, rec, err
@@ -190,7 +191,7 @@ func (d *Driver) Unprepare(ctx context.Context, uid types.UID, rec Record) error
 }
 
 func (d *Driver) restore(ctx context.Context, uid types.UID, v VF) error {
-	defer d.pfLocks.lock(v.PFAddress)()
+	defer d.pfLocks.Lock(v.PFAddress)()
 	if e, ok := d.ledger.Get(v.PCIAddress); ok && e.Claim != uid {
 		// Another claim changed the VF since (this record is an old,
 		// already undone attempt): its settings are not ours to undo.
@@ -294,40 +295,4 @@ func claimPFs(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDev
 		}
 	}
 	return out
-}
-
-// keyedMutex is one mutex per key, created on demand.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
-}
-
-// lock takes the keys' mutexes in sorted order (no deadlock between two
-// callers sharing keys), each once, and returns the unlock.
-func (k *keyedMutex) lock(keys ...string) func() {
-	keys = append([]string(nil), keys...)
-	sort.Strings(keys)
-	var held []*sync.Mutex
-	for i, key := range keys {
-		if i > 0 && keys[i-1] == key {
-			continue
-		}
-		k.mu.Lock()
-		if k.locks == nil {
-			k.locks = map[string]*sync.Mutex{}
-		}
-		m, ok := k.locks[key]
-		if !ok {
-			m = &sync.Mutex{}
-			k.locks[key] = m
-		}
-		k.mu.Unlock()
-		m.Lock()
-		held = append(held, m)
-	}
-	return func() {
-		for i := len(held) - 1; i >= 0; i-- {
-			held[i].Unlock()
-		}
-	}
 }
