@@ -120,7 +120,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err := pub.sync(ctx); err != nil {
 		logger.Error(err, "Publishing devices")
 	}
-	pub.run(ctx, opts.Rescan)
+	pub.run(ctx, opts.Rescan, node.Changes(ctx))
 	logger.Info("Shutting down")
 	return nil
 }

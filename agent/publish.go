@@ -58,8 +58,9 @@ func (p *publisher) Poke() {
 	}
 }
 
-// run rescans until ctx ends.
-func (p *publisher) run(ctx context.Context, interval time.Duration) {
+// run rescans until ctx ends: periodically, when poked, and when the
+// hardware signals a change.
+func (p *publisher) run(ctx context.Context, interval time.Duration, changes <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -68,6 +69,7 @@ func (p *publisher) run(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 		case <-p.poke:
+		case <-changes:
 		}
 		if err := p.sync(ctx); err != nil {
 			klog.FromContext(ctx).Error(err, "Publishing devices")

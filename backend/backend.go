@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/vishvananda/netlink"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/hw"
@@ -120,4 +121,37 @@ func (n *Node) Close() error {
 		errs = append(errs, n.Mock.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// Changes signals when the hardware may have changed in a way the slices
+// show: a NIC link going up or down or changing speed. The publisher
+// rescans on each signal besides its periodic scan. On mock hardware it
+// never fires (tests poke the agent instead).
+func (n *Node) Changes(ctx context.Context) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	if n.Mock != nil {
+		return out
+	}
+	updates := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	go func() {
+		<-ctx.Done()
+		close(done)
+	}()
+	err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) { klog.FromContext(ctx).Error(err, "Watching links") },
+	})
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot watch NIC links; relying on periodic rescans")
+		return out
+	}
+	go func() {
+		for range updates {
+			select {
+			case out <- struct{}{}:
+			default: // a rescan is already due
+			}
+		}
+	}()
+	return out
 }
