@@ -2,6 +2,7 @@ package framework
 
 import (
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -42,6 +43,14 @@ func Main(m *testing.M) {
 // runInNamespace is the parent: it owns the namespace and the temp root and
 // cleans both up whatever the child did.
 func runInNamespace() int {
+	// One real node per machine at a time: nodes share the paths the
+	// kubelet writes outside its root, and a run's teardown removes them.
+	unlock, err := lockMachine()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+		return 1
+	}
+	defer unlock()
 	sweepStale()
 	// Short: unix socket paths under it must stay < 108 bytes. The pid in
 	// the name lets a later run clean up after a killed one.
@@ -147,4 +156,22 @@ func startInNamespace(ns string, cmd *exec.Cmd) error {
 	cmd.Args = append([]string{nsenter, "--net=/run/netns/" + ns, "--"}, cmd.Args...)
 	cmd.Path = nsenter
 	return cmd.Start()
+}
+
+// lockMachine takes a machine-wide lock for the run, waiting for another
+// run to finish.
+func lockMachine() (func(), error) {
+	path := filepath.Join(os.TempDir(), "hwdra-e2e.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e: another real-node run holds", path, "- waiting for it")
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+	}
+	return func() { f.Close() }, nil
 }
