@@ -2,7 +2,6 @@ package framework
 
 import (
 	"fmt"
-	"golang.org/x/sys/unix"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -11,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The node's addresses. They exist only inside the run's network namespace:
