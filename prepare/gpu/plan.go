@@ -63,7 +63,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]hwslices.GPUDevic
 				if sizes := computeSizes(dev.Profile); !slices.Contains(sizes, n) {
 					err := field.Invalid(field.NewPath("mig", "computeInstanceSlices"), n,
 						fmt.Sprintf("MIG profile %s offers compute instances of %v slices", dev.Profile.Name, sizes))
-					return nil, fmt.Errorf("claim %s/%s, request %q, device %s: %w", claim.Namespace, claim.Name, r.Request, r.Device, err)
+					return nil, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err)
 				}
 				if n != dev.Profile.Slices {
 					p.computeSlices = n
