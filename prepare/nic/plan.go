@@ -125,7 +125,7 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice,
 			return nil, fmt.Errorf("request %q: device %s has mode %q", r.Request, r.Device, dev.Mode)
 		}
 		if err := checkQuirks(a.PF, a.Config); err != nil {
-			return nil, fmt.Errorf("claim %s/%s, request %q: %w", claim.Namespace, claim.Name, r.Request, err)
+			return nil, fmt.Errorf("request %q: %w", r.Request, err)
 		}
 		taken[a.VF.PCIAddress] = true
 		a.Network = Network{InterfaceName: cfg.InterfaceName, Addresses: cfg.Addresses, Routes: cfg.Routes}
