@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,25 +59,13 @@ func TestAgentPublishesAsIsAndRestsQuietly(t *testing.T) {
 		wantDrivers[d] = true
 	}
 
-	n.StartAgent(t, "mock:dgx-h100", "--rescan-interval=1s")
-	if _, err := n.WaitResourceSlices(ctx, "gpu.hwdra.io", 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if wantDrivers["sriov.hwdra.io"] {
-		// The agent gained its NIC plugin after this test was written;
-		// until a build has it, compare the GPU driver only.
-		if _, err := n.WaitResourceSlices(ctx, "sriov.hwdra.io", 15*time.Second); err != nil {
-			t.Logf("NOT CHECKED: the agent publishes no sriov.hwdra.io slices (hwdra slices computes them): %v", err)
-			delete(wantDrivers, "sriov.hwdra.io")
+	agent := n.StartAgent(t, "mock:dgx-h100", "--rescan-interval=1s")
+	for d := range wantDrivers {
+		if _, err := n.WaitResourceSlices(ctx, d, 60*time.Second); err != nil {
+			t.Fatal(err)
 		}
 	}
-	var filtered []map[string]any
-	for _, s := range want {
-		if d, _, _ := unstructured.NestedString(s, "spec", "driver"); wantDrivers[d] {
-			filtered = append(filtered, s)
-		}
-	}
-	want = filtered
+	logRSS(t, "dgx-h100", agent.Pid())
 
 	dc, err := dynamic.NewForConfig(n.AdminConfig)
 	if err != nil {
@@ -138,6 +129,22 @@ func TestAgentPublishesAsIsAndRestsQuietly(t *testing.T) {
 		case <-timeout:
 			t.Logf("no ResourceSlice write in %v with a 1s rescan interval", quiet)
 			return
+		}
+	}
+}
+
+// logRSS logs a process's resident memory (the agent's, once it has
+// published), for the closing note; the target lives in the agent's
+// benchmark, not in a timed assertion here.
+func logRSS(t *testing.T, what string, pid int) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Logf("RSS %s: %v", what, err)
+		return
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") || strings.HasPrefix(line, "RssAnon:") || strings.HasPrefix(line, "RssFile:") {
+			t.Logf("RSS agent %s %s", what, strings.Join(strings.Fields(line), " "))
 		}
 	}
 }
