@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 	resourceapi "k8s.io/api/resource/v1"
@@ -40,7 +41,22 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 	case hwslices.KindVGPU:
 		out.Edits, out.Attributes, err = a.vgpu(r, p)
 	}
+	out.Attributes = qualify(out.Attributes)
 	return out, err
+}
+
+// qualify puts the driver's own metadata attributes in its domain
+// ("gpu.hwdra.io/uuid"), as in the ResourceSlices, so containers read the
+// same names there and in the metadata file.
+func qualify(attrs map[string]resourceapi.DeviceAttribute) map[string]resourceapi.DeviceAttribute {
+	out := make(map[string]resourceapi.DeviceAttribute, len(attrs))
+	for k, v := range attrs {
+		if !strings.Contains(k, "/") {
+			k = DriverName + "/" + k
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // migMode switches the GPU's MIG mode where the device needs the other

@@ -102,6 +102,9 @@ func attr(d kubeletplugin.Device, name string) string {
 		return "<no metadata>"
 	}
 	a, ok := d.Metadata.Attributes[name]
+	if !ok {
+		a, ok = d.Metadata.Attributes[DriverName+"/"+name]
+	}
 	switch {
 	case !ok:
 		return "<unset>"
