@@ -109,6 +109,9 @@ func Run(ctx context.Context, opts Options) error {
 			// Claims of different pods prepare concurrently; the drivers
 			// lock per device.
 			kubeletplugin.Serialize(false),
+			// No health reports yet: tell the kubelet so rather than
+			// failing its health stream on every connection.
+			kubeletplugin.HealthService(false),
 		)
 		if err != nil {
 			return fmt.Errorf("start kubelet plugin %s: %w", d.Name, err)
