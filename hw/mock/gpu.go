@@ -51,6 +51,9 @@ func (g GPUGroup) validate() error {
 	if err := g.validateMIG(m); err != nil {
 		return err
 	}
+	if err := g.Timings.validate(); err != nil {
+		return err
+	}
 	return g.validateVGPU(m)
 }
 
@@ -210,6 +213,7 @@ func (h *Hardware) buildGPUs() error {
 		group := h.Profile.GPUs[g.group]
 		d := newGPUDevice(s.Devices[i].(*server.Device), g.model, h.Profile.Name, g.busID, g.numa)
 		d.tree = tree
+		d.ctl = h.ctl
 		s.Devices[i] = d
 		minors = append(minors, d.Minor)
 		vfio = vfio || group.Virtualization == "host-vgpu"
@@ -282,6 +286,7 @@ func (h *Hardware) ResetGPU(busID string) error {
 		return fmt.Errorf("reset GPU %s: %w", busID, err)
 	}
 	d.reset()
+	d.ctl.changed(opResetGPU, d.busID, true)
 	return nil
 }
 
@@ -294,11 +299,12 @@ func (h *Hardware) SetRunningProcesses(busID string, pids ...uint32) error {
 		return err
 	}
 	d.Lock()
-	defer d.Unlock()
 	d.processes = nil
 	for _, pid := range pids {
 		d.processes = append(d.processes, nvml.ProcessInfo{Pid: pid})
 	}
+	d.Unlock()
+	d.ctl.changed(opSetRunningProcesses, d.busID, true)
 	return nil
 }
 

@@ -45,6 +45,7 @@ type mdevKernel struct {
 	tree    *nodeTree
 	parents map[string]*mdevParent // by VF address
 	groups  map[int]bool           // IOMMU groups in use
+	ctl     *control               // saves state, paces calls (persist.go)
 }
 
 // mdevParent is one VF of a vGPU host GPU.
@@ -62,7 +63,7 @@ const firstIOMMUGroup = 128
 
 // buildMdevs gives every host-vGPU GPU its VFs and mdev types.
 func (h *Hardware) buildMdevs(s *server.Server) error {
-	k := &mdevKernel{sysfs: h.Sysfs, tree: h.nodeTree(), parents: map[string]*mdevParent{}, groups: map[int]bool{}}
+	k := &mdevKernel{sysfs: h.Sysfs, tree: h.nodeTree(), parents: map[string]*mdevParent{}, groups: map[int]bool{}, ctl: h.ctl}
 	for _, dev := range s.Devices {
 		d := dev.(*gpuDevice)
 		d.kernel = k

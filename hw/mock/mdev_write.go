@@ -46,9 +46,13 @@ func (w *SysfsWriter) WriteFile(path string, data []byte) error {
 	dir := filepath.Dir(real)
 	switch {
 	case w.k != nil && filepath.Base(real) == "create" && filepath.Base(filepath.Dir(dir)) == "mdev_supported_types":
-		return w.k.create(full, dir, data)
+		err := w.k.create(full, dir, data)
+		w.k.ctl.changed(opCreateMdev, w.k.gpuOf(filepath.Base(filepath.Dir(filepath.Dir(dir)))), err == nil)
+		return err
 	case w.k != nil && filepath.Base(real) == "remove" && exists(filepath.Join(dir, "mdev_type")):
-		return w.k.remove(full, dir, data)
+		err := w.k.remove(full, dir, data)
+		w.k.ctl.changed(opRemoveMdev, w.k.gpuOf(filepath.Base(filepath.Dir(dir))), err == nil)
+		return err
 	}
 	f, err := os.OpenFile(real, os.O_WRONLY|os.O_TRUNC, 0)
 	if err != nil {

@@ -22,6 +22,7 @@ type Hardware struct {
 	Sysfs string
 
 	dir string
+	ctl *control // saves state and paces calls (persist.go)
 }
 
 // Open loads a profile (built-in name or YAML file) and builds it.
@@ -33,13 +34,17 @@ func Open(spec string) (*Hardware, error) {
 	return New(p)
 }
 
-// New builds the mock hardware of a profile in a fresh temp directory.
+// New builds the mock hardware of a profile in a fresh temp directory, or
+// in $HWDRA_MOCK_DIR, restoring the state an earlier process left there
+// (see DirEnv).
 func New(p Profile) (*Hardware, error) {
-	dir, err := os.MkdirTemp(tempRoot(), "hwdra-mock-")
+	h := &Hardware{Profile: p}
+	saved, err := h.openDir()
 	if err != nil {
 		return nil, err
 	}
-	h := &Hardware{Profile: p, Sysfs: filepath.Join(dir, "sys"), dir: dir}
+	h.Sysfs = filepath.Join(h.dir, "sys")
+	h.ctl.quiet.Store(true) // building is no change of state
 	if err := os.MkdirAll(h.Sysfs, 0o755); err != nil {
 		return nil, errors.Join(err, h.Close())
 	}
@@ -48,6 +53,9 @@ func New(p Profile) (*Hardware, error) {
 	}
 	if err := h.buildNICs(); err != nil {
 		return nil, errors.Join(fmt.Errorf("mock profile %q: %w", p.Name, err), h.Close())
+	}
+	if err := h.start(saved); err != nil {
+		return nil, errors.Join(err, h.Close())
 	}
 	return h, nil
 }
@@ -65,7 +73,8 @@ func tempRoot() string {
 	return ""
 }
 
-// Close removes everything the mock created.
+// Close removes everything the mock created; a persistent mock (DirEnv)
+// keeps its directory, state and trees, as hardware outlives its users.
 func (h *Hardware) Close() error {
-	return errors.Join(h.closeNICs(), os.RemoveAll(h.dir))
+	return errors.Join(h.closeNICs(), h.ctl.close())
 }

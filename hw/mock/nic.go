@@ -49,6 +49,10 @@ type NICGroup struct {
 	EswitchMode string `json:"eswitchMode,omitempty"`
 	// MTU of the PF netdevs (default 1500, 4092 on InfiniBand).
 	MTU int `json:"mtu,omitempty"`
+	// Timings slow the group's PFs down: how long a VF configuration call
+	// takes, e.g. {setVF: 3s} (see NICTimings). Not part of the hardware,
+	// like GPUGroup.Timings.
+	Timings *NICTimings `json:"timings,omitempty"`
 }
 
 var (
@@ -105,7 +109,7 @@ func (g NICGroup) validate() error {
 	if g.MTU != 0 && (g.MTU < 68 || g.MTU > m.maxMTU) {
 		return fmt.Errorf("mtu: %d is outside 68-%d", g.MTU, m.maxMTU)
 	}
-	return nil
+	return g.Timings.validate()
 }
 
 func (g NICGroup) validateLists(totalVFs int) error {

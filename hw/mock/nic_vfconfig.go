@@ -30,6 +30,9 @@ type VFRecorder struct {
 	netdev func(name string, mtu int, up *bool) error
 	// fault, when set, is asked before each field is applied.
 	fault func(ref hw.VFRef, field string) error
+	// ctl saves the node's state after each change and paces the calls
+	// (persist.go); nil for a recorder of its own.
+	ctl *control
 }
 
 type recPF struct {
@@ -90,14 +93,21 @@ func (r *VFRecorder) GetVF(ref hw.VFRef) (hw.VFConfig, error) {
 // SetVF implements hw.VFConfigurator: fields apply in the documented order
 // and the first refused one stops it, leaving the earlier ones applied.
 func (r *VFRecorder) SetVF(ref hw.VFRef, cfg hw.VFConfig) error {
+	ctl, err := r.set(ref, cfg)
+	// A refused field leaves the earlier ones applied: saved either way.
+	ctl.changed(opSetVF, ref.PF, true)
+	return err
+}
+
+func (r *VFRecorder) set(ref hw.VFRef, cfg hw.VFConfig) (*control, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.mu.Unlock() // also when a fault ends the goroutine
 	err := r.apply(ref, cfg)
 	if cfg.NetdevUp != nil {
 		cfg.NetdevUp = ptrTo(*cfg.NetdevUp)
 	}
 	r.records = append(r.records, VFRecord{Ref: ref, Config: cfg, Err: err})
-	return err
+	return r.ctl, err
 }
 
 func (r *VFRecorder) apply(ref hw.VFRef, cfg hw.VFConfig) error {

@@ -46,6 +46,9 @@ type gpuDevice struct {
 	// tree publishes MIG capabilities and device nodes; nil in unit tests
 	// of the device alone.
 	tree *nodeTree
+	// ctl saves the node's state after each change and paces the calls
+	// (persist.go); nil in unit tests of the device alone.
+	ctl *control
 	// serials number compute instances in creation order (for MIG UUIDs).
 	serials    sync.Map // *server.ComputeInstance -> uint64
 	nextSerial atomic.Uint64
@@ -69,6 +72,7 @@ func newGPUDevice(sd *server.Device, m *gpuModel, profile, busID string, numa in
 	sd.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
 		activation, ret := d.setMigMode(mode)
 		d.notify()
+		d.ctl.changed(opSetMigMode, d.busID, ret == nvml.SUCCESS)
 		return activation, ret
 	}
 	sd.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {

@@ -28,6 +28,7 @@ func (d *gpuDevice) installMIG() {
 	sd.CreateGpuInstanceFunc = func(info *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
 		gi, ret := d.createGI(info, nil)
 		d.notify()
+		d.ctl.changed(opCreateGpuInstance, d.busID, ret == nvml.SUCCESS)
 		return gi, ret
 	}
 	sd.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
@@ -36,6 +37,7 @@ func (d *gpuDevice) installMIG() {
 		}
 		gi, ret := d.createGI(info, pl)
 		d.notify()
+		d.ctl.changed(opCreateGpuInstance, d.busID, ret == nvml.SUCCESS)
 		return gi, ret
 	}
 	sd.GetGpuInstancesFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
@@ -201,8 +203,18 @@ func (d *gpuDevice) createGI(info *nvml.GpuInstanceProfileInfo, want *nvml.GpuIn
 	if id == maxGIs {
 		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
-	if err := d.tree.addInstance(d.Minor, id, -1); err != nil {
+	gi, err := d.addGILocked(id, p, pl)
+	if err != nil {
 		return nil, nvml.ERROR_UNKNOWN
+	}
+	return gi, nvml.SUCCESS
+}
+
+// addGILocked makes GPU instance id of profile p at pl exist, checking
+// nothing: createGI after its checks, and restoring saved state.
+func (d *gpuDevice) addGILocked(id int, p profileRow, pl nvml.GpuInstancePlacement) (*server.GpuInstance, error) {
+	if err := d.tree.addInstance(d.Minor, id, -1); err != nil {
+		return nil, err
 	}
 	gi := server.NewGpuInstanceFromInfo(nvml.GpuInstanceInfo{
 		Device: d, Id: uint32(id), ProfileId: p.id, Placement: pl,
@@ -210,7 +222,7 @@ func (d *gpuDevice) createGI(info *nvml.GpuInstanceProfileInfo, want *nvml.GpuIn
 	d.GpuInstanceCounter++
 	d.installGI(gi, p)
 	d.GpuInstances[gi] = struct{}{}
-	return gi, nvml.SUCCESS
+	return gi, nil
 }
 
 // installGI gives a new GPU instance the hardware's refusals: destroy with
@@ -220,16 +232,21 @@ func (d *gpuDevice) installGI(gi *server.GpuInstance, p profileRow) {
 	gi.DestroyFunc = func() nvml.Return {
 		ret := d.destroyGI(gi)
 		d.notify()
+		d.ctl.changed(opDestroyGpuInstance, d.busID, ret == nvml.SUCCESS)
 		return ret
 	}
 	gi.CreateComputeInstanceFunc = func(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
-		return d.createCI(gi, p, info, nil)
+		ci, ret := d.createCI(gi, p, info, nil)
+		d.ctl.changed(opCreateComputeInstance, d.busID, ret == nvml.SUCCESS)
+		return ci, ret
 	}
 	gi.CreateComputeInstanceWithPlacementFunc = func(info *nvml.ComputeInstanceProfileInfo, pl *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
 		if pl == nil {
 			return nil, nvml.ERROR_INVALID_ARGUMENT
 		}
-		return d.createCI(gi, p, info, pl)
+		ci, ret := d.createCI(gi, p, info, pl)
+		d.ctl.changed(opCreateComputeInstance, d.busID, ret == nvml.SUCCESS)
+		return ci, ret
 	}
 	d.installGIQueries(gi)
 }
@@ -349,27 +366,44 @@ func (d *gpuDevice) createCI(gi *server.GpuInstance, p profileRow, info *nvml.Co
 	if id == maxCIs {
 		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
-	if err := d.tree.addInstance(d.Minor, int(gi.Info.Id), id); err != nil {
+	ci, err := d.addCILocked(gi, id, info.Id, pl, d.nextSerial.Add(1))
+	if err != nil {
 		return nil, nvml.ERROR_UNKNOWN
 	}
+	return ci, nvml.SUCCESS
+}
+
+// addCILocked makes compute instance id exist in gi (whose lock the caller
+// holds), checking nothing: createCI after its checks, and restoring saved
+// state. serial is its creation number (for its MIG UUID).
+func (d *gpuDevice) addCILocked(gi *server.GpuInstance, id int, profileID uint32, pl nvml.ComputeInstancePlacement, serial uint64) (*server.ComputeInstance, error) {
+	if err := d.tree.addInstance(d.Minor, int(gi.Info.Id), id); err != nil {
+		return nil, err
+	}
 	ci := server.NewComputeInstanceFromInfo(nvml.ComputeInstanceInfo{
-		Device: d, GpuInstance: gi, Id: uint32(id), ProfileId: info.Id, Placement: pl,
+		Device: d, GpuInstance: gi, Id: uint32(id), ProfileId: profileID, Placement: pl,
 	})
 	gi.ComputeInstanceCounter++
 	ci.DestroyFunc = func() nvml.Return {
-		gi.Lock()
-		defer gi.Unlock()
-		if _, ok := gi.ComputeInstances[ci]; !ok {
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		delete(gi.ComputeInstances, ci)
-		d.serials.Delete(ci)
-		d.tree.removeInstance(d.Minor, int(gi.Info.Id), int(ci.Info.Id))
-		return nvml.SUCCESS
+		ret := d.destroyCI(gi, ci)
+		d.ctl.changed(opDestroyComputeInstance, d.busID, ret == nvml.SUCCESS)
+		return ret
 	}
 	gi.ComputeInstances[ci] = struct{}{}
-	d.serials.Store(ci, d.nextSerial.Add(1))
-	return ci, nvml.SUCCESS
+	d.serials.Store(ci, serial)
+	return ci, nil
+}
+
+func (d *gpuDevice) destroyCI(gi *server.GpuInstance, ci *server.ComputeInstance) nvml.Return {
+	gi.Lock()
+	defer gi.Unlock()
+	if _, ok := gi.ComputeInstances[ci]; !ok {
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	delete(gi.ComputeInstances, ci)
+	d.serials.Delete(ci)
+	d.tree.removeInstance(d.Minor, int(gi.Info.Id), int(ci.Info.Id))
+	return nvml.SUCCESS
 }
 
 // migDeviceByIndex returns the index-th MIG device (one per compute

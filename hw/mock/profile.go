@@ -43,6 +43,12 @@ type GPUGroup struct {
 	VGPUTypes []VGPUType `json:"vgpuTypes,omitempty"`
 	// VGPUHeterogeneous lets time-sliced vGPU types of different sizes mix.
 	VGPUHeterogeneous bool `json:"vgpuHeterogeneous,omitempty"`
+	// Timings slow the group's GPUs down: how long each kind of call
+	// takes, e.g. {createGpuInstance: 3s}, so that a test can catch a
+	// caller in the middle of one (see GPUTimings). Not part of the
+	// hardware: a persistent mock (HWDRA_MOCK_DIR) may be reopened with
+	// other timings.
+	Timings *GPUTimings `json:"timings,omitempty"`
 }
 
 // MIGInstance is a pre-existing GPU instance.
