@@ -1,0 +1,204 @@
+package framework
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/diff"
+
+	"github.com/hwdra/hwdra/hw/mock"
+)
+
+// Mock hardware that outlives the agent, as real hardware does: the agent
+// runs with hw/mock's HWDRA_MOCK_DIR set to a directory of the test, so a
+// killed and restarted agent finds the GPU instances, mediated devices and
+// VF settings the killed one left, and a test reads that state from
+// outside (mock.ReadState) to tell what leaked.
+
+// MockDir makes an empty directory for t's persistent mock hardware: a
+// tmpfs of its own under the node's root (the mock's sysfs trees are
+// thousands of files; the node's teardown and the next run's sweep
+// unmount it like any mount under the root), unmounted and removed when t
+// ends. Call it before starting the agent that uses it, so that it goes
+// after that agent stopped.
+func (n *Node) MockDir(t testing.TB) string {
+	t.Helper()
+	base, err := os.MkdirTemp(n.Root, "mock-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounted := unix.Mount("tmpfs", base, "tmpfs", 0, "size=512m,mode=0755") == nil
+	t.Cleanup(func() {
+		if mounted {
+			if err := unix.Unmount(base, unix.MNT_DETACH); err != nil {
+				t.Logf("unmount %s: %v", base, err)
+			}
+		}
+		os.RemoveAll(base)
+	})
+	// A subdirectory: the mock creates it, as an operator's first run would.
+	return filepath.Join(base, "hw")
+}
+
+// StartAgentWithEnv is StartAgent with environment variables for the agent
+// process, e.g. mock.DirEnv+"="+n.MockDir(t). Kill the returned process and
+// Start it again to restart the agent with the same flags and environment
+// (change its Env in between for another environment).
+func (n *Node) StartAgentWithEnv(t testing.TB, hardware string, env []string, extra ...string) *Process {
+	t.Helper()
+	bin := HwdraBinary(t)
+	creds, err := n.AgentCredentials(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append(n.AgentArgs(creds.Kubeconfig, hardware), extra...)
+	t.Cleanup(func() { n.DeleteResourceSlices(context.Background()) })
+	p := n.newProcess("hwdra-agent", bin, args...)
+	p.Env = env
+	if err := p.Start(); err != nil {
+		t.Fatalf("start hwdra-agent: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("---- hwdra-agent (last 60 lines)\n%s", p.Tail(60))
+		}
+		p.Stop(5 * time.Second)
+	})
+	return p
+}
+
+// WaitMockState waits until cond holds for the mock hardware's state in dir
+// and returns that state; the error shows the last state read.
+func WaitMockState(ctx context.Context, dir string, timeout time.Duration, what string, cond func(mock.State) bool) (mock.State, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		s, err := mock.ReadState(dir)
+		if err == nil && cond(s) {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return s, fmt.Errorf("mock hardware in %s: not %s within %v: %w", dir, what, timeout, err)
+			}
+			return s, fmt.Errorf("mock hardware in %s: not %s within %v; last state:\n%s", dir, what, timeout, StateJSON(s))
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return s, err
+		}
+	}
+}
+
+// WaitMockBusy waits until the mock hardware in dir is in the middle of a
+// call (a GPUTimings or NICTimings name, e.g. "createGpuInstance"; it takes
+// as long as the timings given to the mock say) and returns it.
+func WaitMockBusy(ctx context.Context, dir, call string, timeout time.Duration) (mock.Operation, error) {
+	var op mock.Operation
+	_, err := WaitMockState(ctx, dir, timeout, "busy with "+call, func(s mock.State) bool {
+		for _, o := range s.Busy {
+			if o.Call == call {
+				op = o
+				return true
+			}
+		}
+		return false
+	})
+	return op, err
+}
+
+// HardwareDiff is how the hardware differs between two states (what
+// mock.State.Hardware keeps), "" when it does not.
+func HardwareDiff(before, after mock.State) string {
+	b, a := before.Hardware(), after.Hardware()
+	if reflect.DeepEqual(b, a) {
+		return ""
+	}
+	return diff.Diff(b, a)
+}
+
+// StateJSON is a state for a test's log.
+func StateJSON(s mock.State) string {
+	s.Spec = nil
+	b, _ := json.MarshalIndent(s, "", "  ")
+	return string(b)
+}
+
+// AgentRecords is what an agent's state directory says about one driver:
+// the claims in its checkpoint (UID -> state, "Preparing" or "Prepared")
+// and the hardware state in its ledger (keys: "gi/...", "mdev/...",
+// "migmode/..." for gpu.hwdra.io, VF PCI addresses for sriov.hwdra.io).
+type AgentRecords struct {
+	Claims map[string]string
+	Ledger []string
+}
+
+// ReadAgentRecords reads a driver's checkpoint and ledger in an agent's
+// --state-dir (missing files are empty). It reads the files' JSON without
+// the prepare package, as an operator would look at them.
+func ReadAgentRecords(stateDir, driver string) (AgentRecords, error) {
+	out := AgentRecords{Claims: map[string]string{}}
+	raw, err := os.ReadFile(filepath.Join(stateDir, driver+".checkpoint.json"))
+	if err != nil && !os.IsNotExist(err) {
+		return out, err
+	}
+	if err == nil {
+		var env struct {
+			Data struct {
+				Claims map[string]struct {
+					State string `json:"state"`
+				} `json:"claims"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(raw, &env); err != nil {
+			return out, fmt.Errorf("checkpoint of %s: %w", driver, err)
+		}
+		for uid, c := range env.Data.Claims {
+			out.Claims[uid] = c.State
+		}
+	}
+	raw, err = os.ReadFile(filepath.Join(stateDir, driver+".ledger.json"))
+	if err != nil && !os.IsNotExist(err) {
+		return out, err
+	}
+	if err == nil {
+		var l struct {
+			Entries map[string]json.RawMessage `json:"entries"`
+		}
+		if err := json.Unmarshal(raw, &l); err != nil {
+			return out, fmt.Errorf("ledger of %s: %w", driver, err)
+		}
+		for k := range l.Entries {
+			out.Ledger = append(out.Ledger, k)
+		}
+		sort.Strings(out.Ledger)
+	}
+	return out, nil
+}
+
+// ClaimFiles lists what the node holds for a claim outside the agent's own
+// state: CDI spec files in the CDI directory that mention its UID (the
+// driver's claim spec, the library's metadata specs) and the library's
+// metadata directory for it under the driver's plugin directory.
+func (n *Node) ClaimFiles(driver, namespace, name, uid string) []string {
+	var out []string
+	files, _ := filepath.Glob(filepath.Join(n.CDIDir, "*"))
+	for _, f := range files {
+		if data, err := os.ReadFile(f); err == nil && strings.Contains(string(data), uid) {
+			out = append(out, f)
+		}
+	}
+	// k8s.io/dynamic-resource-allocation kubeletplugin (metadata.go).
+	meta := filepath.Join(n.PluginsDir(), driver, "dra-device-metadata", namespace+"_"+name)
+	if _, err := os.Stat(meta); err == nil {
+		out = append(out, meta)
+	}
+	return out
+}
