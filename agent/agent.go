@@ -13,12 +13,14 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/hw"
 )
 
 // Options are the agent's settings (its command-line flags).
@@ -26,6 +28,13 @@ type Options struct {
 	NodeName   string
 	Hardware   string
 	ConfigPath string
+	// KubeConfig reaches the API server; each of the agent's two clients
+	// (claims, slices) may send KubeAPIQPS requests a second, in bursts of
+	// KubeAPIBurst.
+	KubeConfig   *rest.Config
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// KubeClient, when set, serves as both clients instead (tests).
 	KubeClient kubernetes.Interface
 	// RegistrarDir is the kubelet's plugin registration directory;
 	// PluginsDir holds one directory per driver with its socket.
@@ -38,6 +47,10 @@ type Options struct {
 	Rescan time.Duration
 	// MetricsAddress serves /metrics and /healthz; empty: off.
 	MetricsAddress string
+
+	// node is hardware a test opened (Hardware is then ignored); the
+	// test closes it.
+	node *backend.Node
 }
 
 // metadataVersions: the newest first, so containers that read the older
@@ -54,24 +67,32 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	node, err := backend.Open(opts.Hardware)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := node.Close(); err != nil {
-			logger.Error(err, "Closing hardware")
+	node := opts.node
+	if node == nil {
+		if node, err = backend.Open(opts.Hardware); err != nil {
+			return err
 		}
-	}()
+		defer func() {
+			if err := node.Close(); err != nil {
+				logger.Error(err, "Closing hardware")
+			}
+		}()
+	}
 
 	m := newMetrics()
+	claimClient, sliceClient := opts.KubeClient, opts.KubeClient
+	if claimClient == nil {
+		if claimClient, sliceClient, err = newClients(opts.KubeConfig, opts.KubeAPIQPS, opts.KubeAPIBurst, m); err != nil {
+			return err
+		}
+	}
 	if opts.MetricsAddress != "" {
 		if err := m.serve(ctx, opts.MetricsAddress); err != nil {
 			return fmt.Errorf("metrics: %w", err)
 		}
 	}
-	pub := newPublisher(opts.NodeName, cfg, node.Inventory)
-	pub.metrics = m
+	pub := newPublisher(opts.NodeName, sliceClient, cfg, m)
+	defer pub.stop()
 	inv, err := node.Inventory(ctx)
 	if err != nil {
 		logger.Error(err, "Some devices could not be read")
@@ -85,6 +106,16 @@ func Run(ctx context.Context, opts Options) error {
 	if len(drivers) == 0 {
 		logger.Info("No GPUs and no SR-IOV NICs on this node: nothing to serve; waiting for termination")
 	}
+	pub.probe = unclaimedProbe(node, drivers)
+	for _, d := range drivers {
+		pub.drivers = append(pub.drivers, d.Name)
+	}
+	// Published before the plugins serve, so that the first prepare finds
+	// its device in the catalog of what the hardware can deliver.
+	if err := pub.sync(ctx); err != nil {
+		logger.Error(err, "Publishing devices")
+	}
+
 	var helpers []*kubeletplugin.Helper
 	defer func() {
 		for _, h := range helpers {
@@ -98,10 +129,10 @@ func Run(ctx context.Context, opts Options) error {
 		if err := os.MkdirAll(dataDir, 0o750); err != nil {
 			return err
 		}
-		helper, err := kubeletplugin.Start(ctx, observed(d, m, pub.Poke),
+		helper, err := kubeletplugin.Start(ctx, observed(d, m),
 			kubeletplugin.DriverName(d.Name),
 			kubeletplugin.NodeName(opts.NodeName),
-			kubeletplugin.KubeClient(opts.KubeClient),
+			kubeletplugin.KubeClient(claimClient),
 			kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
 			kubeletplugin.PluginDataDirectoryPath(dataDir),
 			kubeletplugin.CDIDirectory(opts.CDIDir),
@@ -117,15 +148,26 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("start kubelet plugin %s: %w", d.Name, err)
 		}
 		helpers = append(helpers, helper)
-		pub.publish[d.Name] = helper.PublishResources
 		logger.Info("Kubelet plugin started", "driver", d.Name)
-	}
-	if err := pub.sync(ctx); err != nil {
-		logger.Error(err, "Publishing devices")
 	}
 	pub.run(ctx, opts.Rescan, node.Changes(ctx))
 	logger.Info("Shutting down")
 	return nil
+}
+
+// unclaimedProbe probes the node as its drivers say it would be without
+// what they made for claims: the publisher's view.
+func unclaimedProbe(node *backend.Node, drivers []Driver) func(context.Context) (hw.Inventory, error) {
+	return func(ctx context.Context) (hw.Inventory, error) {
+		probe := func() (hw.Inventory, error) { return node.Inventory(ctx) }
+		for _, d := range drivers {
+			if d.Unclaimed != nil {
+				inner := probe
+				probe = func() (hw.Inventory, error) { return d.Unclaimed(inner) }
+			}
+		}
+		return probe()
+	}
 }
 
 // onError is the drivers' background error handler: dropped fields make the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -19,8 +20,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
@@ -29,6 +32,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/deploy"
 	hwslices "github.com/hwdra/hwdra/slices"
 )
@@ -49,15 +53,33 @@ type testAgent struct {
 // startAgent starts the agent; before registers API reactors first.
 func startAgent(t testing.TB, profile string, before ...func(*fake.Clientset)) *testAgent {
 	t.Helper()
-	dir := t.TempDir()
 	hardware := profile
 	if !strings.HasPrefix(profile, "mock:") {
-		file := filepath.Join(dir, "profile.yaml")
-		if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		hardware = "mock:" + file
+		hardware = "mock:" + writeProfile(t, profile)
 	}
+	return startAgentWith(t, Options{Hardware: hardware}, before...)
+}
+
+// startAgentOn starts the agent on hardware the test opened.
+func startAgentOn(t testing.TB, node *backend.Node, rescan time.Duration) *testAgent {
+	t.Helper()
+	return startAgentWith(t, Options{node: node, Rescan: rescan})
+}
+
+func writeProfile(t testing.TB, profile string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "profile.yaml")
+	if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// startAgentWith runs the agent against a fake API server, with the
+// kubelet's directories in a temp dir.
+func startAgentWith(t testing.TB, opts Options, before ...func(*fake.Clientset)) *testAgent {
+	t.Helper()
+	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "registry"), 0o755); err != nil { // the kubelet's
 		t.Fatal(err)
 	}
@@ -73,6 +95,7 @@ func startAgent(t testing.TB, profile string, before ...func(*fake.Clientset)) *
 		}
 		return false, nil, nil
 	})
+	honourSliceFieldSelectors(a.client)
 	for _, f := range before {
 		f(a.client)
 	}
@@ -81,16 +104,63 @@ func startAgent(t testing.TB, profile string, before ...func(*fake.Clientset)) *
 		_, ctx = ktesting.NewTestContext(tt)
 	}
 	ctx, a.cancel = context.WithCancel(ctx)
-	opts := Options{
-		NodeName: node, Hardware: hardware, KubeClient: a.client,
-		RegistrarDir: filepath.Join(dir, "registry"), PluginsDir: filepath.Join(dir, "plugins"),
-		CDIDir: filepath.Join(dir, "cdi"), StateDir: filepath.Join(dir, "state"), Rescan: 100 * time.Millisecond,
-		MetricsAddress: freeAddress(t),
+	opts.NodeName, opts.KubeClient = node, a.client
+	opts.RegistrarDir, opts.PluginsDir = filepath.Join(dir, "registry"), filepath.Join(dir, "plugins")
+	opts.CDIDir, opts.StateDir = filepath.Join(dir, "cdi"), filepath.Join(dir, "state")
+	if opts.Rescan == 0 {
+		opts.Rescan = 100 * time.Millisecond
 	}
+	opts.MetricsAddress = freeAddress(t)
 	a.opts = opts
 	go func() { a.done <- Run(ctx, opts) }()
 	t.Cleanup(a.stop)
 	return a
+}
+
+// honourSliceFieldSelectors makes the fake API server filter ResourceSlice
+// lists and watches by field selector, as the real one does: the slice
+// controller of each driver selects its own driver's slices, and without
+// the filter each would take the other's for obsolete slices of its pool.
+func honourSliceFieldSelectors(c *fake.Clientset) {
+	gvr := resourceapi.SchemeGroupVersion.WithResource("resourceslices")
+	match := func(sel fields.Selector, obj runtime.Object) bool {
+		s, ok := obj.(*resourceapi.ResourceSlice)
+		if !ok || sel == nil {
+			return true
+		}
+		set := fields.Set{resourceapi.ResourceSliceSelectorDriver: s.Spec.Driver, resourceapi.ResourceSliceSelectorPoolName: s.Spec.Pool.Name}
+		if s.Spec.NodeName != nil {
+			set[resourceapi.ResourceSliceSelectorNodeName] = *s.Spec.NodeName
+		}
+		return sel.Matches(set)
+	}
+	c.PrependReactor("list", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		sel := action.(k8stesting.ListAction).GetListRestrictions().Fields
+		obj, err := c.Tracker().List(gvr, resourceapi.SchemeGroupVersion.WithKind("ResourceSlice"), "")
+		if err != nil {
+			return true, nil, err
+		}
+		list := obj.(*resourceapi.ResourceSliceList)
+		list.Items = slices.DeleteFunc(list.Items, func(s resourceapi.ResourceSlice) bool { return !match(sel, &s) })
+		return true, list, nil
+	})
+	c.PrependWatchReactor("resourceslices", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		sel := action.(k8stesting.WatchAction).GetWatchRestrictions().Fields
+		w, err := c.Tracker().Watch(gvr, "")
+		if err != nil {
+			return true, nil, err
+		}
+		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, match(sel, e.Object) }), nil
+	})
+}
+
+// settle waits for a few of the agent's rescans, so that whatever it
+// would publish has been handed to the API.
+func (a *testAgent) settle() { time.Sleep(4 * a.opts.Rescan) }
+
+// socket is a driver's DRA socket.
+func (a *testAgent) socket(driver string) string {
+	return filepath.Join(a.dir, "plugins", driver, "dra.sock")
 }
 
 func (a *testAgent) stop() {
@@ -235,12 +305,12 @@ func TestAgentServesTheKubelet(t *testing.T) {
 	}
 	injectCDI(t, filepath.Join(a.dir, "cdi"), ids)
 
-	// The GPU instance exists now: the GPU is in MIG mode with an
-	// instance, so its full device and the overlapping placements go.
-	a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
-		names := deviceNames(ss)
-		return !names[full] && names[dev]
-	})
+	// The GPU instance exists now, but the slices stay as they were: the
+	// counters keep the scheduler off what overlaps the allocated device.
+	a.settle()
+	if ss := a.slices(hwslices.GPUDriver, nil); !maps.Equal(deviceNames(ss), deviceNames(published)) {
+		t.Errorf("the slices changed with a prepared MIG claim")
+	}
 	// A repeated prepare (kubelet restart) gives the same answer.
 	again, err := dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{pbClaim}})
 	if err != nil || !slices.Equal(again.Claims[string(claim.UID)].Devices[0].CdiDeviceIds, ids) {
@@ -254,10 +324,8 @@ func TestAgentServesTheKubelet(t *testing.T) {
 	if specs, _ := filepath.Glob(filepath.Join(a.dir, "cdi", "gpu.hwdra.io_*")); len(specs) != 0 {
 		t.Fatalf("CDI specs left after unprepare: %v", specs)
 	}
-	a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return deviceNames(ss)[full] })
 
 	// At rest the agent makes no API writes, though it keeps rescanning.
-	time.Sleep(300 * time.Millisecond)
 	before := a.writes()
 	time.Sleep(time.Second)
 	if after := a.writes(); after != before {

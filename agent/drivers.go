@@ -19,6 +19,9 @@ import (
 type Driver struct {
 	Name   string
 	Plugin kubeletplugin.DRAPlugin
+	// Unclaimed, if set, probes through the given function and returns
+	// the node without the hardware state the driver made for claims.
+	Unclaimed func(probe func() (hw.Inventory, error)) (hw.Inventory, error)
 }
 
 // PluginOptions say where drivers keep state and write CDI specs.
@@ -59,7 +62,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", hwslices.GPUDriver, err)
 		}
-		drivers = append(drivers, Driver{Name: hwslices.GPUDriver, Plugin: p})
+		drivers = append(drivers, Driver{Name: hwslices.GPUDriver, Plugin: p, Unclaimed: d.Unclaimed})
 	}
 	if len(inv.PFs) > 0 {
 		d, err := nicprep.New(nicprep.Options{

@@ -21,6 +21,9 @@ type metrics struct {
 	writes    *prometheus.CounterVec
 	devices   *prometheus.GaugeVec
 	fallbacks *prometheus.GaugeVec
+	// API clients (see newClients).
+	throttled    *prometheus.CounterVec
+	throttleWait *prometheus.HistogramVec
 }
 
 func newMetrics() *metrics {
@@ -43,10 +46,39 @@ func newMetrics() *metrics {
 			Name: "hwdra_feature_disabled",
 			Help: "1 when the API server dropped fields of this DRA feature and the agent fell back to a model without it.",
 		}, []string{"feature"}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hwdra_api_client_throttled_requests_total",
+			Help: "API requests that waited for the client's rate limiter (--kube-api-qps, --kube-api-burst), by client: claims (prepare) or slices (publishing).",
+		}, []string{"client"}),
+		throttleWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "hwdra_api_client_throttle_wait_seconds",
+			Help:    "Time throttled API requests waited for the client's rate limiter, by client.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
+		}, []string{"client"}),
 	}
-	m.registry.MustRegister(m.claims, m.writes, m.devices, m.fallbacks,
+	m.registry.MustRegister(m.claims, m.writes, m.devices, m.fallbacks, m.throttled, m.throttleWait,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// sliceWrites reports the ResourceSlice controllers' API writes.
+type sliceWrites struct{ p *publisher }
+
+var sliceWritesDesc = prometheus.NewDesc("hwdra_resourceslice_writes_total",
+	"ResourceSlice creates, updates and deletes the agent sent to the API server, by driver and operation.",
+	[]string{"driver", "operation"}, nil)
+
+func (c sliceWrites) Describe(ch chan<- *prometheus.Desc) { ch <- sliceWritesDesc }
+
+func (c sliceWrites) Collect(ch chan<- prometheus.Metric) {
+	c.p.mu.Lock()
+	defer c.p.mu.Unlock()
+	for driver, ctrl := range c.p.controllers {
+		st := ctrl.GetStats()
+		for op, n := range map[string]int64{"create": st.NumCreates, "update": st.NumUpdates, "delete": st.NumDeletes} {
+			ch <- prometheus.MustNewConstMetric(sliceWritesDesc, prometheus.CounterValue, float64(n), driver, op)
+		}
+	}
 }
 
 // observe records one claim operation.

@@ -10,22 +10,20 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
 
-// observed wraps a driver's plugin: every prepare and unprepare is timed
-// and triggers a rescan, since creating or destroying a MIG instance
-// changes what the GPU can still offer.
-func observed(d Driver, m *metrics, poke func()) kubeletplugin.DRAPlugin {
-	return &observing{DRAPlugin: d.Plugin, driver: d.Name, metrics: m, poke: poke}
+// observed wraps a driver's plugin: every prepare and unprepare is timed.
+// Neither triggers a rescan: what the agent makes for claims never changes
+// the published slices.
+func observed(d Driver, m *metrics) kubeletplugin.DRAPlugin {
+	return &observing{DRAPlugin: d.Plugin, driver: d.Name, metrics: m}
 }
 
 type observing struct {
 	kubeletplugin.DRAPlugin
 	driver  string
 	metrics *metrics
-	poke    func()
 }
 
 func (p *observing) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	defer p.poke()
 	start := time.Now()
 	res, err := p.DRAPlugin.PrepareResourceClaims(ctx, claims)
 	for _, c := range claims {
@@ -35,7 +33,6 @@ func (p *observing) PrepareResourceClaims(ctx context.Context, claims []*resourc
 }
 
 func (p *observing) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	defer p.poke()
 	start := time.Now()
 	res, err := p.DRAPlugin.UnprepareResourceClaims(ctx, claims)
 	for _, c := range claims {

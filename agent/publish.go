@@ -3,11 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
@@ -17,37 +19,44 @@ import (
 )
 
 // publisher keeps each driver's ResourceSlices equal to what the hardware
-// offers now. It probes on a timer and when poked (after a prepare changed
-// MIG instances, say), and writes only when the slices differ: a node at
-// rest makes no API writes.
+// can deliver. It probes on a timer and when the hardware signals a change,
+// and hands the slices to a ResourceSlice controller per driver only when
+// they differ: a node at rest makes no API writes. The probe leaves out
+// what the agent made for claims (see gpu.Driver.Unclaimed), so claims
+// never cause a write either; what the scheduler cannot know does (a
+// partition made outside the agent, devices appearing or lost, links).
 type publisher struct {
 	nodeName string
+	client   kubernetes.Interface // for slices only: see newClients
 	probe    func(context.Context) (hw.Inventory, error)
 	cfg      *config.AgentConfig
-	publish  map[string]func(context.Context, resourceslice.DriverResources) error
+	drivers  []string // served: a pool is published for each
 
-	mu        sync.Mutex
-	inv       hw.Inventory
-	features  hwslices.Features
-	published map[string]resourceslice.DriverResources
-	skipped   map[string]bool // PFs already logged as not offered
+	mu          sync.Mutex
+	inv         hw.Inventory
+	features    hwslices.Features
+	published   map[string]resourceslice.DriverResources
+	controllers map[string]*resourceslice.Controller
+	skipped     map[string]bool // PFs already logged as not offered
 
 	poke    chan struct{}
 	metrics *metrics
 }
 
-func newPublisher(nodeName string, cfg *config.AgentConfig, probe func(context.Context) (hw.Inventory, error)) *publisher {
-	return &publisher{
-		nodeName:  nodeName,
-		probe:     probe,
-		cfg:       cfg,
-		publish:   map[string]func(context.Context, resourceslice.DriverResources) error{},
-		features:  hwslices.AllFeatures,
-		published: map[string]resourceslice.DriverResources{},
-		skipped:   map[string]bool{},
-		poke:      make(chan struct{}, 1),
-		metrics:   newMetrics(),
+func newPublisher(nodeName string, client kubernetes.Interface, cfg *config.AgentConfig, m *metrics) *publisher {
+	p := &publisher{
+		nodeName:    nodeName,
+		client:      client,
+		cfg:         cfg,
+		features:    hwslices.AllFeatures,
+		published:   map[string]resourceslice.DriverResources{},
+		controllers: map[string]*resourceslice.Controller{},
+		skipped:     map[string]bool{},
+		poke:        make(chan struct{}, 1),
+		metrics:     m,
 	}
+	m.registry.MustRegister(sliceWrites{p})
+	return p
 }
 
 // Poke asks for a rescan soon; it never blocks.
@@ -81,6 +90,9 @@ func (p *publisher) run(ctx context.Context, interval time.Duration, changes <-c
 func (p *publisher) sync(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	inv, probeErr := p.probe(ctx)
+	if ctx.Err() != nil {
+		return nil // stopping
+	}
 	if probeErr != nil {
 		// Devices that could be read are still published; a device that
 		// vanished is better gone from the slices than offered.
@@ -94,7 +106,7 @@ func (p *publisher) sync(ctx context.Context) error {
 	res, skipped := hwslices.ForNode(p.nodeName, inv, p.cfg, features)
 	p.logSkipped(logger, skipped)
 	var errs []error
-	for driver, publish := range p.publish {
+	for _, driver := range p.drivers {
 		want := res[driver]
 		p.mu.Lock()
 		have, ok := p.published[driver]
@@ -102,18 +114,52 @@ func (p *publisher) sync(ctx context.Context) error {
 		if ok && equality.Semantic.DeepEqual(want, have) {
 			continue
 		}
-		if err := publish(ctx, want); err != nil {
+		if err := p.update(ctx, driver, want); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		p.mu.Lock()
-		p.published[driver] = want
-		p.mu.Unlock()
 		p.metrics.writes.WithLabelValues(driver).Inc()
 		p.metrics.devices.WithLabelValues(driver).Set(float64(countDevices(want)))
-		logger.V(2).Info("Published devices", "driver", driver)
+		logger.V(2).Info("Publishing changed devices", "driver", driver, "devices", countDevices(want))
 	}
 	return errors.Join(errs...)
+}
+
+// update hands a driver's slices to its controller, which writes them
+// in the background and retries failed writes with backoff, reporting
+// errors (dropped fields among them) to onError.
+func (p *publisher) update(ctx context.Context, driver string, res resourceslice.DriverResources) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// The controller keeps what it is given: its own copy.
+	own := res.DeepCopy()
+	if c := p.controllers[driver]; c != nil {
+		c.Update(own)
+	} else {
+		logger := klog.LoggerWithName(klog.FromContext(ctx), "ResourceSlice controller")
+		c, err := resourceslice.StartController(klog.NewContext(ctx, logger), resourceslice.Options{
+			DriverName:   driver,
+			KubeClient:   p.client,
+			Owner:        &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: p.nodeName},
+			Resources:    own,
+			ErrorHandler: p.onError,
+		})
+		if err != nil {
+			return fmt.Errorf("publish %s: %w", driver, err)
+		}
+		p.controllers[driver] = c
+	}
+	p.published[driver] = res
+	return nil
+}
+
+// stop stops the controllers; what they wrote stays.
+func (p *publisher) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.controllers {
+		c.Stop()
+	}
 }
 
 func (p *publisher) logSkipped(logger klog.Logger, skipped []config.Skip) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"sort"
 	"sync"
@@ -23,6 +24,9 @@ type Ledger[V any] struct {
 	path string
 	mu   sync.Mutex
 	m    map[string]V
+	// version counts changes, so a reader can tell whether the ledger
+	// changed while it looked at the hardware.
+	version uint64
 }
 
 type ledgerFile[V any] struct {
@@ -63,6 +67,7 @@ func (l *Ledger[V]) Put(key string, v V) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.m[key] = v
+	l.version++
 	return l.write()
 }
 
@@ -74,6 +79,7 @@ func (l *Ledger[V]) Delete(key string) error {
 		return nil
 	}
 	delete(l.m, key)
+	l.version++
 	return l.write()
 }
 
@@ -95,6 +101,20 @@ func (l *Ledger[V]) Keys() []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Version counts the ledger's changes since it was opened.
+func (l *Ledger[V]) Version() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.version
+}
+
+// Snapshot returns a copy of every entry and the version it is of.
+func (l *Ledger[V]) Snapshot() (map[string]V, uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.m), l.version
 }
 
 func (l *Ledger[V]) write() error {

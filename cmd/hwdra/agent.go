@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/hwdra/hwdra/agent"
@@ -23,23 +22,24 @@ func agentCommand() *cobra.Command {
 			if opts.NodeName == "" {
 				return fmt.Errorf("--node-name (or NODE_NAME) is required")
 			}
+			if opts.KubeAPIQPS <= 0 || opts.KubeAPIBurst < 1 {
+				return fmt.Errorf("--kube-api-qps must be above 0 and --kube-api-burst at least 1 (have %v and %d)", opts.KubeAPIQPS, opts.KubeAPIBurst)
+			}
 			// Empty kubeconfig: the in-cluster service account.
 			rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 			if err != nil {
 				return err
 			}
 			rc.UserAgent = "hwdra-agent/" + opts.NodeName
-			client, err := kubernetes.NewForConfig(rc)
-			if err != nil {
-				return err
-			}
-			opts.KubeClient = client
+			opts.KubeConfig = rc
 			return agent.Run(cmd.Context(), opts)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.NodeName, "node-name", opts.NodeName, "name of this Node (default $NODE_NAME)")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
+	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server, for each of the agent's two clients (claims for prepare; ResourceSlice publishing)")
+	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", 100, "burst of queries to the API server, for each of the agent's two clients")
 	addHardwareFlag(cmd, &opts.Hardware)
 	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
 	f.StringVar(&opts.RegistrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")

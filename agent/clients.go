@@ -1,0 +1,60 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
+)
+
+// Client names, the "client" label of the throttling metrics.
+const (
+	clientClaims = "claims" // the kubelet plugins: a claim GET per prepare
+	clientSlices = "slices" // ResourceSlice publishing and its informer
+)
+
+// newClients returns the agent's two API clients. Each has a rate limiter
+// of its own (qps, burst), so a prepare's claim GET never waits behind
+// ResourceSlice writes: with one shared limiter a republish of a few slices
+// queued every prepare behind it (client-go's default of 5 QPS, burst 10).
+func newClients(rc *rest.Config, qps float32, burst int, m *metrics) (claims, slices kubernetes.Interface, err error) {
+	newClient := func(name string) (kubernetes.Interface, error) {
+		c := rest.CopyConfig(rc)
+		c.QPS, c.Burst = qps, burst
+		c.RateLimiter = &measuredLimiter{
+			RateLimiter: flowcontrol.NewTokenBucketRateLimiter(qps, burst),
+			throttled:   m.throttled.WithLabelValues(name),
+			waited:      m.throttleWait.WithLabelValues(name),
+		}
+		return kubernetes.NewForConfig(c)
+	}
+	if claims, err = newClient(clientClaims); err != nil {
+		return nil, nil, err
+	}
+	if slices, err = newClient(clientSlices); err != nil {
+		return nil, nil, err
+	}
+	return claims, slices, nil
+}
+
+// measuredLimiter counts the requests that had to wait for a token and
+// how long they waited.
+type measuredLimiter struct {
+	flowcontrol.RateLimiter
+	throttled prometheus.Counter
+	waited    prometheus.Observer
+}
+
+func (l *measuredLimiter) Wait(ctx context.Context) error {
+	if l.TryAccept() {
+		return nil
+	}
+	l.throttled.Inc()
+	start := time.Now()
+	err := l.RateLimiter.Wait(ctx)
+	l.waited.Observe(time.Since(start).Seconds())
+	return err
+}
