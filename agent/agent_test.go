@@ -34,6 +34,7 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/internal/slotfile"
 	hwslices "github.com/hwdra/hwdra/slices"
 )
 
@@ -434,7 +435,7 @@ func TestAgentStartsOnACorruptCheckpoint(t *testing.T) {
 	a.slices(hwslices.GPUDriver, nil)
 	a.stop()
 	path := filepath.Join(a.dir, "state", "gpu.hwdra.io.checkpoint.json")
-	if err := os.WriteFile(path, []byte(`{"version":"hwdra.io/checkpoint/v1","checksum":"sha256:0","data":{`), 0o600); err != nil {
+	if err := slotfile.Replace(path, []byte(`{"version":"hwdra.io/checkpoint/v1","checksum":"sha256:0","data":{`)); err != nil {
 		t.Fatal(err)
 	}
 	restartAgent(t, a)

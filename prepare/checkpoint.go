@@ -7,12 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/hwdra/hwdra/internal/slotfile"
 )
 
 // CheckpointVersion is the format this agent writes and reads. A file of
@@ -62,12 +63,15 @@ var ErrCorrupt = errors.New("checkpoint corrupt")
 // readCheckpoint loads a checkpoint. A missing file is an empty checkpoint.
 func readCheckpoint[R any](path string) (*Checkpoint[R], error) {
 	cp := &Checkpoint[R]{Claims: map[types.UID]*Claim[R]{}}
-	raw, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return cp, nil
+	raw, err := slotfile.Read(path)
+	if errors.Is(err, slotfile.ErrCorrupt) {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	if err != nil {
 		return nil, err
+	}
+	if raw == nil {
+		return cp, nil
 	}
 	var env envelope
 	if err := json.Unmarshal(raw, &env); err != nil {
@@ -90,18 +94,14 @@ func readCheckpoint[R any](path string) (*Checkpoint[R], error) {
 	return cp, nil
 }
 
-// writeCheckpoint replaces the file atomically: a crash at any point leaves
-// either the old or the new content, never a mix.
-func writeCheckpoint[R any](path string, cp *Checkpoint[R]) error {
+// encodeCheckpoint is the checkpoint as its file holds it (in a slotfile:
+// replaced atomically, whole or not at all, at any crash).
+func encodeCheckpoint[R any](cp *Checkpoint[R]) ([]byte, error) {
 	data, err := json.Marshal(cp)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	raw, err := json.Marshal(envelope{Version: CheckpointVersion, Checksum: checksum(data), Data: data})
-	if err != nil {
-		return err
-	}
-	return writeFile(path, raw, true)
+	return json.Marshal(envelope{Version: CheckpointVersion, Checksum: checksum(data), Data: data})
 }
 
 func checksum(data []byte) string {
@@ -109,49 +109,11 @@ func checksum(data []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// writeFile replaces a file atomically: temp file in the same folder,
-// rename. With durable, the temp file is fsynced before the rename and the
-// folder after it (without that the rename itself may not survive a power
-// loss).
-func writeFile(path string, data []byte, durable bool) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if durable {
-		if err := tmp.Sync(); err != nil {
-			tmp.Close()
-			return err
-		}
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if !durable {
-		return nil
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-// setAside moves an unreadable checkpoint out of the way, keeping it for a
-// human to inspect, and returns where it went.
+// setAside moves an unreadable file out of the way, keeping it for a human
+// to inspect, and says where it went.
 func setAside(path string, now time.Time) (string, error) {
-	dest := fmt.Sprintf("%s.corrupt-%s", path, now.UTC().Format("20060102T150405Z"))
-	return dest, os.Rename(path, dest)
+	moved, err := slotfile.SetAside(path, ".corrupt-"+now.UTC().Format("20060102T150405Z"))
+	return strings.Join(moved, ", "), err
 }
 
 // BootID is the kernel's boot ID: it changes on every reboot.

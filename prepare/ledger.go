@@ -4,14 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
-	"os"
 	"sort"
 	"sync"
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/hwdra/hwdra/internal/slotfile"
 )
 
 // Ledger is a small persistent map, written atomically on every change,
@@ -22,6 +22,7 @@ import (
 // MIG partition) is never touched.
 type Ledger[V any] struct {
 	path string
+	file *slotfile.Writer
 	mu   sync.Mutex
 	m    map[string]V
 	// version counts changes, so a reader can tell whether the ledger
@@ -40,25 +41,26 @@ const ledgerVersion = "hwdra.io/ledger/v1"
 // is set aside and reported, and the ledger starts empty.
 func OpenLedger[V any](path string) (*Ledger[V], error) {
 	l := &Ledger[V]{path: path, m: map[string]V{}}
-	raw, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return l, nil
-	}
-	if err != nil {
+	raw, err := slotfile.Read(path)
+	if err != nil && !errors.Is(err, slotfile.ErrCorrupt) {
 		return nil, err
 	}
 	var f ledgerFile[V]
-	if err := json.Unmarshal(raw, &f); err != nil || f.Version != ledgerVersion {
+	if err == nil && raw != nil {
+		err = json.Unmarshal(raw, &f)
+	}
+	if err != nil || (raw != nil && f.Version != ledgerVersion) {
 		dest, mvErr := setAside(path, time.Now())
 		klog.ErrorS(err, "Ledger unusable: set aside; state it listed is no longer reclaimed automatically", "file", path, "version", f.Version, "movedTo", dest)
 		if mvErr != nil {
 			return nil, mvErr
 		}
-		return l, nil
+		f.Entries = nil
 	}
 	if f.Entries != nil {
 		l.m = f.Entries
 	}
+	l.file = slotfile.NewWriter(path)
 	return l, nil
 }
 
@@ -122,11 +124,10 @@ func (l *Ledger[V]) write() error {
 	if err != nil {
 		return err
 	}
-	// Renamed into place but not fsynced: the ledger is the second line of
-	// defence behind the (fsynced) checkpoint, and what it lists does not
-	// outlive a power loss anyway (the node reboots, and GPU instances and
-	// VF settings with it). A process crash keeps the page cache.
-	if err := writeFile(l.path, raw, false); err != nil {
+	// Not flushed to the disk: what it lists does not outlive a power loss
+	// anyway (the node boots again, and GPU instances and VF settings go
+	// with it), and a process crash keeps the page cache.
+	if err := l.file.Write(raw, false); err != nil {
 		return fmt.Errorf("ledger %s: %w", l.path, err)
 	}
 	return nil

@@ -1,9 +1,10 @@
 package prepare
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/hwdra/hwdra/internal/slotfile"
 )
 
 func TestLedgerPersistsAndRecoversFromCorruption(t *testing.T) {
@@ -19,7 +20,7 @@ func TestLedgerPersistsAndRecoversFromCorruption(t *testing.T) {
 	if keys := l2.Keys(); len(keys) != 1 || keys[0] != "a" {
 		t.Fatalf("reopened ledger has %v", keys)
 	}
-	os.WriteFile(path, []byte("{garbage"), 0o600)
+	slotfile.Replace(path, []byte("{garbage"))
 	l3, err := OpenLedger[int](path)
 	if err != nil || len(l3.Keys()) != 0 {
 		t.Fatalf("corrupt ledger: %v %v", l3.Keys(), err)

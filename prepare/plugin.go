@@ -18,6 +18,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/internal/keyedlock"
+	"github.com/hwdra/hwdra/internal/slotfile"
 )
 
 // Device is one prepared device of a claim, as the checkpoint keeps it.
@@ -41,10 +42,14 @@ type Device struct {
 // record of applied side effects, kept in the checkpoint.
 type Driver[R any] interface {
 	// Prepare plans and applies a claim's devices of this driver. Before each
-	// side effect it calls save with a record that covers it (an intent is
-	// enough: "creating instance of profile P at placement X"), so that
-	// after a crash Unprepare can find and undo it. On error it returns the
-	// record of what was applied; the plugin then calls Unprepare.
+	// side effect something must cover it so that a crash right after it
+	// leaves nothing behind: either the driver's own record of what it
+	// makes (a ledger that Reconcile reads at start), or the claim's record
+	// passed to save (an intent is enough: "creating instance of profile P
+	// at placement X"), which Unprepare undoes at start. Each save is a
+	// checkpoint write (an fsync): a driver whose ledger covers everything
+	// never calls it. On error it returns the record of what was applied;
+	// the plugin then calls Unprepare.
 	Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(R) error) ([]Device, R, error)
 	// Unprepare undoes a record: idempotent, and it tolerates records of
 	// side effects that were only intended or were already undone.
@@ -74,8 +79,9 @@ type Plugin[R any] struct {
 	path   string
 
 	// mu guards cp and serialises checkpoint writes.
-	mu sync.Mutex
-	cp *Checkpoint[R]
+	mu   sync.Mutex
+	cp   *Checkpoint[R]
+	file *slotfile.Writer
 
 	claimLocks keyedlock.Locks
 	cdi        *cdi.Cache
@@ -123,7 +129,7 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 		cp.Claims = map[types.UID]*Claim[R]{}
 	}
 	cp.BootID = opts.BootID
-	p.cp = cp
+	p.cp, p.file = cp, slotfile.NewWriter(p.path)
 
 	for uid, c := range cp.Claims {
 		if c.State == StatePrepared {
@@ -270,13 +276,25 @@ func (p *Plugin[R]) store(uid types.UID, entry *Claim[R]) error {
 	} else {
 		p.cp.Claims[uid] = entry
 	}
-	return writeCheckpoint(p.path, p.cp)
+	return p.writeLocked()
 }
 
 func (p *Plugin[R]) save() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return writeCheckpoint(p.path, p.cp)
+	return p.writeLocked()
+}
+
+// writeLocked writes the checkpoint, durably: the one fsync of a prepare.
+func (p *Plugin[R]) writeLocked() error {
+	raw, err := encodeCheckpoint(p.cp)
+	if err != nil {
+		return err
+	}
+	if err := p.file.Write(raw, true); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
 }
 
 // HandleError implements kubeletplugin.DRAPlugin.

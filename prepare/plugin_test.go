@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/hwdra/hwdra/internal/slotfile"
 )
 
 // ledger is a Driver over a pretend piece of hardware that holds named
@@ -177,7 +179,7 @@ func TestCorruptCheckpointIsSetAside(t *testing.T) {
 			dir := t.TempDir()
 			os.MkdirAll(filepath.Join(dir, "state"), 0o755)
 			path := filepath.Join(dir, "state", "test.hwdra.io.checkpoint.json")
-			os.WriteFile(path, []byte(content), 0o600)
+			slotfile.Replace(path, []byte(content))
 			newPlugin(t, &ledger{held: map[string]bool{}}, dir, "boot-1")
 			matches, _ := filepath.Glob(path + ".corrupt-*")
 			if len(matches) != 1 {

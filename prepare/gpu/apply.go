@@ -15,8 +15,15 @@ import (
 	hwslices "github.com/hwdra/hwdra/slices"
 )
 
-// applier applies one claim's plan. Before each side effect it records
-// the intent and saves the record; after it, it records the result.
+// applier applies one claim's plan. Before each side effect it makes sure
+// that a crash right after it leaves a record to undo it by: a ledger
+// entry for what the agent creates (GPU instances, mediated devices, a MIG
+// mode switch), which start-up reconciliation undoes unless a prepared
+// claim owns it, or, for a compute instance in a static GPU instance (no
+// ledger entry), the claim's record saved to the checkpoint. The ledger is
+// written without fsync, so a prepare costs one fsync (the final
+// checkpoint write). After each side effect the result goes into the
+// claim's record.
 type applier struct {
 	d     *Driver
 	claim types.UID
@@ -69,9 +76,6 @@ func (a *applier) migMode(r *DeviceRecord, want bool) error {
 		return err
 	}
 	r.MIGMode = &MIGModeChange{Enabled: want}
-	if err := a.save(); err != nil {
-		return err
-	}
 	if _, ok := a.d.ledger.Get(migKey(r.GPU)); !ok {
 		if err := a.d.ledger.Put(migKey(r.GPU), ledgerEntry{GPU: r.GPU, MIGEnabled: &on}); err != nil {
 			return err
@@ -157,9 +161,6 @@ func (a *applier) gpuInstance(r *DeviceRecord, p devicePlan) (int, []hw.ComputeI
 		return 0, nil, err
 	}
 	r.GPUInstance = &GPUInstanceRecord{Profile: prof.ID, Placement: at, Created: true}
-	if err := a.save(); err != nil {
-		return 0, nil, err
-	}
 	if err := a.d.ledger.Put(key, ledgerEntry{GPU: r.GPU, Profile: prof.ID, Placement: &at}); err != nil {
 		return 0, nil, err
 	}
@@ -243,9 +244,6 @@ func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, 
 	}
 	id := uuid.NewString()
 	r.Mdev = &MdevRecord{UUID: id, Parent: parent, Type: t.ID}
-	if err := a.save(); err != nil {
-		return nil, nil, err
-	}
 	if err := a.d.ledger.Put(mdevKey(id), ledgerEntry{GPU: g.PCIBusID, Mdev: id}); err != nil {
 		return nil, nil, err
 	}

@@ -3,6 +3,7 @@ package gpu
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
@@ -21,16 +22,21 @@ func benchPrepareUnprepare(b *testing.B, profile string, req request) {
 	claims := []*resourceapi.ResourceClaim{c}
 	refs := []kubeletplugin.NamespacedObject{{UID: c.UID}}
 	before := e.hwState()
+	var prep, unprep time.Duration
 	b.ReportAllocs()
 	for b.Loop() {
+		start := time.Now()
 		res, err := e.plugin.PrepareResourceClaims(ctx, claims)
+		prep += time.Since(start)
 		if err == nil {
 			err = res[c.UID].Err
 		}
 		if err != nil {
 			b.Fatal(err)
 		}
+		start = time.Now()
 		unres, err := e.plugin.UnprepareResourceClaims(ctx, refs)
+		unprep += time.Since(start)
 		if err == nil {
 			err = unres[c.UID]
 		}
@@ -39,6 +45,8 @@ func benchPrepareUnprepare(b *testing.B, profile string, req request) {
 		}
 	}
 	b.StopTimer()
+	b.ReportMetric(float64(prep.Nanoseconds())/float64(b.N), "prepare-ns/op")
+	b.ReportMetric(float64(unprep.Nanoseconds())/float64(b.N), "unprepare-ns/op")
 	if after := e.hwState(); after != before {
 		b.Fatalf("hardware after the benchmark:\n%s\nwas\n%s", after, before)
 	}

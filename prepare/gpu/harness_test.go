@@ -22,6 +22,7 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/internal/slotfile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 	hwslices "github.com/hwdra/hwdra/slices"
@@ -249,8 +250,8 @@ func (e *env) inject(devs []kubeletplugin.Device) *oci.Spec {
 
 // ledgerKeys reads the ledger file.
 func (e *env) ledgerKeys() []string {
-	raw, err := os.ReadFile(filepath.Join(e.dir, "state", DriverName+".ledger.json"))
-	if os.IsNotExist(err) {
+	raw, err := slotfile.Read(filepath.Join(e.dir, "state", DriverName+".ledger.json"))
+	if err == nil && raw == nil {
 		return nil
 	}
 	var f struct{ Entries map[string]json.RawMessage }
@@ -270,7 +271,7 @@ func (e *env) ledgerKeys() []string {
 
 // checkpointRecord reads a claim's record from the checkpoint file.
 func (e *env) checkpointRecord(uid types.UID) (Record, bool) {
-	raw, err := os.ReadFile(filepath.Join(e.dir, "state", DriverName+".checkpoint.json"))
+	raw, err := slotfile.Read(filepath.Join(e.dir, "state", DriverName+".checkpoint.json"))
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/internal/slotfile"
 	"github.com/hwdra/hwdra/slices"
 )
 
@@ -93,7 +94,7 @@ func TestCrashDuringPrepare(t *testing.T) {
 				}
 				if lose {
 					checkpoint := filepath.Join(e.stateDir(), slices.NICDriver+".checkpoint.json")
-					if err := os.WriteFile(checkpoint, []byte("{torn"), 0o600); err != nil {
+					if err := slotfile.Replace(checkpoint, []byte("{torn")); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"reflect"
 	"sync/atomic"
@@ -22,6 +21,7 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/internal/slotfile"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/slices"
 	"github.com/hwdra/hwdra/sriov"
@@ -230,7 +230,7 @@ func readCheckpointRecord(path string, uid types.UID) (Record, error) {
 			Record Record `json:"record"`
 		} `json:"claims"`
 	}
-	raw, err := os.ReadFile(path)
+	raw, err := slotfile.Read(path)
 	if err != nil {
 		return Record{}, err
 	}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/diff"
 
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/internal/slotfile"
 )
 
 // Mock hardware that outlives the agent, as real hardware does: the agent
@@ -142,14 +143,15 @@ type AgentRecords struct {
 
 // ReadAgentRecords reads a driver's checkpoint and ledger in an agent's
 // --state-dir (missing files are empty). It reads the files' JSON without
-// the prepare package, as an operator would look at them.
+// the prepare package, as an operator would look at them (the newer of
+// each file's two slots, internal/slotfile).
 func ReadAgentRecords(stateDir, driver string) (AgentRecords, error) {
 	out := AgentRecords{Claims: map[string]string{}}
-	raw, err := os.ReadFile(filepath.Join(stateDir, driver+".checkpoint.json"))
-	if err != nil && !os.IsNotExist(err) {
+	raw, err := slotfile.Read(filepath.Join(stateDir, driver+".checkpoint.json"))
+	if err != nil {
 		return out, err
 	}
-	if err == nil {
+	if raw != nil {
 		var env struct {
 			Data struct {
 				Claims map[string]struct {
@@ -164,11 +166,11 @@ func ReadAgentRecords(stateDir, driver string) (AgentRecords, error) {
 			out.Claims[uid] = c.State
 		}
 	}
-	raw, err = os.ReadFile(filepath.Join(stateDir, driver+".ledger.json"))
-	if err != nil && !os.IsNotExist(err) {
+	raw, err = slotfile.Read(filepath.Join(stateDir, driver+".ledger.json"))
+	if err != nil {
 		return out, err
 	}
-	if err == nil {
+	if raw != nil {
 		var l struct {
 			Entries map[string]json.RawMessage `json:"entries"`
 		}
