@@ -48,21 +48,46 @@ type Allocator struct {
 
 // New returns an allocator for one node's slices and the given classes.
 func New(features structured.Features, nodeName string, slices []*resourceapi.ResourceSlice, deviceClasses []*resourceapi.DeviceClass) *Allocator {
+	return &Allocator{
+		features: features,
+		node:     Node(nodeName),
+		slices:   slices,
+		classes:  ClassLister(deviceClasses).(classes),
+		cel:      cel.NewCache(100, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity}),
+		state:    EmptyState(),
+	}
+}
+
+// Node is a Node object as the allocator matches node selectors against.
+func Node(name string) *v1.Node {
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
+}
+
+// ClassLister serves DeviceClasses to the structured allocator.
+func ClassLister(deviceClasses []*resourceapi.DeviceClass) structured.DeviceClassLister {
 	cs := classes{}
 	for _, c := range deviceClasses {
 		cs[c.Name] = c
 	}
-	return &Allocator{
-		features: features,
-		node:     &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}},
-		slices:   slices,
-		classes:  cs,
-		cel:      cel.NewCache(100, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity}),
-		state: structured.AllocatedState{
-			AllocatedDevices:         sets.New[structured.DeviceID](),
-			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-		},
+	return cs
+}
+
+// EmptyState is the allocated state of a cluster where nothing is
+// allocated.
+func EmptyState() structured.AllocatedState {
+	return structured.AllocatedState{
+		AllocatedDevices:         sets.New[structured.DeviceID](),
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
+}
+
+// AddClasses makes more DeviceClasses known to later calls.
+func (a *Allocator) AddClasses(deviceClasses ...*resourceapi.DeviceClass) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range deviceClasses {
+		a.classes[c.Name] = c
 	}
 }
 

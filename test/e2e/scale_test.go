@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -65,6 +67,39 @@ func prepareUnprepare(ctx context.Context, t *testing.T, dra drapb.DRAPluginClie
 	return prep, unprep
 }
 
+// claimCycle creates a claim like template named name, allocates it,
+// prepares and unprepares it through dra, and deletes it; it returns the
+// prepare and unprepare times.
+func claimCycle(ctx context.Context, t *testing.T, n *framework.Node, alloc *allocate.Allocator, ns string,
+	dra drapb.DRAPluginClient, template *resourceapi.ResourceClaim, name string) (prep, unprep time.Duration) {
+	t.Helper()
+	c := template.DeepCopy()
+	c.Name = name
+	stored, err := n.CreateAllocatedClaim(ctx, alloc, ns, c)
+	if err != nil {
+		t.Fatalf("%s: %v", c.Name, err)
+	}
+	prep, unprep = prepareUnprepare(ctx, t, dra, stored, nil)
+	alloc.Release(stored)
+	if err := n.Admin.ResourceV1().ResourceClaims(ns).Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return prep, unprep
+}
+
+// logPercentiles logs "TIMING prepare/<what>/p50 ..." and p90, and the same
+// for unprepare.
+func logPercentiles(t *testing.T, what string, prep, unprep []time.Duration) {
+	t.Helper()
+	for _, q := range []struct {
+		name string
+		p    float64
+	}{{"p50", 0.5}, {"p90", 0.9}} {
+		framework.Timing(t, "prepare/"+what+"/"+q.name, percentile(prep, q.p))
+		framework.Timing(t, "unprepare/"+what+"/"+q.name, percentile(unprep, q.p))
+	}
+}
+
 func percentile(ds []time.Duration, p float64) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
@@ -111,26 +146,10 @@ func TestClaimsNeverRewriteThePoolThroughTheAPIServer(t *testing.T) {
 	for _, k := range kinds {
 		var prep, unprep []time.Duration
 		for i := range perKind {
-			c := k.claim.DeepCopy()
-			c.Name = fmt.Sprintf("%s-%d", k.name, i)
-			stored, err := n.CreateAllocatedClaim(ctx, alloc, ns, c)
-			if err != nil {
-				t.Fatalf("%s: %v", c.Name, err)
-			}
-			p, u := prepareUnprepare(ctx, t, k.dra, stored, nil)
+			p, u := claimCycle(ctx, t, n, alloc, ns, k.dra, k.claim, fmt.Sprintf("%s-%d", k.name, i))
 			prep, unprep = append(prep, p), append(unprep, u)
-			alloc.Release(c)
-			if err := n.Admin.ResourceV1().ResourceClaims(ns).Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
 		}
-		for _, q := range []struct {
-			name string
-			p    float64
-		}{{"p50", 0.5}, {"p90", 0.9}} {
-			framework.Timing(t, "prepare/"+k.name+"/"+q.name, percentile(prep, q.p))
-			framework.Timing(t, "unprepare/"+k.name+"/"+q.name, percentile(unprep, q.p))
-		}
+		logPercentiles(t, k.name, prep, unprep)
 	}
 	// A rescan after the last claim publishes nothing either: the agent
 	// rescans every minute, a link change at once; wait for one tick of
@@ -209,7 +228,7 @@ func TestMIGPodRunsWhileItsGPUChurns(t *testing.T) {
 				t.Errorf("round %d: the pod's CDI spec changed while another claim was prepared", i)
 			}
 		})
-		alloc.Release(c)
+		alloc.Release(stored)
 		if err := s.n.Admin.ResourceV1().ResourceClaims(s.ns).Delete(s.ctx, c.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -221,4 +240,56 @@ func TestMIGPodRunsWhileItsGPUChurns(t *testing.T) {
 	if got := writes.Count(gpuDriver); got != 0 {
 		t.Errorf("%d ResourceSlice writes while claims churned on the pod's GPU: %v", got, writes.Events())
 	}
+}
+
+// TestPrepareLatencyBesideExampleDriver compares a whole-GPU prepare through
+// hwdra with the same call to kubernetes-sigs/dra-example-driver's kubelet
+// plugin (8 example GPUs), both on this node's API server and kubelet
+// directories, alternating claim by claim so both see the same load. It
+// needs that plugin's binary: build cmd/dra-example-kubeletplugin of
+// github.com/kubernetes-sigs/dra-example-driver (not on the Go module
+// proxy) and set HWDRA_E2E_EXAMPLE_DRIVER to it; skipped otherwise.
+func TestPrepareLatencyBesideExampleDriver(t *testing.T) {
+	bin := os.Getenv("HWDRA_E2E_EXAMPLE_DRIVER")
+	if bin == "" {
+		t.Skip("HWDRA_E2E_EXAMPLE_DRIVER is not set: no dra-example-driver kubelet plugin to compare with")
+	}
+	const exampleDriver = "gpu.example.com"
+	n := framework.Shared(t)
+	ctx := context.Background()
+	n.StartAgent(t, "mock:dgx-h100")
+	n.StartProcess(t, "dra-example-kubeletplugin", bin,
+		"--node-name="+n.Name, "--kubeconfig="+n.AdminKubeconfig(), "--cdi-root="+n.CDIDir, "--num-devices=8",
+		"--kubelet-registrar-directory-path="+n.RegistrarDir(), "--kubelet-plugins-directory-path="+n.PluginsDir())
+	class := &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: exampleDriver},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{
+			CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + exampleDriver + `"`},
+		}}},
+	}
+	if _, err := n.Admin.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Admin.ResourceV1().DeviceClasses().Delete(context.Background(), exampleDriver, metav1.DeleteOptions{})
+	})
+	alloc, err := n.Allocator(ctx, gpuDriver, exampleDriver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc.AddClasses(class)
+	ns := n.CreateNamespace(t, "latency")
+	ours, theirs := n.DRAClient(t, gpuDriver), n.DRAClient(t, exampleDriver)
+	gpu, example := oneDevice("", "gpu.hwdra.io", ""), oneDevice("", exampleDriver, "")
+	const rounds = 40
+	var hp, hu, ep, eu []time.Duration
+	for i := range rounds {
+		p, u := claimCycle(ctx, t, n, alloc, ns, ours, gpu, fmt.Sprintf("hwdra-%d", i))
+		hp, hu = append(hp, p), append(hu, u)
+		p, u = claimCycle(ctx, t, n, alloc, ns, theirs, example, fmt.Sprintf("example-%d", i))
+		ep, eu = append(ep, p), append(eu, u)
+	}
+	logPercentiles(t, "hwdra-full-gpu", hp, hu)
+	logPercentiles(t, "dra-example-driver", ep, eu)
+	t.Logf("full-GPU prepare p50: hwdra/dra-example-driver = %.2f", float64(percentile(hp, 0.5))/float64(percentile(ep, 0.5)))
 }

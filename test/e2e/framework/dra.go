@@ -62,6 +62,7 @@ func (n *Node) Allocator(ctx context.Context, drivers ...string) (*allocate.Allo
 
 // CreateAllocatedClaim creates the claim in ns, allocates it and stores the
 // allocation in its status, as the scheduler does (no pod reserves it).
+// Release the returned claim from alloc once it is deleted.
 func (n *Node) CreateAllocatedClaim(ctx context.Context, alloc *allocate.Allocator, ns string, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
 	created, err := n.Admin.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{})
 	if err != nil {

@@ -51,6 +51,10 @@ type Node struct {
 	stopOnce    sync.Once
 }
 
+// AdminKubeconfig is the path of a kubeconfig with the cluster admin's
+// credentials.
+func (n *Node) AdminKubeconfig() string { return n.kubeconfigs["admin"] }
+
 var (
 	nodeSeq    int
 	sharedMu   sync.Mutex
