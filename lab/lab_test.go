@@ -34,7 +34,7 @@ func TestLabRunsTheExamples(t *testing.T) {
 		"gpu.hwdra.io/claim=lab-default-mig-1g-10gb-",
 		"NVIDIA_VISIBLE_DEVICES=void",
 		"/dev/nvidiactl",
-		"migProfile:",
+		"gpu.hwdra.io/profile:\n      string: 1g.10gb",
 		"MIG on, 2 GPU instance(s) [1g.10gb at slice 5] [1g.10gb at slice 6]",
 		"mig-1g-10gb: unprepared",
 		"no GPU instances or MIG modes differ from the start",

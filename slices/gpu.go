@@ -34,6 +34,7 @@ const (
 	attrVGPUType     = GPUDriver + "/vgpuType"
 	attrVGPUClass    = GPUDriver + "/vgpuClass"
 	attrMIGBacked    = GPUDriver + "/migBacked"
+	attrMIGProfile   = GPUDriver + "/migProfile" // of a MIG-backed vGPU's GPU instance
 	capMemory        = GPUDriver + "/memory"
 	capSMs           = GPUDriver + "/multiprocessors"
 )
@@ -93,6 +94,9 @@ type GPUDevice struct {
 	Placement hw.Placement
 	// VGPUType is set for vGPUs.
 	VGPUType hw.VGPUType
+	// Attributes are the device's published attributes (read only: they
+	// share maps with other devices).
+	Attributes map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 }
 
 // GPUDevices maps every device GPUResources publishes for these GPUs and
@@ -201,7 +205,7 @@ func (b *gpuDevices) build() {
 func (b *gpuDevices) add(d resourceapi.Device, what GPUDevice) {
 	b.devices = append(b.devices, d)
 	if b.catalog != nil {
-		what.GPU = b.gpu
+		what.GPU, what.Attributes = b.gpu, d.Attributes
 		b.catalog[d.Name] = what
 	}
 }
@@ -268,6 +272,7 @@ func (b *gpuDevices) timeSlicedVGPU(t hw.VGPUType, i int) resourceapi.Device {
 
 func (b *gpuDevices) migBackedVGPU(t hw.VGPUType, p hw.MIGProfile, pl hw.Placement) resourceapi.Device {
 	d := b.vgpu(t, pl.Start)
+	d.Attributes[attrMIGProfile] = str(p.Name)
 	d.Attributes[attrPlacement] = integer(pl.Start)
 	d.Attributes[attrPlacementLen] = integer(pl.Size)
 	d.Capacity = capacity(t.FramebufferBytes, p.Multiprocessors)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math/rand"
 	"regexp"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -282,5 +283,19 @@ func TestGPUDevicesMatchPublishedDevices(t *testing.T) {
 		if what.Kind == KindMIG && MIGName(what.GPU.PCIBusID, what.Profile.Name, what.Placement.Start) != name {
 			t.Errorf("%s: catalog says %s at %d", name, what.Profile.Name, what.Placement.Start)
 		}
+	}
+}
+
+func TestPoolRefusesDuplicateNames(t *testing.T) {
+	d := func(name string) resourceapi.Device { return resourceapi.Device{Name: name} }
+	p := pool(nil, []resourceapi.Device{d("a"), d("b"), d("a")}, "")
+	var names []string
+	for _, s := range p.Slices {
+		for _, dev := range s.Devices {
+			names = append(names, dev.Name)
+		}
+	}
+	if strings.Join(names, ",") != "a,b" {
+		t.Fatalf("devices %v, want a,b", names)
 	}
 }

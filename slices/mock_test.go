@@ -3,10 +3,12 @@ package slices
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
@@ -119,4 +121,44 @@ func BenchmarkProbeAndBuild(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestEveryGPUModel: every GPU model the mock knows, with MIG off, MIG on
+// and in host-vGPU mode, gives slices within the API's limits with unique
+// device names (B200's "1g.23gb+me" and "1g.23gb-me" once collided), and
+// the scheduler's allocator can allocate one device of each kind there.
+func TestEveryGPUModel(t *testing.T) {
+	for _, model := range mock.Models() {
+		for _, mode := range []struct{ name, yaml string }{
+			{"mig-off", ""},
+			{"mig-on", "\n  mig: true"},
+			{"host-vgpu", "\n  virtualization: host-vgpu"},
+		} {
+			t.Run(model+"/"+mode.name, func(t *testing.T) {
+				file := filepath.Join(t.TempDir(), "node.yaml")
+				profile := "gpus:\n- model: " + model + "\n  count: 8" + mode.yaml + "\n"
+				if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				res := GPUResources(testNode, probe(t, "mock:"+file).GPUs, AllFeatures)
+				checkLimits(t, res)
+				kinds := map[string]bool{}
+				for _, s := range res.Pools[testNode].Slices {
+					for _, d := range s.Devices {
+						kinds[*d.Attributes[AttrType].StringValue] = true
+					}
+				}
+				if len(kinds) == 0 {
+					t.Fatal("no devices")
+				}
+				for kind := range kinds {
+					a := newAllocator(t, allocate.ClusterFeatures, Resources{GPUDriver: res})
+					c := claim(request("one", GPUDriver, 1, fmt.Sprintf(`device.attributes["gpu.hwdra.io"].type == %q`, kind)))
+					if !fits(t, a, c) {
+						t.Errorf("one %s device cannot be allocated", kind)
+					}
+				}
+			})
+		}
+	}
 }

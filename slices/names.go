@@ -11,11 +11,14 @@ const maxLabel = 63
 
 // label turns free text ("0000:3b:00.0", "1g.10gb+me", "NVIDIA H100-10C")
 // into a DNS label fragment: lower case, runs of other characters become one
-// dash, no dash at either end.
+// dash, no dash at either end. A "+" becomes the word "plus": NVIDIA names
+// MIG profile variants by it, and Blackwell lists "1g.23gb+me" (with the
+// media engines) beside "1g.23gb-me" (without), which would both read
+// "1g-23gb-me" otherwise.
 func label(s string) string {
 	var b strings.Builder
 	dash := false
-	for _, r := range strings.ToLower(s) {
+	for _, r := range strings.ToLower(strings.ReplaceAll(s, "+", "-plus-")) {
 		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
 			if dash && b.Len() > 0 {
 				b.WriteByte('-')

@@ -3,6 +3,7 @@ package slices
 import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
 )
 
 // pool lays out one pool within the API's per-slice limits: counter sets in
@@ -10,9 +11,12 @@ import (
 // devices), then devices in order, at most 128 per slice or 64 once a slice
 // holds a device that consumes counters or carries taints. Device order is
 // kept: the allocator tries slices by name and devices in order, so callers
-// list preferred devices first.
+// list preferred devices first. A device named like an earlier one is left
+// out (and logged): the API server would reject its slice, and the
+// scheduler would then treat the whole pool as invalid.
 func pool(counterSets []resourceapi.CounterSet, devices []resourceapi.Device, partitionType resourceapi.FullyQualifiedName) resourceslice.Pool {
 	var p resourceslice.Pool
+	seen := make(map[string]bool, len(devices))
 	for start := 0; start < len(counterSets); start += resourceapi.ResourceSliceMaxCounterSets {
 		end := min(start+resourceapi.ResourceSliceMaxCounterSets, len(counterSets))
 		p.Slices = append(p.Slices, resourceslice.Slice{SharedCounters: counterSets[start:end]})
@@ -20,6 +24,11 @@ func pool(counterSets []resourceapi.CounterSet, devices []resourceapi.Device, pa
 	cur := -1 // index of the device slice being filled
 	limit := resourceapi.ResourceSliceMaxDevices
 	for _, d := range devices {
+		if seen[d.Name] {
+			klog.Background().Error(nil, "Device name built twice: publishing the first device only (a bug: please report it)", "device", d.Name)
+			continue
+		}
+		seen[d.Name] = true
 		advanced := len(d.ConsumesCounters) > 0 || len(d.Taints) > 0
 		if cur >= 0 {
 			n := len(p.Slices[cur].Devices)

@@ -7,7 +7,6 @@ import (
 	"github.com/google/uuid"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/hw"
@@ -48,16 +47,21 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 	case hwslices.KindVGPU:
 		out.Edits, out.Attributes, err = a.vgpu(r, p)
 	}
-	out.Attributes = qualify(out.Attributes)
+	out.Attributes = metadata(p.dev.Attributes, out.Attributes)
 	return out, err
 }
 
-// qualify puts the driver's own metadata attributes in its domain
-// ("gpu.hwdra.io/uuid"), as in the ResourceSlices, so containers read the
-// same names there and in the metadata file.
-func qualify(attrs map[string]resourceapi.DeviceAttribute) map[string]resourceapi.DeviceAttribute {
-	out := make(map[string]resourceapi.DeviceAttribute, len(attrs))
-	for k, v := range attrs {
+// metadata is what a container reads about its device (KEP-5304): every
+// attribute the ResourceSlice publishes for it, under the same names with
+// the same values, plus what exists only once it is prepared (a MIG
+// device's UUID, a vGPU's mediated device), in the driver's domain
+// ("gpu.hwdra.io/uuid") like the published ones.
+func metadata(published map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, runtime map[string]resourceapi.DeviceAttribute) map[string]resourceapi.DeviceAttribute {
+	out := make(map[string]resourceapi.DeviceAttribute, len(published)+len(runtime))
+	for k, v := range published {
+		out[string(k)] = v
+	}
+	for k, v := range runtime {
 		if !strings.Contains(k, "/") {
 			k = DriverName + "/" + k
 		}
@@ -94,9 +98,7 @@ func (a *applier) fullGPU(r *DeviceRecord, p devicePlan, libs *cdispec.Container
 		return nil, nil, err
 	}
 	edits.Env = append(edits.Env, envName(p.device, "UUID")+"="+g.UUID)
-	attrs := gpuAttrs(g, hwslices.KindGPU)
-	attrs["uuid"] = str(g.UUID)
-	return merge(edits, libs), attrs, nil
+	return merge(edits, libs), nil, nil
 }
 
 func (a *applier) mig(r *DeviceRecord, p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
@@ -123,14 +125,11 @@ func (a *applier) mig(r *DeviceRecord, p devicePlan, libs *cdispec.ContainerEdit
 	}
 	edits.DeviceNodes = append(edits.DeviceNodes, caps...)
 	edits.Env = append(edits.Env, envName(p.device, "UUID")+"="+migUUID)
-	attrs := gpuAttrs(g, hwslices.KindMIG)
-	attrs["uuid"] = str(migUUID)
-	attrs["parentUUID"] = str(g.UUID)
-	attrs["migProfile"] = str(p.dev.Profile.Name)
-	attrs["placementStart"] = integer(p.dev.Placement.Start)
-	attrs["placementSize"] = integer(p.dev.Placement.Size)
-	attrs["gpuInstanceID"] = integer(gi)
-	attrs["computeInstanceID"] = integer(ci)
+	attrs := map[string]resourceapi.DeviceAttribute{
+		"uuid":              str(migUUID),
+		"gpuInstanceID":     integer(gi),
+		"computeInstanceID": integer(ci),
+	}
 	return merge(edits, libs), attrs, nil
 }
 
@@ -271,27 +270,14 @@ func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, 
 		return nil, nil, err
 	}
 	edits.Env = append(edits.Env, envName(p.device, "MDEV")+"="+id)
-	attrs := gpuAttrs(g, hwslices.KindVGPU)
-	attrs["mdevUUID"] = str(id)
-	attrs["mdevParent"] = str(parent)
-	attrs["parentUUID"] = str(g.UUID)
-	attrs["vgpuType"] = str(t.Name)
+	attrs := map[string]resourceapi.DeviceAttribute{
+		"mdevUUID":   str(id),
+		"mdevParent": str(parent),
+	}
 	if gi >= 0 {
-		attrs["migProfile"] = str(p.dev.Profile.Name)
-		attrs["placementStart"] = integer(p.dev.Placement.Start)
-		attrs["placementSize"] = integer(p.dev.Placement.Size)
 		attrs["gpuInstanceID"] = integer(gi)
 	}
 	return edits, attrs, nil
-}
-
-// gpuAttrs are the metadata every device of a GPU carries.
-func gpuAttrs(g hw.GPU, kind string) map[string]resourceapi.DeviceAttribute {
-	return map[string]resourceapi.DeviceAttribute{
-		"type":        str(kind),
-		"productName": str(g.ProductName),
-		string(deviceattribute.StandardDeviceAttributePCIBusID): str(g.PCIBusID),
-	}
 }
 
 func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }

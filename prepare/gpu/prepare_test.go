@@ -155,7 +155,7 @@ func TestPrepareUnprepare(t *testing.T) {
 			checkInjected(t, e, spec, append([]string{fmt.Sprintf("/dev/nvidia%d", g.Minor), "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
 				fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", base), fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", base+1+ci.ID)}, libs...),
 				map[string]string{"NVIDIA_VISIBLE_DEVICES": "void", envName(d.DeviceName, "UUID"): ci.UUID})
-			for name, want := range map[string]string{"uuid": ci.UUID, "parentUUID": g.UUID, "migProfile": "1g.10gb",
+			for name, want := range map[string]string{"uuid": ci.UUID, "parentUUID": g.UUID, "profile": "1g.10gb",
 				"placementStart": "6", "gpuInstanceID": strconv.Itoa(gi), "type": "mig"} {
 				if got := attr(d, name); got != want {
 					t.Errorf("metadata %s = %q, want %q", name, got, want)

@@ -154,8 +154,8 @@ func TestPodsMIGProfiles(t *testing.T) {
 			t.Errorf("pod %s: allocated %s of profile %q, want %q", name, res.Device, got, p.profile)
 		}
 		attrs := metadataDevice(t, r, res)
-		if got := attrValue(attrs, gpuDriver, "migProfile"); got != p.profile {
-			t.Errorf("pod %s: metadata migProfile %v, want %s", name, got, p.profile)
+		if got := attrValue(attrs, gpuDriver, "profile"); got != p.profile {
+			t.Errorf("pod %s: metadata profile %v, want %s", name, got, p.profile)
 		}
 		start, _ := attrValue(attrs, gpuDriver, "placementStart").(float64)
 		size, _ := attrValue(attrs, gpuDriver, "placementSize").(float64)

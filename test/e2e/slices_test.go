@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/hwdra/hwdra/hw/mock"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -164,5 +165,40 @@ func TestSlicesAcceptedAndAllocated(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEveryGPUModelAcceptedByTheAPIServer: the slices of every mock GPU
+// model, with MIG off, MIG on and in host-vGPU mode, pass the real API
+// server's validation (a server-side dry run with the agent's credentials)
+// and are stored as given.
+func TestEveryGPUModelAcceptedByTheAPIServer(t *testing.T) {
+	n := framework.Shared(t)
+	ctx := context.Background()
+	creds, err := n.AgentCredentials(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := dynamic.NewForConfig(creds.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, model := range mock.Models() {
+		for _, mode := range []struct{ name, yaml string }{
+			{"mig-off", ""}, {"mig-on", "\n  mig: true"}, {"host-vgpu", "\n  virtualization: host-vgpu"},
+		} {
+			t.Run(model+"/"+mode.name, func(t *testing.T) {
+				hardware := framework.MockProfile(t, model, "gpus:\n- model: "+model+"\n  count: 8"+mode.yaml+"\n")
+				for _, obj := range hwdraSlices(t, hardware, n.Name) {
+					got, err := dc.Resource(sliceGVR).Create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+					if err != nil {
+						t.Fatalf("%s: %v", obj.GetName(), err)
+					}
+					if diff := framework.Missing(obj.Object["spec"], got.Object["spec"]); len(diff) > 0 {
+						t.Errorf("%s: the API server dropped or changed fields:\n  %s", obj.GetName(), strings.Join(diff, "\n  "))
+					}
+				}
+			})
+		}
 	}
 }
