@@ -1,15 +1,20 @@
 package slices
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/hw"
 )
 
@@ -261,5 +266,48 @@ func TestPartitionsOfDifferentGPUsAreIndependent(t *testing.T) {
 	sort.Strings(devs)
 	if len(devs) != 1 || !strings.HasPrefix(devs[0], "gpu-0000-") {
 		t.Fatalf("unexpected device %v", devs)
+	}
+}
+
+// TestMIGDistinctGPU: without a constraint the first-fit allocator puts two
+// partitions on one GPU; distinctAttribute on the PCI address, which MIG
+// devices share with their GPU, spreads them (deploy/examples/
+// mig-on-distinct-gpus.yaml, allocated with the shipped classes).
+func TestMIGDistinctGPU(t *testing.T) {
+	example, err := os.ReadFile(filepath.Join("..", "deploy", "examples", "mig-on-distinct-gpus.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpuOf := func(c *resourceapi.ResourceClaim, i int) string {
+		return strings.SplitN(allocatedDevices(c)[i], "-mig-", 2)[0]
+	}
+	for _, distinct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("distinct=%v", distinct), func(t *testing.T) {
+			c := &resourceapi.ResourceClaim{}
+			if err := yaml.UnmarshalStrict(example, c); err != nil {
+				t.Fatal(err)
+			}
+			c.Namespace, c.UID = "default", "uid-distinct"
+			for _, r := range c.Spec.Devices.Requests { // the API server's defaults
+				r.Exactly.AllocationMode, r.Exactly.Count = resourceapi.DeviceAllocationModeExactCount, 1
+			}
+			if !distinct {
+				c.Spec.Devices.Constraints = nil
+			}
+			var objs []*resourceapi.ResourceSlice
+			for _, s := range Objects(GPUDriver, testNode, GPUResources(testNode, dgx(2), AllFeatures)) {
+				objs = append(objs, &s)
+			}
+			if err := allocate.New(allocate.ClusterFeatures, testNode, objs, classes).Allocate(context.Background(), c); err != nil {
+				t.Fatal(err)
+			}
+			if got := gpuOf(c, 0) != gpuOf(c, 1); got != distinct {
+				t.Errorf("devices %v: on different GPUs %v, want %v", allocatedDevices(c), got, distinct)
+			}
+		})
 	}
 }
