@@ -110,11 +110,9 @@ func Run(ctx context.Context, opts Options) error {
 	for _, d := range drivers {
 		pub.drivers = append(pub.drivers, d.Name)
 	}
-	// Published before the plugins serve, so that the first prepare finds
-	// its device in the catalog of what the hardware can deliver.
-	if err := pub.sync(ctx); err != nil {
-		logger.Error(err, "Publishing devices")
-	}
+	// Before the plugins serve, so that the first prepare finds its device
+	// in the catalog of what the hardware can deliver.
+	pub.refresh(ctx)
 
 	var helpers []*kubeletplugin.Helper
 	defer func() {
@@ -149,6 +147,11 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		helpers = append(helpers, helper)
 		logger.Info("Kubelet plugin started", "driver", d.Name)
+	}
+	// Published once the plugins serve: a pod the scheduler places here
+	// right away finds its driver.
+	if err := pub.publishCurrent(ctx); err != nil {
+		logger.Error(err, "Publishing devices")
 	}
 	pub.run(ctx, opts.Rescan, node.Changes(ctx))
 	logger.Info("Shutting down")

@@ -88,21 +88,37 @@ func (p *publisher) run(ctx context.Context, interval time.Duration, changes <-c
 
 // sync probes, builds and publishes what changed.
 func (p *publisher) sync(ctx context.Context) error {
-	logger := klog.FromContext(ctx)
-	inv, probeErr := p.probe(ctx)
-	if ctx.Err() != nil {
+	if !p.refresh(ctx) {
 		return nil // stopping
 	}
-	if probeErr != nil {
+	return p.publishCurrent(ctx)
+}
+
+// refresh probes the node and keeps what it found for prepare's catalog
+// (current) and the next publication. It reports false when ctx ended.
+func (p *publisher) refresh(ctx context.Context) bool {
+	inv, err := p.probe(ctx)
+	if ctx.Err() != nil {
+		return false
+	}
+	if err != nil {
 		// Devices that could be read are still published; a device that
 		// vanished is better gone from the slices than offered.
-		logger.Error(probeErr, "Some devices could not be read")
+		klog.FromContext(ctx).Error(err, "Some devices could not be read")
 	}
 	p.mu.Lock()
 	p.inv = inv
-	features := p.features
 	p.mu.Unlock()
+	return true
+}
 
+// publishCurrent builds the slices of the last probe and publishes what
+// changed.
+func (p *publisher) publishCurrent(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	p.mu.Lock()
+	inv, features := p.inv, p.features
+	p.mu.Unlock()
 	res, skipped := hwslices.ForNode(p.nodeName, inv, p.cfg, features)
 	p.logSkipped(logger, skipped)
 	var errs []error
