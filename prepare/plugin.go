@@ -254,17 +254,31 @@ func (p *Plugin[R]) unprepareClaim(ctx context.Context, uid types.UID) error {
 	if entry == nil {
 		return nil // never prepared here, or already unprepared
 	}
-	// The claim stays Prepared while it is undone: Unprepare is
-	// idempotent, and after a crash half-way the kubelet calls it again.
-	if err := p.rollback(ctx, uid, entry.Record); err != nil {
+	// The claim stays Prepared while its hardware is undone, CDI spec and
+	// all: Unprepare is idempotent, and after a failure or a crash half-way
+	// the kubelet calls it again (or prepares it again, for another pod,
+	// and gets devices whose spec still exists).
+	if err := p.driver.Unprepare(ctx, uid, entry.Record); err != nil {
 		return err
+	}
+	if err := p.removeSpec(uid); err != nil {
+		// The hardware is undone: no longer prepared, but a record to
+		// finish with.
+		p.mu.Lock()
+		entry.State = StatePreparing
+		p.mu.Unlock()
+		return errors.Join(err, p.store(uid, entry))
 	}
 	return p.store(uid, nil)
 }
 
-// rollback undoes a claim's side effects and its CDI spec.
+// rollback undoes a claim's side effects and then its CDI spec: the spec
+// goes only once nothing that a container could use is left.
 func (p *Plugin[R]) rollback(ctx context.Context, uid types.UID, record R) error {
-	return errors.Join(p.driver.Unprepare(ctx, uid, record), p.removeSpec(uid))
+	if err := p.driver.Unprepare(ctx, uid, record); err != nil {
+		return err
+	}
+	return p.removeSpec(uid)
 }
 
 // store puts (or, with nil, removes) a claim and writes the checkpoint.

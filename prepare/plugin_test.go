@@ -20,9 +20,10 @@ import (
 // ledger is a Driver over a pretend piece of hardware that holds named
 // resources; it exercises the plugin's bookkeeping, not any real driver.
 type ledger struct {
-	held      map[string]bool // resource -> exists on the "hardware"
-	failAfter int             // fail Prepare after this many side effects (0: never)
-	undone    []string
+	held          map[string]bool // resource -> exists on the "hardware"
+	failAfter     int             // fail Prepare after this many side effects (0: never)
+	failUnprepare bool            // Unprepare undoes the first resource, then fails
+	undone        []string
 }
 
 type record struct {
@@ -48,7 +49,10 @@ func (l *ledger) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 }
 
 func (l *ledger) Unprepare(ctx context.Context, uid types.UID, r record) error {
-	for _, res := range r.Resources {
+	for i, res := range r.Resources {
+		if l.failUnprepare && i == 1 {
+			return errors.New("injected unprepare failure")
+		}
 		if l.held[res] {
 			delete(l.held, res)
 			l.undone = append(l.undone, res)
@@ -201,5 +205,38 @@ func TestRebootForgetsClaims(t *testing.T) {
 	p2 := newPlugin(t, l, dir, "boot-2")
 	if len(p2.Prepared()) != 0 {
 		t.Fatal("claims survived a reboot")
+	}
+}
+
+// TestHalfFailedUnprepareKeepsTheClaimUsable: when the driver cannot undo
+// everything, the claim stays prepared with its CDI spec, so a prepare (for
+// another pod) gets devices whose spec exists, and a retried unprepare
+// finishes the job.
+func TestHalfFailedUnprepareKeepsTheClaimUsable(t *testing.T) {
+	dir := t.TempDir()
+	l := &ledger{held: map[string]bool{}}
+	p := newPlugin(t, l, dir, "boot-1")
+	ctx := context.Background()
+	spec := filepath.Join(dir, "cdi", "test.hwdra.io_claim_u1.json")
+	if res, err := p.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{testClaim("u1")}); err != nil || res["u1"].Err != nil {
+		t.Fatal(err, res["u1"].Err)
+	}
+	l.failUnprepare = true
+	if res, _ := p.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "u1"}}); res["u1"] == nil {
+		t.Fatal("unprepare did not report the failure")
+	}
+	if _, err := os.Stat(spec); err != nil {
+		t.Fatalf("the CDI spec went with a failed unprepare: %v", err)
+	}
+	again, _ := p.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{testClaim("u1")})
+	if again["u1"].Err != nil || len(again["u1"].Devices) != 1 || len(again["u1"].Devices[0].CDIDeviceIDs) != 1 {
+		t.Fatalf("prepare after the failed unprepare: %+v", again["u1"])
+	}
+	l.failUnprepare = false
+	if res, _ := p.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "u1"}}); res["u1"] != nil {
+		t.Fatal(res["u1"])
+	}
+	if _, err := os.Stat(spec); !os.IsNotExist(err) || len(l.held) != 0 || len(p.Prepared()) != 0 {
+		t.Fatalf("after the retried unprepare: spec %v, hardware %v, prepared %v", err, l.held, p.Prepared())
 	}
 }
