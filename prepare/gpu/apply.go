@@ -31,6 +31,13 @@ type applier struct {
 }
 
 func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
+	if p.admin {
+		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
+		var err error
+		out.Edits, out.Attributes, err = a.asItIs(p, libs)
+		out.Attributes = metadata(p.dev.Attributes, out.Attributes)
+		return out, err
+	}
 	a.rec.Devices = append(a.rec.Devices, DeviceRecord{Request: p.request, Device: p.device, GPU: p.dev.GPU.PCIBusID})
 	r := &a.rec.Devices[len(a.rec.Devices)-1]
 	a.d.use(r.GPU, a.claim)
@@ -89,6 +96,43 @@ func (a *applier) migMode(r *DeviceRecord, want bool) error {
 		return err
 	}
 	return a.d.effect("mig-mode")
+}
+
+// asItIs gives an adminAccess request the device as it is, for monitoring
+// and debugging beside the claims that use it: the GPU's device nodes and,
+// where the MIG partition exists, its capability nodes. Nothing is
+// created, switched or counted as use, and nothing is recorded: unprepare
+// has nothing to undo.
+func (a *applier) asItIs(p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
+	g := p.dev.GPU
+	edits, minor, err := a.d.gpuEdits(g.PCIBusID)
+	if err != nil {
+		return nil, nil, err
+	}
+	edits.Env = append(edits.Env, envName(p.device, "UUID")+"="+g.UUID)
+	attrs := map[string]resourceapi.DeviceAttribute{}
+	if p.dev.Kind != hwslices.KindGPU && p.dev.Placement.Size > 0 {
+		list, err := a.d.nvml.GPUInstances(g.PCIBusID)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, gi := range list {
+			if gi.ProfileID != p.dev.Profile.ID || gi.Placement != p.dev.Placement || len(gi.ComputeInstances) == 0 {
+				continue
+			}
+			ci := gi.ComputeInstances[0]
+			caps, err := a.d.nodes.migCaps(minor, gi.ID, ci.ID)
+			if err != nil {
+				return nil, nil, err
+			}
+			edits.DeviceNodes = append(edits.DeviceNodes, caps...)
+			attrs["gpuInstanceID"], attrs["computeInstanceID"] = integer(gi.ID), integer(ci.ID)
+			if ci.UUID != "" {
+				attrs["uuid"] = str(ci.UUID)
+			}
+		}
+	}
+	return merge(edits, libs), attrs, nil
 }
 
 func (a *applier) fullGPU(r *DeviceRecord, p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {

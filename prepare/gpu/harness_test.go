@@ -136,6 +136,7 @@ func (e *env) restart(hook func(string) error) {
 type request struct {
 	name, cel string
 	config    string // opaque GpuConfig parameters, JSON
+	admin     bool   // adminAccess
 }
 
 // claim allocates a claim of the requests with the scheduler's allocator.
@@ -153,6 +154,9 @@ func (e *env) claim(reqs ...request) *resourceapi.ResourceClaim {
 			dr.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 				Expression: `device.attributes["gpu.hwdra.io"].` + r.cel,
 			}}}
+		}
+		if r.admin {
+			dr.Exactly.AdminAccess = &r.admin
 		}
 		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, dr)
 		if r.config != "" {

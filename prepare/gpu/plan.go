@@ -26,6 +26,8 @@ type devicePlan struct {
 	// computeSlices is the MIG device's compute instance size, 0 for the
 	// whole GPU instance.
 	computeSlices int
+	// admin: an adminAccess request, given the device as it is.
+	admin bool
 }
 
 // plan is pure: the claim's allocation, its configuration and the catalog
@@ -54,6 +56,12 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]hwslices.GPUDevic
 			configs[r.Request] = cfg
 		}
 		p := devicePlan{request: r.Request, pool: r.Pool, device: r.Device, dev: dev}
+		if r.AdminAccess != nil && *r.AdminAccess {
+			// Monitoring and debugging: no partition, mode or config.
+			p.admin = true
+			out = append(out, p)
+			continue
+		}
 		switch dev.Kind {
 		case hwslices.KindGPU:
 		case hwslices.KindMIG:

@@ -260,3 +260,51 @@ func (e *env) gpuOf(device string) hw.GPU {
 	e.t.Fatalf("no GPU for device %s", device)
 	return hw.GPU{}
 }
+
+// TestAdminAccessTakesTheDeviceAsItIs: an adminAccess request (monitoring,
+// debugging) gets the device as it is: no GPU instance made or destroyed,
+// no MIG mode switched, the capability nodes of a partition that exists,
+// and its unprepare leaves everything as it was. (The scheduler's
+// allocator still charges an admin request's counters, so it never lands
+// on a partition a claim holds.)
+func TestAdminAccessTakesTheDeviceAsItIs(t *testing.T) {
+	e := newEnv(t, `gpus: [{model: h100-80gb, count: 1, mig: true, migInstances: [{profile: 3g.40gb, start: 4}]},
+		{model: h100-80gb, count: 1, mig: true}]`, true)
+	before := e.hwState()
+	for _, tc := range []struct {
+		name string
+		cel  string
+		// the partition's MIG capability nodes, besides the GPU's own
+		caps int
+	}{
+		{"a static partition", `profile == "3g.40gb" && device.attributes["gpu.hwdra.io"].placementStart == 4`, 2},
+		{"a MIG partition that does not exist", `profile == "1g.10gb"`, 0},
+		{"the whole GPU, in MIG mode", `profile == "full"`, 0}, // the second GPU: the first cannot switch
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin := e.claim(request{name: "a", cel: tc.cel, admin: true})
+			defer e.alloc.Release(admin)
+			devs := e.mustPrepare(admin)
+			if got := e.hwState(); got != before {
+				t.Errorf("hardware after the admin prepare:\n%s\nwant\n%s", got, before)
+			}
+			spec := e.inject(devs)
+			caps := 0
+			for _, d := range spec.Linux.Devices {
+				if strings.HasPrefix(d.Path, "/dev/nvidia-caps/") {
+					caps++
+				}
+			}
+			if caps != tc.caps {
+				t.Errorf("%d MIG capability nodes, want %d", caps, tc.caps)
+			}
+			if want := e.gpus[0].MIG.Instances[0].ComputeInstances[0].UUID; tc.caps > 0 && attr(devs[0], "uuid") != want {
+				t.Errorf("admin metadata uuid %q, the partition's is %q", attr(devs[0], "uuid"), want)
+			}
+			e.unprepare(admin)
+			if got := e.hwState(); got != before {
+				t.Errorf("hardware after the admin unprepare:\n%s\nwant\n%s", got, before)
+			}
+		})
+	}
+}
