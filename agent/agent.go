@@ -51,6 +51,9 @@ type Options struct {
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.
 	node *backend.Node
+	// featureRecheck, in tests, replaces how often a fallback model checks
+	// for the full one (10 minutes).
+	featureRecheck time.Duration
 }
 
 // metadataVersions: the newest first, so containers that read the older
@@ -92,6 +95,9 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 	pub := newPublisher(opts.NodeName, sliceClient, cfg, m)
+	if opts.featureRecheck > 0 {
+		pub.recheckEvery = opts.featureRecheck
+	}
 	defer pub.stop()
 	inv, err := node.Inventory(ctx)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,9 +91,14 @@ func startAgentWith(t testing.TB, opts Options, before ...func(*fake.Clientset))
 	// controller relies on it.
 	seq := 0
 	a.client.PrependReactor("create", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		if obj, ok := action.(k8stesting.CreateAction).GetObject().(metav1.Object); ok && obj.GetName() == "" && obj.GetGenerateName() != "" {
+		create := action.(k8stesting.CreateAction)
+		if obj, ok := create.GetObject().(metav1.Object); ok && obj.GetName() == "" && obj.GetGenerateName() != "" {
 			seq++
 			obj.SetName(fmt.Sprintf("%s%05d", obj.GetGenerateName(), seq))
+		}
+		// Nor dry runs: answer with the object, store nothing.
+		if impl, ok := create.(k8stesting.CreateActionImpl); ok && len(impl.CreateOptions.DryRun) > 0 {
+			return true, create.GetObject(), nil
 		}
 		return false, nil, nil
 	})
@@ -110,6 +116,9 @@ func startAgentWith(t testing.TB, opts Options, before ...func(*fake.Clientset))
 	opts.CDIDir, opts.StateDir = filepath.Join(dir, "cdi"), filepath.Join(dir, "state")
 	if opts.Rescan == 0 {
 		opts.Rescan = 100 * time.Millisecond
+	}
+	if opts.featureRecheck == 0 {
+		opts.featureRecheck = 200 * time.Millisecond
 	}
 	opts.MetricsAddress = freeAddress(t)
 	a.opts = opts
@@ -383,8 +392,11 @@ func injectCDI(t *testing.T, dir string, ids []string) {
 // TestAgentFallsBackWhenFieldsAreDropped: an API server without
 // DRADeviceCompatibilityGroups drops the groups; the agent notices and
 // republishes a model that needs none (no vGPU devices), instead of leaving
-// MIG and vGPU of one GPU co-allocatable.
+// MIG and vGPU of one GPU co-allocatable. Once the gate is on (the server
+// keeps the groups) the agent finds out by a dry run and returns to the
+// full model.
 func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
+	var gateOn atomic.Bool
 	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
 		var obj runtime.Object
 		switch act := action.(type) {
@@ -393,7 +405,7 @@ func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
 		case k8stesting.UpdateAction:
 			obj = act.GetObject()
 		}
-		if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+		if s, ok := obj.(*resourceapi.ResourceSlice); ok && !gateOn.Load() {
 			for i := range s.Spec.Devices {
 				for j := range s.Spec.Devices[i].ConsumesCounters {
 					s.Spec.Devices[i].ConsumesCounters[j].CompatibilityGroups = nil
@@ -406,9 +418,7 @@ func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
 		c.PrependReactor("create", "resourceslices", strip)
 		c.PrependReactor("update", "resourceslices", strip)
 	})
-
-	ss := a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
-		vgpu, mig := 0, 0
+	kinds := func(ss []*resourceapi.ResourceSlice) (vgpu, mig int) {
 		for _, s := range ss {
 			for _, d := range s.Spec.Devices {
 				switch *d.Attributes[hwslices.AttrType].StringValue {
@@ -419,12 +429,25 @@ func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
 				}
 			}
 		}
+		return vgpu, mig
+	}
+	ss := a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+		vgpu, mig := kinds(ss)
 		return vgpu == 0 && mig > 0
 	})
 	// MIG partitions still allocate.
 	a.allocated(ss, "mig", migRequest("1g.10gb"))
 	if got := a.metric(`hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`); got != "1" {
 		t.Errorf("fallback metric %q", got)
+	}
+
+	gateOn.Store(true)
+	a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+		vgpu, _ := kinds(ss)
+		return vgpu > 0
+	})
+	if got := a.metric(`hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`); got != "0" {
+		t.Errorf("fallback metric after the gate came back: %q", got)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -41,19 +40,23 @@ type publisher struct {
 
 	poke    chan struct{}
 	metrics *metrics
+	// recheckEvery: how often a fallback model checks whether the API
+	// server keeps the full model's fields again.
+	recheckEvery time.Duration
 }
 
 func newPublisher(nodeName string, client kubernetes.Interface, cfg *config.AgentConfig, m *metrics) *publisher {
 	p := &publisher{
-		nodeName:    nodeName,
-		client:      client,
-		cfg:         cfg,
-		features:    hwslices.AllFeatures,
-		published:   map[string]resourceslice.DriverResources{},
-		controllers: map[string]*resourceslice.Controller{},
-		skipped:     map[string]bool{},
-		poke:        make(chan struct{}, 1),
-		metrics:     m,
+		nodeName:     nodeName,
+		client:       client,
+		cfg:          cfg,
+		features:     hwslices.AllFeatures,
+		published:    map[string]resourceslice.DriverResources{},
+		controllers:  map[string]*resourceslice.Controller{},
+		skipped:      map[string]bool{},
+		poke:         make(chan struct{}, 1),
+		metrics:      m,
+		recheckEvery: 10 * time.Minute,
 	}
 	m.registry.MustRegister(sliceWrites{p})
 	return p
@@ -72,6 +75,8 @@ func (p *publisher) Poke() {
 func (p *publisher) run(ctx context.Context, interval time.Duration, changes <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	recheck := time.NewTicker(p.recheckEvery)
+	defer recheck.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -79,6 +84,9 @@ func (p *publisher) run(ctx context.Context, interval time.Duration, changes <-c
 		case <-t.C:
 		case <-p.poke:
 		case <-changes:
+		case <-recheck.C:
+			p.recheckFeatures(ctx)
+			continue
 		}
 		if err := p.sync(ctx); err != nil {
 			klog.FromContext(ctx).Error(err, "Publishing devices")
@@ -196,40 +204,6 @@ func (p *publisher) current() (hw.Inventory, hwslices.Features) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.inv, p.features
-}
-
-// dropFeatures is called when the API server dropped fields of our slices
-// because a DRA feature gate is off. It falls back to a model without those
-// features and republishes, so the pool stays usable.
-func (p *publisher) dropFeatures(ctx context.Context, gates []string) {
-	p.mu.Lock()
-	f := p.features
-	for _, g := range gates {
-		switch g {
-		case "DRAPartitionableDevices":
-			f.PartitionableDevices = false
-		case "DRAPartitionableDevicesType":
-			f.PartitionType = false
-		case "DRADeviceCompatibilityGroups":
-			f.CompatibilityGroups = false
-		case "DRAConsumableCapacity":
-			f.ConsumableCapacity = false
-		case "DRADeviceTaints":
-			f.DeviceTaints = false
-		}
-	}
-	changed := f != p.features
-	p.features = f
-	p.mu.Unlock()
-	for _, g := range gates {
-		p.metrics.fallbacks.WithLabelValues(g).Set(1)
-	}
-	if !changed {
-		return
-	}
-	klog.FromContext(ctx).Error(nil, "The API server dropped fields of our ResourceSlices: a DRA feature gate is off in this cluster. Falling back to a device model without it; enable the gate in kube-apiserver and kube-scheduler for the full model",
-		"missingGates", slices.Sorted(slices.Values(gates)), "features", f)
-	p.Poke()
 }
 
 func countDevices(res resourceslice.DriverResources) int {

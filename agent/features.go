@@ -1,0 +1,111 @@
+package agent
+
+import (
+	"context"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+// gates names the DRA feature gates behind each slice feature, as the
+// resourceslice library reports them dropped.
+var gates = []struct {
+	name string
+	flag func(*hwslices.Features) *bool
+}{
+	{"DRAPartitionableDevices", func(f *hwslices.Features) *bool { return &f.PartitionableDevices }},
+	{"DRAPartitionableDevicesType", func(f *hwslices.Features) *bool { return &f.PartitionType }},
+	{"DRADeviceCompatibilityGroups", func(f *hwslices.Features) *bool { return &f.CompatibilityGroups }},
+	{"DRAConsumableCapacity", func(f *hwslices.Features) *bool { return &f.ConsumableCapacity }},
+	{"DRADeviceTaints", func(f *hwslices.Features) *bool { return &f.DeviceTaints }},
+}
+
+// without is f with the features of the named gates off.
+func without(f hwslices.Features, off []string) hwslices.Features {
+	for _, g := range gates {
+		if slices.Contains(off, g.name) {
+			*g.flag(&f) = false
+		}
+	}
+	return f
+}
+
+// dropFeatures is called when the API server dropped fields of our slices
+// because a DRA feature gate is off. It falls back to a model without those
+// features and republishes, so the pool stays usable.
+func (p *publisher) dropFeatures(ctx context.Context, dropped []string) {
+	p.mu.Lock()
+	f := without(p.features, dropped)
+	changed := f != p.features
+	p.features = f
+	p.mu.Unlock()
+	for _, g := range dropped {
+		p.metrics.fallbacks.WithLabelValues(g).Set(1)
+	}
+	if !changed {
+		return
+	}
+	klog.FromContext(ctx).Error(nil, "The API server dropped fields of our ResourceSlices: a DRA feature gate is off in this cluster. Falling back to a device model without it; enable the gate in kube-apiserver and kube-scheduler for the full model",
+		"missingGates", slices.Sorted(slices.Values(dropped)), "features", f)
+	p.Poke()
+}
+
+// recheckFeatures runs while a fallback model is published: it asks the API
+// server whether it keeps the full model's fields now (a gate turned on
+// after the agent started) by a server-side dry run of the full model's
+// slices, which stores nothing, and returns to the fullest model it keeps.
+func (p *publisher) recheckFeatures(ctx context.Context) {
+	p.mu.Lock()
+	current, inv := p.features, p.inv
+	p.mu.Unlock()
+	if current == hwslices.AllFeatures {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	res, _ := hwslices.ForNode(p.nodeName, inv, p.cfg, hwslices.AllFeatures)
+	var dropped []string
+	for _, driver := range p.drivers {
+		for _, s := range hwslices.Objects(driver, p.nodeName, res[driver]) {
+			desired := s.DeepCopy()
+			desired.Name, desired.GenerateName = "", "hwdra-feature-check-"
+			got, err := p.client.ResourceV1().ResourceSlices().Create(ctx, desired, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			if err != nil {
+				logger.V(2).Info("Checking whether the API server keeps the full device model failed; trying later", "err", err)
+				return
+			}
+			dropped = append(dropped, (&resourceslice.DroppedFieldsError{DesiredSlice: desired, ActualSlice: got}).DisabledFeatures()...)
+		}
+	}
+	want := without(hwslices.AllFeatures, dropped)
+	if want == current || !more(want, current) {
+		return
+	}
+	p.mu.Lock()
+	p.features = want
+	p.mu.Unlock()
+	for _, g := range gates {
+		if !slices.Contains(dropped, g.name) {
+			p.metrics.fallbacks.WithLabelValues(g.name).Set(0)
+		}
+	}
+	logger.Info("The API server keeps the fields of more DRA features now: publishing the fuller device model",
+		"features", want, "stillMissingGates", slices.Sorted(slices.Values(dropped)))
+	p.Poke()
+}
+
+// more reports whether a has every feature b has, and one more.
+func more(a, b hwslices.Features) bool {
+	gained := false
+	for _, g := range gates {
+		ha, hb := *g.flag(&a), *g.flag(&b)
+		if hb && !ha {
+			return false
+		}
+		gained = gained || ha && !hb
+	}
+	return gained
+}
