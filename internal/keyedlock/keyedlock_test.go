@@ -37,3 +37,16 @@ func TestNoDeadlockOnOppositeOrders(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+func TestUnusedKeysAreFreed(t *testing.T) {
+	var l Locks
+	var wg sync.WaitGroup
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.Lock("shared", string(rune('a'+i%26)))() }()
+	}
+	wg.Wait()
+	if n := l.Len(); n != 0 {
+		t.Fatalf("%d keys kept after every holder unlocked", n)
+	}
+}
