@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -14,11 +15,17 @@ import (
 )
 
 // readClaims reads ResourceClaims and ResourceClaimTemplates (a template
-// stands for the claim it would make) from YAML files, and applies the
-// defaults the API server would.
-func readClaims(files []string) ([]*resourceapi.ResourceClaim, error) {
-	if len(files) == 0 {
+// stands for the claim it would make) from YAML or JSON files, and from
+// the .yaml, .yml and .json files of directories (not their
+// subdirectories), as kubectl -f does; applies the defaults the API server
+// would and validates them as it would.
+func readClaims(paths []string) ([]*resourceapi.ResourceClaim, error) {
+	if len(paths) == 0 {
 		return nil, errors.New("no --claim given")
+	}
+	files, err := expand(paths)
+	if err != nil {
+		return nil, err
 	}
 	var claims []*resourceapi.ResourceClaim
 	seen := map[string]string{}
@@ -29,6 +36,9 @@ func readClaims(files []string) ([]*resourceapi.ResourceClaim, error) {
 		}
 		for i, doc := range docs {
 			claim, err := toClaim(doc)
+			if err == nil {
+				err = validate(claim)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s, document %d: %w", file, i+1, err)
 			}
@@ -40,6 +50,35 @@ func readClaims(files []string) ([]*resourceapi.ResourceClaim, error) {
 		}
 	}
 	return claims, nil
+}
+
+// expand replaces each directory by its manifest files, in name order.
+func expand(paths []string) ([]string, error) {
+	var files []string
+	for _, p := range paths {
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if !st.IsDir() {
+			files = append(files, p)
+			continue
+		}
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			return nil, err
+		}
+		n := len(files)
+		for _, e := range entries {
+			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml" || ext == ".json") {
+				files = append(files, filepath.Join(p, e.Name()))
+			}
+		}
+		if len(files) == n {
+			return nil, fmt.Errorf("%s: no .yaml, .yml or .json file in the directory", p)
+		}
+	}
+	return files, nil
 }
 
 func readDocuments(file string) ([]json.RawMessage, error) {

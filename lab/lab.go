@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hwdra/hwdra/agent"
-	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/deploy"
@@ -97,7 +96,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := allocate.New(allocate.ClusterFeatures, NodeName, objs, classes).Allocate(ctx, claims...); err != nil {
+	if err := allocateAll(ctx, objs, classes, claims); err != nil {
 		return fmt.Errorf("allocation: %w", err)
 	}
 	section(out, "Allocation (the scheduler's allocator)")

@@ -64,8 +64,23 @@ func TestLabBadInput(t *testing.T) {
 		"wrong kind":   {[]string{write("pod.yaml", "apiVersion: resource.k8s.io/v1\nkind: Pod\nmetadata: {name: x}\n")}, `kind "Pod"`},
 		"unknown field": {[]string{write("typo.yaml", "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: x}\nspec: {devices: {requets: []}}\n")},
 			`unknown field "requets"`},
-		"does not fit": {[]string{write("many.yaml", "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: x}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {deviceClassName: gpu.hwdra.io, count: 9}\n")},
-			"claims cannot be allocated"},
+		"does not fit": {[]string{write("many.yaml", claimYAML("many", "exactly: {deviceClassName: gpu.hwdra.io, count: 9}"))},
+			"claim many cannot be allocated on this node:\n    request gpu: 9 device(s) of class gpu.hwdra.io requested, 8 match"},
+		"no device of the class": {[]string{write("vgpu.yaml", claimYAML("v", "exactly: {deviceClassName: vgpu.gpu.hwdra.io}"))},
+			"request gpu: 1 device(s) of class vgpu.gpu.hwdra.io requested, 0 match"},
+		"fit alone, not together": {[]string{write("a.yaml", claimYAML("a", "exactly: {deviceClassName: gpu.hwdra.io, count: 5}")),
+			write("b.yaml", claimYAML("b", "exactly: {deviceClassName: gpu.hwdra.io, count: 4}"))},
+			"each claim fits alone, but not all together: a, b"},
+		"negative count": {[]string{write("neg.yaml", claimYAML("neg", "exactly: {deviceClassName: gpu.hwdra.io, count: -1}"))},
+			"ResourceClaim \"neg\" is invalid:\n  spec.devices.requests[0].exactly.count: Invalid value: -1: must be greater than zero"},
+		"bad selector": {[]string{write("cel.yaml", claimYAML("cel", "exactly: {deviceClassName: gpu.hwdra.io, selectors: [{cel: {expression: 'device.attributes['}}]}"))},
+			"spec.devices.requests[0].exactly.selectors[0].cel.expression: Invalid value"},
+		"both kinds of request": {[]string{write("both.yaml", claimYAML("both", "exactly: {deviceClassName: gpu.hwdra.io}\n      firstAvailable: [{name: a, deviceClassName: gpu.hwdra.io}]"))},
+			"exactly one of `exactly` or `firstAvailable` is required, but multiple fields are set"},
+		"constraint on no request": {[]string{write("cons.yaml", claimYAML("cons", "exactly: {deviceClassName: gpu.hwdra.io}")+
+			"    constraints: [{requests: [other], matchAttribute: resource.kubernetes.io/numaNode}]\n")},
+			`spec.devices.constraints[0].requests[0]: Invalid value: "other": must be the name of a request`},
+		"empty directory": {[]string{t.TempDir()}, "no .yaml, .yml or .json file in the directory"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -74,5 +89,33 @@ func TestLabBadInput(t *testing.T) {
 				t.Fatalf("want error containing %q, got %v", tc.want, err)
 			}
 		})
+	}
+}
+
+// claimYAML is a claim with one request named gpu.
+func claimYAML(name, request string) string {
+	return "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: " + name +
+		"}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      " + request + "\n"
+}
+
+// TestLabTakesFilesAndDirectories: several files and directories, as
+// kubectl -f takes them; a count of 0 is what the API server makes it, 1.
+func TestLabTakesFilesAndDirectories(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "zero.yaml"), []byte(claimYAML("zero", "exactly: {deviceClassName: gpu.hwdra.io, count: 0}")), 0o644)
+	os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("not a manifest"), 0o644)
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100",
+		ClaimFiles: append(examples("gpu-full.yaml", "mig-1g.10gb.yaml"), dir)})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for _, want := range []string{"gpu-full: unprepared", "mig-1g-10gb: unprepared", "zero: unprepared"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if strings.Count(out.String(), "- device: gpu-") < 3 {
+		t.Errorf("claim zero did not get one device:\n%s", out.String())
 	}
 }

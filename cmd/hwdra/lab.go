@@ -9,16 +9,17 @@ import (
 func labCommand() *cobra.Command {
 	var opts lab.Options
 	cmd := &cobra.Command{
-		Use:   "lab --claim FILE...",
+		Use:   "lab --claim FILE|DIR... [FILE|DIR...]",
 		Short: "Without a cluster: probe, publish, allocate claims with the scheduler's allocator, prepare them for real, show the result, unprepare",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, args []string) error {
+			// "--claim a.yaml b.yaml": the shell's glob expands after one flag.
+			opts.ClaimFiles = append(opts.ClaimFiles, args...)
 			return lab.Run(cmd.Context(), cmd.OutOrStdout(), opts)
 		},
 	}
 	f := cmd.Flags()
 	addHardwareFlag(cmd, &opts.Hardware)
-	f.StringArrayVar(&opts.ClaimFiles, "claim", nil, "ResourceClaim or ResourceClaimTemplate YAML file (repeatable; deploy/examples has some)")
+	f.StringSliceVar(&opts.ClaimFiles, "claim", nil, "ResourceClaim or ResourceClaimTemplate YAML/JSON files or directories of them, as kubectl -f takes them (repeatable, comma-separated; deploy/examples has some)")
 	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
 	f.BoolVar(&opts.Keep, "keep", false, "leave the claims prepared instead of unpreparing them at the end")
 	f.StringVar(&opts.StateDir, "state-dir", "", "checkpoint directory (default: a temporary one)")

@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -19,7 +20,11 @@ func main() {
 	defer stop()
 	root := newRootCommand()
 	root.SetContext(ctx)
-	os.Exit(cli.Run(root))
+	// Errors as plain lines for people, not as log events.
+	if err := cli.RunNoErrOutput(root); err != nil {
+		fmt.Fprintf(os.Stderr, "Error: %v\n", err)
+		os.Exit(1)
+	}
 }
 
 func newRootCommand() *cobra.Command {
@@ -32,6 +37,6 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logs, root.PersistentFlags())
-	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand())
+	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand(), versionCommand())
 	return root
 }

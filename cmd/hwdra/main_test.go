@@ -79,6 +79,7 @@ func TestBadInputFails(t *testing.T) {
 		"bad hardware":    {[]string{"probe", "--hardware", "gpu"}, `--hardware "gpu"`},
 		"no node name":    {[]string{"slices", "--hardware", "mock:cx7"}, "--node-name is required"},
 		"bad output":      {[]string{"probe", "--hardware", "mock:cx7", "-o", "xml"}, `--output "xml"`},
+		"bad qps":         {[]string{"agent", "--node-name", "n", "--kube-api-qps", "0"}, "--kube-api-qps must be above 0"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -87,5 +88,30 @@ func TestBadInputFails(t *testing.T) {
 				t.Fatalf("want error containing %q, got %v", tc.want, err)
 			}
 		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := run(t, "version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"hwdra ", "commit: ", "go: go1."} {
+		if !strings.Contains(out, want) {
+			t.Errorf("version output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestLabTakesSeveralFilesAfterOneFlag: "--claim a.yaml b.yaml", as a shell
+// glob gives it.
+func TestLabTakesSeveralFilesAfterOneFlag(t *testing.T) {
+	ex := filepath.Join("..", "..", "deploy", "examples")
+	out, err := run(t, "lab", "--hardware", "mock:dgx-h100", "--claim", filepath.Join(ex, "gpu-full.yaml"), filepath.Join(ex, "mig-1g.10gb.yaml"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "gpu-full: unprepared") || !strings.Contains(out, "mig-1g-10gb: unprepared") {
+		t.Errorf("both claims not run:\n%s", out)
 	}
 }
