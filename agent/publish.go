@@ -43,6 +43,9 @@ type publisher struct {
 	// recheckEvery: how often a fallback model checks whether the API
 	// server keeps the full model's fields again.
 	recheckEvery time.Duration
+	// faults are the health monitors' findings, tainted in the slices
+	// (agent/health.go); nil: none.
+	faults func() hw.Health
 }
 
 func newPublisher(nodeName string, client kubernetes.Interface, cfg *config.AgentConfig, m *metrics) *publisher {
@@ -127,7 +130,7 @@ func (p *publisher) publishCurrent(ctx context.Context) error {
 	p.mu.Lock()
 	inv, features := p.inv, p.features
 	p.mu.Unlock()
-	res, skipped := hwslices.ForNode(p.nodeName, inv, p.cfg, features)
+	res, skipped := hwslices.ForNode(p.nodeName, inv, p.cfg, features, p.health())
 	p.logSkipped(logger, skipped)
 	var errs []error
 	for _, driver := range p.drivers {
