@@ -102,6 +102,7 @@ func (n *Node) Inventory(ctx context.Context) (hw.Inventory, error) {
 			errs = append(errs, fmt.Errorf("GPUs: %w", err))
 		}
 		inv.GPUs = gpus
+		inv.UnreadableGPUs = nvml.Unreadable(err)
 	}
 	pfs, err := sriov.Discover(n.NIC)
 	if err != nil {
