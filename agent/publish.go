@@ -43,9 +43,10 @@ type publisher struct {
 	// recheckEvery: how often a fallback model checks whether the API
 	// server keeps the full model's fields again.
 	recheckEvery time.Duration
-	// faults are the health monitors' findings, tainted in the slices
-	// (agent/health.go); nil: none.
-	faults func() hw.Health
+	// faults are the health monitors' findings, tainted in the slices,
+	// and afterPublish learns what was published (agent/health.go).
+	faults       func() hw.Health
+	afterPublish func(driver string)
 }
 
 func newPublisher(nodeName string, client kubernetes.Interface, cfg *config.AgentConfig, m *metrics) *publisher {
@@ -74,12 +75,17 @@ func (p *publisher) Poke() {
 }
 
 // run rescans until ctx ends: periodically, when poked, and when the
-// hardware signals a change.
+// hardware signals a change. A failed publication is retried with
+// backoff (1s, doubling up to the rescan interval) rather than at the
+// next rescan.
 func (p *publisher) run(ctx context.Context, interval time.Duration, changes <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	recheck := time.NewTicker(p.recheckEvery)
 	defer recheck.Stop()
+	const firstRetry = time.Second
+	backoff := firstRetry
+	var retry <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -90,10 +96,15 @@ func (p *publisher) run(ctx context.Context, interval time.Duration, changes <-c
 		case <-recheck.C:
 			p.recheckFeatures(ctx)
 			continue
+		case <-retry:
 		}
 		if err := p.sync(ctx); err != nil {
-			klog.FromContext(ctx).Error(err, "Publishing devices")
+			klog.FromContext(ctx).Error(err, "Publishing devices", "retryIn", backoff)
+			retry = time.After(backoff)
+			backoff = min(2*backoff, max(interval, firstRetry))
+			continue
 		}
+		retry, backoff = nil, firstRetry
 	}
 }
 
@@ -133,7 +144,7 @@ func (p *publisher) publishCurrent(ctx context.Context) error {
 	res, skipped := hwslices.ForNode(p.nodeName, inv, p.cfg, features, p.health())
 	p.logSkipped(logger, skipped)
 	var errs []error
-	for _, driver := range p.drivers {
+	for _, driver := range p.served() {
 		want := res[driver]
 		p.mu.Lock()
 		have, ok := p.published[driver]
@@ -148,6 +159,9 @@ func (p *publisher) publishCurrent(ctx context.Context) error {
 		p.metrics.writes.WithLabelValues(driver).Inc()
 		p.metrics.devices.WithLabelValues(driver).Set(float64(countDevices(want)))
 		logger.V(2).Info("Publishing changed devices", "driver", driver, "devices", countDevices(want))
+		if p.afterPublish != nil {
+			p.afterPublish(driver)
+		}
 	}
 	return errors.Join(errs...)
 }
