@@ -40,7 +40,7 @@ type nodeHealth struct {
 	mu      sync.Mutex
 	gpu     *health.GPUMonitor // nil until NVML is usable
 	nic     *health.NICMonitor
-	held    hw.Inventory                // the last probe, with what it could not tell held
+	held    hw.Inventory               // the last probe, with what it could not tell held
 	devices map[string][]health.Device // by driver, as last published
 	served  []Driver
 }

@@ -100,7 +100,7 @@ func BenchmarkProbeAndBuild(b *testing.B) {
 	b.Run("gpus", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			gpus, err := n.GPU.GPUs(ctx)
+			gpus, err := n.GPU().GPUs(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
