@@ -107,11 +107,14 @@ func (h *nodeHealth) probing(probe func(context.Context) (hw.Inventory, error)) 
 // startNIC starts the NIC monitor on the node's netdevs: the host's, or a
 // mock's veth stand-ins in their namespace (without them, sysfs only).
 func (h *nodeHealth) startNIC(ctx context.Context, node *backend.Node) {
-	ns := ""
+	links := &health.LinkSource{}
 	if node.Mock != nil {
-		ns = node.Mock.NICs().Netns()
+		links.Netns = node.Mock.NICs().Netns()
+		if links.Netns == "" {
+			links = nil
+		}
 	}
-	m := health.NewNICMonitor(node.SysfsRoot, ns, nicCheckInterval, h.onChange)
+	m := health.NewNICMonitor(node.SysfsRoot, links, nicCheckInterval, h.onChange)
 	h.mu.Lock()
 	h.nic = m
 	held := h.held

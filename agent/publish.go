@@ -75,17 +75,12 @@ func (p *publisher) Poke() {
 }
 
 // run rescans until ctx ends: periodically, when poked, and when the
-// hardware signals a change. A failed publication is retried with
-// backoff (1s, doubling up to the rescan interval) rather than at the
-// next rescan.
+// hardware signals a change.
 func (p *publisher) run(ctx context.Context, interval time.Duration, changes <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	recheck := time.NewTicker(p.recheckEvery)
 	defer recheck.Stop()
-	const firstRetry = time.Second
-	backoff := firstRetry
-	var retry <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -96,15 +91,10 @@ func (p *publisher) run(ctx context.Context, interval time.Duration, changes <-c
 		case <-recheck.C:
 			p.recheckFeatures(ctx)
 			continue
-		case <-retry:
 		}
 		if err := p.sync(ctx); err != nil {
-			klog.FromContext(ctx).Error(err, "Publishing devices", "retryIn", backoff)
-			retry = time.After(backoff)
-			backoff = min(2*backoff, max(interval, firstRetry))
-			continue
+			klog.FromContext(ctx).Error(err, "Publishing devices")
 		}
-		retry, backoff = nil, firstRetry
 	}
 }
 

@@ -25,7 +25,7 @@ import (
 // capacity): notify is called then too.
 type NICMonitor struct {
 	sysfs    string
-	netns    string // named network namespace of the netdevs; "" the agent's
+	links    *LinkSource // nil: no netlink, checks only
 	interval time.Duration
 	notify   func()
 
@@ -38,10 +38,16 @@ type NICMonitor struct {
 	checkNow  chan struct{}
 }
 
-// NewNICMonitor watches the netdevs under sysfs root (the mock's tree on
-// mock hardware) in the named network namespace (""; the agent's own).
-func NewNICMonitor(sysfs, namespace string, interval time.Duration, notify func()) *NICMonitor {
-	return &NICMonitor{sysfs: sysfs, netns: namespace, interval: interval, notify: notify,
+// LinkSource is where the netdevs' link events come from: the network
+// namespace holding them ("" the agent's own).
+type LinkSource struct {
+	Netns string
+}
+
+// NewNICMonitor checks the netdevs under sysfs root (the mock's tree on
+// mock hardware) and, with links, listens to their netlink events.
+func NewNICMonitor(sysfs string, links *LinkSource, interval time.Duration, notify func()) *NICMonitor {
+	return &NICMonitor{sysfs: sysfs, links: links, interval: interval, notify: notify,
 		byNetdev: map[string]bool{}, speeds: map[string]int{}, checkNow: make(chan struct{}, 1)}
 }
 
@@ -49,7 +55,9 @@ func NewNICMonitor(sysfs, namespace string, interval time.Duration, notify func(
 // permitted, say) the periodic checks carry on alone.
 func (m *NICMonitor) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("nic-health")
-	if err := m.subscribe(ctx); err != nil {
+	if m.links == nil {
+		logger.Info("No netlink events for these netdevs: periodic checks only", "interval", m.interval)
+	} else if err := m.subscribe(ctx); err != nil {
 		logger.Error(err, "Cannot watch NIC links: relying on periodic checks", "interval", m.interval)
 	}
 	m.check(logger)
@@ -71,8 +79,8 @@ func (m *NICMonitor) subscribe(ctx context.Context) error {
 	opts := netlink.LinkSubscribeOptions{
 		ErrorCallback: func(err error) { klog.FromContext(ctx).Error(err, "Watching NIC links") },
 	}
-	if m.netns != "" {
-		ns, err := netns.GetFromName(m.netns)
+	if m.links.Netns != "" {
+		ns, err := netns.GetFromName(m.links.Netns)
 		if err != nil {
 			return err
 		}

@@ -48,7 +48,7 @@ func TestNICMonitorChecks(t *testing.T) {
 	n, inv := openNICs(t)
 	logger, _ := ktesting.NewTestContext(t)
 	notified := 0
-	m := NewNICMonitor(n.SysfsRoot, "", time.Hour, func() { notified++ })
+	m := NewNICMonitor(n.SysfsRoot, nil, time.Hour, func() { notified++ })
 	m.Probed(inv) // learns the speeds: a notice
 	notified = 0
 	m.check(logger)
@@ -109,7 +109,7 @@ func TestNICMonitorNetlink(t *testing.T) {
 	t.Setenv(mock.VethEnv, "1")
 	n, inv := openNICs(t)
 	notified := make(chan struct{}, 16)
-	m := NewNICMonitor(n.SysfsRoot, n.Mock.NICs().Netns(), time.Hour, func() { notified <- struct{}{} })
+	m := NewNICMonitor(n.SysfsRoot, &LinkSource{Netns: n.Mock.NICs().Netns()}, time.Hour, func() { notified <- struct{}{} })
 	m.Probed(inv)
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
