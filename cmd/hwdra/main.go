@@ -32,6 +32,6 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logs, root.PersistentFlags())
-	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand())
+	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand(), mockCommand())
 	return root
 }
