@@ -115,19 +115,23 @@ func (h *nodeHealth) startNIC(ctx context.Context, node *backend.Node) {
 		}
 	}
 	m := health.NewNICMonitor(node.SysfsRoot, links, nicCheckInterval, h.onChange)
-	h.mu.Lock()
-	h.nic = m
-	held := h.held
-	h.mu.Unlock()
-	m.Probed(held)
-	go m.Run(ctx)
+	h.start(ctx, m, func() { h.nic = m })
 }
 
 // startGPU starts the GPU monitor on an initialised NVML.
 func (h *nodeHealth) startGPU(ctx context.Context, gpu *nvml.Backend) {
 	m := health.NewGPUMonitor(gpu, h.policy, gpuCheckInterval, h.onChange)
+	h.start(ctx, m, func() { h.gpu = m })
+}
+
+// start registers a monitor (register runs under h.mu), tells it what the
+// last probe found and runs it.
+func (h *nodeHealth) start(ctx context.Context, m interface {
+	Probed(hw.Inventory)
+	Run(context.Context)
+}, register func()) {
 	h.mu.Lock()
-	h.gpu = m
+	register()
 	held := h.held
 	h.mu.Unlock()
 	m.Probed(held)

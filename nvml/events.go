@@ -69,12 +69,9 @@ func (b *Backend) WatchEvents(ctx context.Context, out chan<- hw.GPUEvent) error
 func (b *Backend) armEvents() (nvml.EventSet, map[nvml.Device]string, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	if err := b.ready(); err != nil {
+	count, err := b.deviceCount()
+	if err != nil {
 		return nil, nil, err
-	}
-	count, ret := b.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("DeviceGetCount: %w", ret)
 	}
 	set, ret := b.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
@@ -185,12 +182,9 @@ func (b *Backend) waitEvent(set nvml.EventSet, devs map[nvml.Device]string) (hw.
 func (b *Backend) CheckGPUs(ctx context.Context) ([]hw.GPUCheck, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	if err := b.ready(); err != nil {
+	count, err := b.deviceCount()
+	if err != nil {
 		return nil, err
-	}
-	count, ret := b.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("DeviceGetCount: %w", ret)
 	}
 	out := make([]hw.GPUCheck, 0, count)
 	for i := 0; i < count; i++ {
