@@ -44,6 +44,7 @@ type GPUMonitor struct {
 	mu        sync.Mutex
 	gpus      map[string]*gpuState // by PCI address
 	byIndex   map[int]string       // NVML index -> PCI address, as last read
+	nameless  map[int]bool         // indexes logged as unreportable
 	lastCheck time.Time
 	rearm     chan struct{} // a GPU came back: register it for events
 	checkNow  chan struct{}
@@ -71,7 +72,7 @@ func (s *gpuState) faulty() bool {
 func NewGPUMonitor(src GPUSource, policy XIDPolicy, interval time.Duration, notify func()) *GPUMonitor {
 	return &GPUMonitor{
 		src: src, policy: policy, interval: interval, notify: notify,
-		gpus: map[string]*gpuState{}, byIndex: map[int]string{},
+		gpus: map[string]*gpuState{}, byIndex: map[int]string{}, nameless: map[int]bool{},
 		rearm: make(chan struct{}, 1), checkNow: make(chan struct{}, 1),
 	}
 }
@@ -247,7 +248,10 @@ func (m *GPUMonitor) check(ctx context.Context, logger klog.Logger) {
 			m.byIndex[c.Index] = busID
 		}
 		if busID == "" {
-			logger.Error(nil, "A GPU answers nothing, not even its PCI address, and was never read: it cannot be reported", "index", c.Index, "lost", c.Lost, "err", c.Error)
+			if !m.nameless[c.Index] {
+				m.nameless[c.Index] = true
+				logger.Error(nil, "A GPU answers nothing, not even its PCI address, and was never read since the agent started: it cannot be published or reported", "index", c.Index, "lost", c.Lost, "err", c.Error)
+			}
 			continue
 		}
 		s := m.state(busID)

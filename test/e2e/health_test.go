@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	hwslices "github.com/hwdra/hwdra/slices"
@@ -60,6 +62,7 @@ func TestHealthXIDInPodStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	writes := watchSliceWrites(t, r.n, gpuDriver)
 	injected := time.Now()
 	hwdraInject(t, r.mockDir, "xid", "--gpu", gpu, "--code", "79")
 	pod, err := r.n.WaitPod(r.ctx, r.ns, "mig", 60*time.Second, "its device reported Unhealthy with XID 79", func(p *corev1.Pod) bool {
@@ -74,6 +77,12 @@ func TestHealthXIDInPodStatus(t *testing.T) {
 	t.Logf("pod status: %s %s %q", h.ResourceID, h.Health, *h.Message)
 	waitGPUTaints(t, r, gpu, "XID79")
 	framework.Timing(t, "health-xid-to-taint-in-api", time.Since(injected))
+	// The GPU's devices sit in one or two slices: only those are written.
+	if n := writes(); n < 1 || n > 2 {
+		t.Errorf("%d ResourceSlice writes for one GPU's taint, want 1 or 2", n)
+	} else {
+		t.Logf("API WRITES health-xid-taint %d ResourceSlice writes", n)
+	}
 
 	recovered := time.Now()
 	hwdraInject(t, r.mockDir, "clear", "--gpu", gpu)
@@ -85,7 +94,40 @@ func TestHealthXIDInPodStatus(t *testing.T) {
 	}
 	waitGPUTaints(t, r, "", "")
 	framework.Timing(t, "health-recovery-to-pod-status-and-api", time.Since(recovered))
+	if n := writes(); n < 2 || n > 4 {
+		t.Errorf("%d ResourceSlice writes for one GPU's taint and its removal, want 2 to 4", n)
+	} else {
+		t.Logf("API WRITES health-xid-taint-and-recovery %d ResourceSlice writes", n)
+	}
 	r.deletePodAndCheck("mig", gpuDriver, "health-delete-to-unprepared", claim, before)
+}
+
+// watchSliceWrites counts the writes to a driver's ResourceSlices of the
+// node, as the API server sees them, from now on.
+func watchSliceWrites(t *testing.T, n *framework.Node, driver string) func() int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	sel := "spec.nodeName=" + n.Name + ",spec.driver=" + driver
+	list, err := n.Admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// From the list's version on: no synthetic events for what exists.
+	w, err := n.Admin.ResourceV1().ResourceSlices().Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count atomic.Int64
+	go func() {
+		for range w.ResultChan() {
+			count.Add(1)
+		}
+	}()
+	return func() int {
+		time.Sleep(time.Second) // writes still in flight
+		return int(count.Load())
+	}
 }
 
 // hwdraInject runs `hwdra mock inject --mock-dir DIR args...`.
