@@ -260,12 +260,17 @@ func TestHealthXID(t *testing.T) {
 }
 
 // TestHealthGPULost: a GPU lost from the bus stays published, tainted
-// GPULost, its devices Unhealthy; the other seven stay published,
-// untainted, and a claim lands on one of them and prepares.
+// GPULost (NoExecute, as configured for fatal faults), its devices
+// Unhealthy; the other seven stay published, untainted, and a claim lands
+// on one of them and prepares.
 func TestHealthGPULost(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv(mock.DirEnv, dir)
-	a := startAgent(t, "mock:dgx-h100")
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nhealth: {fatalEffect: NoExecute}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgentWith(t, Options{Hardware: "mock:dgx-h100", ConfigPath: cfg})
 	const bus = "0000:1b:00.0"
 	a.slices(hwslices.GPUDriver, nil)
 	w := a.watchHealth(hwslices.GPUDriver)
@@ -276,7 +281,7 @@ func TestHealthGPULost(t *testing.T) {
 			return false
 		}
 		for _, taints := range byGPU[bus] {
-			if len(taints) != 1 || taints[0].Value != "GPULost" {
+			if len(taints) != 1 || taints[0].Value != "GPULost" || taints[0].Effect != resourceapi.DeviceTaintEffectNoExecute {
 				return false
 			}
 		}
