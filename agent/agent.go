@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -99,6 +100,7 @@ func Run(ctx context.Context, opts Options) error {
 		pub.recheckEvery = opts.featureRecheck
 	}
 	defer pub.stop()
+	hs := newNodeHealth(pub, cfg)
 	inv, err := node.Inventory(ctx)
 	if err != nil {
 		logger.Error(err, "Some devices could not be read")
@@ -109,59 +111,112 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if len(drivers) == 0 {
+	if len(drivers) == 0 && !node.NVMLPending() {
 		logger.Info("No GPUs and no SR-IOV NICs on this node: nothing to serve; waiting for termination")
 	}
-	pub.probe = unclaimedProbe(node, drivers)
-	for _, d := range drivers {
-		pub.drivers = append(pub.drivers, d.Name)
-	}
+	hs.addDrivers(drivers)
+	pub.probe = hs.probing(func(ctx context.Context) (hw.Inventory, error) {
+		return unclaimedProbe(node, hs.drivers())(ctx)
+	})
 	// Before the plugins serve, so that the first prepare finds its device
 	// in the catalog of what the hardware can deliver.
 	pub.refresh(ctx)
 
-	var helpers []*kubeletplugin.Helper
+	var (
+		helpersMu sync.Mutex
+		helpers   []*kubeletplugin.Helper
+	)
 	defer func() {
+		helpersMu.Lock()
+		defer helpersMu.Unlock()
 		for _, h := range helpers {
 			h.Stop()
 		}
 	}()
-	for _, d := range drivers {
-		// The kubelet owns the plugins directory; each driver its own
-		// subdirectory (socket, metadata files).
-		dataDir := filepath.Join(opts.PluginsDir, d.Name)
-		if err := os.MkdirAll(dataDir, 0o750); err != nil {
+	// serve starts a driver's kubelet plugin, then publishes its pool.
+	serve := func(ctx context.Context, d Driver) error {
+		helper, err := startPlugin(ctx, opts, claimClient, d, m, hs)
+		if err != nil {
 			return err
 		}
-		helper, err := kubeletplugin.Start(ctx, observed(d, m),
-			kubeletplugin.DriverName(d.Name),
-			kubeletplugin.NodeName(opts.NodeName),
-			kubeletplugin.KubeClient(claimClient),
-			kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
-			kubeletplugin.PluginDataDirectoryPath(dataDir),
-			kubeletplugin.CDIDirectory(opts.CDIDir),
-			kubeletplugin.EnableDeviceMetadata(true, metadataVersions),
-			// Claims of different pods prepare concurrently; the drivers
-			// lock per device.
-			kubeletplugin.Serialize(false),
-			// No health reports yet: tell the kubelet so rather than
-			// failing its health stream on every connection.
-			kubeletplugin.HealthService(false),
-		)
-		if err != nil {
-			return fmt.Errorf("start kubelet plugin %s: %w", d.Name, err)
-		}
+		helpersMu.Lock()
 		helpers = append(helpers, helper)
-		logger.Info("Kubelet plugin started", "driver", d.Name)
+		helpersMu.Unlock()
+		pub.addDriver(d.Name)
+		return nil
+	}
+	for _, d := range drivers {
+		if err := serve(ctx, d); err != nil {
+			return err
+		}
+	}
+	if len(inv.PFs) > 0 {
+		hs.startNIC(ctx, node)
+	}
+	if gpu := node.GPU(); gpu != nil && len(inv.GPUs) > 0 {
+		hs.startGPU(ctx, gpu)
+	}
+	if node.NVMLPending() {
+		go waitNVML(ctx, node, func(ctx context.Context) error {
+			if !pub.refresh(ctx) {
+				return ctx.Err()
+			}
+			inv, _ := pub.current()
+			if len(inv.GPUs) == 0 {
+				return fmt.Errorf("NVML is up but shows no GPU")
+			}
+			gpuDrivers, err := buildDrivers(ctx, opts, node, pub, hw.Inventory{GPUs: inv.GPUs})
+			if err != nil {
+				return err
+			}
+			hs.addDrivers(gpuDrivers)
+			for _, d := range gpuDrivers {
+				if err := serve(ctx, d); err != nil {
+					return err
+				}
+			}
+			hs.startGPU(ctx, node.GPU())
+			pub.Poke()
+			return nil
+		})
 	}
 	// Published once the plugins serve: a pod the scheduler places here
 	// right away finds its driver.
 	if err := pub.publishCurrent(ctx); err != nil {
 		logger.Error(err, "Publishing devices")
 	}
-	pub.run(ctx, opts.Rescan, node.Changes(ctx))
+	pub.run(ctx, opts.Rescan, nil)
 	logger.Info("Shutting down")
 	return nil
+}
+
+// startPlugin starts a driver's kubelet plugin, with its health stream.
+func startPlugin(ctx context.Context, opts Options, client kubernetes.Interface, d Driver, m *metrics, hs *nodeHealth) (*kubeletplugin.Helper, error) {
+	// The kubelet owns the plugins directory; each driver its own
+	// subdirectory (socket, metadata files).
+	dataDir := filepath.Join(opts.PluginsDir, d.Name)
+	if err := os.MkdirAll(dataDir, 0o750); err != nil {
+		return nil, err
+	}
+	helper, err := kubeletplugin.Start(ctx, withHealth(observed(d, m), hs.stream(d.Name)),
+		kubeletplugin.DriverName(d.Name),
+		kubeletplugin.NodeName(opts.NodeName),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
+		kubeletplugin.PluginDataDirectoryPath(dataDir),
+		kubeletplugin.CDIDirectory(opts.CDIDir),
+		kubeletplugin.EnableDeviceMetadata(true, metadataVersions),
+		// Claims of different pods prepare concurrently; the drivers
+		// lock per device.
+		kubeletplugin.Serialize(false),
+		// The kubelet watches our health stream (WatchHealthStatus).
+		kubeletplugin.HealthService(true),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("start kubelet plugin %s: %w", d.Name, err)
+	}
+	klog.FromContext(ctx).Info("Kubelet plugin started", "driver", d.Name)
+	return helper, nil
 }
 
 // unclaimedProbe probes the node as its drivers say it would be without

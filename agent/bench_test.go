@@ -2,13 +2,18 @@ package agent
 
 import (
 	"bufio"
+	"context"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+
+	"github.com/hwdra/hwdra/hw/mock"
 	hwslices "github.com/hwdra/hwdra/slices"
 )
 
@@ -49,3 +54,48 @@ func rssKiB(b testing.TB) int {
 	b.Fatal("no VmRSS in /proc/self/status")
 	return 0
 }
+
+// BenchmarkInjectedFaultToHealthReport: an XID injected into a running
+// agent's mock DGX H100 (through its directory, as `hwdra mock inject`
+// does), and its recovery, until the kubelet's health stream reports the
+// GPU Unhealthy (Healthy again). Target: under 100 ms per report.
+func BenchmarkInjectedFaultToHealthReport(b *testing.B) {
+	dir := b.TempDir()
+	b.Setenv(mock.DirEnv, dir)
+	a := startAgent(b, "mock:dgx-h100")
+	a.slices(hwslices.GPUDriver, nil)
+	w := a.watchHealth(hwslices.GPUDriver)
+	gpu := hwslices.GPUName(benchGPU)
+	is := func(want drahealthv1.HealthStatus) func(map[string]*drahealthv1.DeviceHealth) bool {
+		return func(d map[string]*drahealthv1.DeviceHealth) bool { return d[gpu] != nil && d[gpu].Health == want }
+	}
+	w.wait("the first report", is(drahealthv1.HealthStatus_HEALTHY))
+	var total time.Duration
+	var worst time.Duration
+	reports := 0
+	for b.Loop() {
+		for _, step := range []struct {
+			fault mock.Fault
+			want  drahealthv1.HealthStatus
+		}{
+			{mock.Fault{Kind: mock.FaultXID, GPU: benchGPU, XID: 48}, drahealthv1.HealthStatus_UNHEALTHY},
+			{mock.Fault{Kind: mock.FaultClear, GPU: benchGPU}, drahealthv1.HealthStatus_HEALTHY},
+		} {
+			start := time.Now()
+			go func() { // the report may come before the injector hears back
+				if err := mock.InjectDir(context.Background(), dir, step.fault); err != nil {
+					b.Error(err)
+				}
+			}()
+			w.wait("the report", is(step.want))
+			d := time.Since(start)
+			total += d
+			worst = max(worst, d)
+			reports++
+		}
+	}
+	b.ReportMetric(float64(total.Microseconds())/float64(reports)/1000, "ms/report")
+	b.ReportMetric(float64(worst.Microseconds())/1000, "worst-ms")
+}
+
+const benchGPU = "0000:1b:00.0"

@@ -42,9 +42,9 @@ type PluginOptions struct {
 // plugin reconciles its checkpoint with the hardware on creation.
 func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts PluginOptions) ([]Driver, error) {
 	var drivers []Driver
-	if len(inv.GPUs) > 0 && node.GPU != nil {
+	if gpu := node.GPU(); len(inv.GPUs) > 0 && gpu != nil {
 		d, err := gpuprep.New(gpuprep.Options{
-			NVML: node.GPU,
+			NVML: gpu,
 			Inventory: func(context.Context) ([]hw.GPU, hwslices.Features, error) {
 				inv, f := opts.Current()
 				return inv.GPUs, f, nil

@@ -66,9 +66,9 @@ func (p *publisher) recheckFeatures(ctx context.Context) {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	res, _ := hwslices.ForNode(p.nodeName, inv, p.cfg, hwslices.AllFeatures)
+	res, _ := hwslices.ForNode(p.nodeName, inv, p.cfg, hwslices.AllFeatures, p.health())
 	var dropped []string
-	for _, driver := range p.drivers {
+	for _, driver := range p.served() {
 		for _, s := range hwslices.Objects(driver, p.nodeName, res[driver]) {
 			desired := s.DeepCopy()
 			desired.Name, desired.GenerateName = "", "hwdra-feature-check-"

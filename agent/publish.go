@@ -43,6 +43,10 @@ type publisher struct {
 	// recheckEvery: how often a fallback model checks whether the API
 	// server keeps the full model's fields again.
 	recheckEvery time.Duration
+	// faults are the health monitors' findings, tainted in the slices,
+	// and afterPublish learns what was published (agent/health.go).
+	faults       func() hw.Health
+	afterPublish func(driver string)
 }
 
 func newPublisher(nodeName string, client kubernetes.Interface, cfg *config.AgentConfig, m *metrics) *publisher {
@@ -127,10 +131,10 @@ func (p *publisher) publishCurrent(ctx context.Context) error {
 	p.mu.Lock()
 	inv, features := p.inv, p.features
 	p.mu.Unlock()
-	res, skipped := hwslices.ForNode(p.nodeName, inv, p.cfg, features)
+	res, skipped := hwslices.ForNode(p.nodeName, inv, p.cfg, features, p.health())
 	p.logSkipped(logger, skipped)
 	var errs []error
-	for _, driver := range p.drivers {
+	for _, driver := range p.served() {
 		want := res[driver]
 		p.mu.Lock()
 		have, ok := p.published[driver]
@@ -145,6 +149,9 @@ func (p *publisher) publishCurrent(ctx context.Context) error {
 		p.metrics.writes.WithLabelValues(driver).Inc()
 		p.metrics.devices.WithLabelValues(driver).Set(float64(countDevices(want)))
 		logger.V(2).Info("Publishing changed devices", "driver", driver, "devices", countDevices(want))
+		if p.afterPublish != nil {
+			p.afterPublish(driver)
+		}
 	}
 	return errors.Join(errs...)
 }

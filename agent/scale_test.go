@@ -99,7 +99,7 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 	const migGPU = "0000:43:00.0"
 	at := hw.Placement{Start: 4, Size: 4}
 	publications := a.metric(`hwdra_resource_publications_total{driver="gpu.hwdra.io"}`)
-	if _, err := node.GPU.CreateGPUInstance(migGPU, migProfile(t, node, migGPU, "3g.40gb").ID, at); err != nil {
+	if _, err := node.GPU().CreateGPUInstance(migGPU, migProfile(t, node, migGPU, "3g.40gb").ID, at); err != nil {
 		t.Fatal(err)
 	}
 	static := hwslices.MIGName(migGPU, "3g.40gb", at.Start)

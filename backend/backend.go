@@ -7,10 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/vishvananda/netlink"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/hw"
@@ -27,8 +29,11 @@ const MockPrefix = "mock:"
 
 // Node is a node's hardware backends.
 type Node struct {
-	// GPU is nil when the node has no usable NVML.
-	GPU *nvml.Backend
+	mu  sync.Mutex
+	gpu *nvml.Backend // initialised NVML; nil without
+	// nvmlPending is an NVML whose Init failed on a node whose PCI bus
+	// shows NVIDIA GPUs: a driver (container) not ready yet.
+	nvmlPending *nvml.Backend
 	// NIC is how to discover SR-IOV NICs.
 	NIC sriov.Options
 	// DevRoot, ProcRoot and SysfsRoot are where the host's device nodes,
@@ -61,10 +66,7 @@ func Open(spec string) (*Node, error) {
 			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		}
 		if len(m.Profile.GPUs) > 0 {
-			n.GPU = nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs))
-			if err := n.GPU.Init(); err != nil {
-				return nil, errors.Join(err, m.Close())
-			}
+			n.openNVML(nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs)))
 		}
 		return n, nil
 	default:
@@ -79,14 +81,74 @@ func openHost() *Node {
 		DevRoot: "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
 		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{},
 	}
-	gpu := nvml.New(gonvml.New())
-	if err := gpu.Init(); err != nil {
+	n.openNVML(nvml.New(gonvml.New()))
+	return n
+}
+
+// openNVML initialises NVML. Where that fails but the PCI bus shows NVIDIA
+// GPUs, the driver is not ready yet: NVML stays pending (InitNVML).
+func (n *Node) openNVML(b *nvml.Backend) {
+	err := b.Init()
+	switch {
+	case err == nil:
+		n.gpu = b
+	case nvidiaGPUsOnBus(n.SysfsRoot):
+		n.nvmlPending = b
+		klog.InfoS("NVML unavailable, but the PCI bus shows NVIDIA GPUs: waiting for the driver", "err", err)
+	default:
 		// A NIC-only node has no NVIDIA driver: not an error.
 		klog.InfoS("No GPUs: NVML unavailable", "err", err)
-		return n
 	}
-	n.GPU = gpu
-	return n
+}
+
+// GPU is the node's NVML once usable, nil before (or without GPUs).
+func (n *Node) GPU() *nvml.Backend {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.gpu
+}
+
+// NVMLPending reports whether NVML failed to start on a node with NVIDIA
+// GPUs: InitNVML may succeed later.
+func (n *Node) NVMLPending() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.nvmlPending != nil
+}
+
+// InitNVML tries a pending NVML again; nil once NVML is usable.
+func (n *Node) InitNVML() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.gpu != nil {
+		return nil
+	}
+	if n.nvmlPending == nil {
+		return nvml.ErrNoNVML
+	}
+	if err := n.nvmlPending.Init(); err != nil {
+		return err
+	}
+	n.gpu, n.nvmlPending = n.nvmlPending, nil
+	return nil
+}
+
+// nvidiaGPUsOnBus reports whether sysfs lists an NVIDIA display or 3D
+// controller (vendor 0x10de, class 0x03xxxx).
+func nvidiaGPUsOnBus(sysfs string) bool {
+	dir := filepath.Join(sysfs, "bus", "pci", "devices")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		vendor, _ := os.ReadFile(filepath.Join(dir, e.Name(), "vendor"))
+		class, _ := os.ReadFile(filepath.Join(dir, e.Name(), "class"))
+		if strings.TrimSpace(string(vendor)) == "0x10de" && strings.HasPrefix(strings.TrimSpace(string(class)), "0x03") {
+			return true
+		}
+	}
+	return false
 }
 
 // Inventory probes everything. A problem confined to some devices is
@@ -96,12 +158,13 @@ func (n *Node) Inventory(ctx context.Context) (hw.Inventory, error) {
 		inv  hw.Inventory
 		errs []error
 	)
-	if n.GPU != nil {
-		gpus, err := n.GPU.GPUs(ctx)
+	if gpu := n.GPU(); gpu != nil {
+		gpus, err := gpu.GPUs(ctx)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("GPUs: %w", err))
 		}
 		inv.GPUs = gpus
+		inv.UnreadableGPUs = nvml.Unreadable(err)
 	}
 	pfs, err := sriov.Discover(n.NIC)
 	if err != nil {
@@ -114,44 +177,11 @@ func (n *Node) Inventory(ctx context.Context) (hw.Inventory, error) {
 // Close releases NVML and removes mock hardware.
 func (n *Node) Close() error {
 	var errs []error
-	if n.GPU != nil {
-		errs = append(errs, n.GPU.Shutdown())
+	if gpu := n.GPU(); gpu != nil {
+		errs = append(errs, gpu.Shutdown())
 	}
 	if n.Mock != nil {
 		errs = append(errs, n.Mock.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// Changes signals when the hardware may have changed in a way the slices
-// show: a NIC link going up or down or changing speed. The publisher
-// rescans on each signal besides its periodic scan. On mock hardware it
-// never fires (tests poke the agent instead).
-func (n *Node) Changes(ctx context.Context) <-chan struct{} {
-	out := make(chan struct{}, 1)
-	if n.Mock != nil {
-		return out
-	}
-	updates := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	go func() {
-		<-ctx.Done()
-		close(done)
-	}()
-	err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) { klog.FromContext(ctx).Error(err, "Watching links") },
-	})
-	if err != nil {
-		klog.FromContext(ctx).Error(err, "Cannot watch NIC links; relying on periodic rescans")
-		return out
-	}
-	go func() {
-		for range updates {
-			select {
-			case out <- struct{}{}:
-			default: // a rescan is already due
-			}
-		}
-	}()
-	return out
 }

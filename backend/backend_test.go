@@ -3,13 +3,11 @@ package backend
 import (
 	"context"
 	"os"
-	"runtime"
+	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+	"github.com/hwdra/hwdra/hw/mock"
 )
 
 func TestOpenRejectsUnknownHardware(t *testing.T) {
@@ -20,39 +18,55 @@ func TestOpenRejectsUnknownHardware(t *testing.T) {
 	}
 }
 
-// TestHostChangesSignalLinkEvents runs in a throwaway network namespace: a
-// link appearing there must make the host backend signal a change.
-func TestHostChangesSignalLinkEvents(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace and links")
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
+// TestNVMLPending: on a node whose PCI bus shows NVIDIA GPUs but whose
+// driver is not loaded yet, NVML stays pending (no GPU, no call into it)
+// until InitNVML succeeds; a node without NVIDIA GPUs has nothing pending.
+func TestNVMLPending(t *testing.T) {
+	n, err := Open("mock:cx7")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer orig.Close()
-	ns, err := netns.New() // switches this thread
-	if err != nil {
-		t.Fatal(err)
+	if n.GPU() != nil || n.NVMLPending() {
+		t.Errorf("NIC-only node: GPU %v, pending %v", n.GPU(), n.NVMLPending())
 	}
-	defer func() {
-		netns.Set(orig)
-		ns.Close()
-	}()
+	n.Close()
 
-	n := &Node{} // the host backend's change watch, without opening NVML
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	changes := n.Changes(ctx)
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "hwdra-t0"}, PeerName: "hwdra-t1"}
-	if err := netlink.LinkAdd(veth); err != nil {
+	t.Setenv(mock.DirEnv, t.TempDir())
+	spec := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(spec, []byte("gpus: [{model: h100-80gb, count: 2}]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-changes:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no change signalled for a new link")
+	h, err := mock.Open(spec) // the hardware before the agent: driver not loaded
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.SetDriverLoaded(false); err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+
+	n, err = Open("mock:" + spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if n.GPU() != nil || !n.NVMLPending() {
+		t.Fatalf("driver not loaded: GPU %v, pending %v", n.GPU(), n.NVMLPending())
+	}
+	inv, err := n.Inventory(context.Background())
+	if err != nil || len(inv.GPUs) != 0 {
+		t.Fatalf("inventory without NVML: %d GPUs, %v", len(inv.GPUs), err)
+	}
+	if err := n.InitNVML(); err == nil {
+		t.Fatal("InitNVML succeeded without the driver")
+	}
+	if err := n.Mock.SetDriverLoaded(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.InitNVML(); err != nil {
+		t.Fatal(err)
+	}
+	if inv, err := n.Inventory(context.Background()); err != nil || len(inv.GPUs) != 2 || n.NVMLPending() {
+		t.Fatalf("after the driver loaded: %d GPUs, %v, pending %v", len(inv.GPUs), err, n.NVMLPending())
 	}
 }

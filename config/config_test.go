@@ -192,4 +192,7 @@ func TestExample(t *testing.T) {
 	if p := c.rules[1].bandwidth; p != (BandwidthPolicy{DefaultMbps: 25000, MinimumMbps: 5000, StepMbps: 5000}) {
 		t.Errorf("policy %+v", p)
 	}
+	if h := c.HealthPolicy(); !h.FatalNoExecute || len(h.IgnoreXIDs) != 1 || h.IgnoreXIDs[0] != 63 || len(h.ReportXIDs) != 1 || h.ReportXIDs[0] != 43 {
+		t.Errorf("health %+v", h)
+	}
 }

@@ -1,5 +1,6 @@
 // Package config is the agent's configuration file: which SR-IOV PFs the
-// agent offers, in which mode, with which bandwidth policy.
+// agent offers, in which mode, with which bandwidth policy, and how device
+// faults are judged and tainted.
 //
 //	apiVersion: config.hwdra.io/v1alpha1
 //	kind: AgentConfig
@@ -15,6 +16,11 @@
 //	    default: 10G
 //	    minimum: 1G
 //	    step: 1G
+//	health:
+//	  xids:
+//	    ignore: [63]          # no device failure here, besides 13 31 43 45 68 109
+//	    report: [43]          # a device failure here after all
+//	  fatalEffect: NoExecute  # NoSchedule (default) | NoExecute
 //
 // The first entry whose select matches a PF decides for it; a PF no entry
 // selects is not offered, and an entry without select matches every PF. A
@@ -35,6 +41,13 @@
 //
 // Without a file (no --config) every PF with VFs is offered in shared mode
 // with those defaults, except the PFs that carry a default route.
+//
+// health: a GPU XID is a device failure unless it is an application XID
+// (the built-in 13, 31, 43, 45, 68, 109, plus xids.ignore, minus
+// xids.report); where the driver reports NVML's GPU recovery action, a
+// failure XID still needs the driver to ask for a recovery action. Fatal
+// faults (GPU lost, reset needed, uncorrectable memory errors) taint the
+// device with fatalEffect, every other fault NoSchedule.
 //
 // Decoding is strict: unknown fields, wrong types and bad values are errors
 // that name the field ("nics[1].bandwidth.step: must be > 0"), and a file

@@ -57,6 +57,9 @@ func Parse(data []byte) (*AgentConfig, error) {
 		problems = append(problems, errs...)
 		c.rules = append(c.rules, r)
 	}
+	var hp []string
+	c.health, hp = compileHealth(c.Health)
+	problems = append(problems, hp...)
 	if len(problems) > 0 {
 		return nil, problems
 	}

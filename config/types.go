@@ -14,8 +14,11 @@ type AgentConfig struct {
 	APIVersion string    `json:"apiVersion"`
 	Kind       string    `json:"kind"`
 	NICs       []NICRule `json:"nics,omitempty"`
+	// Health tunes device health reporting (see HealthConfig).
+	Health *HealthConfig `json:"health,omitempty"`
 
-	rules []rule // validated NICs, or the built-in rule
+	rules  []rule // validated NICs, or the built-in rule
+	health HealthPolicy
 }
 
 // NICRule chooses mode and policy for the PFs its selector matches.

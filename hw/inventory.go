@@ -4,8 +4,23 @@ package hw
 type Inventory struct {
 	// GPUs are sorted by PCI bus ID.
 	GPUs []GPU `json:"gpus,omitempty"`
+	// UnreadableGPUs are on the bus but did not answer this probe (lost,
+	// or a query failed). They are not in GPUs; the agent keeps publishing
+	// what they last reported, tainted.
+	UnreadableGPUs []UnreadableGPU `json:"unreadableGPUs,omitempty"`
 	// PFs are the SR-IOV physical functions, sorted by PCI address.
 	PFs []PF `json:"pfs,omitempty"`
+}
+
+// UnreadableGPU is a GPU a probe could not read.
+type UnreadableGPU struct {
+	// Index is NVML's index; PCIBusID is empty when even that was
+	// unreadable (a lost GPU answers nothing).
+	Index    int    `json:"index"`
+	PCIBusID string `json:"pciBusID,omitempty"`
+	// Lost: NVML says the GPU fell off the bus (ERROR_GPU_IS_LOST).
+	Lost  bool   `json:"lost,omitempty"`
+	Error string `json:"error"`
 }
 
 // UnknownNUMANode is the NUMANode of a device whose NUMA affinity the kernel

@@ -27,6 +27,10 @@ type PF struct {
 	LinkUp     bool   `json:"linkUp"`
 	// SpeedMbps is the negotiated link speed; 0 when unknown or down.
 	SpeedMbps int `json:"speedMbps"`
+	// LastSpeedMbps is, while SpeedMbps is 0, the speed the agent saw
+	// last (probes leave it 0): the bandwidth the PF's device keeps
+	// publishing while its link is down.
+	LastSpeedMbps int `json:"lastSpeedMbps,omitempty"`
 	// EswitchMode is devlink's eswitch mode ("legacy", "switchdev"), empty
 	// when the driver reports none.
 	EswitchMode string `json:"eswitchMode,omitempty"`

@@ -76,7 +76,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	if err != nil {
 		fmt.Fprintf(out, "warning: some devices could not be read: %v\n", err)
 	}
-	res, skipped := hwslices.ForNode(NodeName, inv, cfg, hwslices.AllFeatures)
+	res, skipped := hwslices.ForNode(NodeName, inv, cfg, hwslices.AllFeatures, hw.Health{})
 	var objs []*resourceapi.ResourceSlice
 	section(out, "Hardware and slices")
 	fmt.Fprintf(out, "%d GPU(s), %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PFs))

@@ -2,6 +2,7 @@ package nvml
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,11 +16,14 @@ import (
 	"github.com/hwdra/hwdra/hw"
 )
 
-// GPUs reads every GPU, sorted by PCI bus ID. A GPU that fails a required
-// query fails the whole call with an error naming the GPU (index and bus
-// ID) and the call, wrapping NVML's Return (errors.Is(err,
-// nvml.ERROR_GPU_IS_LOST) works). Optional queries that are not supported
-// leave their field at its zero or unknown value.
+// GPUs reads every GPU, sorted by PCI bus ID. One GPU's failure never
+// hides another: a GPU that fails a required query is left out and named
+// in the returned error, a *GPUError (joined with the others') naming the
+// GPU (index and bus ID) and the call, wrapping NVML's Return
+// (errors.Is(err, nvml.ERROR_GPU_IS_LOST) works); Unreadable lists them.
+// Only a failure of the node-wide queries fails the whole call. Optional
+// queries that are not supported leave their field at its zero or unknown
+// value.
 func (b *Backend) GPUs(ctx context.Context) ([]hw.GPU, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
@@ -39,28 +43,70 @@ func (b *Backend) GPUs(ctx context.Context) ([]hw.GPU, error) {
 		return nil, fmt.Errorf("DeviceGetCount: %w", ret)
 	}
 	out := make([]hw.GPU, 0, count)
+	var errs []error
 	for i := 0; i < count; i++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		dev, ret := b.lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("GPU %d: DeviceGetHandleByIndex: %w", i, ret)
+			errs = append(errs, &GPUError{Index: i, Err: fmt.Errorf("GPU %d: DeviceGetHandleByIndex: %w", i, ret)})
+			continue
 		}
 		g, err := b.gpu(gpuRef{index: i}, dev)
 		if err != nil {
-			return nil, err
+			errs = append(errs, &GPUError{Index: i, BusID: g.PCIBusID, Err: err})
+			continue
 		}
 		g.DriverVersion = driver
 		// SystemGetCudaDriverVersion: 12040 is CUDA 12.4.
 		g.CUDADriverVersion = fmt.Sprintf("%d.%d", cuda/1000, cuda%1000/10)
 		if j := slices.IndexFunc(out, func(o hw.GPU) bool { return o.PCIBusID == g.PCIBusID }); j >= 0 {
-			return nil, fmt.Errorf("GPU %d and GPU %d both report PCI bus ID %s", out[j].Index, g.Index, g.PCIBusID)
+			errs = append(errs, &GPUError{Index: i, BusID: g.PCIBusID,
+				Err: fmt.Errorf("GPU %d and GPU %d both report PCI bus ID %s", out[j].Index, g.Index, g.PCIBusID)})
+			continue
 		}
 		out = append(out, g)
 	}
 	slices.SortFunc(out, func(a, b hw.GPU) int { return strings.Compare(a.PCIBusID, b.PCIBusID) })
-	return out, nil
+	return out, errors.Join(errs...)
+}
+
+// GPUError is a GPU that GPUs could not read.
+type GPUError struct {
+	Index int
+	// BusID is empty when the GPU did not even tell its PCI address.
+	BusID string
+	Err   error
+}
+
+func (e *GPUError) Error() string { return e.Err.Error() }
+func (e *GPUError) Unwrap() error { return e.Err }
+
+// Unreadable lists the GPUs an error of GPUs names, in index order.
+func Unreadable(err error) []hw.UnreadableGPU {
+	var out []hw.UnreadableGPU
+	var walk func(error)
+	walk = func(err error) {
+		if ge, ok := err.(*GPUError); ok {
+			out = append(out, hw.UnreadableGPU{Index: ge.Index, PCIBusID: ge.BusID,
+				Lost: errors.Is(ge.Err, nvml.ERROR_GPU_IS_LOST), Error: ge.Err.Error()})
+			return
+		}
+		switch e := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, x := range e.Unwrap() {
+				walk(x)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	slices.SortFunc(out, func(a, b hw.UnreadableGPU) int { return a.Index - b.Index })
+	return out
 }
 
 // gpuRef names a GPU in errors.
@@ -88,7 +134,9 @@ func (r gpuRef) optional(call string, ret nvml.Return) (ok bool, err error) {
 	return false, r.err(call, ret)
 }
 
-func (b *Backend) gpu(ref gpuRef, dev nvml.Device) (hw.GPU, error) {
+// gpu reads one GPU. On failure the returned GPU has only its PCIBusID,
+// if that much was read.
+func (b *Backend) gpu(ref gpuRef, dev nvml.Device) (g hw.GPU, err error) {
 	pci, ret := dev.GetPciInfo()
 	if ret != nvml.SUCCESS {
 		return hw.GPU{}, ref.err("GetPciInfo", ret)
@@ -98,7 +146,12 @@ func (b *Backend) gpu(ref gpuRef, dev nvml.Device) (hw.GPU, error) {
 		return hw.GPU{}, fmt.Errorf("GPU %d: GetPciInfo: %w", ref.index, err)
 	}
 	ref.busID = busID
-	g := hw.GPU{PCIBusID: busID, PCIDeviceID: pci.PciDeviceId, PCIeRoot: b.pcieRoot(busID)}
+	defer func() {
+		if err != nil {
+			g = hw.GPU{PCIBusID: busID}
+		}
+	}()
+	g = hw.GPU{PCIBusID: busID, PCIDeviceID: pci.PciDeviceId, PCIeRoot: b.pcieRoot(busID)}
 	var arch nvml.DeviceArchitecture
 	var major, minor int
 	var mem nvml.Memory

@@ -112,6 +112,19 @@ func (b *Backend) ready() error {
 	return nil
 }
 
+// deviceCount is the number of GPUs, under the Init gate; the caller
+// holds b.mu.
+func (b *Backend) deviceCount() (int, error) {
+	if err := b.ready(); err != nil {
+		return 0, err
+	}
+	count, ret := b.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return 0, fmt.Errorf("DeviceGetCount: %w", ret)
+	}
+	return count, nil
+}
+
 // has reports whether the loaded library exports a symbol. Hardware quirk:
 // go-nvml binds C functions lazily, so calling one that an older driver's
 // libnvidia-ml lacks kills the process like a call after a failed Init.

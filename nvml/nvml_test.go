@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	nvmlmock "github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
+	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
 )
 
@@ -161,23 +164,34 @@ type noNUMA struct{ nvml.Device }
 
 func (noNUMA) GetNumaNodeId() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 
+// TestDeviceErrorsNameTheGPU: a GPU that fails a query is named in the
+// error and listed as unreadable; the other seven are read as usual.
 func TestDeviceErrorsNameTheGPU(t *testing.T) {
 	h := openMock(t, dgxH100)
 	for _, tc := range []struct {
 		wrap func(nvml.Device) nvml.Device
 		msg  string
 		ret  nvml.Return
+		want hw.UnreadableGPU
 	}{
-		{func(d nvml.Device) nvml.Device { return badMIGMode{d} }, "GPU 1 (0000:43:00.0): GetMigMode: ERROR_GPU_IS_LOST", nvml.ERROR_GPU_IS_LOST},
-		{func(d nvml.Device) nvml.Device { return badPCI{d} }, "GPU 1: GetPciInfo: ERROR_UNKNOWN", nvml.ERROR_UNKNOWN},
+		{func(d nvml.Device) nvml.Device { return badMIGMode{d} }, "GPU 1 (0000:43:00.0): GetMigMode: ERROR_GPU_IS_LOST", nvml.ERROR_GPU_IS_LOST,
+			hw.UnreadableGPU{Index: 1, PCIBusID: "0000:43:00.0", Lost: true, Error: "GPU 1 (0000:43:00.0): GetMigMode: ERROR_GPU_IS_LOST"}},
+		{func(d nvml.Device) nvml.Device { return badPCI{d} }, "GPU 1: GetPciInfo: ERROR_UNKNOWN", nvml.ERROR_UNKNOWN,
+			hw.UnreadableGPU{Index: 1, Error: "GPU 1: GetPciInfo: ERROR_UNKNOWN"}},
 	} {
 		b := New(failingLib{h.NVML, 1, tc.wrap}, WithSysfs(h.Sysfs))
 		if err := b.Init(); err != nil {
 			t.Fatal(err)
 		}
-		_, err := b.GPUs(context.Background())
+		gpus, err := b.GPUs(context.Background())
 		if err == nil || err.Error() != tc.msg || !errors.Is(err, tc.ret) {
 			t.Errorf("GPUs: %v, want %q wrapping %v", err, tc.msg, tc.ret)
+		}
+		if got := Unreadable(fmt.Errorf("probe: %w", err)); len(got) != 1 || got[0] != tc.want {
+			t.Errorf("unreadable %+v, want %+v", got, tc.want)
+		}
+		if len(gpus) != 7 || slices.ContainsFunc(gpus, func(g hw.GPU) bool { return g.Index == 1 }) {
+			t.Errorf("%d GPUs read besides the failing one, want the other 7", len(gpus))
 		}
 	}
 }

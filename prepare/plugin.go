@@ -320,8 +320,9 @@ func (p *Plugin[R]) HandleError(ctx context.Context, err error, msg string) {
 	klog.FromContext(ctx).Error(err, msg)
 }
 
-// WatchHealthStatus implements kubeletplugin.DRAPlugin. Health reporting is
-// not implemented yet.
+// WatchHealthStatus implements kubeletplugin.DRAPlugin: a plugin alone
+// knows nothing of device health; the agent serves the stream from its
+// health monitors (agent/health.go).
 func (p *Plugin[R]) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
 	return kubeletplugin.ErrHealthNotSupported
 }

@@ -79,7 +79,14 @@ func shortVGPUName(name string) string { return strings.TrimPrefix(name, "NVIDIA
 // GPU, and per GPU the whole GPU, its MIG partitions and its vGPU types, as
 // far as the hardware can deliver them in its current mode.
 func GPUResources(nodeName string, gpus []hw.GPU, f Features) resourceslice.DriverResources {
-	res, _ := buildGPUs(nodeName, gpus, f, false)
+	return TaintedGPUResources(nodeName, gpus, f, Health{})
+}
+
+// TaintedGPUResources is GPUResources with the devices that h finds at
+// fault tainted (with DeviceTaints): the GPU's fault on every device of the
+// GPU, a partition's on the devices at its placement.
+func TaintedGPUResources(nodeName string, gpus []hw.GPU, f Features, h Health) resourceslice.DriverResources {
+	res, _ := buildGPUs(nodeName, gpus, f, h, false)
 	return res
 }
 
@@ -102,11 +109,11 @@ type GPUDevice struct {
 // GPUDevices maps every device GPUResources publishes for these GPUs and
 // features to what it stands for; both come from one builder.
 func GPUDevices(gpus []hw.GPU, f Features) map[string]GPUDevice {
-	_, catalog := buildGPUs("", gpus, f, true)
+	_, catalog := buildGPUs("", gpus, f, Health{}, true)
 	return catalog
 }
 
-func buildGPUs(nodeName string, gpus []hw.GPU, f Features, withCatalog bool) (resourceslice.DriverResources, map[string]GPUDevice) {
+func buildGPUs(nodeName string, gpus []hw.GPU, f Features, h Health, withCatalog bool) (resourceslice.DriverResources, map[string]GPUDevice) {
 	gpus = append([]hw.GPU(nil), gpus...)
 	sort.Slice(gpus, func(i, j int) bool { return gpus[i].PCIBusID < gpus[j].PCIBusID })
 
@@ -120,7 +127,7 @@ func buildGPUs(nodeName string, gpus []hw.GPU, f Features, withCatalog bool) (re
 		catalog = map[string]GPUDevice{}
 	}
 	for _, g := range gpus {
-		b := gpuDevices{gpu: g, f: f, budget: budgetFor(g, cache), set: GPUName(g.PCIBusID), catalog: catalog}
+		b := gpuDevices{gpu: g, f: f, health: h, budget: budgetFor(g, cache), set: GPUName(g.PCIBusID), catalog: catalog}
 		b.build()
 		if b.usesCounters {
 			sets = append(sets, b.budget.counterSet(b.set, g.MIG.Profiles))
@@ -141,6 +148,7 @@ type gpuDevices struct {
 	gpu          hw.GPU
 	common       map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 	f            Features
+	health       Health
 	budget       gpuBudget
 	set          string
 	devices      []resourceapi.Device
@@ -203,9 +211,13 @@ func (b *gpuDevices) build() {
 }
 
 func (b *gpuDevices) add(d resourceapi.Device, what GPUDevice) {
+	what.GPU = b.gpu
+	if fault, ok := what.Fault(b.health.Faults); ok && b.f.DeviceTaints {
+		d.Taints = []resourceapi.DeviceTaint{b.health.taint(GPUTaintKey, fault)}
+	}
 	b.devices = append(b.devices, d)
 	if b.catalog != nil {
-		what.GPU, what.Attributes = b.gpu, d.Attributes
+		what.Attributes = d.Attributes
 		b.catalog[d.Name] = what
 	}
 }

@@ -38,7 +38,7 @@ func TestBuiltinProfiles(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var first []byte
 			for i := 0; i < 2; i++ {
-				res, _ := ForNode(testNode, probe(t, "mock:"+name), config.Default(), AllFeatures)
+				res, _ := ForNode(testNode, probe(t, "mock:"+name), config.Default(), AllFeatures, hw.Health{})
 				for _, r := range res {
 					checkLimits(t, r)
 				}
@@ -100,7 +100,7 @@ func BenchmarkProbeAndBuild(b *testing.B) {
 	b.Run("gpus", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			gpus, err := n.GPU.GPUs(ctx)
+			gpus, err := n.GPU().GPUs(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -116,7 +116,7 @@ func BenchmarkProbeAndBuild(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if res, _ := ForNode(testNode, inv, cfg, AllFeatures); len(res) != 2 {
+			if res, _ := ForNode(testNode, inv, cfg, AllFeatures, hw.Health{}); len(res) != 2 {
 				b.Fatal("not both drivers built")
 			}
 		}

@@ -46,8 +46,14 @@ const (
 // NICResources builds the sriov.hwdra.io devices of the offered PFs: in
 // shared mode one device per PF that many claims share (bandwidth and VF
 // capacities), in exclusive mode one device per VF. It returns the PFs it
-// left out and why: a link that is down, a link speed that is unknown or
-// too slow for the policy. The pool is named after the node.
+// left out and why: a link speed too slow for the policy, no VFs. The pool
+// is named after the node.
+//
+// A PF whose link is down or whose speed is unknown stays published,
+// tainted (see NICDevice.Fault), so claims already allocated on it still
+// prepare and unprepare: its bandwidth capacity is the last speed the agent
+// saw (hw.PF.LastSpeedMbps), or the policy's minimum share if it never saw
+// one.
 //
 // Without ConsumableCapacity the API server would drop the shared devices'
 // capacities and every claim would take a whole PF, so shared PFs fall back
@@ -56,7 +62,13 @@ const (
 // Device names derive from the PF's PCI address, stable across reboots:
 // "nic-0000-17-00-0" for a shared PF, "nic-0000-17-00-0-vf-3" for its VF 3.
 func NICResources(nodeName string, offers []config.NICOffer, f Features) (resourceslice.DriverResources, []config.Skip) {
-	res, skips, _ := buildNICs(nodeName, offers, f, false)
+	return TaintedNICResources(nodeName, offers, f, Health{})
+}
+
+// TaintedNICResources is NICResources with the devices that h finds at
+// fault tainted (with DeviceTaints).
+func TaintedNICResources(nodeName string, offers []config.NICOffer, f Features, h Health) (resourceslice.DriverResources, []config.Skip) {
+	res, skips, _ := buildNICs(nodeName, offers, f, h, false)
 	return res, skips
 }
 
@@ -76,11 +88,11 @@ type NICDevice struct {
 // NICDevices maps every device NICResources publishes for these offers and
 // features to what it stands for; both come from one builder.
 func NICDevices(offers []config.NICOffer, f Features) map[string]NICDevice {
-	_, _, catalog := buildNICs("", offers, f, true)
+	_, _, catalog := buildNICs("", offers, f, Health{}, true)
 	return catalog
 }
 
-func buildNICs(nodeName string, offers []config.NICOffer, f Features, withCatalog bool) (resourceslice.DriverResources, []config.Skip, map[string]NICDevice) {
+func buildNICs(nodeName string, offers []config.NICOffer, f Features, h Health, withCatalog bool) (resourceslice.DriverResources, []config.Skip, map[string]NICDevice) {
 	offers = append([]config.NICOffer(nil), offers...)
 	sort.SliceStable(offers, func(i, j int) bool { return offers[i].PF.PCIAddress < offers[j].PF.PCIAddress })
 	var (
@@ -91,12 +103,17 @@ func buildNICs(nodeName string, offers []config.NICOffer, f Features, withCatalo
 	if withCatalog {
 		catalog = map[string]NICDevice{}
 	}
+	add := func(d resourceapi.Device, what NICDevice) {
+		if fault, ok := what.Fault(h.Faults); ok && f.DeviceTaints {
+			d.Taints = []resourceapi.DeviceTaint{h.taint(NICTaintKey, fault)}
+		}
+		devices = append(devices, d)
+		if catalog != nil {
+			catalog[d.Name] = what
+		}
+	}
 	for _, o := range offers {
 		pf := o.PF
-		if !pf.LinkUp {
-			skips = append(skips, config.SkipPF(pf, "link is down"))
-			continue
-		}
 		mode := o.Mode
 		if mode == config.ModeShared && !f.ConsumableCapacity {
 			mode = config.ModeExclusive
@@ -108,17 +125,10 @@ func buildNICs(nodeName string, offers []config.NICOffer, f Features, withCatalo
 				skips = append(skips, config.SkipPF(pf, reason))
 				continue
 			}
-			devices = append(devices, d)
-			if catalog != nil {
-				catalog[d.Name] = NICDevice{Mode: mode, PF: pf, Bandwidth: o.Bandwidth}
-			}
+			add(d, NICDevice{Mode: mode, PF: pf, Bandwidth: o.Bandwidth})
 		case config.ModeExclusive:
 			for _, vf := range pf.VFs {
-				d := vfDevice(pf, vf)
-				devices = append(devices, d)
-				if catalog != nil {
-					catalog[d.Name] = NICDevice{Mode: mode, PF: pf, VF: &vf, Bandwidth: o.Bandwidth}
-				}
+				add(vfDevice(pf, vf), NICDevice{Mode: mode, PF: pf, VF: &vf, Bandwidth: o.Bandwidth})
 			}
 		default:
 			skips = append(skips, config.SkipPF(pf, fmt.Sprintf("mode %q is not published", o.Mode)))
@@ -142,10 +152,13 @@ func NICVFDeviceName(pfAddress string, index int) string {
 // the API wants on the step grid) is the largest on-grid value not above
 // the link speed, and the default is clamped to it.
 func sharedDevice(pf hw.PF, p config.BandwidthPolicy) (resourceapi.Device, string) {
-	speed := pf.SpeedMbps
+	speed := knownSpeed(pf)
+	if speed <= 0 {
+		// Never seen: the smallest share is all the device promises
+		// until its link tells (it is tainted meanwhile).
+		speed = p.MinimumMbps
+	}
 	switch {
-	case speed <= 0:
-		return resourceapi.Device{}, "link speed unknown: bandwidth shares need it"
 	case speed < p.MinimumMbps:
 		return resourceapi.Device{}, fmt.Sprintf("link speed %s is below the bandwidth minimum %s", bps(speed), bps(p.MinimumMbps))
 	case len(pf.VFs) == 0:
@@ -193,10 +206,19 @@ func vfDevice(pf hw.PF, vf hw.VF) resourceapi.Device {
 		attrs[NICAttrVFDriver] = str(vf.Driver)
 	}
 	d := resourceapi.Device{Name: NICVFDeviceName(pf.PCIAddress, vf.Index), Attributes: attrs}
-	if pf.SpeedMbps > 0 {
-		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{NICCapBandwidth: {Value: *quantityBps(pf.SpeedMbps)}}
+	if speed := knownSpeed(pf); speed > 0 {
+		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{NICCapBandwidth: {Value: *quantityBps(speed)}}
 	}
 	return d
+}
+
+// knownSpeed is the PF's link speed, or while that is unknown (link down)
+// the last one seen; 0 if none.
+func knownSpeed(pf hw.PF) int {
+	if pf.SpeedMbps > 0 {
+		return pf.SpeedMbps
+	}
+	return pf.LastSpeedMbps
 }
 
 // pfAttributes are the attributes every device of a PF carries. Unknown

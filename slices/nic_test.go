@@ -172,26 +172,91 @@ func TestNICSkips(t *testing.T) {
 	exclDown := nicPF("0000:1b:00.0", "ens5f0", 0, 0, 4)
 	exclDown.LinkUp = false
 	exclUnknownSpeed := nicPF("0000:1c:00.0", "ens6f0", 0, 0, 2)
-	offers := append(offer(config.ModeShared, down, unknown, slow, noVFs), offer(config.ModeExclusive, exclDown, exclUnknownSpeed)...)
+	heldDown := nicPF("0000:1d:00.0", "ens7f0", 0, 0, 4)
+	heldDown.LinkUp, heldDown.LastSpeedMbps = false, 200000
+	offers := append(offer(config.ModeShared, down, unknown, slow, noVFs, heldDown), offer(config.ModeExclusive, exclDown, exclUnknownSpeed)...)
 	res, skips := NICResources(testNode, offers, AllFeatures)
 	var got []string
 	for _, s := range skips {
 		got = append(got, s.String())
 	}
 	want := []string{
-		"0000:17:00.0 (ens1f0): link is down",
-		"0000:18:00.0 (ens2f0): link speed unknown: bandwidth shares need it",
 		"0000:19:00.0 (ens3f0): link speed 100M is below the bandwidth minimum 1G",
 		"0000:1a:00.0 (ens4f0): no VFs",
-		"0000:1b:00.0 (ens5f0): link is down",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("skips:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	// Exclusive VFs need no speed; they just carry no bandwidth capacity.
-	devs := nicDevices(res)
-	if len(devs) != 2 || devs[0].Name != "nic-0000-1c-00-0-vf-0" || devs[0].Capacity != nil {
-		t.Errorf("devices %+v", devs)
+	// A link that is down or of unknown speed is published, tainted, so
+	// claims on it still prepare: bandwidth is the last speed seen, else
+	// one minimum share. Exclusive VFs carry no bandwidth without a speed.
+	byName := devicesByName(res)
+	for _, tc := range []struct {
+		device, taint, bandwidth string
+	}{
+		{"nic-0000-17-00-0", "LinkDown", "1G"},
+		{"nic-0000-18-00-0", "SpeedUnknown", "1G"},
+		{"nic-0000-1d-00-0", "LinkDown", "200G"},
+		{"nic-0000-1b-00-0-vf-3", "LinkDown", ""},
+		{"nic-0000-1c-00-0-vf-0", "SpeedUnknown", ""},
+	} {
+		d, ok := byName[tc.device]
+		if !ok {
+			t.Errorf("%s not published", tc.device)
+			continue
+		}
+		wantTaints := []resourceapi.DeviceTaint{{Key: NICTaintKey, Value: tc.taint, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		if !reflect.DeepEqual(d.Taints, wantTaints) {
+			t.Errorf("%s: taints %v, want %v", tc.device, d.Taints, wantTaints)
+		}
+		bw, has := d.Capacity[NICCapBandwidth]
+		if got := bw.Value.String(); has != (tc.bandwidth != "") || has && got != tc.bandwidth {
+			t.Errorf("%s: bandwidth %v (present %v), want %q", tc.device, got, has, tc.bandwidth)
+		}
+	}
+	checkNICInvariants(t, res)
+}
+
+// TestNICTaintsFromFaults: a monitor's fault on a PF taints its shared
+// device and all its VFs, a VF's fault that VF alone; a fatal fault taints
+// NoExecute only where configured; without DeviceTaints nothing is tainted.
+func TestNICTaintsFromFaults(t *testing.T) {
+	shared := nicPF("0000:17:00.0", "ens1f0", 0, 400000, 4)
+	excl := nicPF("0000:31:00.0", "ens2f0", 1, 100000, 3)
+	offers := append(offer(config.ModeShared, shared), offer(config.ModeExclusive, excl)...)
+	faults := hw.Health{
+		PFs: map[string]hw.Fault{"0000:17:00.0": {Reason: "LinkRemoved", Fatal: true}},
+		VFs: map[string]hw.Fault{excl.VFs[1].PCIAddress: {Reason: "VFGone"}},
+	}
+	noTaints := AllFeatures
+	noTaints.DeviceTaints = false
+	for _, tc := range []struct {
+		name string
+		f    Features
+		h    Health
+		want map[string]string // device -> value:effect
+	}{
+		{"NoSchedule", AllFeatures, Health{Faults: faults}, map[string]string{
+			"nic-0000-17-00-0": "LinkRemoved:NoSchedule", "nic-0000-31-00-0-vf-1": "VFGone:NoSchedule"}},
+		{"fatal NoExecute", AllFeatures, Health{Faults: faults, FatalNoExecute: true}, map[string]string{
+			"nic-0000-17-00-0": "LinkRemoved:NoExecute", "nic-0000-31-00-0-vf-1": "VFGone:NoSchedule"}},
+		{"DeviceTaints off", noTaints, Health{Faults: faults}, map[string]string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, _ := TaintedNICResources(testNode, offers, tc.f, tc.h)
+			got := map[string]string{}
+			for name, d := range devicesByName(res) {
+				for _, taint := range d.Taints {
+					if taint.Key != NICTaintKey {
+						t.Errorf("%s: taint key %s", name, taint.Key)
+					}
+					got[name] = taint.Value + ":" + string(taint.Effect)
+				}
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("taints %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -280,7 +345,7 @@ func TestNICDevicesMatchPublishedDevices(t *testing.T) {
 		name string
 		f    Features
 		want int
-	}{{"all features", AllFeatures, 1 + 3}, {"no consumable capacity", noCC, 4 + 3}} {
+	}{{"all features", AllFeatures, 2 + 3}, {"no consumable capacity", noCC, 6 + 3}} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, _ := NICResources(testNode, offers, tc.f)
 			catalog := NICDevices(offers, tc.f)

@@ -13,16 +13,18 @@ import (
 type Resources map[string]resourceslice.DriverResources
 
 // ForNode is the one place that decides what a node publishes: the CLI
-// prints it and the agent publishes it.
-func ForNode(nodeName string, inv hw.Inventory, cfg *config.AgentConfig, f Features) (Resources, []config.Skip) {
+// prints it and the agent publishes it. Devices on hardware at fault in
+// faults (the health monitors' findings) are tainted as cfg says.
+func ForNode(nodeName string, inv hw.Inventory, cfg *config.AgentConfig, f Features, faults hw.Health) (Resources, []config.Skip) {
 	res := Resources{}
+	h := Health{Faults: faults, FatalNoExecute: cfg.HealthPolicy().FatalNoExecute}
 	if len(inv.GPUs) > 0 {
-		res[GPUDriver] = GPUResources(nodeName, inv.GPUs, f)
+		res[GPUDriver] = TaintedGPUResources(nodeName, inv.GPUs, f, h)
 	}
 	var skipped []config.Skip
 	if len(inv.PFs) > 0 {
 		offers, skips := cfg.Resolve(inv.PFs)
-		nic, nicSkips := NICResources(nodeName, offers, f)
+		nic, nicSkips := TaintedNICResources(nodeName, offers, f, h)
 		res[NICDriver] = nic
 		skipped = append(skips, nicSkips...)
 	}

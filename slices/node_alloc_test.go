@@ -7,13 +7,14 @@ import (
 
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/hw"
 )
 
 // TestGPUAndVFShareOnOneNUMANode: on a mock DGX H100, a claim for a whole GPU
 // and a VF bandwidth share with matchAttribute on the NUMA node lands both on
 // one node; once node 0's GPUs are taken it lands both on node 1.
 func TestGPUAndVFShareOnOneNUMANode(t *testing.T) {
-	res, _ := ForNode(testNode, probe(t, "mock:dgx-h100"), config.Default(), AllFeatures)
+	res, _ := ForNode(testNode, probe(t, "mock:dgx-h100"), config.Default(), AllFeatures, hw.Health{})
 	a := newAllocator(t, allocate.ClusterFeatures, res)
 	numaOf := map[string]int64{}
 	for _, r := range res {

@@ -11,6 +11,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	logsapi "k8s.io/component-base/logs/api/v1"
+
+	"github.com/hwdra/hwdra/hw/mock"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -89,6 +91,64 @@ func TestBadInputFails(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMockInject: the command reaches the mock hardware a process runs,
+// which applies the fault; bad invocations say what is wrong.
+func TestMockInject(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(mock.DirEnv, dir)
+	h, err := mock.Open("dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+		check   func() bool
+	}{
+		{args: []string{"xid", "--gpu", "0000:1b:00.0", "--code", "48"}, check: func() bool {
+			g, _ := mustState(t, dir).GPU("0000:1b:00.0")
+			return g.RecoveryAction == 1
+		}},
+		{args: []string{"gpu-lost", "--gpu", "0000:43:00.0"}, check: func() bool {
+			g, _ := mustState(t, dir).GPU("0000:43:00.0")
+			return g.Lost
+		}},
+		{args: []string{"clear", "--gpu", "0000:43:00.0"}, check: func() bool {
+			g, _ := mustState(t, dir).GPU("0000:43:00.0")
+			return !g.Lost
+		}},
+		{args: []string{"link", "--pf", "0000:18:00.0", "--state", "down"}, check: func() bool {
+			return len(mustState(t, dir).LinksDown) == 1
+		}},
+		{args: []string{"xid", "--gpu", "0000:1b:00.0"}, wantErr: "xid needs --code"},
+		{args: []string{"clear", "--gpu", "0000:1b:00.0", "--code", "1"}, wantErr: "clear takes no --code"},
+		{args: []string{"link", "--pf", "x", "--state", "sideways"}, wantErr: `--state "sideways" is not down or up`},
+		{args: []string{"melt"}, wantErr: `unknown fault "melt"`},
+		{args: []string{"xid", "--gpu", "0000:99:00.0", "--code", "48"}, wantErr: "no GPU 0000:99:00.0"},
+	} {
+		out, err := run(t, append([]string{"mock", "inject", "--mock-dir", dir}, tc.args...)...)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !strings.Contains(out, "injected") || !tc.check() {
+			t.Errorf("%v: %q %v, or the hardware did not change", tc.args, out, err)
+		}
+	}
+}
+
+func mustState(t *testing.T, dir string) mock.State {
+	t.Helper()
+	s, err := mock.ReadState(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func TestVersion(t *testing.T) {

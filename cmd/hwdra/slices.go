@@ -9,6 +9,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/slices"
 )
 
@@ -32,7 +33,7 @@ func slicesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, skipped := slices.ForNode(nodeName, inv, cfg, slices.AllFeatures)
+			res, skipped := slices.ForNode(nodeName, inv, cfg, slices.AllFeatures, hw.Health{})
 			for _, s := range skipped {
 				klog.InfoS("PF not offered", "pf", s.String())
 			}

@@ -205,6 +205,7 @@ func (h *Hardware) buildGPUs() error {
 		return err
 	}
 	installServer(s)
+	installLostLookups(s)
 	vgpuIDs := map[string]uint32{}
 	tree := h.nodeTree()
 	var minors []int
@@ -212,6 +213,7 @@ func (h *Hardware) buildGPUs() error {
 	for i, g := range layout {
 		group := h.Profile.GPUs[g.group]
 		d := newGPUDevice(s.Devices[i].(*server.Device), g.model, h.Profile.Name, g.busID, g.numa)
+		d.installHealth(group.NoRecoveryAction)
 		d.tree = tree
 		d.ctl = h.ctl
 		s.Devices[i] = d
@@ -231,6 +233,7 @@ func (h *Hardware) buildGPUs() error {
 	if err := tree.setup(minors, vfio); err != nil {
 		return err
 	}
+	h.driver = gateOnDriver(s)
 	h.NVML = s
 	return h.buildMdevs(s)
 }
@@ -308,17 +311,26 @@ func (h *Hardware) SetRunningProcesses(busID string, pids ...uint32) error {
 	return nil
 }
 
-// gpu returns the mock GPU at a PCI address.
+// gpu returns the mock GPU at a PCI address (any form NVML accepts), lost
+// or not, without asking NVML: the mock's own calls work while the driver
+// is not loaded.
 func (h *Hardware) gpu(busID string) (*gpuDevice, error) {
 	s, ok := h.NVML.(*server.Server)
 	if !ok {
 		return nil, fmt.Errorf("mock profile %q has no GPUs", h.Profile.Name)
 	}
-	dev, ret := s.DeviceGetHandleByPciBusId(busID)
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("GPU %s: %v", busID, ret)
+	want, ok := canonicalBusID(busID)
+	if !ok {
+		return nil, fmt.Errorf("GPU %q: not a PCI address like 0000:1b:00.0", busID)
 	}
-	return dev.(*gpuDevice), nil
+	var have []string
+	for _, d := range s.Devices {
+		if d.(*gpuDevice).busID == want {
+			return d.(*gpuDevice), nil
+		}
+		have = append(have, d.(*gpuDevice).busID)
+	}
+	return nil, fmt.Errorf("no GPU %s (the GPUs: %s)", busID, strings.Join(have, ", "))
 }
 
 // noNVML is the NVML of a node without the NVIDIA driver: Init fails with

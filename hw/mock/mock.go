@@ -21,8 +21,10 @@ type Hardware struct {
 	// Sysfs is the root of the fake sysfs tree (what /sys is on a host).
 	Sysfs string
 
-	dir string
-	ctl *control // saves state and paces calls (persist.go)
+	dir    string
+	ctl    *control    // saves state and paces calls (persist.go)
+	driver *driverGate // the NVIDIA driver being loaded (nil: no GPUs)
+	faults *faultInbox // injected faults from other processes (inject.go)
 }
 
 // Open loads a profile (built-in name or YAML file) and builds it.
@@ -57,6 +59,9 @@ func New(p Profile) (*Hardware, error) {
 	if err := h.start(saved); err != nil {
 		return nil, errors.Join(err, h.Close())
 	}
+	if err := h.startInbox(); err != nil {
+		return nil, errors.Join(err, h.Close())
+	}
 	return h, nil
 }
 
@@ -76,5 +81,6 @@ func tempRoot() string {
 // Close removes everything the mock created; a persistent mock (DirEnv)
 // keeps its directory, state and trees, as hardware outlives its users.
 func (h *Hardware) Close() error {
+	h.faults.close()
 	return errors.Join(h.closeNICs(), h.ctl.close())
 }

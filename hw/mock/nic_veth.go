@@ -20,6 +20,8 @@ type vethSet struct {
 	name   string // named netns, /run/netns/<name>
 	ns     netns.NsHandle
 	handle *netlink.Handle
+	// peers: each stand-in's peer, whose state is the stand-in's carrier.
+	peers map[string]string
 }
 
 // EnableVeths creates, in a new named network namespace, a veth pair for
@@ -38,7 +40,7 @@ func (n *NICs) EnableVeths() error {
 	}
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	v := &vethSet{name: "hwdra-mock-" + hex.EncodeToString(suffix)}
+	v := &vethSet{name: "hwdra-mock-" + hex.EncodeToString(suffix), peers: map[string]string{}}
 	ns, err := newNamedNetns(v.name)
 	if err != nil {
 		return fmt.Errorf("mock: creating network namespace %s: %w", v.name, err)
@@ -59,6 +61,7 @@ func (n *NICs) EnableVeths() error {
 		if err := v.handle.LinkAdd(veth); err != nil {
 			return fmt.Errorf("mock: veth %s: %w", name, err)
 		}
+		v.peers[name] = veth.PeerName
 		if carrier {
 			if err := v.setUp(veth.PeerName, true); err != nil {
 				return err

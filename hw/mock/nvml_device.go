@@ -52,6 +52,8 @@ type gpuDevice struct {
 	// serials number compute instances in creation order (for MIG UUIDs).
 	serials    sync.Map // *server.ComputeInstance -> uint64
 	nextSerial atomic.Uint64
+	// health is the GPU's fault state (gpu_health.go).
+	health gpuHealth
 }
 
 // newGPUDevice wraps the server's device and installs the hardware

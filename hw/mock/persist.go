@@ -49,6 +49,10 @@ type State struct {
 	// VFs are every VF's settings, keyed "<PF netdev>/<VF index>" like
 	// VFRecorder.Snapshot.
 	VFs map[string]hw.VFConfig `json:"vfs,omitempty"`
+	// LinksDown are the PF netdevs whose link is down.
+	LinksDown []string `json:"linksDown,omitempty"`
+	// DriverUnloaded: the NVIDIA driver is not loaded (SetDriverLoaded).
+	DriverUnloaded bool `json:"driverUnloaded,omitempty"`
 	// Interrupted are calls that were in progress (see GPUTimings) when
 	// a process using the directory died: their change was made, their
 	// caller never learnt it. The last 64, oldest first.
@@ -68,6 +72,10 @@ type GPUState struct {
 	// NextSerial is the last compute instance's creation number (MIG
 	// UUIDs derive from it, so a re-created instance gets a new one).
 	NextSerial uint64 `json:"nextSerial,omitempty"`
+	// Lost: the GPU fell off the bus (injected); RecoveryAction is the
+	// driver's recovery action field (NVML's values, 0: none).
+	Lost           bool   `json:"lost,omitempty"`
+	RecoveryAction uint32 `json:"recoveryAction,omitempty"`
 }
 
 // MIGState is a GPU's MIG mode: current, and pending until a reset
@@ -130,7 +138,8 @@ type Operation struct {
 // the profile spec, creation counters, and calls in progress or
 // interrupted. Compare these.
 func (s State) Hardware() State {
-	out := State{Version: s.Version, Profile: s.Profile, Mdevs: s.Mdevs, VFs: s.VFs}
+	out := State{Version: s.Version, Profile: s.Profile, Mdevs: s.Mdevs, VFs: s.VFs,
+		LinksDown: s.LinksDown, DriverUnloaded: s.DriverUnloaded}
 	for _, g := range s.GPUs {
 		g.NextSerial = 0
 		out.GPUs = append(out.GPUs, g)
@@ -350,7 +359,7 @@ func (h *Hardware) openDir() (*State, error) {
 		return nil, errors.Join(err, c.close())
 	}
 	var errs []error
-	for _, tree := range []string{"sys", "proc", "dev", busyDir} {
+	for _, tree := range []string{"sys", "proc", "dev", busyDir, faultsDir} {
 		errs = append(errs, os.RemoveAll(filepath.Join(dir, tree)))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -533,6 +542,8 @@ func (h *Hardware) snapshot() State {
 	if vfs := h.NICs().recorder.Snapshot(); len(vfs) > 0 {
 		s.VFs = vfs
 	}
+	s.LinksDown = h.NICs().linksDown()
+	s.DriverUnloaded = h.driver != nil && h.driver.unloaded.Load()
 	return s
 }
 
@@ -540,6 +551,9 @@ func (h *Hardware) snapshot() State {
 // (MIG modes, instances), then the vGPUs on them, then the VFs.
 func (h *Hardware) restore(s State) error {
 	srv, _ := h.NVML.(*server.Server)
+	if h.driver != nil {
+		h.driver.unloaded.Store(s.DriverUnloaded)
+	}
 	for _, g := range s.GPUs {
 		if srv == nil {
 			return fmt.Errorf("GPU %s: the profile has no GPUs", g.BusID)
@@ -560,6 +574,9 @@ func (h *Hardware) restore(s State) error {
 		if err := srv.Devices[0].(*gpuDevice).kernel.restore(s.Mdevs); err != nil {
 			return err
 		}
+	}
+	if err := h.NICs().restoreLinks(s.LinksDown); err != nil {
+		return err
 	}
 	return h.NICs().recorder.restore(s.VFs)
 }

@@ -19,6 +19,7 @@ func (d *gpuDevice) snapshot() GPUState {
 		MIG:        MIGState{Current: d.migCurrent == nvml.DEVICE_MIG_ENABLE, Pending: d.migPending == nvml.DEVICE_MIG_ENABLE},
 		NextSerial: d.nextSerial.Load(),
 	}
+	s.Lost, s.RecoveryAction = d.healthState()
 	for _, p := range d.processes {
 		s.Processes = append(s.Processes, p.Pid)
 	}
@@ -94,6 +95,7 @@ func (d *gpuDevice) restore(s GPUState) error {
 		gi.Unlock()
 	}
 	d.nextSerial.Store(s.NextSerial)
+	d.restoreHealth(s.Lost, s.RecoveryAction)
 	return nil
 }
 

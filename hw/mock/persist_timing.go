@@ -72,6 +72,11 @@ const (
 	opSetVF                  = "setVF"
 	opResetGPU               = "resetGpu"
 	opSetRunningProcesses    = "setRunningProcesses"
+	opXID                    = "xid"
+	opGPULost                = "gpuLost"
+	opClearGPU               = "clearGpu"
+	opSetLink                = "setLink"
+	opLoadDriver             = "loadDriver"
 )
 
 // timingMap is the set fields of a GPUTimings or NICTimings (a pointer,

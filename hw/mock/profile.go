@@ -43,6 +43,10 @@ type GPUGroup struct {
 	VGPUTypes []VGPUType `json:"vgpuTypes,omitempty"`
 	// VGPUHeterogeneous lets time-sliced vGPU types of different sizes mix.
 	VGPUHeterogeneous bool `json:"vgpuHeterogeneous,omitempty"`
+	// NoRecoveryAction: the driver does not report NVML's GPU recovery
+	// action field (drivers before it existed), so XIDs are judged by
+	// their number alone.
+	NoRecoveryAction bool `json:"noRecoveryAction,omitempty"`
 	// Timings slow the group's GPUs down: how long each kind of call
 	// takes, e.g. {createGpuInstance: 3s}, so that a test can catch a
 	// caller in the middle of one (see GPUTimings). Not part of the

@@ -1,0 +1,286 @@
+package agent
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/health"
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/nvml"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+// Health check intervals and the kubelet's health check timeouts, per
+// device kind. NVML queries can stall for seconds on a busy GPU; sysfs
+// and netlink answer at once. Each device is re-sent every timeout/3, and
+// only while its monitor checked within 2/3 of the timeout.
+const (
+	gpuCheckInterval = 10 * time.Second
+	gpuHealthTimeout = 45 * time.Second
+	nicCheckInterval = 5 * time.Second
+	nicHealthTimeout = 20 * time.Second
+)
+
+// nodeHealth wires the health monitors to the publisher (taints, and
+// republishing when faults change) and to the kubelet (one health stream
+// per driver).
+type nodeHealth struct {
+	pub     *publisher
+	policy  health.XIDPolicy
+	changed *health.Broadcast // faults or published devices changed
+
+	mu      sync.Mutex
+	gpu     *health.GPUMonitor // nil until NVML is usable
+	nic     *health.NICMonitor
+	held    hw.Inventory               // the last probe, with what it could not tell held
+	devices map[string][]health.Device // by driver, as last published
+	served  []Driver
+}
+
+func newNodeHealth(pub *publisher, cfg *config.AgentConfig) *nodeHealth {
+	h := &nodeHealth{pub: pub, policy: health.NewXIDPolicy(cfg.HealthPolicy()),
+		changed: health.NewBroadcast(), devices: map[string][]health.Device{}}
+	pub.faults, pub.afterPublish = h.faults, h.published
+	return h
+}
+
+// health is what the monitors found wrong now.
+func (p *publisher) health() hw.Health {
+	if p.faults == nil {
+		return hw.Health{}
+	}
+	return p.faults()
+}
+
+// faults merges the monitors' findings.
+func (h *nodeHealth) faults() hw.Health {
+	h.mu.Lock()
+	gpu, nic := h.gpu, h.nic
+	h.mu.Unlock()
+	var out hw.Health
+	if gpu != nil {
+		g := gpu.Faults()
+		out.GPUs, out.Partitions = g.GPUs, g.Partitions
+	}
+	if nic != nil {
+		n := nic.Faults()
+		out.PFs, out.VFs = n.PFs, n.VFs
+	}
+	return out
+}
+
+// onChange: the faults changed. Tell the streams and republish (taints).
+func (h *nodeHealth) onChange() {
+	h.changed.Notify()
+	h.pub.Poke()
+}
+
+// probing wraps the publisher's probe: what a probe could not tell is held
+// from the last one (health.Hold), and the monitors learn what it found,
+// before the slices are built from it.
+func (h *nodeHealth) probing(probe func(context.Context) (hw.Inventory, error)) func(context.Context) (hw.Inventory, error) {
+	return func(ctx context.Context) (hw.Inventory, error) {
+		inv, err := probe(ctx)
+		h.mu.Lock()
+		inv = health.Hold(h.held, inv)
+		h.held = inv
+		gpu, nic := h.gpu, h.nic
+		h.mu.Unlock()
+		if gpu != nil {
+			gpu.Probed(inv)
+		}
+		if nic != nil {
+			nic.Probed(inv)
+		}
+		return inv, err
+	}
+}
+
+// startNIC starts the NIC monitor on the node's netdevs: the host's, or a
+// mock's veth stand-ins in their namespace (without them, sysfs only).
+func (h *nodeHealth) startNIC(ctx context.Context, node *backend.Node) {
+	links := &health.LinkSource{}
+	if node.Mock != nil {
+		links.Netns = node.Mock.NICs().Netns()
+		if links.Netns == "" {
+			links = nil
+		}
+	}
+	m := health.NewNICMonitor(node.SysfsRoot, links, nicCheckInterval, h.onChange)
+	h.start(ctx, m, func() { h.nic = m })
+}
+
+// startGPU starts the GPU monitor on an initialised NVML.
+func (h *nodeHealth) startGPU(ctx context.Context, gpu *nvml.Backend) {
+	m := health.NewGPUMonitor(gpu, h.policy, gpuCheckInterval, h.onChange)
+	h.start(ctx, m, func() { h.gpu = m })
+}
+
+// start registers a monitor (register runs under h.mu), tells it what the
+// last probe found and runs it.
+func (h *nodeHealth) start(ctx context.Context, m interface {
+	Probed(hw.Inventory)
+	Run(context.Context)
+}, register func()) {
+	h.mu.Lock()
+	register()
+	held := h.held
+	h.mu.Unlock()
+	m.Probed(held)
+	go m.Run(ctx)
+}
+
+// published: the publisher handed a driver's slices to the API. They are
+// what the driver's stream reports on.
+func (h *nodeHealth) published(driver string) {
+	res, ok := h.pub.lastPublished(driver)
+	if !ok {
+		return
+	}
+	devices := h.catalog(driver, res)
+	h.mu.Lock()
+	h.devices[driver] = devices
+	h.mu.Unlock()
+	h.changed.Notify()
+}
+
+// catalog pairs each published device with what it stands for on the
+// hardware (the builders' catalogs, from the inventory it was built from).
+func (h *nodeHealth) catalog(driver string, res resourceslice.DriverResources) []health.Device {
+	inv, f := h.pub.current()
+	switch driver {
+	case hwslices.GPUDriver:
+		return devicesOf(res, hwslices.GPUDevices(inv.GPUs, f))
+	case hwslices.NICDriver:
+		offers, _ := h.pub.cfg.Resolve(inv.PFs)
+		return devicesOf(res, hwslices.NICDevices(offers, f))
+	}
+	return nil
+}
+
+func devicesOf[T health.Faulty](res resourceslice.DriverResources, catalog map[string]T) []health.Device {
+	var out []health.Device
+	for pool, p := range res.Pools {
+		for _, s := range p.Slices {
+			for _, d := range s.Devices {
+				if of, ok := catalog[d.Name]; ok {
+					out = append(out, health.Device{Pool: pool, Name: d.Name, Of: of})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// stream is a driver's health stream.
+func (h *nodeHealth) stream(driver string) health.Stream {
+	timeout, alive := nicHealthTimeout, func(d time.Duration) bool {
+		h.mu.Lock()
+		m := h.nic
+		h.mu.Unlock()
+		return m != nil && m.Alive(d)
+	}
+	if driver == hwslices.GPUDriver {
+		timeout, alive = gpuHealthTimeout, func(d time.Duration) bool {
+			h.mu.Lock()
+			m := h.gpu
+			h.mu.Unlock()
+			return m != nil && m.Alive(d)
+		}
+	}
+	return health.Stream{
+		Devices: func() []health.Device {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return h.devices[driver]
+		},
+		Health:  h.faults,
+		Alive:   alive,
+		Changed: h.changed.Changed,
+		Timeout: timeout,
+	}
+}
+
+// withHealth serves the kubelet's health stream for a driver's plugin.
+func withHealth(p kubeletplugin.DRAPlugin, s health.Stream) kubeletplugin.DRAPlugin {
+	return &healthPlugin{DRAPlugin: p, stream: s}
+}
+
+type healthPlugin struct {
+	kubeletplugin.DRAPlugin
+	stream health.Stream
+}
+
+func (p *healthPlugin) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	return p.stream.Watch(ctx, reports)
+}
+
+// addDriver makes the publisher publish a driver's pool; drivers may start
+// late (the GPU driver once NVML is there).
+func (p *publisher) addDriver(driver string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.drivers = append(slices.Clone(p.drivers), driver)
+}
+
+// served are the drivers whose pools are published.
+func (p *publisher) served() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.drivers
+}
+
+// lastPublished is what the publisher last handed to a driver's
+// controller.
+func (p *publisher) lastPublished(driver string) (resourceslice.DriverResources, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	res, ok := p.published[driver]
+	return res, ok
+}
+
+// addDrivers and drivers: the drivers that serve, whose Unclaimed the
+// publisher's probe applies.
+func (h *nodeHealth) addDrivers(ds []Driver) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.served = append(slices.Clone(h.served), ds...)
+}
+
+func (h *nodeHealth) drivers() []Driver {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.served
+}
+
+// waitNVML retries a pending NVML with backoff, warning until it comes,
+// then starts the GPU driver (start) without an agent restart.
+func waitNVML(ctx context.Context, node *backend.Node, start func(context.Context) error) {
+	logger := klog.FromContext(ctx)
+	backoff := time.Second
+	for {
+		err := node.InitNVML()
+		if err == nil {
+			logger.Info("NVML is available now: starting the GPU driver")
+			if err := start(ctx); err != nil {
+				logger.Error(err, "Starting the GPU driver")
+			}
+			return
+		}
+		logger.Info("Warning: the PCI bus shows NVIDIA GPUs but NVML is unavailable (is the driver container ready?): no GPU driver yet", "err", err, "retryIn", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Minute)
+	}
+}

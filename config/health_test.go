@@ -1,0 +1,61 @@
+package config
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseHealth(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		yaml    string
+		want    HealthPolicy
+		wantErr string
+	}{{
+		name: "no health section: defaults",
+		yaml: header,
+	}, {
+		name: "XIDs moved both ways, NoExecute",
+		yaml: header + "health:\n  xids: {ignore: [63, 64], report: [43]}\n  fatalEffect: NoExecute\n",
+		want: HealthPolicy{IgnoreXIDs: []uint64{63, 64}, ReportXIDs: []uint64{43}, FatalNoExecute: true},
+	}, {
+		name: "NoSchedule spelled out",
+		yaml: header + "health:\n  fatalEffect: NoSchedule\n",
+	}, {
+		name:    "an XID in both lists",
+		yaml:    header + "health:\n  xids: {ignore: [13], report: [43, 13]}\n",
+		wantErr: "health.xids.report[1]: XID 13 is also in health.xids.ignore",
+	}, {
+		name:    "unknown effect",
+		yaml:    header + "health:\n  fatalEffect: Evict\n",
+		wantErr: `health.fatalEffect: "Evict" is not NoSchedule or NoExecute`,
+	}, {
+		name:    "negative XID",
+		yaml:    header + "health:\n  xids: {ignore: [-1]}\n",
+		wantErr: "health.xids.ignore",
+	}, {
+		name:    "unknown field",
+		yaml:    header + "health:\n  xid: {ignore: [1]}\n",
+		wantErr: "health.xid: unknown field",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.yaml))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.HealthPolicy(); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("policy %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+	if p := Default().HealthPolicy(); !reflect.DeepEqual(p, HealthPolicy{}) {
+		t.Fatalf("default policy %+v", p)
+	}
+}

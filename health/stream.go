@@ -1,0 +1,111 @@
+package health
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/hwdra/hwdra/hw"
+)
+
+// Device is a published device the stream reports on.
+type Device struct {
+	Pool, Name string
+	// Of finds the device's fault.
+	Of Faulty
+}
+
+// Faulty finds a device's fault in the node's health: slices.GPUDevice
+// and slices.NICDevice, the same lookup that taints the device.
+type Faulty interface {
+	Fault(hw.Health) (hw.Fault, bool)
+}
+
+// Stream reports one driver's devices to the kubelet (WatchHealthStatus).
+type Stream struct {
+	// Devices are the driver's published devices now.
+	Devices func() []Device
+	// Health is what the monitors find wrong now.
+	Health func() hw.Health
+	// Alive reports whether the driver's monitor completed a check
+	// within d. A stalled monitor's devices are not re-sent: the kubelet
+	// lets them decay to Unknown instead of trusting stale news.
+	Alive func(d time.Duration) bool
+	// Changed is closed at the next change of devices or health.
+	Changed func() <-chan struct{}
+	// Timeout is every device's HealthCheckTimeout; each device is
+	// re-sent every Timeout/3.
+	Timeout time.Duration
+}
+
+type deviceKey struct{ pool, name string }
+
+type status struct {
+	health  kubeletplugin.HealthStatus
+	message string
+}
+
+// Watch sends a report of every device first, then one of the devices
+// whose health changed at each change, and all devices again every
+// Timeout/3 while the monitor is alive, until ctx ends (then it returns
+// nil).
+func (s Stream) Watch(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	logger := klog.FromContext(ctx).WithName("health-stream")
+	resend := s.Timeout / 3
+	ticker := time.NewTicker(resend)
+	defer ticker.Stop()
+	var last map[deviceKey]status
+	full := true
+	stalled := false
+	for {
+		changed := s.Changed() // before reading: a change meanwhile is not lost
+		now := s.current()
+		var out []kubeletplugin.DeviceHealth
+		for d, st := range now {
+			if full || last[d] != st {
+				out = append(out, kubeletplugin.DeviceHealth{
+					PoolName: d.pool, DeviceName: d.name, Health: st.health, Message: st.message,
+					LastUpdated: time.Now(), HealthCheckTimeout: s.Timeout,
+				})
+			}
+		}
+		if full || len(out) > 0 {
+			select {
+			case reports <- kubeletplugin.DeviceHealthReport{Devices: out}:
+			case <-ctx.Done():
+				return nil
+			}
+			logger.V(4).Info("Sent device health", "devices", len(out), "full", full)
+		}
+		last, full = now, false
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-ticker.C:
+			alive := s.Alive(s.Timeout - resend)
+			if !alive && !stalled {
+				logger.Error(nil, "The health monitor has not checked the devices for too long: not vouching for them, the kubelet will report them Unknown", "within", s.Timeout-resend)
+			}
+			stalled = !alive
+			full = alive
+		}
+	}
+}
+
+// current is every device's health now.
+func (s Stream) current() map[deviceKey]status {
+	h := s.Health()
+	devices := s.Devices()
+	out := make(map[deviceKey]status, len(devices))
+	for _, d := range devices {
+		st := status{health: kubeletplugin.HealthStatusHealthy}
+		if f, ok := d.Of.Fault(h); ok {
+			st = status{health: kubeletplugin.HealthStatusUnhealthy, message: f.Message}
+		}
+		out[deviceKey{d.Pool, d.Name}] = st
+	}
+	return out
+}
