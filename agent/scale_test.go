@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/hw"
 	hwslices "github.com/hwdra/hwdra/slices"
@@ -27,13 +28,7 @@ nics:
 `
 
 func exactly(class, cel string) resourceapi.DeviceRequest {
-	r := resourceapi.DeviceRequest{Name: "dev", Exactly: &resourceapi.ExactDeviceRequest{
-		DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
-	}}
-	if cel != "" {
-		r.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}
-	}
-	return r
+	return allocate.Request("dev", class, 1, cel)
 }
 
 // TestClaimsNeverRewriteThePool: preparing and unpreparing claims of every

@@ -82,6 +82,19 @@ func EmptyState() structured.AllocatedState {
 	}
 }
 
+// Request asks for count devices of a DeviceClass that match a CEL
+// selector (none when empty): the request of most claims, for tools and
+// tests.
+func Request(name, class string, count int64, cel string) resourceapi.DeviceRequest {
+	r := resourceapi.DeviceRequest{Name: name, Exactly: &resourceapi.ExactDeviceRequest{
+		DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count,
+	}}
+	if cel != "" {
+		r.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}
+	}
+	return r
+}
+
 // AddClasses makes more DeviceClasses known to later calls.
 func (a *Allocator) AddClasses(deviceClasses ...*resourceapi.DeviceClass) {
 	a.mu.Lock()

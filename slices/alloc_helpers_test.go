@@ -54,15 +54,10 @@ func claim(reqs ...resourceapi.DeviceRequest) *resourceapi.ResourceClaim {
 	}
 }
 
-// request asks for count devices of a driver matching a CEL expression.
+// request asks for count devices of a driver (its test class) matching a
+// CEL expression.
 func request(name, driver string, count int64, cel string) resourceapi.DeviceRequest {
-	r := resourceapi.DeviceRequest{Name: name, Exactly: &resourceapi.ExactDeviceRequest{
-		DeviceClassName: driver, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count,
-	}}
-	if cel != "" {
-		r.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}
-	}
-	return r
+	return allocate.Request(name, driver, count, cel)
 }
 
 // profile asks for count GPU devices of one partition type.

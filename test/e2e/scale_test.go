@@ -31,16 +31,12 @@ nics:
 // metricsAddress is where the agent serves /metrics in these tests.
 const metricsAddress = "127.0.0.1:19464"
 
+// oneDevice is a claim for one device of a class matching a selector.
 func oneDevice(name, class, cel string) *resourceapi.ResourceClaim {
-	r := resourceapi.DeviceRequest{Name: "dev", Exactly: &resourceapi.ExactDeviceRequest{
-		DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
-	}}
-	if cel != "" {
-		r.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}
-	}
 	return &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{r}}},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{allocate.Request("dev", class, 1, cel)}}},
 	}
 }
 

@@ -45,8 +45,9 @@ func hwdraSlices(t *testing.T, hardware, node string) []*unstructured.Unstructur
 
 // publishSlices creates the slices with the agent's own credentials, as the
 // agent would, and checks that the apiserver stored every field it was given
-// (a disabled gate would drop some). They are deleted when t ends.
-func publishSlices(t *testing.T, n *framework.Node, objs []*unstructured.Unstructured) {
+// (a disabled gate would drop some). They are deleted when t ends; with
+// opts.DryRun they are only validated and never stored.
+func publishSlices(t *testing.T, n *framework.Node, objs []*unstructured.Unstructured, opts metav1.CreateOptions) {
 	t.Helper()
 	ctx := context.Background()
 	creds, err := n.AgentCredentials(ctx, "")
@@ -58,14 +59,16 @@ func publishSlices(t *testing.T, n *framework.Node, objs []*unstructured.Unstruc
 		t.Fatal(err)
 	}
 	for _, obj := range objs {
-		got, err := dc.Resource(sliceGVR).Create(ctx, obj, metav1.CreateOptions{})
+		got, err := dc.Resource(sliceGVR).Create(ctx, obj, opts)
 		if err != nil {
 			t.Fatalf("create %s as the agent: %v", obj.GetName(), err)
 		}
 		name := got.GetName()
-		t.Cleanup(func() {
-			_ = n.Admin.ResourceV1().ResourceSlices().Delete(context.Background(), name, metav1.DeleteOptions{})
-		})
+		if len(opts.DryRun) == 0 {
+			t.Cleanup(func() {
+				_ = n.Admin.ResourceV1().ResourceSlices().Delete(context.Background(), name, metav1.DeleteOptions{})
+			})
+		}
 		if diff := framework.Missing(obj.Object["spec"], got.Object["spec"]); len(diff) > 0 {
 			t.Errorf("ResourceSlice %s: the apiserver dropped or changed fields:\n  %s", name, strings.Join(diff, "\n  "))
 		}
@@ -81,7 +84,7 @@ func TestSlicesAcceptedAndAllocated(t *testing.T) {
 	n := framework.Shared(t)
 	ctx := context.Background()
 	objs := hwdraSlices(t, "mock:dgx-h100", n.Name)
-	publishSlices(t, n, objs)
+	publishSlices(t, n, objs, metav1.CreateOptions{})
 
 	// driver/device -> attributes, from what was published.
 	attrs := map[string]map[string]any{}
@@ -174,30 +177,13 @@ func TestSlicesAcceptedAndAllocated(t *testing.T) {
 // and are stored as given.
 func TestEveryGPUModelAcceptedByTheAPIServer(t *testing.T) {
 	n := framework.Shared(t)
-	ctx := context.Background()
-	creds, err := n.AgentCredentials(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dc, err := dynamic.NewForConfig(creds.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, model := range mock.Models() {
 		for _, mode := range []struct{ name, yaml string }{
 			{"mig-off", ""}, {"mig-on", "\n  mig: true"}, {"host-vgpu", "\n  virtualization: host-vgpu"},
 		} {
 			t.Run(model+"/"+mode.name, func(t *testing.T) {
 				hardware := framework.MockProfile(t, model, "gpus:\n- model: "+model+"\n  count: 8"+mode.yaml+"\n")
-				for _, obj := range hwdraSlices(t, hardware, n.Name) {
-					got, err := dc.Resource(sliceGVR).Create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-					if err != nil {
-						t.Fatalf("%s: %v", obj.GetName(), err)
-					}
-					if diff := framework.Missing(obj.Object["spec"], got.Object["spec"]); len(diff) > 0 {
-						t.Errorf("%s: the API server dropped or changed fields:\n  %s", obj.GetName(), strings.Join(diff, "\n  "))
-					}
-				}
+				publishSlices(t, n, hwdraSlices(t, hardware, n.Name), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 			})
 		}
 	}
