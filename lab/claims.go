@@ -12,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	sigsjson "sigs.k8s.io/json"
 )
 
 // readClaims reads ResourceClaims and ResourceClaimTemplates (a template
@@ -141,10 +142,15 @@ func toClaim(doc json.RawMessage) (*resourceapi.ResourceClaim, error) {
 	return claim, nil
 }
 
+// strict decodes as the API server does (sigs.k8s.io/json): keys match
+// field names case-sensitively, and every unknown or duplicate field is
+// named with its path.
 func strict(doc json.RawMessage, out any) error {
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.DisallowUnknownFields()
-	return dec.Decode(out)
+	problems, err := sigsjson.UnmarshalStrict(doc, out, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
+	if err != nil {
+		return err
+	}
+	return errors.Join(problems...)
 }
 
 // setDefaults applies the API server's defaults for device requests: an

@@ -223,32 +223,30 @@ func (b *Backend) instances(ref gpuRef, dev nvml.Device, m *hw.MIG, infos []nvml
 }
 
 func computeInstances(ref gpuRef, gi nvml.GpuInstance, name string) ([]hw.ComputeProfile, []hw.ComputeInstance, error) {
+	profiles, err := ciProfiles(gi, ref, name)
+	if err != nil {
+		return nil, nil, err
+	}
 	var cps []hw.ComputeProfile
 	var cis []hw.ComputeInstance
-	for index := 0; index < nvml.COMPUTE_INSTANCE_PROFILE_COUNT; index++ {
-		info, ret := gi.GetComputeInstanceProfileInfo(index, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
-			continue
-		}
-		if ret != nvml.SUCCESS {
-			return nil, nil, ref.err(fmt.Sprintf("GetComputeInstanceProfileInfo(%s, %d)", name, index), ret)
-		}
+	for _, p := range profiles {
 		cps = append(cps, hw.ComputeProfile{
-			ID: index, Slices: int(info.SliceCount),
-			InstanceCount: int(info.InstanceCount), Multiprocessors: int(info.MultiprocessorCount),
+			ID: p.index, Slices: int(p.info.SliceCount),
+			InstanceCount: int(p.info.InstanceCount), Multiprocessors: int(p.info.MultiprocessorCount),
 		})
-		list, ret := gi.GetComputeInstances(&info)
+		list, ret := gi.GetComputeInstances(&p.info)
 		if ret != nvml.SUCCESS {
-			return nil, nil, ref.err(fmt.Sprintf("GetComputeInstances(%s, %d)", name, index), ret)
+			return nil, nil, ref.err(fmt.Sprintf("GetComputeInstances(%s, %d)", name, p.index), ret)
 		}
 		for _, ci := range list {
 			ciInfo, ret := ci.GetInfo()
 			if ret != nvml.SUCCESS {
 				return nil, nil, ref.err("ComputeInstance.GetInfo", ret)
 			}
-			cis = append(cis, hw.ComputeInstance{ID: int(ciInfo.Id), ProfileID: index})
+			cis = append(cis, hw.ComputeInstance{ID: int(ciInfo.Id), ProfileID: p.index})
 		}
 	}
+	slices.SortFunc(cps, func(a, b hw.ComputeProfile) int { return a.ID - b.ID })
 	slices.SortFunc(cis, func(a, b hw.ComputeInstance) int { return a.ID - b.ID })
 	return cps, cis, nil
 }

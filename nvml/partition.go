@@ -149,8 +149,17 @@ func gpuInstance(dev nvml.Device, ref gpuRef, id int) (nvml.GpuInstance, error) 
 	return nil, ref.err(fmt.Sprintf("GetGpuInstanceById(%d)", id), ret)
 }
 
-func ciProfiles(gi nvml.GpuInstance, ref gpuRef, giID int) ([]nvml.ComputeInstanceProfileInfo, error) {
-	var out []nvml.ComputeInstanceProfileInfo
+// ciProfile is a compute-instance profile a GPU instance offers, with its
+// COMPUTE_INSTANCE_PROFILE_* index.
+type ciProfile struct {
+	index int
+	info  nvml.ComputeInstanceProfileInfo
+}
+
+// ciProfiles lists the compute-instance profiles a GPU instance offers,
+// smallest first; what names the GPU instance in errors.
+func ciProfiles(gi nvml.GpuInstance, ref gpuRef, what string) ([]ciProfile, error) {
+	var out []ciProfile
 	for index := 0; index < nvml.COMPUTE_INSTANCE_PROFILE_COUNT; index++ {
 		// Hardware quirk: only the shared engine profile exists; NVML
 		// answers NOT_SUPPORTED for the rest.
@@ -159,11 +168,11 @@ func ciProfiles(gi nvml.GpuInstance, ref gpuRef, giID int) ([]nvml.ComputeInstan
 			continue
 		}
 		if ret != nvml.SUCCESS {
-			return nil, ref.err(fmt.Sprintf("GPU instance %d: GetComputeInstanceProfileInfo(%d)", giID, index), ret)
+			return nil, ref.err(fmt.Sprintf("%s: GetComputeInstanceProfileInfo(%d)", what, index), ret)
 		}
-		out = append(out, info)
+		out = append(out, ciProfile{index, info})
 	}
-	slices.SortFunc(out, func(a, b nvml.ComputeInstanceProfileInfo) int { return int(a.SliceCount) - int(b.SliceCount) })
+	slices.SortStableFunc(out, func(a, b ciProfile) int { return int(a.info.SliceCount) - int(b.info.SliceCount) })
 	return out, nil
 }
 
@@ -178,24 +187,24 @@ func (b *Backend) CreateComputeInstance(busID string, gi, computeSlices int) (in
 		if err != nil {
 			return err
 		}
-		profiles, err := ciProfiles(g, ref, gi)
+		profiles, err := ciProfiles(g, ref, fmt.Sprintf("GPU instance %d", gi))
 		if err != nil {
 			return err
 		}
 		if len(profiles) == 0 {
 			return fmt.Errorf("%s: GPU instance %d offers no compute instance profile", ref, gi)
 		}
-		info := profiles[len(profiles)-1] // the whole GPU instance
+		info := profiles[len(profiles)-1].info // the whole GPU instance
 		if computeSlices != 0 {
-			i := slices.IndexFunc(profiles, func(p nvml.ComputeInstanceProfileInfo) bool { return int(p.SliceCount) == computeSlices })
+			i := slices.IndexFunc(profiles, func(p ciProfile) bool { return int(p.info.SliceCount) == computeSlices })
 			if i < 0 {
 				var sizes []int
 				for _, p := range profiles {
-					sizes = append(sizes, int(p.SliceCount))
+					sizes = append(sizes, int(p.info.SliceCount))
 				}
 				return fmt.Errorf("%s: GPU instance %d has no compute instance of %d slices (it offers %v)", ref, gi, computeSlices, sizes)
 			}
-			info = profiles[i]
+			info = profiles[i].info
 		}
 		ci, ret := g.CreateComputeInstance(&info)
 		if ret != nvml.SUCCESS {

@@ -1,12 +1,14 @@
 package slices
 
 import (
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
@@ -372,21 +374,11 @@ func capacity(memory uint64, sms int) map[resourceapi.QualifiedName]resourceapi.
 
 // semver turns NVIDIA's versions ("9.0", "12.4", "535.104.05") into the
 // semantic versions the API requires ("9.0.0", "12.4.0", "535.104.5"):
-// missing parts are zero and leading zeros go. Unparseable gives "".
+// a missing patch is zero and leading zeros go. Unparseable gives "".
 func semver(v string) string {
-	parts := strings.Split(v, ".")
-	if v == "" || len(parts) > 3 {
+	parsed, err := version.ParseGeneric(v)
+	if err != nil || len(parsed.Components()) > 3 {
 		return ""
 	}
-	for len(parts) < 3 {
-		parts = append(parts, "0")
-	}
-	for i, p := range parts {
-		n, err := strconv.ParseUint(p, 10, 64)
-		if err != nil {
-			return ""
-		}
-		parts[i] = strconv.FormatUint(n, 10)
-	}
-	return strings.Join(parts, ".")
+	return fmt.Sprintf("%d.%d.%d", parsed.Major(), parsed.Minor(), parsed.Patch())
 }

@@ -10,6 +10,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 	hwslices "github.com/hwdra/hwdra/slices"
 )
@@ -227,7 +228,7 @@ func (a *applier) computeInstance(r *DeviceRecord, p devicePlan, gi int, existin
 	}
 	var ids []int
 	for _, ci := range existing {
-		if ciSlices(p.dev.Profile, ci.ProfileID) == want {
+		if nvml.ComputeProfileSlices(p.dev.Profile, ci.ProfileID) == want {
 			id := ci.ID
 			r.ComputeInstance = &ComputeInstanceRecord{GPUInstance: gi, Slices: p.computeSlices, Created: r.GPUInstance.Created, ID: &id}
 			return ci.ID, nil
@@ -253,23 +254,6 @@ func (a *applier) computeInstance(r *DeviceRecord, p devicePlan, gi int, existin
 	}
 	r.ComputeInstance.ID = &id
 	return id, nil
-}
-
-// ciSlices is the size of a compute instance profile
-// (COMPUTE_INSTANCE_PROFILE_* index) from the inventory, or by NVML's
-// naming of the constants where the inventory has none.
-func ciSlices(p hw.MIGProfile, profileID int) int {
-	for _, c := range p.ComputeProfiles {
-		if c.ID == profileID {
-			return c.Slices
-		}
-	}
-	// 1, 2, 3, 4, 7, 8, 6 slices, then 1_SLICE_REV1, 2_SLICE_REV1, 1_SLICE_REV2.
-	byIndex := []int{1, 2, 3, 4, 7, 8, 6, 1, 2, 1}
-	if profileID >= 0 && profileID < len(byIndex) {
-		return byIndex[profileID]
-	}
-	return 0
 }
 
 func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {

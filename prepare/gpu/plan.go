@@ -9,7 +9,7 @@ import (
 
 	"github.com/hwdra/hwdra/api"
 	gpuv1alpha1 "github.com/hwdra/hwdra/api/gpu/v1alpha1"
-	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/nvml"
 	hwslices "github.com/hwdra/hwdra/slices"
 )
 
@@ -68,7 +68,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]hwslices.GPUDevic
 			p.wantMIG = true
 			if cfg.MIG != nil && cfg.MIG.ComputeInstanceSlices != nil {
 				n := *cfg.MIG.ComputeInstanceSlices
-				if sizes := computeSizes(dev.Profile); !slices.Contains(sizes, n) {
+				if sizes := nvml.ComputeSizes(dev.Profile); !slices.Contains(sizes, n) {
 					err := field.Invalid(field.NewPath("mig", "computeInstanceSlices"), n,
 						fmt.Sprintf("MIG profile %s offers compute instances of %v slices", dev.Profile.Name, sizes))
 					return nil, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err)
@@ -90,35 +90,6 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]hwslices.GPUDevic
 		out = append(out, p)
 	}
 	return out, nil
-}
-
-// computeSizes are the compute-instance sizes (in compute slices) of a
-// GPU instance profile: from NVML where an instance of the profile exists
-// (NVML lists compute profiles only per GPU instance), else by the rule
-// the hardware follows (`nvidia-smi mig -lcip`, MIG user guide): a 4-slice
-// GPU instance offers 1, 2 and 4 but no 3; 7 slices 1, 2, 3, 4 and 7.
-func computeSizes(p hw.MIGProfile) []int {
-	if len(p.ComputeProfiles) > 0 {
-		var out []int
-		for _, c := range p.ComputeProfiles {
-			out = append(out, c.Slices)
-		}
-		slices.Sort(out)
-		return slices.Compact(out)
-	}
-	switch p.Slices {
-	case 1:
-		return []int{1}
-	case 2:
-		return []int{1, 2}
-	case 3:
-		return []int{1, 2, 3}
-	case 4:
-		return []int{1, 2, 4}
-	case 7:
-		return []int{1, 2, 3, 4, 7}
-	}
-	return []int{p.Slices}
 }
 
 func onOff(on bool) string {
