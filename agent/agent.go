@@ -107,7 +107,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	pub.inv = inv
 
-	drivers, err := buildDrivers(ctx, opts, node, pub, inv)
+	drivers, err := buildDrivers(ctx, opts, node, pub, inv, claimClient)
 	if err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func Run(ctx context.Context, opts Options) error {
 			if len(inv.GPUs) == 0 {
 				return fmt.Errorf("NVML is up but shows no GPU")
 			}
-			gpuDrivers, err := buildDrivers(ctx, opts, node, pub, hw.Inventory{GPUs: inv.GPUs})
+			gpuDrivers, err := buildDrivers(ctx, opts, node, pub, hw.Inventory{GPUs: inv.GPUs}, claimClient)
 			if err != nil {
 				return err
 			}

@@ -168,6 +168,23 @@ func honourSliceFieldSelectors(c *fake.Clientset) {
 // would publish has been handed to the API.
 func (a *testAgent) settle() { time.Sleep(4 * a.opts.Rescan) }
 
+// quietWrites waits until the agent's slice writes stop (none over a few
+// rescans) and returns their count.
+func (a *testAgent) quietWrites() int {
+	a.t.Helper()
+	n := a.writes()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		a.settle()
+		m := a.writes()
+		if m == n {
+			return n
+		}
+		n = m
+	}
+	a.t.Fatal("the agent kept writing slices for 30s")
+	return n
+}
+
 // socket is a driver's DRA socket.
 func (a *testAgent) socket(driver string) string {
 	return filepath.Join(a.dir, "plugins", driver, "dra.sock")

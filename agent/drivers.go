@@ -3,7 +3,11 @@ package agent
 import (
 	"context"
 	"fmt"
+	"slices"
 
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/backend"
@@ -36,6 +40,9 @@ type PluginOptions struct {
 	NodeName string
 	// OnError gets background errors of the kubelet plugin helpers.
 	OnError func(ctx context.Context, err error, msg string)
+	// Allocated lists the claims allocated to this node: hardware state
+	// one of them may use is never reclaimed. Nil: no API server (the lab).
+	Allocated func(context.Context) ([]*resourceapi.ResourceClaim, error)
 }
 
 // NewDrivers builds a plugin for each driver that has hardware in inv. Each
@@ -57,7 +64,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			return nil, err
 		}
 		p, err := prepare.New(ctx, d, prepare.Options{
-			DriverName: hwslices.GPUDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError,
+			DriverName: hwslices.GPUDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", hwslices.GPUDriver, err)
@@ -79,7 +86,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			return nil, err
 		}
 		p, err := prepare.New(ctx, d, prepare.Options{
-			DriverName: hwslices.NICDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError,
+			DriverName: hwslices.NICDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", hwslices.NICDriver, err)
@@ -90,13 +97,41 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 }
 
 // buildDrivers builds the node's drivers for the agent.
-func buildDrivers(ctx context.Context, opts Options, node *backend.Node, pub *publisher, inv hw.Inventory) ([]Driver, error) {
+func buildDrivers(ctx context.Context, opts Options, node *backend.Node, pub *publisher, inv hw.Inventory, claims kubernetes.Interface) ([]Driver, error) {
 	return NewDrivers(ctx, node, inv, PluginOptions{
-		StateDir: opts.StateDir,
-		CDIDir:   opts.CDIDir,
-		Current:  pub.current,
-		Config:   pub.cfg,
-		NodeName: opts.NodeName,
-		OnError:  pub.onError,
+		StateDir:  opts.StateDir,
+		CDIDir:    opts.CDIDir,
+		Current:   pub.current,
+		Config:    pub.cfg,
+		NodeName:  opts.NodeName,
+		OnError:   pub.onError,
+		Allocated: allocatedTo(claims, opts.NodeName),
 	})
+}
+
+// allocatedTo lists the claims with a device allocated from a pool of the
+// node (the pools of a node agent are named after its node), a page at a
+// time. Asked at start and while hardware state no prepared claim holds
+// waits to be reclaimed; not on any prepare's path.
+func allocatedTo(client kubernetes.Interface, node string) func(context.Context) ([]*resourceapi.ResourceClaim, error) {
+	return func(ctx context.Context) ([]*resourceapi.ResourceClaim, error) {
+		var out []*resourceapi.ResourceClaim
+		opts := metav1.ListOptions{Limit: 500}
+		for {
+			list, err := client.ResourceV1().ResourceClaims("").List(ctx, opts)
+			if err != nil {
+				return nil, err
+			}
+			for i := range list.Items {
+				c := &list.Items[i]
+				if c.Status.Allocation != nil && slices.ContainsFunc(c.Status.Allocation.Devices.Results,
+					func(r resourceapi.DeviceRequestAllocationResult) bool { return r.Pool == node }) {
+					out = append(out, c)
+				}
+			}
+			if opts.Continue = list.Continue; opts.Continue == "" {
+				return out, nil
+			}
+		}
+	}
 }

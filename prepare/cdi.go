@@ -20,7 +20,10 @@ func (p *Plugin[R]) specName(uid types.UID) string { return p.specPrefix() + str
 func (p *Plugin[R]) specPrefix() string { return p.opts.DriverName + "_claim_" }
 
 // writeSpec writes the claim's spec and fills in each device's CDI ID.
-func (p *Plugin[R]) writeSpec(uid types.UID, devices []Device) error {
+// The spec also holds the claim's entry as it will be checkpointed
+// (prepared, with these devices), to rebuild the claim from should the
+// checkpoint be lost.
+func (p *Plugin[R]) writeSpec(uid types.UID, entry Claim[R], devices []Device) error {
 	kind := p.opts.DriverName + "/claim"
 	spec := &cdispec.Spec{Kind: kind}
 	for i := range devices {
@@ -37,6 +40,10 @@ func (p *Plugin[R]) writeSpec(uid types.UID, devices []Device) error {
 	}
 	if len(spec.Devices) == 0 {
 		return nil
+	}
+	entry.State, entry.Devices = StatePrepared, devices
+	if err := p.annotate(spec, &entry); err != nil {
+		return fmt.Errorf("CDI spec: %w", err)
 	}
 	version, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,38 +61,66 @@ type envelope struct {
 // ErrCorrupt marks a checkpoint file that cannot be trusted.
 var ErrCorrupt = errors.New("checkpoint corrupt")
 
-// readCheckpoint loads a checkpoint. A missing file is an empty checkpoint.
-func readCheckpoint[R any](path string) (*Checkpoint[R], error) {
-	cp := &Checkpoint[R]{Claims: map[types.UID]*Claim[R]{}}
+// ErrNewer marks a state file written by a newer agent (a downgrade): it
+// is left as it is, for that agent to find again.
+var ErrNewer = errors.New("written by a newer hwdra")
+
+// newer reports whether version ("hwdra.io/checkpoint/v2") is a later
+// version of the same file kind as ours ("hwdra.io/checkpoint/v1").
+func newer(version, ours string) bool {
+	prefix, n, ok := strings.Cut(ours, "/v")
+	if !ok {
+		return false
+	}
+	rest, found := strings.CutPrefix(version, prefix+"/v")
+	theirs, err1 := strconv.Atoi(rest)
+	mine, err2 := strconv.Atoi(n)
+	return found && err1 == nil && err2 == nil && theirs > mine
+}
+
+// ownPath is where this agent keeps a state file whose usual path holds a
+// newer agent's: beside it, named by our version.
+func ownPath(path, version string) string {
+	_, v, _ := strings.Cut(version, "/v")
+	return strings.TrimSuffix(path, ".json") + ".v" + v + ".json"
+}
+
+// readCheckpoint loads a checkpoint. A missing file is an empty checkpoint
+// (found false).
+func readCheckpoint[R any](path string) (cp *Checkpoint[R], found bool, err error) {
+	cp = &Checkpoint[R]{Claims: map[types.UID]*Claim[R]{}}
 	raw, err := slotfile.Read(path)
 	if errors.Is(err, slotfile.ErrCorrupt) {
-		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		return nil, true, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if raw == nil {
-		return cp, nil
+		return cp, false, nil
 	}
 	var env envelope
 	if err := json.Unmarshal(raw, &env); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+		return nil, true, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	if newer(env.Version, CheckpointVersion) {
+		return nil, true, fmt.Errorf("%w: %s: version %q, this agent reads %q", ErrNewer, path, env.Version, CheckpointVersion)
 	}
 	if env.Version != CheckpointVersion {
-		return nil, fmt.Errorf("%w: %s: version %q, this agent reads %q", ErrCorrupt, path, env.Version, CheckpointVersion)
+		return nil, true, fmt.Errorf("%w: %s: version %q, this agent reads %q", ErrCorrupt, path, env.Version, CheckpointVersion)
 	}
 	if sum := checksum(env.Data); sum != env.Checksum {
-		return nil, fmt.Errorf("%w: %s: checksum %s, content hashes to %s", ErrCorrupt, path, env.Checksum, sum)
+		return nil, true, fmt.Errorf("%w: %s: checksum %s, content hashes to %s", ErrCorrupt, path, env.Checksum, sum)
 	}
 	dec := json.NewDecoder(bytes.NewReader(env.Data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(cp); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+		return nil, true, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
 	if cp.Claims == nil {
 		cp.Claims = map[types.UID]*Claim[R]{}
 	}
-	return cp, nil
+	return cp, true, nil
 }
 
 // encodeCheckpoint is the checkpoint as its file holds it (in a slotfile:

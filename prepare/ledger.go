@@ -38,30 +38,54 @@ type ledgerFile[V any] struct {
 const ledgerVersion = "hwdra.io/ledger/v1"
 
 // OpenLedger reads a ledger; a missing file is empty. An unreadable file
-// is set aside and reported, and the ledger starts empty.
+// is set aside and reported, and the ledger starts empty. A newer agent's
+// ledger (a downgrade) is left as it is and this agent keeps its own
+// beside it.
 func OpenLedger[V any](path string) (*Ledger[V], error) {
-	l := &Ledger[V]{path: path, m: map[string]V{}}
-	raw, err := slotfile.Read(path)
-	if err != nil && !errors.Is(err, slotfile.ErrCorrupt) {
-		return nil, err
+	f, err := readLedger[V](path)
+	if errors.Is(err, ErrNewer) {
+		own := ownPath(path, ledgerVersion)
+		klog.ErrorS(err, "Ledger of a newer agent left as it is; this agent keeps its own beside it", "file", own)
+		path = own
+		f, err = readLedger[V](path)
 	}
-	var f ledgerFile[V]
-	if err == nil && raw != nil {
-		err = json.Unmarshal(raw, &f)
-	}
-	if err != nil || (raw != nil && f.Version != ledgerVersion) {
+	if errors.Is(err, ErrCorrupt) {
 		dest, mvErr := setAside(path, time.Now())
-		klog.ErrorS(err, "Ledger unusable: set aside; state it listed is no longer reclaimed automatically", "file", path, "version", f.Version, "movedTo", dest)
+		klog.ErrorS(err, "Ledger unusable: set aside; state it listed is no longer reclaimed automatically", "movedTo", dest)
 		if mvErr != nil {
 			return nil, mvErr
 		}
-		f.Entries = nil
+		f, err = ledgerFile[V]{}, nil
 	}
-	if f.Entries != nil {
-		l.m = f.Entries
+	if err != nil {
+		return nil, err
 	}
-	l.file = slotfile.NewWriter(path)
+	l := &Ledger[V]{path: path, m: f.Entries, file: slotfile.NewWriter(path)}
+	if l.m == nil {
+		l.m = map[string]V{}
+	}
 	return l, nil
+}
+
+func readLedger[V any](path string) (ledgerFile[V], error) {
+	var f ledgerFile[V]
+	raw, err := slotfile.Read(path)
+	switch {
+	case errors.Is(err, slotfile.ErrCorrupt):
+		return f, fmt.Errorf("%w: ledger %w", ErrCorrupt, err)
+	case err != nil || raw == nil:
+		return f, err
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return f, fmt.Errorf("%w: ledger %s: %v", ErrCorrupt, path, err)
+	}
+	if newer(f.Version, ledgerVersion) {
+		return f, fmt.Errorf("%w: ledger %s: version %q, this agent reads %q", ErrNewer, path, f.Version, ledgerVersion)
+	}
+	if f.Version != ledgerVersion {
+		return f, fmt.Errorf("%w: ledger %s: version %q, this agent reads %q", ErrCorrupt, path, f.Version, ledgerVersion)
+	}
+	return f, nil
 }
 
 // Put records an entry (before the state it describes is created).

@@ -54,9 +54,16 @@ type Driver[R any] interface {
 	// Unprepare undoes a record: idempotent, and it tolerates records of
 	// side effects that were only intended or were already undone.
 	Unprepare(ctx context.Context, claim types.UID, record R) error
-	// Reconcile runs at start, once leftover claims are rolled back: it
-	// removes hardware state that this driver creates but no record owns.
-	Reconcile(ctx context.Context, owned map[types.UID]R) error
+	// Restore runs at start, before any prepare: it learns what the
+	// prepared claims' records hold.
+	Restore(ctx context.Context, owned map[types.UID]R)
+	// Reclaim removes hardware state this driver made that no prepared
+	// claim holds (left by a crash, or by a checkpoint lost without the
+	// claims' CDI specs), but keeps what a device allocated to this node
+	// may use, and everything when allocated is not Known. It returns what
+	// it kept; the plugin calls it again later until nothing is kept. It
+	// runs at start and then beside prepares.
+	Reclaim(ctx context.Context, allocated Allocated) (kept []string, err error)
 }
 
 // Options configure a Plugin.
@@ -70,6 +77,13 @@ type Options struct {
 	BootID string
 	// OnError gets background errors (ResourceSlice publishing).
 	OnError func(ctx context.Context, err error, msg string)
+	// Allocated lists the claims allocated to this node's pools, for
+	// Reclaim. Nil: there is no API server (the lab), and only prepared
+	// claims hold hardware state.
+	Allocated func(ctx context.Context) ([]*resourceapi.ResourceClaim, error)
+	// ReclaimInterval is how often Reclaim runs again while it keeps
+	// something (default 1 minute).
+	ReclaimInterval time.Duration
 }
 
 // Plugin is a kubeletplugin.DRAPlugin over a Driver.
@@ -99,6 +113,9 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 	if opts.BootID == "" {
 		opts.BootID = BootID()
 	}
+	if opts.ReclaimInterval == 0 {
+		opts.ReclaimInterval = time.Minute
+	}
 	for _, dir := range []string{opts.StateDir, opts.CDIDir} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
@@ -109,14 +126,22 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 		return nil, fmt.Errorf("CDI directory %s: %w", opts.CDIDir, err)
 	}
 	p := &Plugin[R]{opts: opts, driver: driver, cdi: cache, path: filepath.Join(opts.StateDir, opts.DriverName+".checkpoint.json")}
-	cp, err := readCheckpoint[R](p.path)
+	cp, found, err := readCheckpoint[R](p.path)
+	if errors.Is(err, ErrNewer) {
+		// Never set aside nor overwritten: the newer agent finds it again
+		// when it comes back. This one keeps its own file beside it.
+		own := ownPath(p.path, CheckpointVersion)
+		logger.Error(err, "Checkpoint of a newer agent left as it is; this agent keeps its own beside it", "file", own)
+		p.path = own
+		cp, found, err = readCheckpoint[R](p.path)
+	}
 	if errors.Is(err, ErrCorrupt) {
 		dest, mvErr := setAside(p.path, time.Now())
-		logger.Error(err, "Checkpoint unusable: set aside, starting without prepared claims; leftover hardware state is reclaimed below", "movedTo", dest)
+		logger.Error(err, "Checkpoint unusable: set aside; rebuilding the prepared claims from their CDI specs", "movedTo", dest)
 		if mvErr != nil {
 			return nil, errors.Join(err, mvErr)
 		}
-		cp, err = &Checkpoint[R]{Claims: map[types.UID]*Claim[R]{}}, nil
+		cp, found, err = &Checkpoint[R]{Claims: map[types.UID]*Claim[R]{}}, false, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read checkpoint: %w", err)
@@ -130,6 +155,13 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 	}
 	cp.BootID = opts.BootID
 	p.cp, p.file = cp, slotfile.NewWriter(p.path)
+	if !found {
+		// First start, or the state directory was lost: each prepared
+		// claim's CDI spec holds its entry.
+		if p.cp.Claims = p.claimsFromSpecs(ctx); len(p.cp.Claims) > 0 {
+			logger.Info("Rebuilt the prepared claims from their CDI specs", "claims", len(p.cp.Claims))
+		}
+	}
 
 	for uid, c := range cp.Claims {
 		if c.State == StatePrepared {
@@ -137,7 +169,10 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 		}
 		logger.Info("Rolling back a claim left half-prepared", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 		if err := p.rollback(ctx, uid, c.Record); err != nil {
-			return nil, fmt.Errorf("roll back claim %s/%s: %w", c.Namespace, c.Name, err)
+			// Kept, half-prepared: the kubelet's next prepare or
+			// unprepare of the claim tries again. No crash loop.
+			logger.Error(err, "Rolling back a half-prepared claim failed; it is retried when the kubelet next asks for the claim", "claim", klog.KRef(c.Namespace, c.Name))
+			continue
 		}
 		delete(cp.Claims, uid)
 	}
@@ -145,12 +180,11 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 		return nil, err
 	}
 	owned := map[types.UID]R{}
-	for uid, c := range cp.Claims {
+	for uid, c := range p.cp.Claims {
 		owned[uid] = c.Record
 	}
-	if err := driver.Reconcile(ctx, owned); err != nil {
-		return nil, fmt.Errorf("reconcile hardware: %w", err)
-	}
+	driver.Restore(ctx, owned)
+	p.reclaim(ctx)
 	if err := p.removeOrphanSpecs(ctx); err != nil {
 		return nil, err
 	}
@@ -207,7 +241,10 @@ func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.Resourc
 	entry.Record = record
 	p.mu.Unlock()
 	if err == nil {
-		err = p.writeSpec(claim.UID, devices)
+		p.mu.Lock()
+		snapshot := *entry
+		p.mu.Unlock()
+		err = p.writeSpec(claim.UID, snapshot, devices)
 	}
 	if err == nil {
 		p.mu.Lock()

@@ -3,10 +3,15 @@ package prepare
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,10 +25,12 @@ import (
 // ledger is a Driver over a pretend piece of hardware that holds named
 // resources; it exercises the plugin's bookkeeping, not any real driver.
 type ledger struct {
+	mu            sync.Mutex      // Reclaim runs in the background
 	held          map[string]bool // resource -> exists on the "hardware"
 	failAfter     int             // fail Prepare after this many side effects (0: never)
 	failUnprepare bool            // Unprepare undoes the first resource, then fails
 	undone        []string
+	owned         map[string]bool // resources of the claims Restore was given
 }
 
 type record struct {
@@ -61,19 +68,45 @@ func (l *ledger) Unprepare(ctx context.Context, uid types.UID, r record) error {
 	return nil
 }
 
-func (l *ledger) Reconcile(ctx context.Context, owned map[types.UID]record) error {
-	keep := map[string]bool{}
+func (l *ledger) Restore(_ context.Context, owned map[types.UID]record) {
+	l.owned = map[string]bool{}
 	for _, r := range owned {
 		for _, res := range r.Resources {
-			keep[res] = true
+			l.owned[res] = true
 		}
 	}
+}
+
+// Reclaim removes what no restored claim holds, keeping what an allocated
+// claim's UID prefixes (resources are "<claim UID>/<name>").
+func (l *ledger) Reclaim(ctx context.Context, allocated Allocated) ([]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var kept []string
 	for res := range l.held {
-		if !keep[res] {
-			delete(l.held, res)
+		if l.owned[res] {
+			continue
 		}
+		uid, _, _ := strings.Cut(res, "/")
+		if !allocated.Known || slices.ContainsFunc(allocated.Devices, func(d AllocatedDevice) bool { return string(d.Claim) == uid }) {
+			kept = append(kept, res)
+			continue
+		}
+		delete(l.held, res)
 	}
-	return nil
+	return kept, nil
+}
+
+func (l *ledger) heldNow(res string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held[res]
+}
+
+func (l *ledger) size() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -84,7 +117,14 @@ func testClaim(uid string) *resourceapi.ResourceClaim {
 
 func newPlugin(t *testing.T, l *ledger, dir, boot string) *Plugin[record] {
 	t.Helper()
-	p, err := New[record](context.Background(), l, Options{DriverName: "test.hwdra.io", StateDir: filepath.Join(dir, "state"), CDIDir: filepath.Join(dir, "cdi"), BootID: boot})
+	return newPluginWith(t, l, Options{DriverName: "test.hwdra.io", StateDir: filepath.Join(dir, "state"), CDIDir: filepath.Join(dir, "cdi"), BootID: boot})
+}
+
+func newPluginWith(t *testing.T, l *ledger, opts Options) *Plugin[record] {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // stops the plugin's background reclaim
+	p, err := New[record](ctx, l, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +216,7 @@ func TestRestartRollsBackHalfPreparedAndReclaims(t *testing.T) {
 func TestCorruptCheckpointIsSetAside(t *testing.T) {
 	for name, content := range map[string]string{
 		"garbage":         "{not json",
-		"unknown version": `{"version":"hwdra.io/checkpoint/v9","checksum":"x","data":{}}`,
+		"unknown version": `{"version":"checkpoint-from-elsewhere","checksum":"x","data":{}}`,
 		"bad checksum":    `{"version":"hwdra.io/checkpoint/v1","checksum":"sha256:00","data":{"bootID":"b","claims":{}}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -189,7 +229,7 @@ func TestCorruptCheckpointIsSetAside(t *testing.T) {
 			if len(matches) != 1 {
 				t.Fatalf("corrupt file not set aside: %v", matches)
 			}
-			if _, err := readCheckpoint[record](path); err != nil {
+			if _, _, err := readCheckpoint[record](path); err != nil {
 				t.Fatalf("fresh checkpoint unreadable: %v", err)
 			}
 		})
@@ -239,4 +279,147 @@ func TestHalfFailedUnprepareKeepsTheClaimUsable(t *testing.T) {
 	if _, err := os.Stat(spec); !os.IsNotExist(err) || len(l.held) != 0 || len(p.Prepared()) != 0 {
 		t.Fatalf("after the retried unprepare: spec %v, hardware %v, prepared %v", err, l.held, p.Prepared())
 	}
+}
+
+func prepareOK(t *testing.T, p *Plugin[record], uid string) kubeletplugin.PrepareResult {
+	t.Helper()
+	res, err := p.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{testClaim(uid)})
+	if err != nil || res[types.UID(uid)].Err != nil {
+		t.Fatal(err, res[types.UID(uid)].Err)
+	}
+	return res[types.UID(uid)]
+}
+
+func unprepareOK(t *testing.T, p *Plugin[record], uid string) {
+	t.Helper()
+	res, err := p.UnprepareResourceClaims(context.Background(), []kubeletplugin.NamespacedObject{{UID: types.UID(uid)}})
+	if err != nil || res[types.UID(uid)] != nil {
+		t.Fatal(err, res[types.UID(uid)])
+	}
+}
+
+// TestLostStateIsRebuiltFromTheSpecs: with the state directory corrupted
+// or deleted between prepare and unprepare, the agent rebuilds its claims
+// from their CDI specs: the hardware stays as the claims left it, a
+// repeated prepare answers as before, and unprepare cleans up exactly.
+func TestLostStateIsRebuiltFromTheSpecs(t *testing.T) {
+	for name, lose := range map[string]func(t *testing.T, state string){
+		"state directory deleted": func(t *testing.T, state string) { os.RemoveAll(state) },
+		"every state file corrupt": func(t *testing.T, state string) {
+			files, _ := filepath.Glob(filepath.Join(state, "*"))
+			for _, f := range files {
+				os.WriteFile(f, []byte("{garbage"), 0o600)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			l := &ledger{held: map[string]bool{}}
+			p := newPlugin(t, l, dir, "boot-1")
+			first := prepareOK(t, p, "u1")
+			prepareOK(t, p, "u2")
+			before := maps.Clone(l.held)
+			lose(t, filepath.Join(dir, "state"))
+			p = newPlugin(t, l, dir, "boot-1")
+			if !maps.Equal(l.held, before) {
+				t.Fatalf("hardware after the restart %v, was %v", l.held, before)
+			}
+			if got := p.Prepared(); len(got) != 2 {
+				t.Fatalf("prepared after the restart: %v", got)
+			}
+			l.held["sentinel"] = true // a repeated prepare touches nothing
+			if again := prepareOK(t, p, "u1"); !slices.Equal(again.Devices[0].CDIDeviceIDs, first.Devices[0].CDIDeviceIDs) {
+				t.Fatalf("repeated prepare: %v, first %v", again.Devices, first.Devices)
+			}
+			delete(l.held, "sentinel")
+			unprepareOK(t, p, "u1")
+			unprepareOK(t, p, "u2")
+			if len(l.held) != 0 {
+				t.Fatalf("left on the hardware: %v", l.held)
+			}
+			if specs, _ := filepath.Glob(filepath.Join(dir, "cdi", "*")); len(specs) != 0 {
+				t.Fatalf("CDI specs left: %v", specs)
+			}
+			prepareOK(t, p, "u3") // new claims prepare
+		})
+	}
+}
+
+// TestNewerCheckpointIsLeftAlone: after a downgrade the older agent never
+// overwrites or moves the newer agent's checkpoint; it keeps its own beside
+// it and rebuilds its claims.
+func TestNewerCheckpointIsLeftAlone(t *testing.T) {
+	dir := t.TempDir()
+	l := &ledger{held: map[string]bool{}}
+	p := newPlugin(t, l, dir, "boot-1")
+	prepareOK(t, p, "u1")
+	path := filepath.Join(dir, "state", "test.hwdra.io.checkpoint.json")
+	newerFile := []byte(`{"version":"hwdra.io/checkpoint/v2","checksum":"sha256:x","data":{"claims":{}}}`)
+	if err := slotfile.Replace(path, newerFile); err != nil {
+		t.Fatal(err)
+	}
+	p = newPlugin(t, l, dir, "boot-1")
+	if got := p.Prepared(); len(got) != 1 {
+		t.Fatalf("prepared after the downgrade: %v", got)
+	}
+	prepareOK(t, p, "u2")
+	unprepareOK(t, p, "u1")
+	p = newPlugin(t, l, dir, "boot-1") // and again: its own file now
+	if got := p.Prepared(); len(got) != 1 || got[0] != "u2" {
+		t.Fatalf("prepared after a restart: %v", got)
+	}
+	if raw, err := os.ReadFile(path); err != nil || string(raw) != string(newerFile) {
+		t.Fatalf("the newer checkpoint changed: %q %v", raw, err)
+	}
+	if m, _ := filepath.Glob(path + ".corrupt-*"); len(m) != 0 {
+		t.Fatalf("the newer checkpoint was set aside: %v", m)
+	}
+}
+
+// TestReclaimKeepsWhatAllocatedClaimsMayUse: state left with no record at
+// all (checkpoint and CDI spec lost) is kept while the API server says a
+// claim allocated to the node may use it, or cannot be asked, and
+// removed once no allocated claim can own it.
+func TestReclaimKeepsWhatAllocatedClaimsMayUse(t *testing.T) {
+	dir := t.TempDir()
+	l := &ledger{held: map[string]bool{"u1/a": true, "u1/b": true, "gone/a": true}}
+	var allocated atomic.Pointer[[]*resourceapi.ResourceClaim]
+	listErr := errors.New("API server unreachable")
+	var fail atomic.Bool
+	fail.Store(true)
+	list := func(context.Context) ([]*resourceapi.ResourceClaim, error) {
+		if fail.Load() {
+			return nil, listErr
+		}
+		return *allocated.Load(), nil
+	}
+	c := testClaim("u1")
+	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+		{Request: "req", Driver: "test.hwdra.io", Pool: "node", Device: "dev-0"},
+	}}}
+	claims := []*resourceapi.ResourceClaim{c}
+	allocated.Store(&claims)
+	newPluginWith(t, l, Options{DriverName: "test.hwdra.io", StateDir: filepath.Join(dir, "state"), CDIDir: filepath.Join(dir, "cdi"),
+		BootID: "boot-1", Allocated: list, ReclaimInterval: 10 * time.Millisecond})
+	if len(l.held) != 3 {
+		t.Fatalf("removed while the API server could not be asked: %v", l.held)
+	}
+	fail.Store(false)
+	waitUntil(t, "the unallocated claim's state is reclaimed", func() bool { return !l.heldNow("gone/a") })
+	if !l.heldNow("u1/a") || !l.heldNow("u1/b") {
+		t.Fatalf("the allocated claim's state was reclaimed: %v", l.held)
+	}
+	none := []*resourceapi.ResourceClaim{}
+	allocated.Store(&none)
+	waitUntil(t, "the deallocated claim's state is reclaimed", func() bool { return l.size() == 0 })
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("not within 10s: %s", what)
 }

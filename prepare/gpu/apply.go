@@ -271,6 +271,9 @@ func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, 
 	}
 	id := uuid.NewString()
 	r.Mdev = &MdevRecord{UUID: id, Parent: parent, Type: t.ID}
+	if err := a.d.own(mdevKey(id), a.claim); err != nil {
+		return nil, nil, err
+	}
 	if err := a.d.ledger.Put(mdevKey(id), ledgerEntry{GPU: g.PCIBusID, Mdev: id}); err != nil {
 		return nil, nil, err
 	}

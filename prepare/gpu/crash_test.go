@@ -1,13 +1,18 @@
 package gpu
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/hwdra/hwdra/internal/slotfile"
 )
@@ -165,11 +170,17 @@ func TestFailureAfterEachSideEffect(t *testing.T) {
 	}
 }
 
-// A lost checkpoint (corrupt, set aside) leaves the agent without claims:
-// start-up removes the GPU instances and mdevs its ledger says it made,
-// never a static partition, and restores the MIG modes it switched.
-func TestReconcileAfterLostCheckpoint(t *testing.T) {
-	for _, tc := range []struct {
+// TestLostStateNeverLeaksNorBreaksRunningClaims: between prepare and
+// unprepare the agent's state is lost in every way, and the agent restarts:
+// the running claims' hardware is left as it is, each claim's unprepare
+// then removes exactly what was made for it (and its CDI spec), new claims
+// prepare, and nothing leaks. With the CDI specs gone too, what the ledger
+// says the agent made is kept while the API server says the claims are
+// allocated, and removed once they are not. (With the ledger gone as well,
+// nothing tells the agent's instances from an administrator's: they stay,
+// as static partitions do.)
+func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
+	scenarios := []struct {
 		name, profile string
 		reqs          []request
 	}{
@@ -177,28 +188,118 @@ func TestReconcileAfterLostCheckpoint(t *testing.T) {
 			{name: "dynamic", cel: `profile == "1g.10gb"`},
 			{name: "static", cel: `profile == "3g.40gb" && device.attributes["gpu.hwdra.io"].placementStart == 0`},
 		}},
-		{"vGPU", "h100-vgpu", []request{{name: "a", cel: `profile == "H100-2-20C"`}, {name: "b", cel: `profile == "H100-2-20C"`}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, tc.profile, false)
-			before := e.hwState()
-			for _, r := range tc.reqs {
-				e.mustPrepare(e.claim(r))
-			}
-			if e.hwState() == before || len(e.ledgerKeys()) == 0 {
-				t.Fatalf("nothing made: %s, ledger %v", e.hwState(), e.ledgerKeys())
-			}
-			path := filepath.Join(e.dir, "state", DriverName+".checkpoint.json")
-			if err := slotfile.Replace(path, []byte("{garbage")); err != nil {
-				t.Fatal(err)
-			}
-			e.restart(nil)
-			if got := e.hwState(); got != before {
-				t.Errorf("after restart:\n%s\nwant\n%s", got, before)
-			}
-			if keys := e.ledgerKeys(); len(keys) != 0 {
-				t.Errorf("ledger %v", keys)
-			}
-		})
+		{"MIG mode switched", "gpus: [{model: h100-80gb, count: 1}]", []request{{name: "mig", cel: `profile == "2g.20gb"`}}},
+		{"vGPU", "h100-vgpu", []request{{name: "a", cel: `profile == "H100-2-20C"`}, {name: "b", cel: `profile == "H100-10C"`}}},
 	}
+	losses := []struct {
+		name string
+		lose func(t *testing.T, e *env)
+		// specsLost: the claims' CDI specs are gone too
+		specsLost bool
+	}{
+		{"every state file corrupt", func(t *testing.T, e *env) {
+			files, _ := filepath.Glob(filepath.Join(e.dir, "state", "*"))
+			for _, f := range files {
+				if err := os.WriteFile(f, []byte("{garbage"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, false},
+		{"state directory deleted", func(t *testing.T, e *env) { os.RemoveAll(filepath.Join(e.dir, "state")) }, false},
+		{"downgrade", func(t *testing.T, e *env) {
+			for _, kind := range []string{"checkpoint", "ledger"} {
+				newer := fmt.Sprintf(`{"version":"hwdra.io/%s/v7","checksum":"x","data":{},"entries":{}}`, kind)
+				if err := slotfile.Replace(filepath.Join(e.dir, "state", DriverName+"."+kind+".json"), []byte(newer)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, false},
+		{"checkpoint and CDI specs lost, ledger kept", func(t *testing.T, e *env) {
+			os.Remove(filepath.Join(e.dir, "state", DriverName+".checkpoint.json"))
+			os.Remove(filepath.Join(e.dir, "state", DriverName+".checkpoint.json.1"))
+			specs, _ := filepath.Glob(filepath.Join(e.dir, "cdi", DriverName+"_claim_*"))
+			for _, s := range specs {
+				os.Remove(s)
+			}
+		}, true},
+	}
+	for _, sc := range scenarios {
+		for _, loss := range losses {
+			t.Run(sc.name+"/"+loss.name, func(t *testing.T) {
+				e := newEnv(t, sc.profile, false)
+				var allocated []*resourceapi.ResourceClaim
+				var mu sync.Mutex
+				e.allocated = func(context.Context) ([]*resourceapi.ResourceClaim, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					return slices.Clone(allocated), nil
+				}
+				e.restart(nil)
+				before := e.hwState()
+				var claims []*resourceapi.ResourceClaim
+				for _, r := range sc.reqs {
+					c := e.claim(r)
+					e.mustPrepare(c)
+					claims = append(claims, c)
+				}
+				mu.Lock()
+				allocated = slices.Clone(claims)
+				mu.Unlock()
+				running := e.hwState()
+				if running == before || len(e.ledgerKeys()) == 0 {
+					t.Fatalf("nothing made: %s, ledger %v", running, e.ledgerKeys())
+				}
+				loss.lose(t, e)
+				e.restart(nil)
+				time.Sleep(50 * time.Millisecond) // a few background reclaims
+				if got := e.hwState(); got != running {
+					t.Fatalf("the running claims' hardware changed at the restart:\n%s\nwant\n%s", got, running)
+				}
+				if loss.specsLost {
+					// Nothing records the claims: the kubelet's unprepare
+					// finds nothing to do, and what they used goes once
+					// the API server no longer lists them.
+					for _, c := range claims {
+						e.unprepare(c)
+					}
+					if got := e.hwState(); got != running {
+						t.Fatalf("removed while the claims are allocated:\n%s", got)
+					}
+					mu.Lock()
+					allocated = nil
+					mu.Unlock()
+					waitFor(t, "the deallocated claims' hardware reclaimed", func() bool { return e.hwState() == before })
+				} else {
+					for _, c := range claims {
+						e.unprepare(c)
+					}
+				}
+				if got := e.hwState(); got != before {
+					t.Errorf("after unprepare:\n%s\nwant\n%s", got, before)
+				}
+				if keys := e.ledgerKeys(); len(keys) != 0 {
+					t.Errorf("ledger %v", keys)
+				}
+				if specs, _ := filepath.Glob(filepath.Join(e.dir, "cdi", DriverName+"_claim_*")); len(specs) != 0 {
+					t.Errorf("CDI specs left: %v", specs)
+				}
+				for _, c := range claims {
+					e.alloc.Release(c)
+				}
+				c := e.claim(sc.reqs[0])
+				e.mustPrepare(c)
+				e.unprepare(c)
+			})
+		}
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("not within 10s: %s", what)
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -42,6 +43,9 @@ type env struct {
 	driver *Driver
 	plugin *prepare.Plugin[Record]
 	seq    int
+	// allocated, when set, is what the API server says is allocated
+	// (prepare.Options.Allocated); nil: no API server.
+	allocated func(context.Context) ([]*resourceapi.ResourceClaim, error)
 }
 
 // newEnv builds mock hardware from a built-in profile name or a "gpus:"
@@ -122,8 +126,11 @@ func (e *env) restart(hook func(string) error) {
 		e.t.Fatal(err)
 	}
 	d.afterEffect = hook
-	p, err := prepare.New[Record](context.Background(), d, prepare.Options{
+	ctx, cancel := context.WithCancel(context.Background())
+	e.t.Cleanup(cancel) // the plugin's background reclaim
+	p, err := prepare.New[Record](ctx, d, prepare.Options{
 		DriverName: DriverName, StateDir: filepath.Join(e.dir, "state"), CDIDir: filepath.Join(e.dir, "cdi"), BootID: "boot-1",
+		Allocated: e.allocated, ReclaimInterval: 10 * time.Millisecond,
 	})
 	if err != nil {
 		e.t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/nvml"
+	"github.com/hwdra/hwdra/prepare"
+	hwslices "github.com/hwdra/hwdra/slices"
 )
 
 // Unprepare implements prepare.Driver: it undoes a record's side effects
@@ -48,6 +50,7 @@ func (d *Driver) undo(claim types.UID, r DeviceRecord) error {
 		if err := d.ledger.Delete(mdevKey(m.UUID)); err != nil {
 			return err
 		}
+		d.disown(mdevKey(m.UUID), claim)
 	}
 	if ci := r.ComputeInstance; ci != nil && ci.Created {
 		if err := d.destroyComputeInstance(r.GPU, ci); err != nil {
@@ -145,18 +148,26 @@ func (d *Driver) restoreMIGMode(ctx context.Context, gpu string) {
 	}
 }
 
-// Reconcile implements prepare.Driver: it learns which GPU instances the
-// prepared claims use, and removes the GPU instances and mediated devices
-// that the ledger says the agent made but no prepared claim owns (left by
-// a crash between creating them and recording the claim). Instances the
-// agent did not make, static MIG partitions, are never touched.
-func (d *Driver) Reconcile(ctx context.Context, owned map[types.UID]Record) error {
-	logger := klog.FromContext(ctx)
-	covered := map[string]bool{}
+// Restore implements prepare.Driver: it learns which GPUs, GPU instances
+// and mediated devices the prepared claims use. A ledger lost with the
+// checkpoint (the claims rebuilt from their CDI specs) gets back what the
+// records say the agent made, so that what the slices leave out and what
+// unprepare restores stay right: the instances and mediated devices, and
+// the MIG mode a GPU had before a claim's prepare switched it.
+func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	clear(d.owners)
 	clear(d.users)
 	d.reconciled = true
+	put := func(key string, e ledgerEntry) {
+		if _, ok := d.ledger.Get(key); ok {
+			return
+		}
+		if err := d.ledger.Put(key, e); err != nil {
+			klog.FromContext(ctx).Error(err, "Cannot record hardware state of a prepared claim in the ledger", "key", key)
+		}
+	}
 	for uid, rec := range owned {
 		for _, r := range rec.Devices {
 			if d.users[r.GPU] == nil {
@@ -166,15 +177,39 @@ func (d *Driver) Reconcile(ctx context.Context, owned map[types.UID]Record) erro
 			if gi := r.GPUInstance; gi != nil {
 				key := giKey(r.GPU, gi.Profile, gi.Placement)
 				d.owners[key] = uid
-				covered[key] = true
+				if gi.Created {
+					at := gi.Placement
+					put(key, ledgerEntry{GPU: r.GPU, Profile: gi.Profile, Placement: &at})
+				}
 			}
 			if r.Mdev != nil {
-				covered[mdevKey(r.Mdev.UUID)] = true
+				d.owners[mdevKey(r.Mdev.UUID)] = uid
+				put(mdevKey(r.Mdev.UUID), ledgerEntry{GPU: r.GPU, Mdev: r.Mdev.UUID})
+			}
+			if r.MIGMode != nil {
+				was := !r.MIGMode.Enabled
+				put(migKey(r.GPU), ledgerEntry{GPU: r.GPU, MIGEnabled: &was})
 			}
 		}
 	}
-	d.mu.Unlock()
-	var errs []error
+}
+
+// Reclaim implements prepare.Driver: it removes the GPU instances and
+// mediated devices that the ledger says the agent made and no prepared
+// claim owns (left by a crash between making and recording them, or by a
+// checkpoint lost without the claims' CDI specs), and restores MIG modes
+// it switched on GPUs no claim uses. What a device allocated to this node
+// may use stays: the GPU instance at its placement, the mediated devices
+// of a GPU with an allocated vGPU, the MIG mode of a GPU with any
+// allocated device. Instances the agent did not make, static MIG
+// partitions, are never touched. It runs beside prepares: each entry is
+// judged under its GPU's lock, against the live owners.
+func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]string, error) {
+	logger := klog.FromContext(ctx)
+	mayUse, err := d.mayUse(ctx, allocated)
+	if err != nil {
+		return nil, err
+	}
 	// Mediated devices first (a MIG-backed vGPU holds its GPU instance),
 	// MIG modes last (no instance may be left).
 	order := func(key string) int {
@@ -188,37 +223,78 @@ func (d *Driver) Reconcile(ctx context.Context, owned map[types.UID]Record) erro
 	}
 	keys := d.ledger.Keys()
 	slices.SortStableFunc(keys, func(a, b string) int { return order(a) - order(b) })
+	var kept []string
+	var errs []error
 	for _, key := range keys {
-		if covered[key] {
+		e, ok := d.ledger.Get(key)
+		if !ok {
 			continue
 		}
-		e, _ := d.ledger.Get(key)
 		unlock := d.gpuLocks.Lock(e.GPU)
+		d.mu.Lock()
+		_, owned := d.owners[key]
+		inUse := len(d.users[e.GPU]) > 0
+		d.mu.Unlock()
 		var err error
 		switch {
+		case owned:
+		case !allocated.Known || mayUse[key] || e.MIGEnabled != nil && mayUse[gpuKey(e.GPU)] || e.Mdev != "" && mayUse[vgpuKey(e.GPU)]:
+			kept = append(kept, key)
 		case e.MIGEnabled != nil:
-			d.mu.Lock()
-			free := len(d.users[e.GPU]) == 0
-			d.mu.Unlock()
-			if free {
+			if !inUse {
 				d.restoreMIGMode(ctx, e.GPU)
 			}
-			unlock()
-			continue
 		case e.Mdev != "":
-			logger.Info("Removing a vGPU mediated device no prepared claim owns", "gpu", e.GPU, "mdev", e.Mdev)
-			err = d.mdevs.Remove(e.Mdev)
+			logger.Info("Removing a vGPU mediated device no claim owns", "gpu", e.GPU, "mdev", e.Mdev)
+			if err = d.mdevs.Remove(e.Mdev); err == nil {
+				err = d.ledger.Delete(key)
+			}
 		case e.Placement != nil:
-			logger.Info("Destroying a GPU instance the agent made that no prepared claim owns", "gpu", e.GPU, "profile", e.Profile, "placement", *e.Placement)
-			err = d.destroyGPUInstanceAt(e.GPU, e.Profile, *e.Placement)
+			logger.Info("Destroying a GPU instance the agent made that no claim owns", "gpu", e.GPU, "profile", e.Profile, "placement", *e.Placement)
+			if err = d.destroyGPUInstanceAt(e.GPU, e.Profile, *e.Placement); err == nil {
+				err = d.ledger.Delete(key)
+			}
 		}
 		unlock()
-		if err == nil {
-			err = d.ledger.Delete(key)
-		}
 		if err != nil {
+			// On real hardware a running process refuses (IN_USE): kept
+			// and tried again.
+			kept = append(kept, key)
 			errs = append(errs, fmt.Errorf("%s: %w", key, err))
 		}
 	}
-	return errors.Join(errs...)
+	return kept, errors.Join(errs...)
+}
+
+func gpuKey(gpu string) string  { return "gpu/" + gpu }
+func vgpuKey(gpu string) string { return "vgpu/" + gpu }
+
+// mayUse is the ledger state that the devices allocated to this node (and
+// not prepared here) may use: keyed as the ledger keys GPU instances, plus
+// gpuKey for a GPU with any such device and vgpuKey for one with a vGPU.
+func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[string]bool, error) {
+	out := map[string]bool{}
+	if len(allocated.Devices) == 0 {
+		return out, nil
+	}
+	gpus, features, err := d.inventory(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("GPU inventory: %w", err)
+	}
+	catalog := d.catalog(gpus, features)
+	for _, a := range allocated.Devices {
+		dev, ok := catalog[a.Device]
+		if !ok {
+			continue
+		}
+		bus := dev.GPU.PCIBusID
+		out[gpuKey(bus)] = true
+		if dev.Kind == hwslices.KindVGPU {
+			out[vgpuKey(bus)] = true
+		}
+		if dev.Placement.Size > 0 {
+			out[giKey(bus, dev.Profile.ID, dev.Placement)] = true
+		}
+	}
+	return out, nil
 }

@@ -140,7 +140,7 @@ func (d *Driver) apply(uid types.UID, a Assignment, rec *Record, save func(Recor
 		return dev, err
 	}
 	d.step("recorded")
-	entry := LedgerEntry{Claim: uid, BootID: d.opts.BootID, PF: ref.PF, Index: ref.Index, Original: original}
+	entry := LedgerEntry{Claim: uid, BootID: d.opts.BootID, PF: ref.PF, PFAddress: a.PF.PCIAddress, Index: ref.Index, Original: original}
 	if err := d.ledger.Put(a.VF.PCIAddress, entry); err != nil {
 		return dev, err
 	}

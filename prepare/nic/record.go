@@ -56,7 +56,9 @@ type LedgerEntry struct {
 	Claim  types.UID `json:"claim"`
 	BootID string    `json:"bootID"`
 	PF     string    `json:"pf"`
-	Index  int       `json:"index"`
+	// PFAddress is the PF's PCI address: the lock to take.
+	PFAddress string `json:"pfAddress,omitempty"`
+	Index     int    `json:"index"`
 	// Original is the VF's configuration before the agent changed it.
 	Original hw.VFConfig `json:"original"`
 }
