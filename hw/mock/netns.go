@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 
 	"github.com/vishvananda/netns"
 )
@@ -31,4 +32,42 @@ func NewNetns(prefix string) (path string, remove func() error, err error) {
 		}
 		return err
 	}, nil
+}
+
+// newNamedNetns creates a named namespace without moving the caller:
+// netns.NewNamed switches the calling thread into it, so it runs on a
+// locked thread of its own that switches back; a thread that cannot switch
+// back stays locked and dies with its goroutine rather than serve other Go
+// code from the wrong namespace.
+func newNamedNetns(name string) (netns.NsHandle, error) {
+	type result struct {
+		ns  netns.NsHandle
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			ch <- result{err: err}
+			return // thread exits locked
+		}
+		defer orig.Close()
+		ns, err := netns.NewNamed(name)
+		if err != nil {
+			ch <- result{err: err}
+			if netns.Set(orig) == nil {
+				runtime.UnlockOSThread()
+			}
+			return
+		}
+		if err := netns.Set(orig); err != nil {
+			ch <- result{ns: ns}
+			return // thread exits locked
+		}
+		runtime.UnlockOSThread()
+		ch <- result{ns: ns}
+	}()
+	r := <-ch
+	return r.ns, r.err
 }

@@ -12,15 +12,21 @@ import (
 )
 
 // TestVethMTU: with veth stand-ins for the netdevs (in a throwaway
-// network namespace), the VF's MTU really changes on the link at prepare
-// and is restored, with its link state, at unprepare.
+// network namespace standing in for the host's), the VF's MTU really
+// changes on the link at prepare and is restored, with its link state, at
+// unprepare.
 func TestVethMTU(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the mock puts veth stand-ins in a network namespace")
 	}
-	t.Setenv(mock.VethEnv, "1")
+	path, remove, err := mock.NewNetns("hwdra-t-host-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remove()
+	t.Setenv(mock.VethEnv, path)
 	e := newEnv(t, cx7Node, "")
-	ns, err := netns.GetFromName(e.hw.NICs().Netns())
+	ns, err := netns.GetFromPath(e.hw.NICs().Netns())
 	if err != nil {
 		t.Fatal(err)
 	}
