@@ -36,6 +36,9 @@ type PluginOptions struct {
 	NodeName string
 	// OnError gets background errors of the kubelet plugin helpers.
 	OnError func(ctx context.Context, err error, msg string)
+	// Network moves prepared VFs into pods (NRI); nil: they stay in the
+	// host namespace.
+	Network nicprep.PodNetwork
 }
 
 // NewDrivers builds a plugin for each driver that has hardware in inv. Each
@@ -73,7 +76,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 				return offers, f, nil
 			},
 			SysfsRoot: node.SysfsRoot, DevRoot: node.DevRoot,
-			StateDir: opts.StateDir, NodeName: opts.NodeName,
+			StateDir: opts.StateDir, NodeName: opts.NodeName, Network: opts.Network,
 		})
 		if err != nil {
 			return nil, err
@@ -90,8 +93,9 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 }
 
 // buildDrivers builds the node's drivers for the agent.
-func buildDrivers(ctx context.Context, opts Options, node *backend.Node, pub *publisher, inv hw.Inventory) ([]Driver, error) {
+func buildDrivers(ctx context.Context, opts Options, node *backend.Node, pub *publisher, inv hw.Inventory, network nicprep.PodNetwork) ([]Driver, error) {
 	return NewDrivers(ctx, node, inv, PluginOptions{
+		Network:  network,
 		StateDir: opts.StateDir,
 		CDIDir:   opts.CDIDir,
 		Current:  pub.current,

@@ -326,6 +326,40 @@ func (n *Netns) RestoreLink(name string, st LinkState) error {
 	return n.ConfigureLink(name, addrs, st.Up, nil)
 }
 
+// SetLink sets a link down, then renames it and sets MTU and MAC (zero
+// values keep): a netdev that came back from a destroyed namespace under
+// another name gets its own again. The kernel renames only links that
+// are down.
+func (n *Netns) SetLink(name string, set LinkSettings) error {
+	l, err := n.nl.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("%s: link %s: %w", n, name, err)
+	}
+	if err := n.nl.LinkSetDown(l); err != nil {
+		return fmt.Errorf("%s: setting %s down: %w", n, name, err)
+	}
+	if set.Name != "" && set.Name != name {
+		if err := n.nl.LinkSetName(l, set.Name); err != nil {
+			return fmt.Errorf("%s: renaming %s to %s: %w", n, name, set.Name, err)
+		}
+	}
+	if set.MTU > 0 && set.MTU != l.Attrs().MTU {
+		if err := n.nl.LinkSetMTU(l, set.MTU); err != nil {
+			return fmt.Errorf("%s: MTU %d on %s: %w", n, set.MTU, name, err)
+		}
+	}
+	if set.MAC != "" && set.MAC != l.Attrs().HardwareAddr.String() {
+		mac, err := net.ParseMAC(set.MAC)
+		if err != nil {
+			return fmt.Errorf("MAC %q: %w", set.MAC, err)
+		}
+		if err := n.nl.LinkSetHardwareAddr(l, mac); err != nil {
+			return fmt.Errorf("%s: MAC %s on %s: %w", n, set.MAC, name, err)
+		}
+	}
+	return nil
+}
+
 // SetLinkDown sets a link administratively down.
 func (n *Netns) SetLinkDown(name string) error {
 	l, err := n.nl.LinkByName(name)
