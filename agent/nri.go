@@ -50,7 +50,7 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 	}
 	p, err := metadata.New(metadata.Options{
 		DriverName: hwslices.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
-		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status,
+		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Settle: node.Settle,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("NRI plugin: %w", err)

@@ -50,6 +50,9 @@ type Node struct {
 	// HostNetns is where the node's netdevs are when in no pod: "" for
 	// the agent's own namespace, or the mock's stand-in for it.
 	HostNetns string
+	// Settle makes sysfs current after netdevs moved: nil on a host (the
+	// kernel's sysfs is); the mock's follows link events otherwise.
+	Settle func()
 	// Mock is set for mock hardware.
 	Mock *mock.Hardware
 }
@@ -67,7 +70,7 @@ func Open(spec string) (*Node, error) {
 		nics := m.NICs()
 		n := &Node{
 			Mock: m, DevRoot: m.DevRoot(), ProcRoot: m.ProcRoot(), SysfsRoot: m.Sysfs,
-			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(),
+			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
 			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		}
 		if len(m.Profile.GPUs) > 0 {

@@ -64,6 +64,7 @@ func (p *Plugin) attachAll(ctx context.Context, pd pod, atts []attachment) (done
 	}
 	defer pns.Close()
 	rdma := p.rdmaExclusive(ctx)
+	defer p.settle()
 	for _, a := range atts {
 		unlock := p.vfs.Lock(a.VF.PCIAddress)
 		res, err := p.attach(ctx, pd, pns, a, rdma)
@@ -79,8 +80,15 @@ func (p *Plugin) attachAll(ctx context.Context, pd pod, atts []attachment) (done
 	return done, moved, nil
 }
 
+func (p *Plugin) settle() {
+	if p.opts.Settle != nil {
+		p.opts.Settle()
+	}
+}
+
 // releaseAll returns the VFs at these addresses, waiting for none.
 func (p *Plugin) releaseAll(ctx context.Context, addrs []string) error {
+	defer p.settle()
 	var errs []error
 	for _, addr := range addrs {
 		unlock := p.vfs.Lock(addr)
@@ -209,6 +217,7 @@ func (p *Plugin) detachPod(ctx context.Context, uid types.UID, wait time.Duratio
 		}
 	}
 	sort.Strings(addrs)
+	defer p.settle()
 	var errs []error
 	for _, addr := range addrs {
 		unlock := p.vfs.Lock(addr)
@@ -223,6 +232,7 @@ func (p *Plugin) detachPod(ctx context.Context, uid types.UID, wait time.Duratio
 // waiting up to ReturnWait for one whose namespace is gone.
 func (p *Plugin) Release(ctx context.Context, addr string) (string, error) {
 	defer p.vfs.Lock(addr)()
+	defer p.settle()
 	return p.release(ctx, addr, p.opts.ReturnWait)
 }
 
@@ -297,6 +307,9 @@ func (p *Plugin) hostLinkIs(name string, want sriov.LinkSettings) bool {
 	return err == nil && (want.MTU == 0 || st.MTU == want.MTU) && (want.MAC == "" || st.MAC == want.MAC)
 }
 
+// errNotBack: a VF whose namespace is gone has not come back yet.
+var errNotBack = errors.New("the VF is not back in the host yet")
+
 // awaitReturn waits up to wait for a VF whose namespace is gone to be
 // back in the host, and returns its netdev there.
 func (p *Plugin) awaitReturn(addr string, pl Placement, wait time.Duration) (string, error) {
@@ -307,7 +320,7 @@ func (p *Plugin) awaitReturn(addr string, pl Placement, wait time.Duration) (str
 			return name, nil
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("pod %s's network namespace %s is gone and the VF is not back in the host yet: %w", pl.PodRef, pl.Netns, err)
+			return "", fmt.Errorf("pod %s's network namespace %s is gone and %w: %w", pl.PodRef, pl.Netns, errNotBack, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -80,13 +80,41 @@ func (h *hooks) RunPodSandbox(ctx context.Context, sb *api.PodSandbox) error {
 // StopPodSandbox returns the pod's VFs; the runtime tears the network
 // namespace down right after.
 func (h *hooks) StopPodSandbox(ctx context.Context, sb *api.PodSandbox) error {
-	return h.p.detachPod(ctx, types.UID(sb.GetUid()), 0)
+	return h.p.stopPod(ctx, sb)
 }
 
 // RemovePodSandbox returns whatever the stop hook left (the namespace is
-// gone by now: a VF that is not back yet is unprepare's).
+// gone by now).
 func (h *hooks) RemovePodSandbox(ctx context.Context, sb *api.PodSandbox) error {
-	return h.p.detachPod(ctx, types.UID(sb.GetUid()), 0)
+	return h.p.stopPod(ctx, sb)
+}
+
+// stopPod returns a pod's VFs without waiting: a VF whose namespace is
+// gone and that is not back in the host yet is logged and left to
+// unprepare, which waits for it (cri-o removes the namespace before the
+// stop hook; the kernel returns a VF from a destroyed namespace in the
+// background).
+func (p *Plugin) stopPod(ctx context.Context, sb *api.PodSandbox) error {
+	var errs []error
+	for _, err := range unjoin(p.detachPod(ctx, types.UID(sb.GetUid()), 0)) {
+		if errors.Is(err, errNotBack) {
+			klog.FromContext(ctx).Info("A VF of the stopped pod is not back in the host yet; unprepare returns it", "pod", sb.GetNamespace()+"/"+sb.GetName(), "err", err)
+			continue
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// unjoin splits an errors.Join.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	if err == nil {
+		return nil
+	}
+	return []error{err}
 }
 
 // Shutdown: the runtime is going away; Run reconnects.
@@ -105,14 +133,17 @@ func podOf(sb *api.PodSandbox) pod {
 	return pd
 }
 
-// runPod attaches the pod's VFs, writes their metadata (generation 2,
-// with networkData) and queues their claims' status. Any failure undoes
-// everything done for the pod and is reported in the claims' status.
-// resync (Synchronize) writes metadata only for VFs it moved now: the
-// others have theirs.
+// runPod attaches the pod's VFs, writes the metadata of those it moved
+// (generation 2, with networkData; a VF already in the pod has its
+// metadata, and a second hook changes nothing) and queues their claims'
+// status: of the moved ones, and on resync (Synchronize) of all, since a
+// write queued before a crash is lost. Any failure undoes everything done
+// for the pod, or on resync what this call moved, and is reported in the
+// claims' status.
 func (p *Plugin) runPod(ctx context.Context, pd pod, claims map[types.UID]prepare.Claim[nic.Record], resync bool) error {
 	atts, err := plan(pd.UID, claims)
 	if err != nil {
+		p.failed(atts, err)
 		return fmt.Errorf("pod %s: %w", pd.Ref, err)
 	}
 	if len(atts) == 0 {
@@ -121,7 +152,7 @@ func (p *Plugin) runPod(ctx context.Context, pd pod, claims map[types.UID]prepar
 	start := time.Now()
 	done, moved, err := p.attachAll(ctx, pd, atts)
 	if err == nil {
-		err = p.writeMetadata(ctx, claims, done, resync)
+		err = p.writeMetadata(ctx, claims, done)
 	}
 	if err != nil {
 		// Undo everything done for the pod; a running pod (resync) keeps
@@ -138,14 +169,14 @@ func (p *Plugin) runPod(ctx context.Context, pd pod, claims map[types.UID]prepar
 		p.failed(atts, err)
 		return fmt.Errorf("pod %s: %w", pd.Ref, err)
 	}
-	p.succeeded(done)
+	p.succeeded(done, resync)
 	klog.FromContext(ctx).V(2).Info("VFs in the pod", "pod", pd.Ref, "vfs", len(done), "took", time.Since(start))
 	return nil
 }
 
-// writeMetadata rewrites each attached request's metadata file with the
-// devices' networkData.
-func (p *Plugin) writeMetadata(ctx context.Context, claims map[types.UID]prepare.Claim[nic.Record], done []attached, resync bool) error {
+// writeMetadata rewrites the metadata file of each request with a VF
+// moved now, with the devices' networkData.
+func (p *Plugin) writeMetadata(ctx context.Context, claims map[types.UID]prepare.Claim[nic.Record], done []attached) error {
 	type key struct {
 		claim   types.UID
 		request string
@@ -153,7 +184,7 @@ func (p *Plugin) writeMetadata(ctx context.Context, claims map[types.UID]prepare
 	net := map[key]map[string]*resourceapi.NetworkDeviceData{} // by device key
 	var order []key
 	for _, d := range done {
-		if resync && !d.Moved {
+		if !d.Moved {
 			continue
 		}
 		k := key{d.Claim.UID, d.VF.Request}
@@ -175,7 +206,11 @@ func (p *Plugin) writeMetadata(ctx context.Context, claims map[types.UID]prepare
 			devices = append(devices, kd)
 		}
 		if err := p.meta.UpdateRequestMetadata(ctx, c.Namespace, c.Name, k.claim, k.request, devices); err != nil {
-			return fmt.Errorf("claim %s/%s, request %q: writing metadata: %w", c.Namespace, c.Name, k.request, err)
+			names := make([]string, 0, len(devices))
+			for _, d := range devices {
+				names = append(names, d.DeviceName)
+			}
+			return fmt.Errorf("claim %s/%s, request %q (devices %v): writing metadata: %w", c.Namespace, c.Name, k.request, names, err)
 		}
 	}
 	return nil

@@ -48,7 +48,8 @@ func (a attachment) String() string {
 // a claim's VFs in prepare order), with their interface names: the
 // VfConfig's, else net1, net2, ... skipping names taken by the others.
 // VFs without a netdev (bound to vfio-pci) stay out: nothing moves. Two
-// VFs asking for one name are an error naming both.
+// VFs asking for one name are an error naming both; on error the list is
+// still returned (without names), so that the claims' status can say why.
 func plan(pod types.UID, claims map[types.UID]prepare.Claim[nic.Record]) ([]attachment, error) {
 	var refs []ClaimRef
 	for uid, c := range claims {
@@ -79,16 +80,16 @@ func plan(pod types.UID, claims map[types.UID]prepare.Claim[nic.Record]) ([]atta
 				continue
 			}
 			a := attachment{Claim: ref, VF: vf, Interface: vf.Network.InterfaceName, MTU: vf.Applied.MTU, MAC: vf.Applied.MAC}
-			if err := a.parse(); err != nil {
-				return nil, fmt.Errorf("%s: %w", a, err)
+			out = append(out, a)
+			if err := out[len(out)-1].parse(); err != nil {
+				return out, fmt.Errorf("%s: %w", a, err)
 			}
 			if a.Interface != "" {
 				if other, ok := named[a.Interface]; ok {
-					return nil, fmt.Errorf("%s and %s both ask for interface name %q in the pod", other, a, a.Interface)
+					return out, fmt.Errorf("%s and %s both ask for interface name %q in the pod", other, a, a.Interface)
 				}
 				named[a.Interface] = a.String()
 			}
-			out = append(out, a)
 		}
 	}
 	next := 1

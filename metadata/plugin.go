@@ -53,6 +53,10 @@ type Options struct {
 	// ReturnWait bounds how long returning a VF waits for the kernel to
 	// bring it back from a destroyed namespace (default 1 s).
 	ReturnWait time.Duration
+	// Settle, if set, is called after netdevs moved, so that the
+	// hardware's view of them (sysfs) is current before anyone reads it:
+	// the kernel's is at once; the mock's follows link events.
+	Settle func()
 }
 
 // MetadataWriter rewrites a request's KEP-5304 metadata file

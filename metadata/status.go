@@ -179,46 +179,55 @@ func (w *StatusWriter) next(ctx context.Context) bool {
 	return true
 }
 
-// succeeded queues Ready status for the claims of VFs in a pod.
-func (p *Plugin) succeeded(done []attached) {
-	if p.opts.Status == nil {
-		return
-	}
-	now := metav1.Now()
-	byClaim := map[types.UID]*ClaimStatus{}
-	var order []types.UID
+// succeeded queues Ready status for the claims with a VF moved into a
+// pod (all: every claim of the pod). An apply names all of a claim's
+// devices: one it leaves out loses its entry.
+func (p *Plugin) succeeded(done []attached, all bool) {
+	changed := map[types.UID]bool{}
 	for _, d := range done {
-		cs := byClaim[d.Claim.UID]
-		if cs == nil {
-			cs = &ClaimStatus{Claim: d.Claim, Time: now}
-			byClaim[d.Claim.UID] = cs
-			order = append(order, d.Claim.UID)
+		changed[d.Claim.UID] = changed[d.Claim.UID] || d.Moved || all
+	}
+	var devs []claimDevice
+	for _, d := range done {
+		if changed[d.Claim.UID] {
+			devs = append(devs, claimDevice{d.Claim, DeviceStatus{Pool: d.VF.Pool, Device: d.VF.Device, ShareID: d.VF.ShareID,
+				Network: networkData(d), Message: "interface " + d.Interface + " configured in the pod"}})
 		}
-		cs.Devices = append(cs.Devices, DeviceStatus{Pool: d.VF.Pool, Device: d.VF.Device, ShareID: d.VF.ShareID,
-			Network: networkData(d), Message: "interface " + d.Interface + " configured in the pod"})
 	}
-	for _, uid := range order {
-		p.opts.Status.Set(*byClaim[uid])
-	}
+	p.report(devs)
 }
 
 // failed queues not-Ready status, with the reason, for the claims of a
 // pod whose VFs could not be set up.
 func (p *Plugin) failed(atts []attachment, err error) {
+	devs := make([]claimDevice, 0, len(atts))
+	for _, a := range atts {
+		devs = append(devs, claimDevice{a.Claim, DeviceStatus{Pool: a.VF.Pool, Device: a.VF.Device, ShareID: a.VF.ShareID, Failed: true, Message: err.Error()}})
+	}
+	p.report(devs)
+}
+
+type claimDevice struct {
+	claim ClaimRef
+	DeviceStatus
+}
+
+// report queues one ClaimStatus per claim, its devices in order.
+func (p *Plugin) report(devs []claimDevice) {
 	if p.opts.Status == nil {
 		return
 	}
 	now := metav1.Now()
 	byClaim := map[types.UID]*ClaimStatus{}
 	var order []types.UID
-	for _, a := range atts {
-		cs := byClaim[a.Claim.UID]
+	for _, d := range devs {
+		cs := byClaim[d.claim.UID]
 		if cs == nil {
-			cs = &ClaimStatus{Claim: a.Claim, Time: now}
-			byClaim[a.Claim.UID] = cs
-			order = append(order, a.Claim.UID)
+			cs = &ClaimStatus{Claim: d.claim, Time: now}
+			byClaim[d.claim.UID] = cs
+			order = append(order, d.claim.UID)
 		}
-		cs.Devices = append(cs.Devices, DeviceStatus{Pool: a.VF.Pool, Device: a.VF.Device, ShareID: a.VF.ShareID, Failed: true, Message: err.Error()})
+		cs.Devices = append(cs.Devices, d.DeviceStatus)
 	}
 	for _, uid := range order {
 		p.opts.Status.Set(*byClaim[uid])

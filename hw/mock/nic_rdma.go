@@ -62,6 +62,16 @@ func (r *RDMARecorder) MoveRDMA(name, from, to string) error {
 	return err
 }
 
+// setHome puts every device in the namespace at path, where the host's
+// netdevs are (the veth stand-ins' namespace).
+func (r *RDMARecorder) setHome(path string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for d := range r.where {
+		r.where[d] = path
+	}
+}
+
 // Where is the namespace an RDMA device is in ("" the host's).
 func (r *RDMARecorder) Where(name string) string {
 	r.mu.Lock()

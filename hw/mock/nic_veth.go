@@ -101,6 +101,7 @@ func (n *NICs) EnableVeths(path string) error {
 		return errors.Join(err, v.close())
 	}
 	n.veths = v
+	n.rdma.setHome(path)
 	n.recorder.mu.Lock()
 	n.recorder.netdev = v.apply
 	n.recorder.mu.Unlock()
@@ -309,18 +310,37 @@ func (v *vethSet) moved(s *vethVF, name string) error {
 	return writeNetdevFiles(sysfs, dev, nd, a.Index)
 }
 
-// Netns is the path of the network namespace holding the veth stand-ins
-// (the process's own: /proc/<pid>/ns/net), "" without them.
+// Netns is the path of the network namespace holding the veth stand-ins,
+// as given to EnableVeths ("" for the process's own, or without them).
 func (n *NICs) Netns() string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	switch {
-	case n.veths == nil:
+	if n.veths == nil {
 		return ""
-	case n.veths.path == "":
-		return fmt.Sprintf("/proc/%d/ns/net", os.Getpid())
 	}
 	return n.veths.path
+}
+
+// Settle brings the sysfs tree and the VF recorder in line with the links
+// now, as the kernel's sysfs always is; without it they follow link
+// events a moment later. A no-op without veth stand-ins.
+func (n *NICs) Settle() {
+	n.mu.Lock()
+	v := n.veths
+	n.mu.Unlock()
+	if v == nil {
+		return
+	}
+	if err := v.refresh(); err != nil {
+		fmt.Fprintf(os.Stderr, "mock: %v\n", err)
+	}
+}
+
+// HasVeths reports whether the netdevs have veth stand-ins.
+func (n *NICs) HasVeths() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.veths != nil
 }
 
 func (n *NICs) close() error {

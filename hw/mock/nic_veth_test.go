@@ -260,7 +260,7 @@ func TestNoNICs(t *testing.T) {
 }
 
 func TestNoVethsByDefault(t *testing.T) {
-	if h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 1}]`); h.NICs().Netns() != "" {
+	if h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 1}]`); h.NICs().HasVeths() {
 		t.Error("veths without opting in")
 	}
 }
