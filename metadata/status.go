@@ -2,6 +2,9 @@ package metadata
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -9,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	metaac "k8s.io/client-go/applyconfigurations/meta/v1"
 	resourceac "k8s.io/client-go/applyconfigurations/resource/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
@@ -46,31 +48,41 @@ type ClaimStatus struct {
 	Time metav1.Time
 }
 
-// ApplyConfiguration is the server-side apply of a claim's status: one
-// status.devices entry per device, keyed as the API keys them (driver,
-// pool, device, shareID), with networkData and the Ready and NetworkReady
-// conditions. The UID makes the API server refuse it for a newer claim of
-// the same name.
-func ApplyConfiguration(driver string, cs ClaimStatus) *resourceac.ResourceClaimApplyConfiguration {
-	st := resourceac.ResourceClaimStatus()
+// DeviceStatuses are the driver's status.devices entries of a claim: one
+// per device, keyed as the API keys them (driver, pool, device, shareID),
+// with networkData and the Ready and NetworkReady conditions.
+func DeviceStatuses(driver string, cs ClaimStatus) []resourceapi.AllocatedDeviceStatus {
+	out := make([]resourceapi.AllocatedDeviceStatus, 0, len(cs.Devices))
 	for _, d := range cs.Devices {
-		e := resourceac.AllocatedDeviceStatus().WithDriver(driver).WithPool(d.Pool).WithDevice(d.Device)
+		e := resourceapi.AllocatedDeviceStatus{Driver: driver, Pool: d.Pool, Device: d.Device, NetworkData: d.Network}
 		if d.ShareID != nil {
-			e.WithShareID(string(*d.ShareID))
+			share := string(*d.ShareID)
+			e.ShareID = &share
 		}
 		status, reason := metav1.ConditionTrue, ReasonConfigured
 		if d.Failed {
 			status, reason = metav1.ConditionFalse, ReasonNetworkSetupFailed
 		}
 		for _, t := range []string{ConditionReady, ConditionNetworkReady} {
-			e.WithConditions(metaac.Condition().WithType(t).WithStatus(status).WithReason(reason).
-				WithMessage(d.Message).WithLastTransitionTime(cs.Time))
+			e.Conditions = append(e.Conditions, metav1.Condition{Type: t, Status: status, Reason: reason, Message: d.Message, LastTransitionTime: cs.Time})
 		}
-		if n := d.Network; n != nil {
-			e.WithNetworkData(resourceac.NetworkDeviceData().WithInterfaceName(n.InterfaceName).
-				WithIPs(n.IPs...).WithHardwareAddress(n.HardwareAddress))
-		}
-		st.WithDevices(e)
+		out = append(out, e)
+	}
+	return out
+}
+
+// ApplyConfiguration is the server-side apply of a claim's status: the
+// DeviceStatuses and nothing else. The UID makes the API server refuse it
+// for a newer claim of the same name.
+func ApplyConfiguration(driver string, cs ClaimStatus) *resourceac.ResourceClaimApplyConfiguration {
+	// The apply configuration has the typed status's JSON form.
+	raw, err := json.Marshal(resourceapi.ResourceClaimStatus{Devices: DeviceStatuses(driver, cs)})
+	st := &resourceac.ResourceClaimStatusApplyConfiguration{}
+	if err == nil {
+		err = json.Unmarshal(raw, st)
+	}
+	if err != nil {
+		panic(fmt.Sprintf("status.devices round trip: %v", err)) // plain structs: cannot fail
 	}
 	return resourceac.ResourceClaim(cs.Claim.Name, cs.Claim.Namespace).WithUID(cs.Claim.UID).WithStatus(st)
 }
@@ -148,18 +160,11 @@ func (w *StatusWriter) next(ctx context.Context) bool {
 		return true
 	}
 	logger := klog.FromContext(ctx).WithValues("claim", ps.Claim.String())
-	reqCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err := w.client.ResourceV1().ResourceClaims(ps.Claim.Namespace).ApplyStatus(reqCtx,
-		ApplyConfiguration(w.driver, ps.ClaimStatus), metav1.ApplyOptions{FieldManager: w.driver, Force: true})
-	cancel()
-	if w.OnWrite != nil {
-		w.OnWrite(err)
-	}
+	err := w.write(ctx, ps.ClaimStatus)
 	switch {
 	case err == nil:
-	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-		// Gone, or replaced by a claim of the same name (UID mismatch):
-		// nothing left to say.
+	case apierrors.IsNotFound(err) || errors.Is(err, errReplaced):
+		// Gone, or replaced by a claim of the same name: nothing to say.
 		logger.V(2).Info("Claim gone: its status is not written", "err", err)
 	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
 		logger.Error(err, "Claim status refused by the API server; not retried")
@@ -177,6 +182,68 @@ func (w *StatusWriter) next(ctx context.Context) bool {
 	w.mu.Unlock()
 	w.queue.Forget(uid)
 	return true
+}
+
+// errReplaced: the claim of that name has another UID now.
+var errReplaced = errors.New("claim replaced by a newer one of the same name")
+
+// write applies a claim's status. The Kubernetes 1.37.2 API server drops
+// status.allocation from a server-side apply of the status of a claim
+// whose allocation carries opaque device configuration (and then refuses
+// it: "status.allocation: field cannot be modified once set"); for those
+// the entries are written by an update that replaces the driver's own
+// entries and keeps everything else (a read and a write, with the
+// resourceVersion guarding against lost updates).
+func (w *StatusWriter) write(ctx context.Context, cs ClaimStatus) error {
+	reqCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	claims := w.client.ResourceV1().ResourceClaims(cs.Claim.Namespace)
+	_, err := claims.ApplyStatus(reqCtx, ApplyConfiguration(w.driver, cs), metav1.ApplyOptions{FieldManager: w.driver, Force: true})
+	w.wrote(err)
+	if apierrors.IsConflict(err) {
+		return fmt.Errorf("%w: %v", errReplaced, err) // the UID precondition
+	}
+	if !allocationDropped(err) {
+		return err
+	}
+	c, err := claims.Get(reqCtx, cs.Claim.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if c.UID != cs.Claim.UID {
+		return errReplaced
+	}
+	devices := DeviceStatuses(w.driver, cs)
+	for _, d := range c.Status.Devices {
+		if d.Driver != w.driver {
+			devices = append(devices, d)
+		}
+	}
+	c.Status.Devices = devices
+	_, err = claims.UpdateStatus(reqCtx, c, metav1.UpdateOptions{FieldManager: w.driver})
+	w.wrote(err)
+	return err // a conflict is retried
+}
+
+func (w *StatusWriter) wrote(err error) {
+	if w.OnWrite != nil {
+		w.OnWrite(err)
+	}
+}
+
+// allocationDropped: the apply was refused for a change of
+// status.allocation it does not make (see write).
+func allocationDropped(err error) bool {
+	var se apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &se) || se.Status().Details == nil {
+		return false
+	}
+	for _, c := range se.Status().Details.Causes {
+		if c.Field == "status.allocation" {
+			return true
+		}
+	}
+	return false
 }
 
 // succeeded queues Ready status for the claims with a VF moved into a

@@ -3,6 +3,9 @@ package metadata
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"sort"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,7 +14,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/util/workqueue"
@@ -162,5 +167,56 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting: %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestStatusWriterWhenApplyDropsAllocation: where the API server refuses
+// the apply for a change of status.allocation it does not make (1.37.2
+// with opaque config in the allocation), the writer updates the status
+// instead: its entries replace the driver's own, other drivers' survive,
+// and a conflicting update is retried.
+func TestStatusWriterWhenApplyDropsAllocation(t *testing.T) {
+	ctx := context.Background()
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid-1"}}
+	claim.Status.Devices = []resourceapi.AllocatedDeviceStatus{
+		{Driver: "gpu.example.com", Pool: "node", Device: "gpu-0"},
+		{Driver: testDriver, Pool: "node", Device: "stale"},
+	}
+	client := fake.NewClientset(claim)
+	client.PrependReactor("patch", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewInvalid(schema.GroupKind{Group: "resource.k8s.io", Kind: "ResourceClaim"}, "c", field.ErrorList{
+			field.Invalid(field.NewPath("status", "allocation"), nil, "field cannot be modified once set")})
+	})
+	var conflicts atomic.Int32
+	conflicts.Store(1)
+	var manager string
+	client.PrependReactor("update", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		manager = a.(k8stesting.UpdateActionImpl).UpdateOptions.FieldManager
+		if conflicts.Add(-1) >= 0 {
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaims"}, "c", errors.New("changed"))
+		}
+		return false, nil, nil
+	})
+	w := newStatusWriter(client, testDriver, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, 10*time.Millisecond))
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go w.Run(runCtx)
+	w.Set(ClaimStatus{Claim: ClaimRef{UID: "uid-1", Namespace: "ns", Name: "c"}, Time: metav1.Now(),
+		Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}})
+	waitUntil(t, "status written", func() bool { return w.Pending() == 0 })
+	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "c", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devices []string
+	for _, d := range got.Status.Devices {
+		devices = append(devices, d.Driver+"/"+d.Device)
+	}
+	sort.Strings(devices)
+	if strings.Join(devices, " ") != "gpu.example.com/gpu-0 sriov.hwdra.io/nic-a" {
+		t.Errorf("status.devices %v: want the other driver's entry and ours, not our stale one", devices)
+	}
+	if manager != testDriver {
+		t.Errorf("update by field manager %q", manager)
 	}
 }

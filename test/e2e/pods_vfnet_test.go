@@ -136,7 +136,8 @@ func ifaceNames(m map[string]framework.Interface) []string {
 
 // nodeLinks is the node's list of links (the test runs in the node's
 // network namespace): name -> MTU, MAC, up. Pods' CNI veths (veth*) are
-// left out: they come and go with pods of any scenario.
+// left out: they come and go with pods of any scenario; so is the MAC of
+// the CNI bridge, which follows its ports.
 func nodeLinks(t *testing.T) map[string]string {
 	t.Helper()
 	ls, err := netlink.LinkList()
@@ -149,7 +150,11 @@ func nodeLinks(t *testing.T) map[string]string {
 		if strings.HasPrefix(a.Name, "veth") {
 			continue
 		}
-		out[a.Name] = fmt.Sprintf("mtu=%d mac=%s up=%t", a.MTU, a.HardwareAddr, a.Flags&net.FlagUp != 0)
+		mac := a.HardwareAddr.String()
+		if l.Type() == "bridge" {
+			mac = "(bridge)"
+		}
+		out[a.Name] = fmt.Sprintf("mtu=%d mac=%s up=%t", a.MTU, mac, a.Flags&net.FlagUp != 0)
 	}
 	return out
 }
