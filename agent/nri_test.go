@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -25,6 +24,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/metadata/nritest"
 	hwslices "github.com/hwdra/hwdra/slices"
 )
 
@@ -34,7 +34,7 @@ import (
 type nriRig struct {
 	t     testing.TB
 	a     *testAgent
-	rt    *adaptation.Adaptation
+	rt    *nritest.Runtime
 	host  string
 	dra   drapb.DRAPluginClient
 	slice []*resourceapi.ResourceSlice
@@ -53,18 +53,7 @@ func startNRIRig(t testing.TB, profile string) *nriRig {
 	t.Setenv(mock.VethEnv, host)
 	r := &nriRig{t: t, host: host}
 	sock := filepath.Join(t.TempDir(), "nri.sock")
-	noSync := func(ctx context.Context, cb adaptation.SyncCB) error { _, err := cb(ctx, nil, nil); return err }
-	noUpdate := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
-		return nil, nil
-	}
-	if r.rt, err = adaptation.New("containerd", "v2.4.2", noSync, noUpdate, adaptation.WithSocketPath(sock),
-		adaptation.WithPluginPath(t.TempDir()), adaptation.WithPluginConfigPath(t.TempDir())); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.rt.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.rt.Stop)
+	r.rt = nritest.Start(t, sock, nil)
 	r.a = startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock})
 	r.slice = r.a.slices(hwslices.NICDriver, nil)
 	r.dra = drapb.NewDRAPluginClient(r.a.dial(filepath.Join(r.a.dir, "plugins", hwslices.NICDriver, "dra.sock")))
@@ -129,24 +118,13 @@ func (r *nriRig) unprepare(c *resourceapi.ResourceClaim) {
 
 func (r *nriRig) pod(name string) *api.PodSandbox {
 	r.t.Helper()
-	path, remove, err := mock.NewNetns("hwdra-t-pod-")
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	r.t.Cleanup(func() { _ = remove() })
-	return &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "default", Uid: "uid-pod-" + name,
-		Linux: &api.LinuxPodSandbox{Namespaces: []*api.LinuxNamespace{{Type: "network", Path: path}}}}
+	sb, _ := nritest.NewPod(r.t, "default", name)
+	return sb
 }
 
-func (r *nriRig) run(sb *api.PodSandbox) error {
-	defer r.rt.BlockPluginSync().Unblock()
-	return r.rt.RunPodSandbox(context.Background(), &adaptation.RunPodSandboxRequest{Pod: sb})
-}
+func (r *nriRig) run(sb *api.PodSandbox) error { return r.rt.RunPodSandbox(context.Background(), sb) }
 
-func (r *nriRig) stop(sb *api.PodSandbox) error {
-	defer r.rt.BlockPluginSync().Unblock()
-	return r.rt.StopPodSandbox(context.Background(), &adaptation.StopPodSandboxRequest{Pod: sb})
-}
+func (r *nriRig) stop(sb *api.PodSandbox) error { return r.rt.StopPodSandbox(context.Background(), sb) }
 
 // metadataFile is the host side of a request's metadata file.
 func (r *nriRig) metadataFile(c *resourceapi.ResourceClaim, request string) []byte {

@@ -3,7 +3,6 @@ package metadata
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,9 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
-	nrilog "github.com/containerd/nri/pkg/log"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	resourceapi "k8s.io/api/resource/v1"
@@ -26,12 +23,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/metadata/nritest"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/prepare/nic"
 	"github.com/hwdra/hwdra/slices"
@@ -61,11 +58,9 @@ type env struct {
 	status *StatusWriter
 	sock   string
 
-	rt       *adaptation.Adaptation
-	relay    *relay
-	runtimes int
-	stopRun  context.CancelFunc
-	runDone  chan struct{}
+	rt      *nritest.Runtime
+	stopRun context.CancelFunc
+	runDone chan struct{}
 
 	mu    sync.Mutex
 	pods  map[types.UID]*api.PodSandbox // running, as the runtime lists them
@@ -188,96 +183,20 @@ func (e *env) stopAgent() {
 }
 
 // startRuntime starts NRI's runtime side on the socket; its Synchronize
-// lists the env's running pods. In process, the runtime side keeps a
-// plugin's connection open when stopped, so the socket the plugin dials
-// is a relay that stopRuntime cuts, as a runtime process's death would.
+// lists the env's running pods.
 func (e *env) startRuntime() {
-	e.t.Helper()
-	e.runtimes++
-	inner := filepath.Join(e.dir, fmt.Sprintf("rt-%d.sock", e.runtimes))
-	sync := func(ctx context.Context, cb adaptation.SyncCB) error {
-		_, err := cb(ctx, e.running(), nil)
-		return err
-	}
-	update := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
-		return nil, nil
-	}
-	rt, err := adaptation.New("containerd", "v2.4.2", sync, update, adaptation.WithSocketPath(inner),
-		adaptation.WithPluginPath(filepath.Join(e.dir, "plugins")), adaptation.WithPluginConfigPath(filepath.Join(e.dir, "conf.d")))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := rt.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.rt = rt
-	e.relay = newRelay(e.t, e.sock, inner)
-	e.t.Cleanup(e.stopRuntime)
+	e.rt = nritest.Start(e.t, e.sock, e.running)
 }
 
 // stopRuntime stops the runtime side and cuts its connections.
-func (e *env) stopRuntime() {
-	if e.rt == nil {
-		return
-	}
-	e.relay.close()
-	e.rt.Stop()
-	e.rt = nil
-}
-
-// relay forwards connections from one unix socket to another.
-type relay struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newRelay(t *testing.T, from, to string) *relay {
-	t.Helper()
-	os.Remove(from)
-	ln, err := net.Listen("unix", from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &relay{ln: ln}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("unix", to)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			r.mu.Lock()
-			r.conns = append(r.conns, c, up)
-			r.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
-		}
-	}()
-	return r
-}
-
-func (r *relay) close() {
-	r.ln.Close()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, c := range r.conns {
-		c.Close()
-	}
-}
+func (e *env) stopRuntime() { e.rt.Stop() }
 
 // waitReady waits until the plugin has connected and synchronized, and
 // the runtime has it among its plugins.
 func (e *env) waitReady() {
 	e.t.Helper()
 	waitUntil(e.t, "NRI plugin connected", func() bool { return e.net.Ready() == nil })
-	// Events sent before the runtime marks the plugin synchronized are
-	// dropped; containerd blocks plugin sync around RunPodSandbox too.
-	e.rt.BlockPluginSync().Unblock()
+	e.rt.Synced()
 }
 
 func (e *env) running() []*api.PodSandbox {
@@ -291,34 +210,20 @@ func (e *env) running() []*api.PodSandbox {
 	return out
 }
 
-// newPod makes a sandbox with a network namespace of its own; removeNetns
-// deletes that namespace, as the runtime does after StopPodSandbox.
+// newPod makes a sandbox with a network namespace of its own.
 func (e *env) newPod(name string) *api.PodSandbox {
 	e.t.Helper()
-	path, remove, err := mock.NewNetns("hwdra-t-pod-")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { _ = remove() })
+	sb, remove := nritest.NewPod(e.t, "ns", name)
 	e.mu.Lock()
-	e.netns[path] = remove
+	e.netns[nritest.NetnsPath(sb)] = remove
 	e.mu.Unlock()
-	return &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns", Uid: "uid-pod-" + name,
-		Linux: &api.LinuxPodSandbox{Namespaces: []*api.LinuxNamespace{{Type: "network", Path: path}}}}
+	return sb
 }
 
-func netnsPath(sb *api.PodSandbox) string {
-	for _, ns := range sb.GetLinux().GetNamespaces() {
-		if ns.Type == "network" {
-			return ns.Path
-		}
-	}
-	return ""
-}
+func netnsPath(sb *api.PodSandbox) string { return nritest.NetnsPath(sb) }
 
 func (e *env) runPod(sb *api.PodSandbox) error {
-	defer e.rt.BlockPluginSync().Unblock()
-	err := e.rt.RunPodSandbox(e.ctx, &adaptation.RunPodSandboxRequest{Pod: sb})
+	err := e.rt.RunPodSandbox(e.ctx, sb)
 	if err == nil {
 		e.mu.Lock()
 		e.pods[types.UID(sb.Uid)] = sb
@@ -329,19 +234,17 @@ func (e *env) runPod(sb *api.PodSandbox) error {
 
 func (e *env) stopPod(sb *api.PodSandbox) {
 	e.t.Helper()
-	defer e.rt.BlockPluginSync().Unblock()
 	e.mu.Lock()
 	delete(e.pods, types.UID(sb.Uid))
 	e.mu.Unlock()
-	if err := e.rt.StopPodSandbox(e.ctx, &adaptation.StopPodSandboxRequest{Pod: sb}); err != nil {
+	if err := e.rt.StopPodSandbox(e.ctx, sb); err != nil {
 		e.t.Fatalf("StopPodSandbox: %v", err)
 	}
 }
 
 func (e *env) removePod(sb *api.PodSandbox) {
 	e.t.Helper()
-	defer e.rt.BlockPluginSync().Unblock()
-	if err := e.rt.RemovePodSandbox(e.ctx, &adaptation.RemovePodSandboxRequest{Pod: sb}); err != nil {
+	if err := e.rt.RemovePodSandbox(e.ctx, sb); err != nil {
 		e.t.Fatalf("RemovePodSandbox: %v", err)
 	}
 }
@@ -542,17 +445,3 @@ func macOf(s string) string {
 	}
 	return strings.ToLower(m.String())
 }
-
-// TestMain quiets NRI's runtime side (it logs every plugin event through
-// logrus at info level).
-func TestMain(m *testing.M) {
-	nrilog.Set(quietNRI{})
-	os.Exit(m.Run())
-}
-
-type quietNRI struct{}
-
-func (quietNRI) Debugf(context.Context, string, ...any)       {}
-func (quietNRI) Infof(context.Context, string, ...any)        {}
-func (quietNRI) Warnf(_ context.Context, f string, a ...any)  { klog.Warningf("NRI runtime: "+f, a...) }
-func (quietNRI) Errorf(_ context.Context, f string, a ...any) { klog.Errorf("NRI runtime: "+f, a...) }
