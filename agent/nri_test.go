@@ -23,7 +23,6 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/hwdra/hwdra/hw/mock"
 	"github.com/hwdra/hwdra/metadata/nritest"
 	hwslices "github.com/hwdra/hwdra/slices"
 )
@@ -42,16 +41,7 @@ type nriRig struct {
 
 func startNRIRig(t testing.TB, profile string) *nriRig {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces and veth links")
-	}
-	host, remove, err := mock.NewNetns("hwdra-t-host-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = remove() })
-	t.Setenv(mock.VethEnv, host)
-	r := &nriRig{t: t, host: host}
+	r := &nriRig{t: t, host: nritest.HostNetns(t)}
 	sock := filepath.Join(t.TempDir(), "nri.sock")
 	r.rt = nritest.Start(t, sock, nil)
 	r.a = startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -81,15 +79,7 @@ func (e *env) removeNetns(sb *api.PodSandbox) {
 // newEnv needs root: namespaces and veths.
 func newEnv(t *testing.T, profile string) *env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces with veth links")
-	}
-	host, remove, err := mock.NewNetns("hwdra-t-host-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = remove() })
-	t.Setenv(mock.VethEnv, host)
+	host := nritest.HostNetns(t)
 	p, err := mock.Parse("test", []byte(profile))
 	if err != nil {
 		t.Fatal(err)
@@ -331,20 +321,7 @@ func links(t *testing.T, path string) map[string]sriov.LinkState {
 	return out
 }
 
-func handle(t *testing.T, path string) *netlink.Handle {
-	t.Helper()
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	return h
-}
+func handle(t *testing.T, path string) *netlink.Handle { return nritest.Handle(t, path) }
 
 // routes lists a link's IPv4 and IPv6 routes with a destination, as
 // "<dst>" or "<dst> via <gw>".

@@ -8,10 +8,10 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/metadata/nritest"
 	"github.com/hwdra/hwdra/sriov"
 )
 
@@ -42,12 +42,7 @@ func twoNetns(t *testing.T) (host, pod *sriov.Netns) {
 	}
 	host, pod = open("hwdra-t-host-"), open("hwdra-t-pod-")
 	add := func(ns *sriov.Netns, name, peer string) {
-		h, err := netlink.NewHandleAt(nsHandle(t, ns.Path))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Close()
-		if err := h.LinkAdd(veth(name, peer)); err != nil {
+		if err := nritest.Handle(t, ns.Path).LinkAdd(veth(name, peer)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -158,11 +153,7 @@ func TestOpenNetnsGone(t *testing.T) {
 
 func checkRoutes(t *testing.T, nsPath, link string, want []string) {
 	t.Helper()
-	h, err := netlink.NewHandleAt(nsHandle(t, nsPath))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := nritest.Handle(t, nsPath)
 	l, err := h.LinkByName(link)
 	if err != nil {
 		t.Fatal(err)
@@ -184,14 +175,4 @@ func checkRoutes(t *testing.T, nsPath, link string, want []string) {
 			t.Errorf("no route %q on %s: %v", w, link, have)
 		}
 	}
-}
-
-func nsHandle(t *testing.T, path string) netns.NsHandle {
-	t.Helper()
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
 }

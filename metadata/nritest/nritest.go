@@ -18,6 +18,8 @@ import (
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	nrilog "github.com/containerd/nri/pkg/log"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/hw/mock"
@@ -184,4 +186,38 @@ func (quietLogger) Warnf(_ context.Context, f string, a ...any) {
 }
 func (quietLogger) Errorf(_ context.Context, f string, a ...any) {
 	klog.Errorf("NRI runtime: "+f, a...)
+}
+
+// HostNetns makes a throwaway network namespace (deleted when t ends) to
+// stand in for the host's, and points the mock's veth stand-ins at it
+// (mock.VethEnv, for t). It skips t when not root.
+func HostNetns(t testing.TB) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces with veth links")
+	}
+	path, remove, err := mock.NewNetns("hwdra-t-host-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = remove() })
+	t.Setenv(mock.VethEnv, path)
+	return path
+}
+
+// Handle is a netlink handle in the network namespace at path, closed
+// when t ends.
+func Handle(t testing.TB, path string) *netlink.Handle {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
 }

@@ -2,13 +2,11 @@ package nic
 
 import (
 	"net"
-	"os"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/metadata/nritest"
 )
 
 // TestVethMTU: with veth stand-ins for the netdevs (in a throwaway
@@ -16,26 +14,9 @@ import (
 // changes on the link at prepare and is restored, with its link state, at
 // unprepare.
 func TestVethMTU(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the mock puts veth stand-ins in a network namespace")
-	}
-	path, remove, err := mock.NewNetns("hwdra-t-host-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer remove()
-	t.Setenv(mock.VethEnv, path)
+	nritest.HostNetns(t)
 	e := newEnv(t, cx7Node, "")
-	ns, err := netns.GetFromPath(e.hw.NICs().Netns())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	nl, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nl.Close()
+	nl := nritest.Handle(t, e.hw.NICs().Netns())
 	link := func() netlink.Link {
 		t.Helper()
 		l, err := nl.LinkByName("pfav0")
