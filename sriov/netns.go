@@ -360,18 +360,6 @@ func (n *Netns) SetLink(name string, set LinkSettings) error {
 	return nil
 }
 
-// SetLinkDown sets a link administratively down.
-func (n *Netns) SetLinkDown(name string) error {
-	l, err := n.nl.LinkByName(name)
-	if err != nil {
-		return fmt.Errorf("%s: link %s: %w", n, name, err)
-	}
-	if err := n.nl.LinkSetDown(l); err != nil {
-		return fmt.Errorf("%s: setting %s down: %w", n, name, err)
-	}
-	return nil
-}
-
 // prefixNet keeps the address's host part ("10.0.0.5/24", not
 // "10.0.0.0/24"): for an interface address that is the address.
 func prefixNet(p netip.Prefix) *net.IPNet {
