@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"sort"
 	"time"
 
@@ -252,6 +253,12 @@ func (p *Plugin) release(ctx context.Context, addr string, wait time.Duration) (
 	case errors.Is(err, sriov.ErrNetnsGone):
 		// The kernel returns a physical VF to the host when its namespace
 		// is destroyed (containerd removes it right after StopPodSandbox).
+		if _, _, serr := sriov.FunctionState(p.opts.SysfsRoot, addr); errors.Is(serr, fs.ErrNotExist) {
+			// The VF itself is gone (its PF's VFs were disabled): its
+			// netdev went with it, and so did whatever was to restore.
+			logger.Info("VF is gone: nothing to return", "vf", addr, "pod", pl.PodRef)
+			return "", p.ledger.Delete(addr)
+		}
 		if name, err = p.awaitReturn(addr, pl, wait); err != nil {
 			return "", err
 		}

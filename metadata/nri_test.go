@@ -2,6 +2,8 @@ package metadata
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -422,4 +424,29 @@ func containsAll(have, want []string) bool {
 		}
 	}
 	return true
+}
+
+// TestVFGoneWithItsNamespace: the pod's namespace is gone and so is the
+// VF (its PF's VFs were disabled): there is nothing to bring back, and
+// the placement goes instead of failing every hook and unprepare.
+func TestVFGoneWithItsNamespace(t *testing.T) {
+	e := newEnv(t, oneCX7)
+	sb := e.newPod("a")
+	c := e.claim("", []*api.PodSandbox{sb}, "nic")
+	e.mustPrepare(c)
+	if err := e.runPod(sb); err != nil {
+		t.Fatal(err)
+	}
+	vf := e.vfOf(c)
+	e.removeNetns(sb)
+	if err := os.RemoveAll(filepath.Join(e.hw.Sysfs, "bus", "pci", "devices", vf.PCIAddress)); err != nil {
+		t.Fatal(err)
+	}
+	e.stopPod(sb)
+	if p := e.placements(); len(p) != 0 {
+		t.Errorf("placements left for a VF that is gone: %v", p)
+	}
+	if err := e.unprepare(c); err != nil {
+		t.Errorf("unprepare of a claim whose VF is gone: %v", err)
+	}
 }
