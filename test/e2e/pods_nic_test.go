@@ -114,6 +114,7 @@ func TestPodVFShare(t *testing.T) {
 	tmpl := s.template(exampleClaim(t, "vf-share-10g.yaml"))
 	r := s.runPod("share", tmpl, "vf-share-10g", "/dev", framework.MetadataPath("devices", "nic", nicDriver))
 	checkShare(t, s, r, "nic", "10G")
+	checkStatusWrites(t, 1, 1)
 	s.deletePod("share")
 	waitCDISpecGone(t, s.n, nicDriver, r.claim)
 	waitNodeLinks(t, before)

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -188,6 +189,25 @@ func waitNodeLinks(t *testing.T, want map[string]string) {
 	}
 }
 
+// checkStatusWrites logs the agent's claim status writes (through the real
+// API server) and fails unless claims were written once each, with at
+// most maxRequests API requests in all.
+func checkStatusWrites(t *testing.T, claims, maxRequests int) {
+	t.Helper()
+	// The agents of pod scenarios serve metrics on the default address.
+	ok, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_claim_status_writes_total{result="success"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed, _ := framework.AgentMetric("127.0.0.1:9464", `hwdra_claim_status_writes_total{result="error"}`)
+	n, _ := strconv.Atoi(ok)
+	f, _ := strconv.Atoi(failed)
+	t.Logf("claim status writes: %d written, %d refused (API requests)", n, f)
+	if n != claims || n+f > maxRequests {
+		t.Errorf("claim status: %d writes and %d refused requests for %d claims, want %d writes in at most %d requests", n, f, claims, claims, maxRequests)
+	}
+}
+
 // TestPodVFDirectClaim: a pod with a directly referenced ResourceClaim
 // whose opaque VfConfig sets the interface's name, MTU, MAC and an address
 // runs with that interface; its metadata (under resourceclaims/) and the
@@ -229,6 +249,9 @@ func TestPodVFDirectClaim(t *testing.T) {
 	if _, ok := out.Interfaces["eth0"]; !ok {
 		t.Errorf("the pod lost its CNI interface eth0: %v", ifaceNames(out.Interfaces))
 	}
+	// The 1.37.2 API server refuses the apply of a claim with opaque
+	// config (metadata.StatusWriter): one refused apply, one update.
+	checkStatusWrites(t, 1, 2)
 
 	s.deletePod(pod.Name)
 	if err := s.n.Admin.ResourceV1().ResourceClaims(s.ns).Delete(s.ctx, claim.Name, metav1.DeleteOptions{}); err != nil {
