@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -174,7 +175,7 @@ func Run(ctx context.Context, opts Options) error {
 			if len(inv.GPUs) == 0 {
 				return fmt.Errorf("NVML is up but shows no GPU")
 			}
-			gpuDrivers, err := buildDrivers(ctx, opts, node, pub, hw.Inventory{GPUs: inv.GPUs})
+			gpuDrivers, err := buildDrivers(ctx, opts, node, pub, hw.Inventory{GPUs: inv.GPUs}, nil)
 			if err != nil {
 				return err
 			}
@@ -190,7 +191,10 @@ func Run(ctx context.Context, opts Options) error {
 		})
 	}
 	// The NRI plugin connects first: until it has, NIC claims are refused.
-	if err := pods.run(ctx, drivers, helpers); err != nil {
+	helpersMu.Lock()
+	started := slices.Clone(helpers[:len(drivers)])
+	helpersMu.Unlock()
+	if err := pods.run(ctx, drivers, started); err != nil {
 		return err
 	}
 	// Published once the plugins serve: a pod the scheduler places here
