@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,6 +49,9 @@ type Options struct {
 	Rescan time.Duration
 	// MetricsAddress serves /metrics and /healthz; empty: off.
 	MetricsAddress string
+	// NRISocket is the container runtime's NRI socket, where the NRI
+	// plugin that moves VFs into pods connects; empty: no NRI.
+	NRISocket string
 
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.
@@ -107,7 +111,13 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	pub.inv = inv
 
-	drivers, err := buildDrivers(ctx, opts, node, pub, inv, claimClient)
+	// Claim status goes through the claims' client, which the kubelet
+	// plugin library's claim reads share.
+	pods, err := newPodNetwork(ctx, opts, claimClient, node, inv, m)
+	if err != nil {
+		return err
+	}
+	drivers, err := buildDrivers(ctx, opts, node, pub, inv, claimClient, pods.network())
 	if err != nil {
 		return err
 	}
@@ -165,7 +175,7 @@ func Run(ctx context.Context, opts Options) error {
 			if len(inv.GPUs) == 0 {
 				return fmt.Errorf("NVML is up but shows no GPU")
 			}
-			gpuDrivers, err := buildDrivers(ctx, opts, node, pub, hw.Inventory{GPUs: inv.GPUs}, claimClient)
+			gpuDrivers, err := buildDrivers(ctx, opts, node, pub, hw.Inventory{GPUs: inv.GPUs}, claimClient, nil)
 			if err != nil {
 				return err
 			}
@@ -179,6 +189,13 @@ func Run(ctx context.Context, opts Options) error {
 			pub.Poke()
 			return nil
 		})
+	}
+	// The NRI plugin connects first: until it has, NIC claims are refused.
+	helpersMu.Lock()
+	started := slices.Clone(helpers[:len(drivers)])
+	helpersMu.Unlock()
+	if err := pods.run(ctx, drivers, started); err != nil {
+		return err
 	}
 	// Published once the plugins serve: a pod the scheduler places here
 	// right away finds its driver.

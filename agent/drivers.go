@@ -43,6 +43,9 @@ type PluginOptions struct {
 	// Allocated lists the claims allocated to this node: hardware state
 	// one of them may use is never reclaimed. Nil: no API server (the lab).
 	Allocated func(context.Context) ([]*resourceapi.ResourceClaim, error)
+	// Network moves prepared VFs into pods (NRI); nil: they stay in the
+	// host namespace.
+	Network nicprep.PodNetwork
 }
 
 // NewDrivers builds a plugin for each driver that has hardware in inv. Each
@@ -80,7 +83,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 				return offers, f, nil
 			},
 			SysfsRoot: node.SysfsRoot, DevRoot: node.DevRoot,
-			StateDir: opts.StateDir, NodeName: opts.NodeName,
+			StateDir: opts.StateDir, NodeName: opts.NodeName, Network: opts.Network,
 		})
 		if err != nil {
 			return nil, err
@@ -97,8 +100,10 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 }
 
 // buildDrivers builds the node's drivers for the agent.
-func buildDrivers(ctx context.Context, opts Options, node *backend.Node, pub *publisher, inv hw.Inventory, claims kubernetes.Interface) ([]Driver, error) {
+func buildDrivers(ctx context.Context, opts Options, node *backend.Node, pub *publisher, inv hw.Inventory,
+	claims kubernetes.Interface, network nicprep.PodNetwork) ([]Driver, error) {
 	return NewDrivers(ctx, node, inv, PluginOptions{
+		Network:   network,
 		StateDir:  opts.StateDir,
 		CDIDir:    opts.CDIDir,
 		Current:   pub.current,

@@ -110,7 +110,7 @@ func (h *nodeHealth) startNIC(ctx context.Context, node *backend.Node) {
 	links := &health.LinkSource{}
 	if node.Mock != nil {
 		links.Netns = node.Mock.NICs().Netns()
-		if links.Netns == "" {
+		if !node.Mock.NICs().HasVeths() {
 			links = nil
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/metadata/nritest"
 	hwslices "github.com/hwdra/hwdra/slices"
 )
 
@@ -337,12 +338,9 @@ func TestHealthNVMLLate(t *testing.T) {
 // publishes it tainted LinkDown, still allocatable to a tolerating claim;
 // link up restores it.
 func TestHealthLinkDown(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: veth stand-ins in a network namespace")
-	}
+	nritest.HostNetns(t)
 	dir := t.TempDir()
 	t.Setenv(mock.DirEnv, dir)
-	t.Setenv(mock.VethEnv, "1")
 	a := startAgent(t, "mock:cx7")
 	const pf = "0000:17:00.0"
 	shared := hwslices.NICDeviceName(pf)

@@ -67,7 +67,7 @@ func TestClaimOverridesClassAndRequestsFilter(t *testing.T) {
 		opaque(resourceapi.AllocationConfigSourceClaim, "gpu.hwdra.io", `{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"}`),
 	)
 	got, err := ForRequest(c, "sriov.hwdra.io", "net", &sriovv1alpha1.VfConfig{})
-	if err != nil || *got.MTU != 1500 || got.InterfaceName != "net1" || !*got.SpoofCheck {
+	if err != nil || *got.MTU != 1500 || got.InterfaceName != "" || !*got.SpoofCheck {
 		t.Fatalf("%+v %v", got, err)
 	}
 	got, _ = ForRequest(c, "sriov.hwdra.io", "third", &sriovv1alpha1.VfConfig{})
@@ -79,7 +79,7 @@ func TestClaimOverridesClassAndRequestsFilter(t *testing.T) {
 		t.Fatalf("subrequest did not get its parent's config: %+v", sub)
 	}
 	none, err := ForRequest(claimWith(), "sriov.hwdra.io", "net", &sriovv1alpha1.VfConfig{})
-	if err != nil || none.InterfaceName != "net1" || none.MTU != nil {
+	if err != nil || none.InterfaceName != "" || none.MTU != nil {
 		t.Fatalf("defaults: %+v %v", none, err)
 	}
 }

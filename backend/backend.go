@@ -45,6 +45,14 @@ type Node struct {
 	Sysfs nvml.SysfsWriter
 	// VFs reads and applies VF settings.
 	VFs hw.VFConfigurator
+	// RDMA moves VFs' RDMA devices between network namespaces.
+	RDMA hw.RDMANetns
+	// HostNetns is where the node's netdevs are when in no pod: "" for
+	// the agent's own namespace, or the mock's stand-in for it.
+	HostNetns string
+	// Settle makes sysfs current after netdevs moved: nil on a host (the
+	// kernel's sysfs is); the mock's follows link events otherwise.
+	Settle func()
 	// Mock is set for mock hardware.
 	Mock *mock.Hardware
 }
@@ -62,7 +70,7 @@ func Open(spec string) (*Node, error) {
 		nics := m.NICs()
 		n := &Node{
 			Mock: m, DevRoot: m.DevRoot(), ProcRoot: m.ProcRoot(), SysfsRoot: m.Sysfs,
-			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(),
+			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
 			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		}
 		if len(m.Profile.GPUs) > 0 {
@@ -79,7 +87,7 @@ func openHost() *Node {
 	n := &Node{
 		NIC:     sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
 		DevRoot: "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
-		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{},
+		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{}, RDMA: sriov.NetlinkRDMA{},
 	}
 	n.openNVML(nvml.New(gonvml.New()))
 	return n

@@ -38,8 +38,8 @@ type NICMonitor struct {
 	checkNow  chan struct{}
 }
 
-// LinkSource is where the netdevs' link events come from: the network
-// namespace holding them ("" the agent's own).
+// LinkSource is where the netdevs' link events come from: the path of the
+// network namespace holding them ("" the agent's own).
 type LinkSource struct {
 	Netns string
 }
@@ -80,7 +80,7 @@ func (m *NICMonitor) subscribe(ctx context.Context) error {
 		ErrorCallback: func(err error) { klog.FromContext(ctx).Error(err, "Watching NIC links") },
 	}
 	if m.links.Netns != "" {
-		ns, err := netns.GetFromName(m.links.Netns)
+		ns, err := netns.GetFromPath(m.links.Netns)
 		if err != nil {
 			return err
 		}

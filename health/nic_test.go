@@ -11,7 +11,7 @@ import (
 
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/metadata/nritest"
 )
 
 const nicProfile = `nics: [{model: cx7, count: 2, vfs: 4, netdevs: [pfa, pfb], pciAddresses: ["0000:17:00.0", "0000:b1:00.0"]}]`
@@ -103,10 +103,7 @@ func TestNICMonitorChecks(t *testing.T) {
 // TestNICMonitorNetlink: as root, on veth stand-ins, a link going down is
 // noticed through netlink, long before the periodic check.
 func TestNICMonitorNetlink(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: veth stand-ins in a network namespace")
-	}
-	t.Setenv(mock.VethEnv, "1")
+	nritest.HostNetns(t)
 	n, inv := openNICs(t)
 	notified := make(chan struct{}, 16)
 	m := NewNICMonitor(n.SysfsRoot, &LinkSource{Netns: n.Mock.NICs().Netns()}, time.Hour, func() { notified <- struct{}{} })

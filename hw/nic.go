@@ -100,3 +100,17 @@ type VFConfigurator interface {
 	GetVF(ref VFRef) (VFConfig, error)
 	SetVF(ref VFRef, cfg VFConfig) error
 }
+
+// RDMANetns moves a VF's RDMA device between network namespaces with its
+// netdev. The kernel's RDMA subsystem is in one of two modes (`rdma
+// system`): shared, where every namespace sees every RDMA device and
+// nothing moves, or exclusive, where a device belongs to one namespace and
+// is visible only there. The sriov backend does it with RDMA netlink; the
+// mock records it.
+type RDMANetns interface {
+	// Exclusive reports whether the subsystem is in exclusive mode.
+	Exclusive() (bool, error)
+	// MoveRDMA moves RDMA device name from the network namespace at path
+	// from to the one at path to ("" is the agent's own namespace).
+	MoveRDMA(name, from, to string) error
+}

@@ -116,6 +116,10 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 		if len(mine) == 0 {
 			continue
 		}
+		if d.Name == hwslices.NICDriver {
+			// No container runtime here: nothing to move a VF into.
+			fmt.Fprintln(out, "note: no NRI here (as the agent with --nri-socket=): VF netdevs stay in the host network namespace, their metadata has no networkData")
+		}
 		if err := prepare(ctx, out, d, mine, opts); err != nil {
 			return err
 		}

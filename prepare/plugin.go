@@ -392,3 +392,17 @@ func toKubelet(devices []Device) []kubeletplugin.Device {
 	}
 	return out
 }
+
+// Claims returns the prepared claims, by UID: copies, whose records
+// share memory with the plugin's and must not be changed.
+func (p *Plugin[R]) Claims() map[types.UID]Claim[R] {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[types.UID]Claim[R], len(p.cp.Claims))
+	for uid, c := range p.cp.Claims {
+		if c.State == StatePrepared {
+			out[uid] = *c
+		}
+	}
+	return out
+}

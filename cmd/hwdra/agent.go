@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/hwdra/hwdra/agent"
+	"github.com/hwdra/hwdra/metadata"
 )
 
 func agentCommand() *cobra.Command {
@@ -48,5 +49,6 @@ func agentCommand() *cobra.Command {
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/hwdra", "directory for checkpoints")
 	f.DurationVar(&opts.Rescan, "rescan-interval", time.Minute, "how often to probe the hardware for changes")
 	f.StringVar(&opts.MetricsAddress, "metrics-address", ":9464", "address for /metrics (Prometheus) and /healthz; empty: off")
+	f.StringVar(&opts.NRISocket, "nri-socket", metadata.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
 	return cmd
 }

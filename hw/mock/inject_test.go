@@ -308,12 +308,9 @@ nics: [{model: cx7, count: 1, vfs: 2, netdevs: [pfa], pciAddresses: ["0000:17:00
 // TestLinkDownOnVeths: as root, a link taken down is seen by the kernel:
 // the PF's veth loses its carrier, and netlink subscribers get the news.
 func TestLinkDownOnVeths(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace with veth links")
-	}
-	t.Setenv(VethEnv, "1")
+	hostNetns(t)
 	h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 1, netdevs: [pfa]}]`)
-	ns, err := netns.GetFromName(h.NICs().Netns())
+	ns, err := netns.GetFromPath(h.NICs().Netns())
 	if err != nil {
 		t.Fatal(err)
 	}

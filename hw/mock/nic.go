@@ -165,19 +165,24 @@ func (g NICGroup) totalVFs(m nicModel) int {
 	return m.totalVFs
 }
 
-// buildNICs creates the NICs' sysfs tree. With HWDRA_MOCK_VETH=1, as root,
+// buildNICs creates the NICs' sysfs tree. With HWDRA_MOCK_VETH, as root,
 // it also creates veth stand-ins for their netdevs (see NICs.EnableVeths).
 func (h *Hardware) buildNICs() error {
-	n := &NICs{sysfs: h.Sysfs, recorder: newVFRecorder(nil)}
+	n := &NICs{sysfs: h.Sysfs, recorder: newVFRecorder(nil), rdma: newRDMARecorder(nil, false), persistent: h.ctl.persistent}
 	nicStates.Store(h, n)
 	if len(h.Profile.NICs) == 0 {
 		return nil
 	}
-	if err := n.build(h.Profile.NICs, h.nodeTree()); err != nil {
+	if err := n.build(h.Profile.NICs, h.Profile.RDMANetns == RDMANetnsExclusive, h.nodeTree()); err != nil {
 		return err
 	}
-	if os.Getenv(VethEnv) == "1" {
-		return n.EnableVeths()
+	switch env := os.Getenv(VethEnv); {
+	case env == "1":
+		return n.EnableVeths("")
+	case strings.HasPrefix(env, "/"):
+		return n.EnableVeths(env)
+	case env != "":
+		return fmt.Errorf("%s=%q: want 1 (this process's network namespace) or a namespace path", VethEnv, env)
 	}
 	return nil
 }

@@ -13,8 +13,11 @@ import (
 	"github.com/hwdra/hwdra/hw"
 )
 
-// VethEnv, set to "1", makes New create veth stand-ins for the NIC netdevs
-// (root only). Plain tests leave it unset and stay fast.
+// VethEnv makes New create veth stand-ins for the NIC netdevs (root
+// only): "1" puts them in the process's own network namespace, where the
+// agent finds the host's netdevs; a path puts them in the network
+// namespace at that path (tests use a throwaway one, see NewNetns). Plain
+// tests leave it unset and stay fast.
 const VethEnv = "HWDRA_MOCK_VETH"
 
 // nicStates holds each Hardware's NIC side, keyed by the Hardware, so that
@@ -28,6 +31,11 @@ type NICs struct {
 	sysfs    string
 	pfs      []*mockPF
 	recorder *VFRecorder
+	rdma     *RDMARecorder
+
+	// persistent: the hardware outlives the process (DirEnv), and so do
+	// the veth stand-ins.
+	persistent bool
 
 	mu    sync.Mutex
 	veths *vethSet // nil until EnableVeths
@@ -38,7 +46,7 @@ func (h *Hardware) NICs() *NICs {
 	if v, ok := nicStates.Load(h); ok {
 		return v.(*NICs)
 	}
-	return &NICs{recorder: newVFRecorder(nil)}
+	return &NICs{recorder: newVFRecorder(nil), rdma: newRDMARecorder(nil, false)}
 }
 
 type mockPF struct {
@@ -99,7 +107,7 @@ func (pf *mockPF) vfOffset() int {
 }
 
 // build lays out every PF and VF and writes them to the sysfs tree.
-func (n *NICs) build(groups []NICGroup, nodes *nodeTree) error {
+func (n *NICs) build(groups []NICGroup, exclusive bool, nodes *nodeTree) error {
 	used, err := usedBuses(n.sysfs)
 	if err != nil {
 		return err
@@ -135,6 +143,7 @@ func (n *NICs) build(groups []NICGroup, nodes *nodeTree) error {
 		}
 	}
 	n.recorder = newVFRecorder(n.pfs)
+	n.rdma = newRDMARecorder(w.rdmaNames, exclusive)
 	return nil
 }
 
@@ -281,6 +290,9 @@ func (n *NICs) EswitchMode(pciAddress string) (string, error) {
 	}
 	return "", unix.ENODEV
 }
+
+// RDMA moves this node's RDMA devices between namespaces (hw.RDMANetns).
+func (n *NICs) RDMA() *RDMARecorder { return n.rdma }
 
 // VFConfigurator is the recording VF configurator of this node.
 func (n *NICs) VFConfigurator() *VFRecorder { return n.recorder }

@@ -18,6 +18,7 @@ type treeWriter struct {
 	iommuGroup int // next VF IOMMU group
 	nodes      *nodeTree
 	rdmaCM     bool // /sys/class/misc/rdma_cm written
+	rdmaNames  []string
 	vfio       bool // /sys/class/misc/vfio written
 }
 
@@ -142,8 +143,15 @@ type netdev struct {
 	portName  string // phys_port_name, "" for none
 }
 
-// writeNetdev creates <dev>/net/<name>/ and /sys/class/net/<name>.
+// writeNetdev creates <dev>/net/<name>/ and /sys/class/net/<name>,
+// numbering ifindexes as the kernel does at boot.
 func (w *treeWriter) writeNetdev(devDir string, nd netdev) error {
+	w.ifindex++
+	return writeNetdevFiles(w.sysfs, devDir, nd, w.ifindex)
+}
+
+// writeNetdevFiles creates <dev>/net/<name>/ and /sys/class/net/<name>.
+func writeNetdevFiles(sysfs, devDir string, nd netdev, ifindex int) error {
 	dir := filepath.Join(devDir, "net", nd.name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -157,7 +165,6 @@ func (w *treeWriter) writeNetdev(devDir string, nd netdev) error {
 	if nd.up {
 		state, carrier, speed = "up", "1", strconv.Itoa(nd.speedMbps)
 	}
-	w.ifindex++
 	files := map[string]string{
 		"address":   mac,
 		"mtu":       strconv.Itoa(nd.mtu),
@@ -165,7 +172,7 @@ func (w *treeWriter) writeNetdev(devDir string, nd netdev) error {
 		"operstate": state,
 		"carrier":   carrier,
 		"speed":     speed,
-		"ifindex":   strconv.Itoa(w.ifindex),
+		"ifindex":   strconv.Itoa(ifindex),
 	}
 	if nd.portName != "" {
 		files["phys_port_name"] = nd.portName
@@ -176,7 +183,25 @@ func (w *treeWriter) writeNetdev(devDir string, nd netdev) error {
 	if err := os.Symlink(filepath.Join("..", "..", "..", filepath.Base(devDir)), filepath.Join(dir, "device")); err != nil {
 		return err
 	}
-	return w.classLink("net", nd.name, dir)
+	return classLink(sysfs, "net", nd.name, dir)
+}
+
+// removeNetdev removes what writeNetdevFiles wrote: the netdev left the
+// namespace whose sysfs this is, or was renamed.
+func removeNetdev(sysfs, devDir, name string) error {
+	if err := os.Remove(filepath.Join(sysfs, "class", "net", name)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return os.RemoveAll(filepath.Join(devDir, "net", name))
+}
+
+// vfDeviceDir is the real directory of a PCI function in the tree.
+func vfDeviceDir(sysfs, addr string) string {
+	p := filepath.Join(sysfs, "bus", "pci", "devices", addr)
+	if real, err := filepath.EvalSymlinks(p); err == nil {
+		return real
+	}
+	return p
 }
 
 // writeRDMA creates the RDMA device under the function's auxiliary device
@@ -186,6 +211,7 @@ func (w *treeWriter) writeRDMA(devDir string, pf *mockPF) error {
 	w.rdma++
 	aux := filepath.Join(devDir, fmt.Sprintf("%s.%d", pf.model.rdmaAux, n))
 	name := fmt.Sprintf("%s%d", pf.model.rdmaName, n)
+	w.rdmaNames = append(w.rdmaNames, name)
 	dir := filepath.Join(aux, "infiniband", name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -271,7 +297,11 @@ func writeFilesIn(dir string, files map[string]string) error {
 
 // classLink makes /sys/class/<class>/<name> point at dir.
 func (w *treeWriter) classLink(class, name, dir string) error {
-	classDir := filepath.Join(w.sysfs, "class", class)
+	return classLink(w.sysfs, class, name, dir)
+}
+
+func classLink(sysfs, class, name, dir string) error {
+	classDir := filepath.Join(sysfs, "class", class)
 	if err := os.MkdirAll(classDir, 0o755); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -14,19 +15,29 @@ import (
 	"github.com/hwdra/hwdra/hw"
 )
 
-func TestVethStandIns(t *testing.T) {
+// hostNetns makes a throwaway namespace standing in for the host's and
+// points VethEnv at it.
+func hostNetns(t *testing.T) (string, *netlink.Handle) {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace with veth links")
+		t.Skip("needs root: creates network namespaces with veth links")
 	}
-	t.Setenv(VethEnv, "1")
-	h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 2, netdevs: [pfa], linkUp: false},
-                          {model: e810, count: 1, vfs: 1, netdevs: [pfb]},
-                          {model: e810, count: 1, vfs: 1, netdevs: [pfc], vfDriver: vfio-pci}]`)
-	name := h.NICs().Netns()
-	if name == "" {
-		t.Fatal("no namespace with HWDRA_MOCK_VETH=1")
+	path, remove, err := NewNetns("hwdra-t-host-")
+	if err != nil {
+		t.Fatal(err)
 	}
-	ns, err := netns.GetFromName(name)
+	t.Cleanup(func() {
+		if err := remove(); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Setenv(VethEnv, path)
+	return path, handleAt(t, path)
+}
+
+func handleAt(t *testing.T, path string) *netlink.Handle {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +46,18 @@ func TestVethStandIns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nl.Close()
+	t.Cleanup(nl.Close)
+	return nl
+}
+
+func TestVethStandIns(t *testing.T) {
+	path, nl := hostNetns(t)
+	h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 2, netdevs: [pfa], linkUp: false},
+                          {model: e810, count: 1, vfs: 1, netdevs: [pfb]},
+                          {model: e810, count: 1, vfs: 1, netdevs: [pfc], vfDriver: vfio-pci}]`)
+	if got := h.NICs().Netns(); got != path {
+		t.Fatalf("Netns() = %q, want %q", got, path)
+	}
 	link := func(n string) netlink.Link {
 		t.Helper()
 		l, err := nl.LinkByName(n)
@@ -73,8 +95,153 @@ func TestVethStandIns(t *testing.T) {
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join("/run/netns", name)); !os.IsNotExist(err) {
-		t.Errorf("namespace %s still there after Close: %v", name, err)
+	for _, n := range []string{"pfa", "pfav0", "hwp0", "hwp0v1", "pfb"} {
+		if _, err := nl.LinkByName(n); err == nil {
+			t.Errorf("%s still there after Close", n)
+		}
+	}
+}
+
+// TestVethFollowsTheAgent: the sysfs tree lists a VF netdev only while its
+// stand-in is in the host namespace, under its current name; a stand-in
+// destroyed with a pod's namespace comes back, as a VF would.
+func TestVethFollowsTheAgent(t *testing.T) {
+	_, host := hostNetns(t)
+	h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 2, netdevs: [pfa]}]`)
+	podPath, removePod, err := NewNetns("hwdra-t-pod-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer removePod()
+	pod := handleAt(t, podPath)
+	podNs, err := netns.GetFromPath(podPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer podNs.Close()
+	vfDir := func(name string) string {
+		return filepath.Join(h.Sysfs, "bus", "pci", "devices", h.NICs().pfs[0].vfs[0].addr.String(), "net", name)
+	}
+	waitSysfs := func(name string, present bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			_, err := os.Stat(vfDir(name))
+			_, cerr := os.Lstat(filepath.Join(h.Sysfs, "class", "net", name))
+			if (err == nil) == present && (cerr == nil) == present {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sysfs entry of VF netdev %s present=%v, want %v", name, err == nil, present)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	l, err := host.LinkByName("pfav0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := host.LinkSetNsFd(l, int(podNs)); err != nil {
+		t.Fatal(err)
+	}
+	waitSysfs("pfav0", false)
+	if _, err := h.NICs().VFConfigurator().GetVF(hw.VFRef{PF: "pfa", Index: 0, Netdev: "pfav0"}); !errors.Is(err, unix.ENODEV) {
+		t.Errorf("GetVF by the name of a netdev that left: %v, want ENODEV", err)
+	}
+
+	// Renamed on the way back: sysfs shows the new name.
+	pl, err := pod.LinkByName("pfav0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pod.LinkSetName(pl, "renamed0"); err != nil {
+		t.Fatal(err)
+	}
+	hostNs, err := netns.GetFromPath(h.NICs().Netns())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostNs.Close()
+	if err := pod.LinkSetNsFd(pl, int(hostNs)); err != nil {
+		t.Fatal(err)
+	}
+	waitSysfs("renamed0", true)
+	if b, err := os.ReadFile(filepath.Join(vfDir("renamed0"), "mtu")); err != nil || string(b) != "1500\n" {
+		t.Errorf("sysfs mtu of renamed0: %q %v", b, err)
+	}
+
+	// Into the pod again, and the pod's namespace is destroyed: the VF
+	// comes back as dev<ifindex>, with its sysfs entry.
+	rl, err := host.LinkByName("renamed0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := host.LinkSetNsFd(rl, int(podNs)); err != nil {
+		t.Fatal(err)
+	}
+	waitSysfs("renamed0", false)
+	podNs.Close()
+	pod.Close()
+	if err := removePod(); err != nil {
+		t.Fatal(err)
+	}
+	want := returnedName(rl.Attrs().Index)
+	waitSysfs(want, true)
+	back, err := host.LinkByName(want)
+	if err != nil {
+		t.Fatalf("VF stand-in not recreated as %s: %v", want, err)
+	}
+	if back.Attrs().Flags&net.FlagUp != 0 {
+		t.Errorf("recreated VF is up")
+	}
+	if _, err := h.NICs().VFConfigurator().GetVF(hw.VFRef{PF: "pfa", Index: 0, Netdev: want}); err != nil {
+		t.Errorf("GetVF by the returned name: %v", err)
+	}
+}
+
+// TestVethPersistent: a persistent mock leaves its stand-ins at Close and
+// the next process takes them over where they are.
+func TestVethPersistent(t *testing.T) {
+	_, host := hostNetns(t)
+	t.Setenv(DirEnv, t.TempDir())
+	profile := `nics: [{model: cx7, count: 1, vfs: 1, netdevs: [pfa]}]`
+	h := nicHW(t, profile)
+	up := true
+	if err := h.NICs().VFConfigurator().SetVF(hw.VFRef{PF: "pfa", Index: 0, Netdev: "pfav0"}, hw.VFConfig{MTU: 4000, NetdevUp: &up}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := host.LinkByName("pfav0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h2 := nicHW(t, profile)
+	after, err := host.LinkByName("pfav0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Attrs().Index != before.Attrs().Index || after.Attrs().MTU != 4000 {
+		t.Errorf("stand-in replaced or changed: ifindex %d -> %d, MTU %d", before.Attrs().Index, after.Attrs().Index, after.Attrs().MTU)
+	}
+	if cfg, err := h2.NICs().VFConfigurator().GetVF(hw.VFRef{PF: "pfa", Index: 0, Netdev: "pfav0"}); err != nil || cfg.MTU != 4000 {
+		t.Errorf("restored VF: %+v %v", cfg, err)
+	}
+	// A plain mock on the same names replaces them.
+	if err := h2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(DirEnv, "")
+	h3 := nicHW(t, profile)
+	if l, err := host.LinkByName("pfav0"); err != nil || l.Attrs().MTU != 1500 {
+		t.Errorf("a fresh mock kept the persistent stand-in: %v", err)
+	}
+	if err := h3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := host.LinkByName("pfav0"); err == nil {
+		t.Error("pfav0 left after a plain mock's Close")
 	}
 }
 
@@ -93,7 +260,39 @@ func TestNoNICs(t *testing.T) {
 }
 
 func TestNoVethsByDefault(t *testing.T) {
-	if h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 1}]`); h.NICs().Netns() != "" {
+	if h := nicHW(t, `nics: [{model: cx7, count: 1, vfs: 1}]`); h.NICs().HasVeths() {
 		t.Error("veths without opting in")
+	}
+}
+
+// TestRDMARecorder: RDMA devices move only in exclusive mode and only
+// from where they are.
+func TestRDMARecorder(t *testing.T) {
+	for _, tc := range []struct {
+		mode string
+		want error
+	}{{"", unix.EOPNOTSUPP}, {"exclusive", nil}} {
+		h := nicHW(t, `rdmaNetns: "`+tc.mode+`"
+nics: [{model: cx7, count: 1, vfs: 1}]`)
+		r := h.NICs().RDMA()
+		if ex, _ := r.Exclusive(); ex != (tc.mode == "exclusive") {
+			t.Errorf("mode %q: exclusive %v", tc.mode, ex)
+		}
+		if err := r.MoveRDMA("mlx5_1", "", "/pod"); !errors.Is(err, tc.want) {
+			t.Errorf("mode %q: move VF RDMA device: %v, want %v", tc.mode, err, tc.want)
+		}
+		if tc.want != nil {
+			continue
+		}
+		if err := r.MoveRDMA("mlx5_1", "", "/pod"); !errors.Is(err, unix.ENODEV) {
+			t.Errorf("moving from where it is not: %v", err)
+		}
+		if err := r.MoveRDMA("mlx5_1", "/pod", ""); err != nil || r.Where("mlx5_1") != "" {
+			t.Errorf("moving back: %v, at %q", err, r.Where("mlx5_1"))
+		}
+	}
+	if _, err := Parse("x", []byte(`rdmaNetns: private
+nics: [{model: cx7, count: 1}]`)); err == nil {
+		t.Error("rdmaNetns: private accepted")
 	}
 }

@@ -257,4 +257,25 @@ func (r *VFRecorder) Records() []VFRecord {
 	return append([]VFRecord(nil), r.records...)
 }
 
+// rename records a VF netdev's current name in the host ("" while it is
+// in another namespace): SetVF and GetVF address it by that name, as
+// netlink does.
+func (r *VFRecorder) rename(pf string, index int, name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.pfs[pf]; ok && index < len(p.vfs) {
+		p.vfs[index].netdev = name
+	}
+}
+
+// vfConfig is a VF's current configuration.
+func (r *VFRecorder) vfConfig(pf string, index int) hw.VFConfig {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.pfs[pf]; ok && index < len(p.vfs) {
+		return p.vfs[index].cfg
+	}
+	return hw.VFConfig{}
+}
+
 func ptrTo[T any](v T) *T { return &v }

@@ -19,7 +19,17 @@ type Profile struct {
 	Name string     `json:"name,omitempty"`
 	GPUs []GPUGroup `json:"gpus,omitempty"`
 	NICs []NICGroup `json:"nics,omitempty"`
+	// RDMANetns is the kernel's RDMA network-namespace mode (`rdma
+	// system`): "shared" (default) or "exclusive", where an RDMA device
+	// belongs to one namespace and moves with its netdev.
+	RDMANetns string `json:"rdmaNetns,omitempty"`
 }
+
+// RDMA network-namespace modes.
+const (
+	RDMANetnsShared    = "shared"
+	RDMANetnsExclusive = "exclusive"
+)
 
 // GPUGroup is Count identical GPUs.
 type GPUGroup struct {
@@ -130,6 +140,11 @@ func Parse(name string, data []byte) (Profile, error) {
 func (p Profile) validate() error {
 	if len(p.GPUs) == 0 && len(p.NICs) == 0 {
 		return fmt.Errorf("no gpus and no nics: a profile needs at least one")
+	}
+	switch p.RDMANetns {
+	case "", RDMANetnsShared, RDMANetnsExclusive:
+	default:
+		return fmt.Errorf("rdmaNetns: %q is not %s or %s", p.RDMANetns, RDMANetnsShared, RDMANetnsExclusive)
 	}
 	for i, g := range p.GPUs {
 		if err := g.validate(); err != nil {

@@ -48,10 +48,15 @@
 // rdmaDevice (if the VF has one), mac, vlan and vlanQoS (if set).
 //
 // The interface name, IP addresses and routes of the VfConfig are applied
-// later, when the pod's network namespace exists, by the NRI hook (see
-// DESIGN.md, "Metadata and status"): they are kept in the claim's record
-// (VF.Network), which that step reads from the checkpoint, together with
-// the VF's PCI address and host netdev. Until then they are not metadata.
+// later, when the pod's network namespace exists, by the NRI plugin
+// (package metadata): they are kept in the claim's record (VF.Network),
+// with the VF's PCI address, host netdev and RDMA device and the pods the
+// claim is reserved for (Record.Pods), which that plugin reads from the
+// prepared claims. It then rewrites the metadata with networkData
+// (generation 2). With that plugin (Options.Network), prepare refuses a
+// NIC claim while the runtime's NRI connection is down, since the pod
+// would start without its interface, and unprepare first returns a VF
+// still in a pod (no stop hook came) before restoring its settings.
 //
 // A VF gets a CDI device only when a container needs device nodes for it:
 //   - RDMA (a VF with its own RDMA device, mlx5's): /dev/infiniband/uverbs<n>

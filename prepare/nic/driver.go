@@ -37,6 +37,21 @@ type Options struct {
 	NodeName string
 	// BootID of the running kernel; empty reads /proc.
 	BootID string
+	// Network is the NRI step that moves VF netdevs into pods; nil where
+	// the runtime has no NRI (VFs stay in the host namespace).
+	Network PodNetwork
+}
+
+// PodNetwork is the NRI step's side of a VF, as prepare needs it.
+type PodNetwork interface {
+	// Ready is nil while the container runtime's NRI connection is up:
+	// without it a pod would start without its network.
+	Ready() error
+	// Release returns a VF (by PCI address) to the host if it is in a
+	// pod, restoring its netdev's name, MTU, MAC, addresses and state,
+	// and returns its netdev's name in the host ("" when it has none or
+	// is unknown).
+	Release(ctx context.Context, vfPCIAddress string) (netdev string, err error)
 }
 
 // Driver is the sriov.hwdra.io prepare.Driver.
@@ -84,6 +99,15 @@ func New(opts Options) (*Driver, error) {
 // Prepare implements prepare.Driver: plan, reserve, then configure each VF.
 func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
 	var rec Record
+	if d.opts.Network != nil && hasNICResult(claim) {
+		if err := d.opts.Network.Ready(); err != nil {
+			// A warning, not an error: the kubelet retries, and the
+			// runtime's NRI usually comes back.
+			klog.Warningf("Refusing to prepare claim %s: %v", klog.KObj(claim), err)
+			return nil, rec, err
+		}
+	}
+	rec.Pods = reservedPods(claim)
 	offers, features, err := d.opts.Inventory(ctx)
 	if err != nil {
 		return nil, rec, fmt.Errorf("NIC inventory: %w", err)
@@ -133,7 +157,7 @@ func (d *Driver) apply(uid types.UID, a Assignment, rec *Record, save func(Recor
 	rec.VFs = append(rec.VFs, VF{
 		Request: a.Request, Pool: a.Pool, Device: a.Device, ShareID: a.ShareID,
 		PFAddress: a.PF.PCIAddress, PF: a.PF.Netdev, Index: a.VF.Index,
-		PCIAddress: a.VF.PCIAddress, Netdev: a.VF.Netdev,
+		PCIAddress: a.VF.PCIAddress, Netdev: a.VF.Netdev, RDMADevice: stringAttr(dev.Attributes, AttrRDMADevice),
 		Original: original, Applied: applied, Network: a.Network,
 	})
 	if err := save(*rec); err != nil {
@@ -198,7 +222,19 @@ func (d *Driver) restore(ctx context.Context, uid types.UID, v VF) error {
 		d.release(uid, v.PCIAddress)
 		return nil
 	}
-	if err := d.opts.VFs.SetVF(d.currentRef(v.PCIAddress, v.PF, v.Index, v.Netdev), v.Original); err != nil {
+	ref := d.currentRef(v.PCIAddress, v.PF, v.Index, v.Netdev)
+	if d.opts.Network != nil {
+		// Back from the pod first (also when no stop hook ever came):
+		// its MTU and link state are set on the host's netdev.
+		netdev, err := d.opts.Network.Release(ctx, v.PCIAddress)
+		if err != nil {
+			return fmt.Errorf("returning VF %d of %s (%s) from its pod: %w", v.Index, v.PF, v.PCIAddress, err)
+		}
+		if netdev != "" {
+			ref.Netdev = netdev
+		}
+	}
+	if err := d.opts.VFs.SetVF(ref, v.Original); err != nil {
 		if !d.gone(ctx, v.PCIAddress, err) {
 			return fmt.Errorf("restoring VF %d of %s (%s): %w", v.Index, v.PF, v.PCIAddress, err)
 		}
@@ -281,6 +317,38 @@ func (d *Driver) step(name string) {
 	if d.hook != nil {
 		d.hook(name)
 	}
+}
+
+// hasNICResult: the claim has a device of this driver that is not for
+// admin access (which gets no VF).
+func hasNICResult(claim *resourceapi.ResourceClaim) bool {
+	if claim.Status.Allocation == nil {
+		return false
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == slices.NICDriver && (r.AdminAccess == nil || !*r.AdminAccess) {
+			return true
+		}
+	}
+	return false
+}
+
+// reservedPods are the UIDs of the pods a claim is reserved for.
+func reservedPods(claim *resourceapi.ResourceClaim) []types.UID {
+	var out []types.UID
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup == "" && r.Resource == "pods" {
+			out = append(out, r.UID)
+		}
+	}
+	return out
+}
+
+func stringAttr(attrs map[string]resourceapi.DeviceAttribute, name resourceapi.QualifiedName) string {
+	if a, ok := attrs[string(name)]; ok && a.StringValue != nil {
+		return *a.StringValue
+	}
+	return ""
 }
 
 // claimPFs are the PCI addresses of the PFs behind the claim's devices.

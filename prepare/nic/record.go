@@ -15,6 +15,10 @@ type Record struct {
 	// VFs are the claim's VFs in the order they were configured. A VF is
 	// listed before it is touched, so it may never have been changed.
 	VFs []VF `json:"vfs,omitempty"`
+	// Pods are the UIDs of the pods the claim was reserved for at
+	// prepare (status.reservedFor): the NRI hook moves the VFs into the
+	// network namespace of the first of them to start.
+	Pods []types.UID `json:"pods,omitempty"`
 }
 
 // VF is one VF a claim holds.
@@ -33,6 +37,8 @@ type VF struct {
 	// a vfio-pci VF).
 	PCIAddress string `json:"pciAddress"`
 	Netdev     string `json:"netdev,omitempty"`
+	// RDMADevice is the VF's own RDMA device ("mlx5_3"), "" if none.
+	RDMADevice string `json:"rdmaDevice,omitempty"`
 	// Original is the VF's configuration before this claim, restored at
 	// unprepare; Applied what prepare set.
 	Original hw.VFConfig `json:"original"`
@@ -44,6 +50,7 @@ type VF struct {
 
 // Network is what the NRI hook applies to the VF's netdev in the pod.
 type Network struct {
+	// InterfaceName is the VfConfig's, "" for the default (net1, ...).
 	InterfaceName string                `json:"interfaceName"`
 	Addresses     []string              `json:"addresses,omitempty"`
 	Routes        []sriovv1alpha1.Route `json:"routes,omitempty"`

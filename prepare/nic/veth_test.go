@@ -2,34 +2,21 @@ package nic
 
 import (
 	"net"
-	"os"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/metadata/nritest"
 )
 
 // TestVethMTU: with veth stand-ins for the netdevs (in a throwaway
-// network namespace), the VF's MTU really changes on the link at prepare
-// and is restored, with its link state, at unprepare.
+// network namespace standing in for the host's), the VF's MTU really
+// changes on the link at prepare and is restored, with its link state, at
+// unprepare.
 func TestVethMTU(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the mock puts veth stand-ins in a network namespace")
-	}
-	t.Setenv(mock.VethEnv, "1")
+	nritest.HostNetns(t)
 	e := newEnv(t, cx7Node, "")
-	ns, err := netns.GetFromName(e.hw.NICs().Netns())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	nl, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nl.Close()
+	nl := nritest.Handle(t, e.hw.NICs().Netns())
 	link := func() netlink.Link {
 		t.Helper()
 		l, err := nl.LinkByName("pfav0")

@@ -32,6 +32,7 @@ type hwRig struct {
 	// --state-dir (checkpoints, ledgers).
 	mockDir, stateDir string
 	agent             *framework.Process
+	agentLog          int64 // the agent's log size when it last started
 }
 
 // startHWRig starts the agent on persistent mock hardware with extra
@@ -50,6 +51,7 @@ func startHWRig(t *testing.T, name, hardware string, env []string, drivers ...st
 		t.Fatal(err)
 	}
 	since := n.KubeletLogSize()
+	r.agentLog = n.LogSize("hwdra-agent")
 	r.agent = n.StartAgentWithEnv(t, hardware, append([]string{mock.DirEnv + "=" + r.mockDir}, env...), "--state-dir="+r.stateDir)
 	r.waitServing(since)
 	r.ns = n.CreateNamespace(t, name)
@@ -62,7 +64,7 @@ func startHWRig(t *testing.T, name, hardware string, env []string, drivers ...st
 	// to unprepare the claims.
 	t.Cleanup(func() {
 		if !r.agent.Running() {
-			r.agent.Env = []string{mock.DirEnv + "=" + r.mockDir}
+			r.agent.Env = framework.AgentEnv(mock.DirEnv + "=" + r.mockDir)
 			if err := r.agent.Start(); err != nil {
 				t.Errorf("cleanup: restart the agent: %v", err)
 			}
@@ -78,6 +80,11 @@ func (r *hwRig) waitServing(since int64) {
 	for _, d := range r.drivers {
 		if _, err := r.n.WaitPoolsComplete(r.ctx, d, 60*time.Second); err != nil {
 			r.t.Fatal(err)
+		}
+		if d == nicDriver {
+			if err := r.agent.WaitLog(r.ctx, r.agentLog, framework.NRISynced, 30*time.Second); err != nil {
+				r.t.Fatal(err)
+			}
 		}
 		if err := r.n.WaitDriverRegistered(r.ctx, d, since, 30*time.Second); err != nil {
 			r.t.Fatal(err)
@@ -96,7 +103,8 @@ func (r *hwRig) kill() {
 // to startHWRig (nil: the hardware at full speed).
 func (r *hwRig) restart(env []string) {
 	r.t.Helper()
-	r.agent.Env = append([]string{mock.DirEnv + "=" + r.mockDir}, env...)
+	r.agent.Env = framework.AgentEnv(append([]string{mock.DirEnv + "=" + r.mockDir}, env...)...)
+	r.agentLog = r.n.LogSize("hwdra-agent")
 	if err := r.agent.Start(); err != nil {
 		r.t.Fatal(err)
 	}
@@ -126,11 +134,11 @@ func (r *hwRig) template(file string) string {
 	return tmpl.Name
 }
 
-// createPod creates a test-app pod using a claim from the template and
-// returns when it was created.
-func (r *hwRig) createPod(name, template string) time.Time {
+// createPod creates a test-app pod using a claim from the template, its
+// app showing paths, and returns when it was created.
+func (r *hwRig) createPod(name, template string, paths ...string) time.Time {
 	r.t.Helper()
-	pod := framework.PodWithClaimTemplate(name, template)
+	pod := framework.PodWithClaimTemplate(name, template, paths...)
 	began := time.Now()
 	if _, err := r.n.Admin.CoreV1().Pods(r.ns).Create(r.ctx, pod, metav1.CreateOptions{}); err != nil {
 		r.t.Fatal(err)
@@ -139,8 +147,8 @@ func (r *hwRig) createPod(name, template string) time.Time {
 }
 
 // waitRunning waits until the pod runs, logs "TIMING <scenario> <creation
-// -> Running>", and returns its claim and environment.
-func (r *hwRig) waitRunning(name, scenario string, since time.Time) (*resourceapi.ResourceClaim, map[string]string) {
+// -> Running>", and returns its claim and its app's output.
+func (r *hwRig) waitRunning(name, scenario string, since time.Time) (*resourceapi.ResourceClaim, framework.AppOutput) {
 	r.t.Helper()
 	if _, err := r.n.WaitPodRunning(r.ctx, r.ns, name, 120*time.Second); err != nil {
 		r.t.Fatal(err)
@@ -154,7 +162,7 @@ func (r *hwRig) waitRunning(name, scenario string, since time.Time) (*resourceap
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	return claim, framework.ParseAppOutput(logs).Env
+	return claim, framework.ParseAppOutput(logs)
 }
 
 // podEvents are the pod's events, "<reason>: <message>", oldest first.
@@ -199,6 +207,8 @@ func (r *hwRig) deletePodAndCheck(name, driver, scenario string, claim *resource
 			problems = append(problems, "claims left in the agent's checkpoint: "+mapString(rec.Claims))
 		case len(rec.Ledger) > 0:
 			problems = append(problems, "hardware state left in the agent's ledger: "+strings.Join(rec.Ledger, ", "))
+		case len(rec.Placements) > 0:
+			problems = append(problems, "VFs the agent still has in pods: "+strings.Join(rec.Placements, ", "))
 		}
 		if files := r.n.ClaimFiles(driver, claim.Namespace, claim.Name, string(claim.UID)); len(files) > 0 {
 			problems = append(problems, "CDI specs or metadata of the claim left: "+strings.Join(files, ", "))

@@ -42,7 +42,8 @@ func TestCrashDuringMIGPrepare(t *testing.T) {
 	}
 
 	r.restart(nil)
-	claim, env := r.waitRunning("mig", "crash-mig-sigkill-during-createGpuInstance", began)
+	claim, out := r.waitRunning("mig", "crash-mig-sigkill-during-createGpuInstance", began)
+	env := out.Env
 	after := r.state()
 	if !interrupted(after, "createGpuInstance") {
 		t.Errorf("the mock records no interrupted createGpuInstance: %+v", after.Interrupted)

@@ -16,15 +16,19 @@ import (
 // TestCrashDuringVFSharePrepare: the agent is killed (SIGKILL) while it
 // configures the VF of a 10G bandwidth share (the mock's SetVF takes 3 s;
 // the VF has the new settings, the agent never learns it succeeded), and
-// restarted with the same flags, state directory and hardware. The
-// kubelet retries, the pod runs with exactly one VF configured for it,
-// rate-limited to the share's bandwidth; deleting the pod gives every VF
-// its original settings back and leaves none held.
+// restarted with the same flags, state directory and hardware (its VF
+// stand-ins stay where they are, as VFs outlive the agent). The kubelet
+// retries, the pod runs with exactly one VF configured for it,
+// rate-limited to the share's bandwidth, and has it as its interface
+// net1; deleting the pod gives every VF its original settings back, the
+// node its links as they were, and leaves none held.
 func TestCrashDuringVFSharePrepare(t *testing.T) {
 	r := startHWRig(t, "crash-vf", "mock:cx7", []string{mock.TimingsEnv + "=setVF=3s"}, hwslices.NICDriver)
 	before := r.state()
+	links := nodeLinks(t)
 	tmpl := r.template("vf-share-10g.yaml")
-	began := r.createPod("share", tmpl)
+	meta := framework.MetadataPath("devices", "nic", nicDriver)
+	began := r.createPod("share", tmpl, meta)
 
 	op, err := framework.WaitMockBusy(r.ctx, r.mockDir, "setVF", 60*time.Second)
 	if err != nil {
@@ -39,7 +43,7 @@ func TestCrashDuringVFSharePrepare(t *testing.T) {
 	}
 
 	r.restart(nil)
-	claim, _ := r.waitRunning("share", "crash-vf-sigkill-during-setVF", began)
+	claim, out := r.waitRunning("share", "crash-vf-sigkill-during-setVF", began)
 	after := r.state()
 	if !interrupted(after, "setVF") {
 		t.Errorf("the mock records no interrupted setVF: %+v", after.Interrupted)
@@ -61,11 +65,13 @@ func TestCrashDuringVFSharePrepare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rec.Claims) != 1 || rec.Claims[string(claim.UID)] != "Prepared" || len(rec.Ledger) != 1 {
-		t.Errorf("agent records while the pod runs: claims %v, ledger %v; want the claim Prepared and one VF", rec.Claims, rec.Ledger)
+	if len(rec.Claims) != 1 || rec.Claims[string(claim.UID)] != "Prepared" || len(rec.Ledger) != 1 || len(rec.Placements) != 1 {
+		t.Errorf("agent records while the pod runs: claims %v, ledger %v, in pods %v; want the claim Prepared and one VF, in the pod", rec.Claims, rec.Ledger, rec.Placements)
 	}
+	checkInterface(t, r.n, r.ctx, "share", out, claim, res[0], meta, defaultVF)
 
 	r.deletePodAndCheck("share", hwslices.NICDriver, "crash-vf-delete-to-unprepared", claim, before)
+	waitNodeLinks(t, links)
 }
 
 // changedVFs are the VFs ("<pf>/<index>") whose settings differ between

@@ -46,9 +46,16 @@ func startScenario(t *testing.T, name, hardware string, drivers ...string) *scen
 	t.Helper()
 	n := framework.Shared(t)
 	ctx := context.Background()
-	since := n.KubeletLogSize()
+	since, agentSince := n.KubeletLogSize(), n.LogSize("hwdra-agent")
 	agent := n.StartAgent(t, hardware)
 	for _, d := range drivers {
+		if d == nicDriver {
+			// Until then the agent refuses NIC claims (a pod must not
+			// start without its interface) and the kubelet retries later.
+			if err := agent.WaitLog(ctx, agentSince, framework.NRISynced, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if _, err := n.WaitPoolsComplete(ctx, d, 60*time.Second); err != nil {
 			t.Fatal(err)
 		}

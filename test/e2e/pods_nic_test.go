@@ -32,7 +32,9 @@ func shareClaim(t *testing.T, bandwidth string) *resourceapi.ResourceClaim {
 // its PF's bandwidth; the KEP-5304 metadata in the container names the
 // share's bandwidth, its VF's index and PCI address and the PF as
 // published; where the VF has an RDMA device, the container has its
-// uverbs node and variable from our CDI spec. It returns the VF index.
+// uverbs node and variable from our CDI spec; the container has the VF as
+// net1, up, and the metadata and the claim's status say so
+// (checkInterface). It returns the VF index.
 func checkShare(t *testing.T, s *scenario, r ran, request, want string) int {
 	t.Helper()
 	res := result(t, r.claim, request)
@@ -93,22 +95,29 @@ func checkShare(t *testing.T, s *scenario, r ran, request, want string) int {
 			t.Errorf("pod %s: env %sPCI_ADDRESS=%q, metadata pciBusID %q", r.pod.Name, prefix, got, vfAddr)
 		}
 	}
-	t.Logf("pod %s: %s share of %s (%s), VF %v %s, rdma %q", r.pod.Name, want, res.Device, str(nicDriver+"/pfName"), index, vfAddr, str(nicDriver+"/rdmaDevice"))
+	mac := checkInterface(t, s.n, s.ctx, r.pod.Name, r.out, r.claim, res, framework.MetadataPath("devices", request, nicDriver), defaultVF)
+	t.Logf("pod %s: %s share of %s (%s), VF %v %s, rdma %q, in the pod as %s %s", r.pod.Name, want, res.Device, str(nicDriver+"/pfName"), index, vfAddr, str(nicDriver+"/rdmaDevice"), defaultVF.name, mac)
 	return int(index)
 }
 
 // TestPodVFShare: on a NIC-only node (mock:cx7: two ConnectX-7 PFs at 400
-// Gb/s, 16 VFs each) a pod asking for a 10 Gb/s VF share
-// (deploy/examples/vf-share-10g.yaml) runs; the allocation consumed 10G of
-// the PF's bandwidth, and the container's metadata file names the share's
-// bandwidth, VF index and PF.
+// Gb/s, 16 VFs each) a pod asking for a 10 Gb/s VF share from a
+// ResourceClaimTemplate (deploy/examples/vf-share-10g.yaml) runs; the
+// allocation consumed 10G of the PF's bandwidth, the container has the VF
+// as net1 and its metadata file (under resourceclaimtemplates/, generation
+// 2) names the share's bandwidth, VF index and PF and the interface, as
+// the claim's status does; deleting the pod returns the VF to the node
+// under its original name (the node's links are as before).
 func TestPodVFShare(t *testing.T) {
 	s := startScenario(t, "pod-vf-share", "mock:cx7", nicDriver)
+	before := nodeLinks(t)
 	tmpl := s.template(exampleClaim(t, "vf-share-10g.yaml"))
 	r := s.runPod("share", tmpl, "vf-share-10g", "/dev", framework.MetadataPath("devices", "nic", nicDriver))
 	checkShare(t, s, r, "nic", "10G")
+	checkStatusWrites(t, 1, 1)
 	s.deletePod("share")
 	waitCDISpecGone(t, s.n, nicDriver, r.claim)
+	waitNodeLinks(t, before)
 }
 
 // oneE810 is one Intel E810 PF at 100 Gb/s without RDMA: its VFs (iavf)

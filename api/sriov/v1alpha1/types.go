@@ -20,7 +20,10 @@ var GroupVersion = schema.GroupVersion{Group: "sriov.hwdra.io", Version: "v1alph
 // for a pod.
 type VfConfig struct {
 	metav1.TypeMeta `json:",inline"`
-	// InterfaceName is the VF's name inside the pod. Default "net1".
+	// InterfaceName is the VF's name inside the pod. Default: net1,
+	// net2, ... for the pod's VFs without a name, in a stable order (by
+	// claim namespace and name, then the order of the claim's requests),
+	// skipping names other VFs of the pod take.
 	InterfaceName string `json:"interfaceName,omitempty"`
 	// MTU of the VF netdev. Default: the PF's MTU.
 	MTU *int `json:"mtu,omitempty"`
@@ -50,14 +53,13 @@ type Route struct {
 	Gateway string `json:"gateway,omitempty"`
 }
 
-// DefaultInterfaceName is the VF's name in the pod when none is given.
-const DefaultInterfaceName = "net1"
+// DefaultInterfacePrefix names the pod's VFs that have no interfaceName:
+// net1, net2, ...
+const DefaultInterfacePrefix = "net"
 
-// Default fills in defaults.
+// Default fills in defaults. The interface name stays empty: the default
+// depends on the pod's other VFs.
 func (c *VfConfig) Default() {
-	if c.InterfaceName == "" {
-		c.InterfaceName = DefaultInterfaceName
-	}
 	if c.SpoofCheck == nil {
 		t := true
 		c.SpoofCheck = &t
@@ -71,7 +73,7 @@ func (c *VfConfig) Default() {
 // Validate checks every field and reports each problem with its path.
 func (c *VfConfig) Validate() field.ErrorList {
 	var errs field.ErrorList
-	if msgs := validateIfName(c.InterfaceName); len(msgs) > 0 {
+	if msgs := validateIfName(c.InterfaceName); c.InterfaceName != "" && len(msgs) > 0 {
 		errs = append(errs, field.Invalid(field.NewPath("interfaceName"), c.InterfaceName, msgs[0]))
 	}
 	if c.MTU != nil && (*c.MTU < 68 || *c.MTU > 9216) {

@@ -13,11 +13,14 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hwdra/hwdra/hw/mock"
 )
 
 // AgentArgs are the flags the DaemonSet gives `hwdra agent`: the kubelet's
-// registrar and plugin directories, containerd's CDI directory, a state
-// directory of its own, and the agent's own (node-bound) credentials.
+// registrar and plugin directories, containerd's CDI directory and NRI
+// socket, a state directory of its own, and the agent's own (node-bound)
+// credentials.
 func (n *Node) AgentArgs(kubeconfig, hardware string) []string {
 	return []string{
 		"agent",
@@ -27,8 +30,16 @@ func (n *Node) AgentArgs(kubeconfig, hardware string) []string {
 		"--kubelet-registrar-dir=" + n.RegistrarDir(),
 		"--kubelet-plugins-dir=" + n.PluginsDir(),
 		"--cdi-dir=" + n.CDIDir,
+		"--nri-socket=" + n.NRISocket,
 		"--state-dir=" + filepath.Join(n.Root, "agent-state"),
 	}
+}
+
+// AgentEnv is the agent process's environment on mock hardware: the mock's
+// NIC netdevs are veth stand-ins in the agent's own network namespace (the
+// node's), where the agent's NRI plugin moves them into pods; then extra.
+func AgentEnv(extra ...string) []string {
+	return append([]string{mock.VethEnv + "=1"}, extra...)
 }
 
 // StartProcess runs any program on the node (e.g. `hwdra agent ...` as the
@@ -110,17 +121,7 @@ func HwdraBinary(t testing.TB) string {
 // given (e.g. "mock:dgx-h100"), extra flags appended.
 func (n *Node) StartAgent(t testing.TB, hardware string, extra ...string) *Process {
 	t.Helper()
-	bin := HwdraBinary(t)
-	creds, err := n.AgentCredentials(context.Background(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := append(n.AgentArgs(creds.Kubeconfig, hardware), extra...)
-	// Registered before the process's own cleanup, so it runs after the
-	// agent stopped: the next test on this node starts without its slices
-	// (the kubelet removes them only after a grace period).
-	t.Cleanup(func() { n.DeleteResourceSlices(context.Background()) })
-	return n.StartProcess(t, "hwdra-agent", bin, args...)
+	return n.StartAgentWithEnv(t, hardware, nil, extra...)
 }
 
 // WaitResourceSlices waits until driver has published at least one

@@ -48,6 +48,15 @@ func PodWithClaimTemplate(name, template string, paths ...string) *corev1.Pod {
 	return pod
 }
 
+// PodWithClaim is a test-app pod whose claim "devices" is the directly
+// referenced ResourceClaim claim.
+func PodWithClaim(name, claim string, paths ...string) *corev1.Pod {
+	pod := TestAppPod(name, paths...)
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "devices", ResourceClaimName: &claim}}
+	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "devices"}}
+	return pod
+}
+
 // WaitPodClaimAllocated waits until the claim generated for the pod's claim
 // "devices" is allocated and reserved for the pod, and the pod is bound to a
 // node: the scheduler's work, done before the kubelet prepares anything.

@@ -51,9 +51,13 @@ func (n *Node) MockDir(t testing.TB) string {
 }
 
 // StartAgentWithEnv is StartAgent with environment variables for the agent
-// process, e.g. mock.DirEnv+"="+n.MockDir(t). Kill the returned process and
-// Start it again to restart the agent with the same flags and environment
-// (change its Env in between for another environment).
+// process, e.g. mock.DirEnv+"="+n.MockDir(t), after AgentEnv's. Kill the
+// returned process and Start it again to restart the agent with the same
+// flags and environment (change its Env in between for another
+// environment, starting from AgentEnv). Registered before the process's
+// own cleanup, the deletion of the node's slices runs after the agent
+// stopped: the next test starts without them (the kubelet removes them
+// only after a grace period).
 func (n *Node) StartAgentWithEnv(t testing.TB, hardware string, env []string, extra ...string) *Process {
 	t.Helper()
 	bin := HwdraBinary(t)
@@ -64,7 +68,7 @@ func (n *Node) StartAgentWithEnv(t testing.TB, hardware string, env []string, ex
 	args := append(n.AgentArgs(creds.Kubeconfig, hardware), extra...)
 	t.Cleanup(func() { n.DeleteResourceSlices(context.Background()) })
 	p := n.newProcess("hwdra-agent", bin, args...)
-	p.Env = env
+	p.Env = AgentEnv(env...)
 	if err := p.Start(); err != nil {
 		t.Fatalf("start hwdra-agent: %v", err)
 	}
@@ -139,6 +143,9 @@ func StateJSON(s mock.State) string {
 type AgentRecords struct {
 	Claims map[string]string
 	Ledger []string
+	// Placements are the VFs (PCI addresses) the NRI plugin has in pods
+	// (sriov.hwdra.io.netns.json).
+	Placements []string
 }
 
 // ReadAgentRecords reads a driver's checkpoint and ledger in an agent's
@@ -166,23 +173,31 @@ func ReadAgentRecords(stateDir, driver string) (AgentRecords, error) {
 			out.Claims[uid] = c.State
 		}
 	}
-	raw, err = slotfile.Read(filepath.Join(stateDir, driver+".ledger.json"))
-	if err != nil {
+	if out.Ledger, err = ledgerKeys(filepath.Join(stateDir, driver+".ledger.json")); err != nil {
 		return out, err
 	}
-	if raw != nil {
-		var l struct {
-			Entries map[string]json.RawMessage `json:"entries"`
-		}
-		if err := json.Unmarshal(raw, &l); err != nil {
-			return out, fmt.Errorf("ledger of %s: %w", driver, err)
-		}
-		for k := range l.Entries {
-			out.Ledger = append(out.Ledger, k)
-		}
-		sort.Strings(out.Ledger)
+	out.Placements, err = ledgerKeys(filepath.Join(stateDir, driver+".netns.json"))
+	return out, err
+}
+
+// ledgerKeys are the keys of a ledger file (prepare.Ledger), sorted.
+func ledgerKeys(path string) ([]string, error) {
+	raw, err := slotfile.Read(path)
+	if err != nil || raw == nil {
+		return nil, err
 	}
-	return out, nil
+	var l struct {
+		Entries map[string]json.RawMessage `json:"entries"`
+	}
+	if err := json.Unmarshal(raw, &l); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	var keys []string
+	for k := range l.Entries {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys, nil
 }
 
 // ClaimFiles lists what the node holds for a claim outside the agent's own

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -122,4 +123,35 @@ func (p *Process) Tail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// LogSize is the current length of a component's log ("hwdra-agent"),
+// before it starts: a starting point for Process.WaitLog.
+func (n *Node) LogSize(name string) int64 {
+	st, err := os.Stat(filepath.Join(n.Root, "logs", name+".log"))
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// NRISynced is what the agent logs once its NRI plugin is connected to
+// containerd and synchronized: from then on it prepares NIC claims.
+const NRISynced = "Synchronized with the container runtime"
+
+// WaitLog waits until the process's log, after offset since, has a line
+// containing want.
+func (p *Process) WaitLog(ctx context.Context, since int64, want string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if data, err := readFrom(p.LogPath, since); err == nil && strings.Contains(string(data), want) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: no %q in its log within %v", p.Name, want, timeout)
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }

@@ -13,17 +13,23 @@
 //	=== DIR /path
 //	=== OTHER /path <type>   (FIFO, socket: not read)
 //	=== MISSING /path: <error>
+//	=== NET <name> mtu=<mtu> mac=<mac> up=<true|false> addrs=<cidr>,<cidr>
 //	=== END
+//
+// NET lines list the container's network interfaces (its pod's network
+// namespace), after the paths.
 package main
 
 import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -38,6 +44,7 @@ func main() {
 	for _, arg := range os.Args[1:] {
 		show(w, arg)
 	}
+	showInterfaces(w)
 	fmt.Fprintln(w, "=== END")
 
 	sigs := make(chan os.Signal, 1)
@@ -88,6 +95,24 @@ func show(w *os.File, root string) {
 	})
 	if err != nil {
 		fmt.Fprintf(w, "=== MISSING %s: %v\n", root, err)
+	}
+}
+
+// showInterfaces prints every network interface of the container.
+func showInterfaces(w *os.File) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		fmt.Fprintf(w, "=== MISSING interfaces: %v\n", err)
+		return
+	}
+	for _, i := range ifaces {
+		var cidrs []string
+		if addrs, err := i.Addrs(); err == nil {
+			for _, a := range addrs {
+				cidrs = append(cidrs, a.String())
+			}
+		}
+		fmt.Fprintf(w, "=== NET %s mtu=%d mac=%s up=%t addrs=%s\n", i.Name, i.MTU, i.HardwareAddr, i.Flags&net.FlagUp != 0, strings.Join(cidrs, ","))
 	}
 }
 

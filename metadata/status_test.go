@@ -1,0 +1,222 @@
+package metadata
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/workqueue"
+)
+
+const testDriver = "sriov.hwdra.io"
+
+func TestApplyConfiguration(t *testing.T) {
+	share := types.UID("share-1")
+	at := metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	cs := ClaimStatus{
+		Claim: ClaimRef{UID: "uid-1", Namespace: "ns", Name: "c"},
+		Time:  at,
+		Devices: []DeviceStatus{
+			{Pool: "node", Device: "nic-0000-17-00-0", ShareID: &share, Message: "interface net1 configured in the pod",
+				Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1", IPs: []string{"10.0.0.5/24"}, HardwareAddress: "02:00:00:00:00:01"}},
+			{Pool: "node", Device: "nic-0000-17-00-0-vf-3", Failed: true, Message: "boom"},
+		},
+	}
+	raw, err := json.Marshal(ApplyConfiguration(testDriver, cs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got resourceapi.ResourceClaim
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Kind != "ResourceClaim" || got.APIVersion != "resource.k8s.io/v1" || got.Name != "c" || got.Namespace != "ns" || got.UID != "uid-1" {
+		t.Errorf("object %s %s %s/%s uid %s", got.APIVersion, got.Kind, got.Namespace, got.Name, got.UID)
+	}
+	if len(got.Status.Devices) != 2 || got.Spec.Devices.Requests != nil || got.Status.Allocation != nil {
+		t.Fatalf("apply carries more or less than status.devices: %s", raw)
+	}
+	ok, bad := got.Status.Devices[0], got.Status.Devices[1]
+	if ok.Driver != testDriver || ok.Pool != "node" || ok.Device != "nic-0000-17-00-0" || ok.ShareID == nil || *ok.ShareID != "share-1" {
+		t.Errorf("keys of the ready entry: %+v", ok)
+	}
+	if bad.ShareID != nil || bad.NetworkData != nil {
+		t.Errorf("the failed entry: %+v", bad)
+	}
+	if n := ok.NetworkData; n == nil || n.InterfaceName != "net1" || len(n.IPs) != 1 || n.IPs[0] != "10.0.0.5/24" || n.HardwareAddress != "02:00:00:00:00:01" {
+		t.Errorf("networkData %+v", ok.NetworkData)
+	}
+	for _, tc := range []struct {
+		entry  resourceapi.AllocatedDeviceStatus
+		status metav1.ConditionStatus
+		reason string
+	}{{ok, metav1.ConditionTrue, ReasonConfigured}, {bad, metav1.ConditionFalse, ReasonNetworkSetupFailed}} {
+		var types []string
+		for _, c := range tc.entry.Conditions {
+			types = append(types, c.Type)
+			if c.Status != tc.status || c.Reason != tc.reason || c.Message == "" || !c.LastTransitionTime.Equal(&at) {
+				t.Errorf("%s condition %+v, want %s %s", tc.entry.Device, c, tc.status, tc.reason)
+			}
+		}
+		if len(types) != 2 || types[0] != ConditionReady || types[1] != ConditionNetworkReady {
+			t.Errorf("%s conditions %v", tc.entry.Device, types)
+		}
+	}
+}
+
+// TestStatusWriter: the write is a server-side apply of the status
+// subresource with the driver's field manager; other drivers' entries
+// survive; a failed write is retried until it succeeds, and the latest
+// status wins.
+func TestStatusWriter(t *testing.T) {
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid-1"}}
+	client := fake.NewClientset(claim)
+	ctx := context.Background()
+	other := claim.DeepCopy()
+	other.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: "gpu.example.com", Pool: "node", Device: "gpu-0"}}
+	if _, err := client.ResourceV1().ResourceClaims("ns").UpdateStatus(ctx, other, metav1.UpdateOptions{FieldManager: "gpu.example.com"}); err != nil {
+		t.Fatal(err)
+	}
+	var failures atomic.Int32
+	failures.Store(3)
+	client.PrependReactor("patch", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if failures.Add(-1) >= 0 {
+			return true, nil, apierrors.NewServiceUnavailable("apiserver restarting")
+		}
+		return false, nil, nil
+	})
+	w := newStatusWriter(client, testDriver, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, 10*time.Millisecond))
+	var writes, errs atomic.Int32
+	w.OnWrite = func(err error) {
+		writes.Add(1)
+		if err != nil {
+			errs.Add(1)
+		}
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go w.Run(runCtx)
+
+	ref := ClaimRef{UID: "uid-1", Namespace: "ns", Name: "c"}
+	w.Set(ClaimStatus{Claim: ref, Time: metav1.Now(), Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Failed: true, Message: "first"}}})
+	w.Set(ClaimStatus{Claim: ref, Time: metav1.Now(), Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Message: "latest",
+		Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}})
+	waitUntil(t, "status written", func() bool { return w.Pending() == 0 })
+	if errs.Load() != 3 || writes.Load() != 4 {
+		t.Errorf("%d writes, %d failed; want 4 and 3 (three refusals, then one write of the latest status)", writes.Load(), errs.Load())
+	}
+	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "c", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byDriver := map[string]resourceapi.AllocatedDeviceStatus{}
+	for _, d := range got.Status.Devices {
+		byDriver[d.Driver] = d
+	}
+	if _, ok := byDriver["gpu.example.com"]; !ok || len(got.Status.Devices) != 2 {
+		t.Errorf("another driver's entry did not survive: %+v", got.Status.Devices)
+	}
+	if d := byDriver[testDriver]; d.Device != "nic-a" || d.NetworkData == nil || d.NetworkData.InterfaceName != "net1" || d.Conditions[0].Message != "latest" {
+		t.Errorf("our entry %+v", d)
+	}
+	var applies int
+	for _, a := range client.Actions() {
+		p, ok := a.(k8stesting.PatchActionImpl)
+		if !ok {
+			continue
+		}
+		applies++
+		if p.GetSubresource() != "status" || p.PatchType != types.ApplyPatchType || p.PatchOptions.FieldManager != testDriver ||
+			p.PatchOptions.Force == nil || !*p.PatchOptions.Force {
+			t.Errorf("write %s/%s %s manager %q force %v, want an apply of status by %s", p.GetResource().Resource, p.GetSubresource(), p.PatchType, p.PatchOptions.FieldManager, p.PatchOptions.Force, testDriver)
+		}
+	}
+	if applies != 4 {
+		t.Errorf("%d patches, want 4", applies)
+	}
+
+	// A claim that is gone is dropped, not retried.
+	before := writes.Load()
+	w.Set(ClaimStatus{Claim: ClaimRef{UID: "uid-2", Namespace: "ns", Name: "gone"}, Time: metav1.Now()})
+	waitUntil(t, "gone claim dropped", func() bool { return w.Pending() == 0 })
+	time.Sleep(50 * time.Millisecond)
+	if n := writes.Load() - before; n != 1 {
+		t.Errorf("%d writes for a claim that is gone, want 1", n)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestStatusWriterWhenApplyDropsAllocation: where the API server refuses
+// the apply for a change of status.allocation it does not make (1.37.2
+// with opaque config in the allocation), the writer updates the status
+// instead: its entries replace the driver's own, other drivers' survive,
+// and a conflicting update is retried.
+func TestStatusWriterWhenApplyDropsAllocation(t *testing.T) {
+	ctx := context.Background()
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid-1"}}
+	claim.Status.Devices = []resourceapi.AllocatedDeviceStatus{
+		{Driver: "gpu.example.com", Pool: "node", Device: "gpu-0"},
+		{Driver: testDriver, Pool: "node", Device: "stale"},
+	}
+	client := fake.NewClientset(claim)
+	client.PrependReactor("patch", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewInvalid(schema.GroupKind{Group: "resource.k8s.io", Kind: "ResourceClaim"}, "c", field.ErrorList{
+			field.Invalid(field.NewPath("status", "allocation"), nil, "field cannot be modified once set")})
+	})
+	var conflicts atomic.Int32
+	conflicts.Store(1)
+	var manager string
+	client.PrependReactor("update", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		manager = a.(k8stesting.UpdateActionImpl).UpdateOptions.FieldManager
+		if conflicts.Add(-1) >= 0 {
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaims"}, "c", errors.New("changed"))
+		}
+		return false, nil, nil
+	})
+	w := newStatusWriter(client, testDriver, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, 10*time.Millisecond))
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go w.Run(runCtx)
+	w.Set(ClaimStatus{Claim: ClaimRef{UID: "uid-1", Namespace: "ns", Name: "c"}, Time: metav1.Now(),
+		Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}})
+	waitUntil(t, "status written", func() bool { return w.Pending() == 0 })
+	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "c", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devices []string
+	for _, d := range got.Status.Devices {
+		devices = append(devices, d.Driver+"/"+d.Device)
+	}
+	sort.Strings(devices)
+	if strings.Join(devices, " ") != "gpu.example.com/gpu-0 sriov.hwdra.io/nic-a" {
+		t.Errorf("status.devices %v: want the other driver's entry and ours, not our stale one", devices)
+	}
+	if manager != testDriver {
+		t.Errorf("update by field manager %q", manager)
+	}
+}
