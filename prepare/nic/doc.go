@@ -28,17 +28,19 @@
 //
 // # Crash safety
 //
-// Before each VF is touched, the claim's record (in the checkpoint) gets
-// the VF with its settings as read from the hardware, and the ledger
-// (<state dir>/sriov.hwdra.io.ledger.json, a prepare.Ledger) gets the same
-// original settings keyed by the VF's PCI address. Unprepare, and a
-// rollback after a crash at any point, restore the VF from that saved
-// original: SetVF stops at the first field the driver refuses, so the
-// hardware's state after a failure is never a reliable original. At start
-// Reconcile restores every VF the ledger lists that no prepared claim
-// holds: state left by a claim whose record was lost with a corrupt
-// checkpoint. Ledger entries of an earlier boot are dropped, as the VFs
-// were reset with the reboot.
+// Before each VF is touched, the ledger
+// (<state dir>/sriov.hwdra.io.ledger.json, a prepare.Ledger) gets its
+// original settings as read from the hardware, keyed by the VF's PCI
+// address, with the claim; the claim's record gets the same when the
+// prepare completes (one checkpoint write, one fsync). Unprepare, and a
+// rollback, restore the VF from that saved original: SetVF stops at the
+// first field the driver refuses, so the hardware's state after a failure
+// is never a reliable original. After a crash, Reclaim restores every VF
+// the ledger lists that no prepared claim holds, unless the claim the
+// ledger names is still allocated to the node (its record lost with a
+// corrupt checkpoint, the VF maybe in a running pod): that VF stays until
+// the claim is gone. Ledger entries of an earlier boot are dropped, as the
+// VFs were reset with the reboot.
 //
 // # Metadata and CDI
 //

@@ -64,8 +64,8 @@ type Driver struct {
 	mu   sync.Mutex
 	held map[string]types.UID // VF PCI address -> claim holding it
 
-	// hook, in tests, is called after each side effect ("recorded",
-	// "ledger", "configured"): a test crashes the prepare there.
+	// hook, in tests, is called after each side effect ("ledger",
+	// "configured"): a test crashes the prepare there.
 	hook func(step string)
 }
 
@@ -97,7 +97,7 @@ func New(opts Options) (*Driver, error) {
 }
 
 // Prepare implements prepare.Driver: plan, reserve, then configure each VF.
-func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
+func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, _ func(Record) error) ([]prepare.Device, Record, error) {
 	var rec Record
 	if d.opts.Network != nil && hasNICResult(claim) {
 		if err := d.opts.Network.Ready(); err != nil {
@@ -123,7 +123,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	d.reserve(claim.UID, plan)
 	devices := make([]prepare.Device, 0, len(plan))
 	for _, a := range plan {
-		dev, err := d.apply(claim.UID, a, &rec, save)
+		dev, err := d.apply(claim.UID, a, &rec)
 		if err != nil {
 			return nil, rec, err
 		}
@@ -134,7 +134,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 
 // apply configures one VF: read its original settings and what a
 // container needs, record both, then change the hardware.
-func (d *Driver) apply(uid types.UID, a Assignment, rec *Record, save func(Record) error) (prepare.Device, error) {
+func (d *Driver) apply(uid types.UID, a Assignment, rec *Record) (prepare.Device, error) {
 	dev := prepare.Device{Requests: []string{a.Request}, Pool: a.Pool, Device: a.Device, ShareID: a.ShareID}
 	if a.Admin {
 		dev.Attributes = pfAttributes(a)
@@ -160,10 +160,9 @@ func (d *Driver) apply(uid types.UID, a Assignment, rec *Record, save func(Recor
 		PCIAddress: a.VF.PCIAddress, Netdev: a.VF.Netdev, RDMADevice: stringAttr(dev.Attributes, AttrRDMADevice),
 		Original: original, Applied: applied, Network: a.Network,
 	})
-	if err := save(*rec); err != nil {
-		return dev, err
-	}
-	d.step("recorded")
+	// The ledger entry, written before the VF is touched, is what covers
+	// a crash from here on (Reclaim restores the VF from it unless a claim
+	// holds it or may): no checkpoint write, so a prepare costs one fsync.
 	entry := LedgerEntry{Claim: uid, BootID: d.opts.BootID, PF: ref.PF, PFAddress: a.PF.PCIAddress, Index: ref.Index, Original: original}
 	if err := d.ledger.Put(a.VF.PCIAddress, entry); err != nil {
 		return dev, err
