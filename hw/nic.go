@@ -53,6 +53,11 @@ type VF struct {
 	// would cost discovery a third of its time.
 }
 
+// NetdevDriver reports whether the VF is bound to a kernel network driver
+// (not to vfio-pci, not unbound): only such a VF has a netdev to give a
+// pod as a share.
+func (v VF) NetdevDriver() bool { return v.Driver != "" && v.Driver != "vfio-pci" }
+
 // VFRef names one VF for configuration: VF Index of the PF whose netdev is
 // PF. Netdev is the VF's own netdev, needed only for MTU and link state;
 // empty when the VF has none (bound to vfio-pci), and then those two
@@ -87,6 +92,12 @@ type VFConfig struct {
 	MTU int `json:"mtu,omitempty"`
 	// NetdevUp is the administrative state of the VF's netdev; nil leaves it.
 	NetdevUp *bool `json:"netdevUp,omitempty"`
+	// NodeGUID and PortGUID are an InfiniBand VF's GUIDs
+	// ("00:11:22:33:44:55:66:77"); empty leaves them. An InfiniBand VF
+	// takes only these, MTU and link state: the Ethernet fields above are
+	// not applied to it (they read back as zero).
+	NodeGUID string `json:"nodeGUID,omitempty"`
+	PortGUID string `json:"portGUID,omitempty"`
 }
 
 // VFConfigurator reads and applies VF settings. The sriov backend does it

@@ -163,6 +163,8 @@ func sharedDevice(pf hw.PF, p config.BandwidthPolicy) (resourceapi.Device, strin
 		return resourceapi.Device{}, fmt.Sprintf("link speed %s is below the bandwidth minimum %s", bps(speed), bps(p.MinimumMbps))
 	case len(pf.VFs) == 0:
 		return resourceapi.Device{}, "no VFs"
+	case shareableVFs(pf) == 0:
+		return resourceapi.Device{}, fmt.Sprintf("none of its %d VFs is bound to a network driver (shares need a VF netdev; bound to vfio-pci, offer the PF in exclusive mode)", len(pf.VFs))
 	}
 	maxShare := p.MinimumMbps + (speed-p.MinimumMbps)/p.StepMbps*p.StepMbps
 	rng := &resourceapi.CapacityRequestPolicyRange{Min: quantityBps(p.MinimumMbps), Max: quantityBps(maxShare)}
@@ -182,7 +184,7 @@ func sharedDevice(pf hw.PF, p config.BandwidthPolicy) (resourceapi.Device, strin
 				},
 			},
 			NICCapVFs: {
-				Value: *resource.NewQuantity(int64(len(pf.VFs)), resource.DecimalSI),
+				Value: *resource.NewQuantity(int64(shareableVFs(pf)), resource.DecimalSI),
 				RequestPolicy: &resourceapi.CapacityRequestPolicy{
 					Default:     resource.NewQuantity(1, resource.DecimalSI),
 					ValidValues: []resource.Quantity{*resource.NewQuantity(1, resource.DecimalSI)},
@@ -191,6 +193,20 @@ func sharedDevice(pf hw.PF, p config.BandwidthPolicy) (resourceapi.Device, strin
 		},
 	}
 	return d, ""
+}
+
+// shareableVFs is how many shares a PF takes: its VFs bound to a network
+// driver, what prepare hands out (wherever their netdevs are: a share's
+// netdev is in its pod). Counted from what the hardware can deliver, so
+// claims never change it.
+func shareableVFs(pf hw.PF) int {
+	n := 0
+	for _, vf := range pf.VFs {
+		if vf.NetdevDriver() {
+			n++
+		}
+	}
+	return n
 }
 
 // vfDevice is one VF claimed whole. Its bandwidth capacity (the link

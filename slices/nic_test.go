@@ -375,3 +375,18 @@ func TestNICDevicesMatchPublishedDevices(t *testing.T) {
 		})
 	}
 }
+
+// TestNICVFsCapacityCountsUsableVFs: a share takes a VF netdev, so the
+// vfs capacity counts the VFs bound to a network driver, wherever their
+// netdevs are (a share's is in its pod), and not those bound to vfio-pci.
+func TestNICVFsCapacityCountsUsableVFs(t *testing.T) {
+	pf := nicPF("0000:17:00.0", "ens1f0", 0, 400000, 4)
+	pf.VFs[0].Driver, pf.VFs[0].Netdev = "vfio-pci", ""
+	pf.VFs[1].Netdev = "" // in a pod
+	res, _ := NICResources(testNode, []config.NICOffer{{PF: pf, Mode: config.ModeShared, Bandwidth: config.DefaultBandwidth}}, AllFeatures)
+	d := res.Pools[testNode].Slices[0].Devices[0]
+	q := d.Capacity[NICCapVFs].Value
+	if got := q.Value(); got != 3 {
+		t.Fatalf("vfs capacity %d, want 3 (4 VFs, one bound to vfio-pci)", got)
+	}
+}

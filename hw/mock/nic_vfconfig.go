@@ -42,7 +42,10 @@ type recPF struct {
 	// vlanLegacyOnly: the driver sets a VF's port VLAN only in legacy
 	// eswitch mode (mlx5 in switchdev mode).
 	vlanLegacyOnly bool
-	vfs            []recVF
+	// infiniband: the port's VFs take GUIDs, MTU and link state and
+	// refuse every Ethernet setting (EOPNOTSUPP).
+	infiniband bool
+	vfs        []recVF
 }
 
 type recVF struct {
@@ -56,12 +59,16 @@ func newVFRecorder(pfs []*mockPF) *VFRecorder {
 	r := &VFRecorder{pfs: map[string]*recPF{}}
 	for _, pf := range pfs {
 		p := &recPF{maxMTU: pf.model.maxMTU, rateCheck: pf.model.vfRateNeedsLinkMax,
-			vlanLegacyOnly: pf.model.driver == "mlx5_core" && pf.eswitch == "switchdev"}
+			vlanLegacyOnly: pf.model.driver == "mlx5_core" && pf.eswitch == "switchdev",
+			infiniband:     pf.linkType == hw.LinkInfiniBand}
 		if pf.linkUp {
 			p.speedMbps = pf.speedMbps
 		}
 		for _, vf := range pf.vfs {
 			cfg := hw.VFConfig{MAC: "00:00:00:00:00:00", SpoofChk: pf.model.vfSpoofChkDefault}
+			if p.infiniband {
+				cfg = hw.VFConfig{NodeGUID: "00:00:00:00:00:00:00:00", PortGUID: "00:00:00:00:00:00:00:00"}
+			}
 			if vf.netdev != "" {
 				cfg.MTU = pf.mtu
 				cfg.NetdevUp = new(bool)
@@ -128,6 +135,12 @@ func (r *VFRecorder) apply(ref hw.VFRef, cfg hw.VFConfig) error {
 		}
 		return nil
 	}
+	if pf.infiniband {
+		if err := r.applyInfiniBand(vf, cfg, faulty, fail); err != nil {
+			return err
+		}
+		return r.applyNetdev(ref, vf, pf, cfg, faulty, fail)
+	}
 	if cfg.MAC != "" {
 		if err := faulty("MAC"); err != nil {
 			return err
@@ -171,6 +184,45 @@ func (r *VFRecorder) apply(ref hw.VFRef, cfg hw.VFConfig) error {
 		return err
 	}
 	vf.cfg.Trust = cfg.Trust
+	return r.applyNetdev(ref, vf, pf, cfg, faulty, fail)
+}
+
+// applyInfiniBand: an InfiniBand VF takes GUIDs only; any Ethernet setting
+// asked of it is refused, as the driver refuses the netlink call (a VF
+// config read back has them zero, so restoring one passes).
+func (r *VFRecorder) applyInfiniBand(vf *recVF, cfg hw.VFConfig, faulty func(string) error, fail func(string, error) error) error {
+	switch {
+	case cfg.MAC != "":
+		return fail("MAC", unix.EOPNOTSUPP)
+	case cfg.VLAN != 0 || cfg.QoS != 0:
+		return fail("VLAN", unix.EOPNOTSUPP)
+	case cfg.MinTxRateMbps != 0 || cfg.MaxTxRateMbps != 0:
+		return fail("rate", unix.EOPNOTSUPP)
+	case cfg.SpoofChk || cfg.Trust:
+		return fail("spoofchk", unix.EOPNOTSUPP)
+	}
+	for _, g := range []struct {
+		what string
+		val  string
+		dst  *string
+	}{{"node GUID", cfg.NodeGUID, &vf.cfg.NodeGUID}, {"port GUID", cfg.PortGUID, &vf.cfg.PortGUID}} {
+		if g.val == "" {
+			continue
+		}
+		if err := faulty(g.what); err != nil {
+			return err
+		}
+		guid, err := net.ParseMAC(g.val)
+		if err != nil || len(guid) != 8 {
+			return fail(g.what, unix.EINVAL)
+		}
+		*g.dst = guid.String()
+	}
+	return nil
+}
+
+// applyNetdev applies MTU and link state to the VF's netdev.
+func (r *VFRecorder) applyNetdev(ref hw.VFRef, vf *recVF, pf *recPF, cfg hw.VFConfig, faulty func(string) error, fail func(string, error) error) error {
 	if ref.Netdev == "" {
 		return nil
 	}

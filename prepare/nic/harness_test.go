@@ -54,21 +54,10 @@ const cx7Node = `nics: [{model: cx7, count: 1, vfs: 16, pciAddresses: ["0000:17:
 // ("" for the default: every PF shared) and starts a plugin.
 func newEnv(t testing.TB, profile, agentConfig string) *env {
 	t.Helper()
-	p, err := mock.Parse("test", []byte(profile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := mock.New(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Close() })
-	pfs, err := sriov.Discover(sriov.Options{SysfsRoot: h.Sysfs, Routes: h.NICs(), Eswitch: h.NICs()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, pfs := openNode(t, profile)
 	cfg := config.Default()
 	if agentConfig != "" {
+		var err error
 		if cfg, err = config.Parse([]byte(agentConfig)); err != nil {
 			t.Fatal(err)
 		}
@@ -90,6 +79,25 @@ func newEnv(t testing.TB, profile, agentConfig string) *env {
 	e.initial = e.vfs.Snapshot()
 	e.start()
 	return e
+}
+
+// openNode builds mock hardware from a profile and discovers its PFs.
+func openNode(t testing.TB, profile string) (*mock.Hardware, []hw.PF) {
+	t.Helper()
+	p, err := mock.Parse("test", []byte(profile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := mock.New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	pfs, err := sriov.Discover(sriov.Options{SysfsRoot: h.Sysfs, Routes: h.NICs(), Eswitch: h.NICs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, pfs
 }
 
 // newDriver is a driver over the env's hardware and state dir.

@@ -110,7 +110,13 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice,
 			}
 			a.VF, a.Bandwidth = vf, &bw
 			a.Config = vfConfig(cfg, dev.PF, vf)
-			a.Config.MaxTxRateMbps = int(mbps)
+			if dev.PF.LinkType == hw.LinkInfiniBand {
+				// No VF rate limit on an InfiniBand port: the share is
+				// what the scheduler counts, not enforced on the wire.
+				a.KeepRate = true
+			} else {
+				a.Config.MaxTxRateMbps = int(mbps)
+			}
 		case config.ModeExclusive:
 			vf := *dev.VF
 			if owner, ok := held[vf.PCIAddress]; ok {
@@ -123,6 +129,9 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice,
 			a.Config = vfConfig(cfg, dev.PF, vf)
 		default:
 			return nil, fmt.Errorf("request %q: device %s has mode %q", r.Request, r.Device, dev.Mode)
+		}
+		if err := checkLinkType(a.PF, cfg); err != nil {
+			return nil, fmt.Errorf("request %q: %w", r.Request, err)
 		}
 		if err := checkQuirks(a.PF, a.Config); err != nil {
 			return nil, fmt.Errorf("request %q: %w", r.Request, err)
@@ -157,12 +166,20 @@ func freeVF(pf hw.PF, held map[string]types.UID, taken map[string]bool) (hw.VF, 
 }
 
 // shareable: a share is a netdev the NRI step moves into the pod, so its
-// VF needs a kernel netdev driver and its netdev here.
-func shareable(vf hw.VF) bool { return vf.Netdev != "" && vf.Driver != "" && vf.Driver != "vfio-pci" }
+// VF needs a kernel netdev driver and its netdev here (not in a pod that
+// someone else moved it to). The slices count the former (their vfs
+// capacity), so a free VF is there unless someone took one.
+func shareable(vf hw.VF) bool { return vf.NetdevDriver() && vf.Netdev != "" }
 
-// vfConfig is what a VfConfig asks of a VF. Rates are left for the caller.
+// vfConfig is what a VfConfig asks of a VF, in the settings its link type
+// takes (checkLinkType refuses the others). Rates are left for the caller.
 func vfConfig(c *sriovv1alpha1.VfConfig, pf hw.PF, vf hw.VF) hw.VFConfig {
-	cfg := hw.VFConfig{MAC: c.MAC, Trust: deref(c.Trust), SpoofChk: deref(c.SpoofCheck), VLAN: deref(c.VLAN), QoS: deref(c.VLANQoS)}
+	var cfg hw.VFConfig
+	if pf.LinkType == hw.LinkInfiniBand {
+		cfg = hw.VFConfig{NodeGUID: c.NodeGUID, PortGUID: c.PortGUID}
+	} else {
+		cfg = hw.VFConfig{MAC: c.MAC, Trust: deref(c.Trust), SpoofChk: deref(c.SpoofCheck), VLAN: deref(c.VLAN), QoS: deref(c.VLANQoS)}
+	}
 	if vf.Netdev != "" { // no netdev (vfio-pci): no MTU to set
 		cfg.MTU = pf.MTU
 		if c.MTU != nil {
@@ -172,20 +189,38 @@ func vfConfig(c *sriovv1alpha1.VfConfig, pf hw.PF, vf hw.VF) hw.VFConfig {
 	return cfg
 }
 
+// checkLinkType refuses settings the PF's link type has no use for,
+// naming the field: an InfiniBand VF is known by its node and port GUIDs
+// and partitioned by P_Keys (no MAC, VLAN, trust or spoof check), an
+// Ethernet VF has no GUIDs. Defaults (trust off, spoof checking on) are
+// not settings the user made.
+func checkLinkType(pf hw.PF, c *sriovv1alpha1.VfConfig) error {
+	if pf.LinkType != hw.LinkInfiniBand {
+		switch {
+		case c.NodeGUID != "":
+			return fmt.Errorf("nodeGUID: PF %s is an Ethernet port: only InfiniBand VFs have GUIDs", pfName(pf))
+		case c.PortGUID != "":
+			return fmt.Errorf("portGUID: PF %s is an Ethernet port: only InfiniBand VFs have GUIDs", pfName(pf))
+		}
+		return nil
+	}
+	ib := "PF " + pfName(pf) + " is an InfiniBand port, whose VFs "
+	switch {
+	case c.MAC != "":
+		return fmt.Errorf("mac: %shave GUIDs (nodeGUID, portGUID), not MAC addresses", ib)
+	case deref(c.VLAN) != 0 || c.VLANQoS != nil:
+		return fmt.Errorf("vlan: %shave no VLANs (InfiniBand partitions by P_Key)", ib)
+	case deref(c.Trust):
+		return fmt.Errorf("trust: %shave no trust setting", ib)
+	case c.SpoofCheck != nil && !*c.SpoofCheck:
+		return fmt.Errorf("spoofCheck: %shave no MAC spoof checking", ib)
+	}
+	return nil
+}
+
 // checkQuirks refuses, before anything is touched, what the PF's driver is
 // known to refuse half-way through SetVF.
 func checkQuirks(pf hw.PF, cfg hw.VFConfig) error {
-	// An InfiniBand port has no Ethernet MAC or VLAN: a VF is known by its
-	// node and port GUIDs and partitioned by P_Keys, and mlx5 takes no VF
-	// MAC or VLAN on an IB port.
-	if pf.LinkType == hw.LinkInfiniBand {
-		switch {
-		case cfg.MAC != "":
-			return fmt.Errorf("mac: PF %s is an InfiniBand port, whose VFs have GUIDs, not MAC addresses", pfName(pf))
-		case cfg.VLAN != 0 || cfg.QoS != 0:
-			return fmt.Errorf("vlan: PF %s is an InfiniBand port: no VLANs (InfiniBand partitions by P_Key)", pfName(pf))
-		}
-	}
 	// mlx5 in switchdev mode: the PF's VF VLAN setting is legacy-mode only
 	// (EOPNOTSUPP for any VLAN but 0); VLANs belong on the representor.
 	if pf.Driver == "mlx5_core" && pf.EswitchMode == "switchdev" && (cfg.VLAN != 0 || cfg.QoS != 0) {

@@ -53,8 +53,9 @@ func TestPlan(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		results []resourceapi.DeviceRequestAllocationResult
+		config  string // VfConfig fields, JSON after the kind
 		held    map[string]types.UID
-		want    []string // "<vf pci address> rate=<Mb/s> mtu=<mtu>", or "admin"
+		want    []string // "<vf pci address> rate=<Mb/s> mtu=<mtu>", InfiniBand: + " guids=<node>/<port>"; or "admin"
 		wantErr string
 	}{
 		{name: "lowest usable VF", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-17-00-0", true, "1500M")},
@@ -65,8 +66,22 @@ func TestPlan(t *testing.T) {
 			want: []string{"0000:17:01.1 rate=1000 mtu=1500", "0000:17:01.3 rate=2000 mtu=1500"}},
 		{name: "none left", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-17-00-0", true, "1G"), result("b", "nic-0000-17-00-0", true, "2G"), result("c", "nic-0000-17-00-0", true, "2G")},
 			wantErr: `request "c": no free VF on PF p17 (0000:17:00.0): all 2 of its 4 VFs usable for a share`},
-		{name: "InfiniBand share: PF MTU", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-31-00-0", true, "1G")},
-			want: []string{"0000:31:01.0 rate=1000 mtu=4092"}},
+		// No VF rate limit on InfiniBand: the share is accounted, not enforced.
+		{name: "InfiniBand share: PF MTU, no rate", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-31-00-0", true, "1G")},
+			want: []string{"0000:31:01.0 rate=0 mtu=4092 guids=/"}},
+		{name: "InfiniBand share with GUIDs", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-31-00-0", true, "1G")},
+			config: `, "nodeGUID": "00:11:22:33:44:55:66:77", "portGUID": "00:11:22:33:44:55:66:78"`,
+			want:   []string{"0000:31:01.0 rate=0 mtu=4092 guids=00:11:22:33:44:55:66:77/00:11:22:33:44:55:66:78"}},
+		{name: "MAC on InfiniBand", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-31-00-0", true, "1G")},
+			config: `, "mac": "02:00:00:00:00:01"`, wantErr: `mac: PF p31 (0000:31:00.0) is an InfiniBand port, whose VFs have GUIDs`},
+		{name: "VLAN on InfiniBand", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-31-00-0", true, "1G")},
+			config: `, "vlan": 5`, wantErr: "vlan: PF p31 (0000:31:00.0) is an InfiniBand port"},
+		{name: "trust on InfiniBand", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-31-00-0", true, "1G")},
+			config: `, "trust": true`, wantErr: "trust: PF p31 (0000:31:00.0) is an InfiniBand port"},
+		{name: "spoof checking off on InfiniBand", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-31-00-0", true, "1G")},
+			config: `, "spoofCheck": false`, wantErr: "spoofCheck: PF p31 (0000:31:00.0) is an InfiniBand port"},
+		{name: "GUID on Ethernet", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-17-00-0", true, "1G")},
+			config: `, "nodeGUID": "00:11:22:33:44:55:66:77"`, wantErr: "nodeGUID: PF p17 (0000:17:00.0) is an Ethernet port"},
 		{name: "exclusive keeps its rate", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-4b-00-0-vf-1", false, "")},
 			want: []string{"0000:4b:01.1 rate=0 mtu=1500"}},
 		{name: "exclusive VF still held", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-4b-00-0-vf-1", false, "")},
@@ -84,8 +99,12 @@ func TestPlan(t *testing.T) {
 			wantErr: "below 1 Mb/s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newClaim("")
+			c := newClaim(tc.config)
 			c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: tc.results}}
+			for _, cfg := range c.Spec.Devices.Config { // as the allocator copies them
+				c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+					Source: resourceapi.AllocationConfigSourceClaim, Requests: cfg.Requests, DeviceConfiguration: cfg.DeviceConfiguration})
+			}
 			plan, err := Plan(c, catalog, tc.held, testNode)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -102,7 +121,11 @@ func TestPlan(t *testing.T) {
 					got = append(got, "admin")
 					continue
 				}
-				got = append(got, fmt.Sprintf("%s rate=%d mtu=%d", a.VF.PCIAddress, a.Config.MaxTxRateMbps, a.Config.MTU))
+				line := fmt.Sprintf("%s rate=%d mtu=%d", a.VF.PCIAddress, a.Config.MaxTxRateMbps, a.Config.MTU)
+				if a.PF.LinkType == hw.LinkInfiniBand {
+					line += fmt.Sprintf(" guids=%s/%s", a.Config.NodeGUID, a.Config.PortGUID)
+				}
+				got = append(got, line)
 			}
 			if strings.Join(got, ";") != strings.Join(tc.want, ";") {
 				t.Errorf("plan %v, want %v", got, tc.want)

@@ -8,7 +8,9 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/slices"
 )
 
 const exclusiveConfig = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nnics:\n- mode: exclusive\n"
@@ -187,15 +189,17 @@ func TestUnknownDevice(t *testing.T) {
 	e.checkPristine()
 }
 
-// TestSharesSkipUnusableVFs: a share needs a netdev VF; vfio-pci VFs are
-// for exclusive devices only.
-func TestSharesSkipUnusableVFs(t *testing.T) {
-	e := newEnv(t, `nics: [{model: e810, count: 1, vfs: 2, netdevs: [pfv], vfDriver: vfio-pci}]`, "")
-	_, err := e.prepare(e.allocate(newClaim("", share("nic", "1G"))))
-	if err == nil || !strings.Contains(err.Error(), "all 0 of its 2 VFs usable for a share") {
-		t.Fatalf("share on a PF whose VFs are all vfio-pci: %v", err)
+// TestSharesNeedNetdevVFs: a share is a VF netdev, so a PF whose VFs are
+// all bound to vfio-pci offers no shares (they serve exclusive devices);
+// the vfs capacity counts what prepare can hand out (slices tests count a
+// mixed PF's).
+func TestSharesNeedNetdevVFs(t *testing.T) {
+	_, pfs := openNode(t, `nics: [{model: e810, count: 1, vfs: 2, netdevs: [pfv], vfDriver: vfio-pci}]`)
+	offers, _ := config.Default().Resolve(pfs)
+	_, skips := slices.NICResources(testNode, offers, slices.AllFeatures)
+	if len(skips) != 1 || !strings.Contains(skips[0].Reason, "none of its 2 VFs is bound to a network driver") {
+		t.Fatalf("skips %v", skips)
 	}
-	e.checkPristine()
 }
 
 // TestConcurrentPrepares: claims prepared at once on one PF (the kubelet
@@ -232,5 +236,32 @@ func TestConcurrentPrepares(t *testing.T) {
 		t.Errorf("%d distinct rates and %d VLANs on the VFs, want %d each", len(rates), len(vlans), len(claims))
 	}
 	parallel(e.unprepare)
+	e.checkPristine()
+}
+
+// TestInfiniBandShare: an InfiniBand VF gets the GUIDs its VfConfig names
+// and none of the Ethernet settings (the mock refuses those as the driver
+// does), no rate limit (accounted, not enforced on InfiniBand), and gets
+// its GUIDs back at unprepare.
+func TestInfiniBandShare(t *testing.T) {
+	e := newEnv(t, `nics: [{model: cx7, count: 1, vfs: 2, linkType: infiniband, pciAddresses: ["0000:17:00.0"], netdevs: [ib0]}]`, "")
+	c := e.allocate(newClaim(`, "nodeGUID": "00:11:22:33:44:55:66:77", "portGUID": "00:11:22:33:44:55:66:78", "mtu": 2044`, share("ib", "100G")))
+	e.mustPrepare(c)
+	var configured []hw.VFConfig
+	for _, v := range e.vfs.Snapshot() {
+		if v.NodeGUID != "00:00:00:00:00:00:00:00" {
+			configured = append(configured, v)
+		}
+	}
+	if len(configured) != 1 {
+		t.Fatalf("VFs with GUIDs set: %+v", configured)
+	}
+	got := configured[0]
+	if got.NodeGUID != "00:11:22:33:44:55:66:77" || got.PortGUID != "00:11:22:33:44:55:66:78" || got.MTU != 2044 || got.MaxTxRateMbps != 0 || got.MAC != "" {
+		t.Errorf("the VF: %+v", got)
+	}
+	if err := e.unprepare(c); err != nil {
+		t.Fatal(err)
+	}
 	e.checkPristine()
 }

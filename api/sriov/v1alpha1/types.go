@@ -39,6 +39,12 @@ type VfConfig struct {
 	// SpoofCheck drops frames whose source MAC is not the VF's.
 	// Default true.
 	SpoofCheck *bool `json:"spoofCheck,omitempty"`
+	// NodeGUID and PortGUID are an InfiniBand VF's GUIDs, 8 bytes like
+	// 00:11:22:33:44:55:66:77; default: keep the VF's. InfiniBand VFs take
+	// these instead of mac, vlan, vlanQoS, trust and spoofCheck (and
+	// Ethernet VFs take no GUIDs).
+	NodeGUID string `json:"nodeGUID,omitempty"`
+	PortGUID string `json:"portGUID,omitempty"`
 	// Addresses are static IP addresses in CIDR form ("10.0.0.5/24").
 	Addresses []string `json:"addresses,omitempty"`
 	// Routes are static routes through the VF.
@@ -86,6 +92,11 @@ func (c *VfConfig) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(field.NewPath("mac"), c.MAC, "must be a 6-byte MAC address like 02:00:00:00:00:01"))
 		case hw[0]&1 == 1:
 			errs = append(errs, field.Invalid(field.NewPath("mac"), c.MAC, "must be a unicast address"))
+		}
+	}
+	for _, g := range []struct{ name, value string }{{"nodeGUID", c.NodeGUID}, {"portGUID", c.PortGUID}} {
+		if hw, err := net.ParseMAC(g.value); g.value != "" && (err != nil || len(hw) != 8) {
+			errs = append(errs, field.Invalid(field.NewPath(g.name), g.value, "must be an 8-byte GUID like 00:11:22:33:44:55:66:77"))
 		}
 	}
 	if c.VLAN != nil && (*c.VLAN < 0 || *c.VLAN > 4094) {
