@@ -154,7 +154,7 @@ func (n *Netns) ReadLink(name string) (LinkState, error) {
 	if len(a.HardwareAddr) > 0 {
 		st.MAC = a.HardwareAddr.String()
 	}
-	addrs, err := n.nl.AddrList(l, netlink.FAMILY_ALL)
+	addrs, err := consistent(func() ([]netlink.Addr, error) { return n.nl.AddrList(l, netlink.FAMILY_ALL) })
 	if err != nil {
 		return st, fmt.Errorf("%s: addresses of %s: %w", n, name, err)
 	}

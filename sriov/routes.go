@@ -48,29 +48,39 @@ func (NetlinkRoutes) DefaultRouteNetdevs() ([]string, error) {
 	if len(routed) == 0 {
 		return nil, nil
 	}
-	links, err := netlink.LinkList()
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+	links, err := consistent(netlink.LinkList)
+	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
 	return expandLowerLinks(routed, links), nil
 }
 
-// listRoutes dumps all tables, retrying a dump the kernel interrupted
-// because routes changed meanwhile.
+// listRoutes dumps all tables.
 func listRoutes() ([]netlink.Route, error) {
+	routes, err := consistent(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing routes: %w", err)
+	}
+	return routes, nil
+}
+
+// consistent runs a netlink dump again while the kernel reports it
+// interrupted (what it listed changed meanwhile: the result may miss or
+// repeat entries), a few times, and then gives up with the error rather
+// than take a partial list for the whole: a default route missed would
+// offer the node's own uplink to pods.
+func consistent[T any](dump func() (T, error)) (T, error) {
+	var out T
 	var err error
-	for range 3 {
-		var routes []netlink.Route
-		routes, err = netlink.RouteListFiltered(netlink.FAMILY_ALL,
-			&netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-		if err == nil {
-			return routes, nil
-		}
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
+	for range 5 {
+		if out, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return out, err
 		}
 	}
-	return nil, fmt.Errorf("listing routes: %w", err)
+	var zero T
+	return zero, err
 }
 
 // isDefault: netlink reports a default route with a nil Dst or, in newer
