@@ -11,6 +11,19 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
+// EnvName is a container environment variable name of hwdra's:
+// HWDRA_ and the parts, upper case, joined by "_", every character other
+// than a letter or digit turned into "_" ("nic/fast", 0 -> NIC_FAST_0).
+func EnvName(parts ...string) string {
+	b := []byte("HWDRA_" + strings.ToUpper(strings.Join(parts, "_")))
+	for i, c := range b {
+		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
 // One CDI spec per claim, "<driver>_claim_<uid>.json", kind
 // "<driver>/claim", one CDI device per prepared device named after the
 // claim UID, so a runtime's cached spec of an earlier claim never matches.

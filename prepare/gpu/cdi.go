@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/hwdra/hwdra/prepare"
 )
 
 // What a container gets for a device (its CDI container edits):
@@ -228,17 +230,8 @@ func (d *Driver) vfioEdits(mdevUUID string) (*cdispec.ContainerEdits, error) {
 	return &cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{container, groupNode}, Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}}, nil
 }
 
-// envName is HWDRA_<DEVICE>_<what>: the device name in upper case, every
-// character other than a letter or digit turned into "_".
-func envName(device, what string) string {
-	b := []byte("HWDRA_" + strings.ToUpper(device) + "_" + what)
-	for i, c := range b {
-		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			b[i] = '_'
-		}
-	}
-	return string(b)
-}
+// envName is HWDRA_<DEVICE>_<what>, the device name in upper case.
+func envName(device, what string) string { return prepare.EnvName(device, what) }
 
 // merge adds the node-wide driver edits (libraries, hooks) to a device's
 // own. The device's environment comes last, so it wins over the node

@@ -268,7 +268,7 @@ func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
 					mu.Lock()
 					allocated = nil
 					mu.Unlock()
-					waitFor(t, "the deallocated claims' hardware reclaimed", func() bool { return e.hwState() == before })
+					waitFor(t, "the deallocated claims' hardware reclaimed", func() bool { return e.hwState() == before && len(e.ledgerKeys()) == 0 })
 				} else {
 					for _, c := range claims {
 						e.unprepare(c)

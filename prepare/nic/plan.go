@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -14,6 +13,7 @@ import (
 	sriovv1alpha1 "github.com/hwdra/hwdra/api/sriov/v1alpha1"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/slices"
 )
 
@@ -232,17 +232,10 @@ func checkQuirks(pf hw.PF, cfg hw.VFConfig) error {
 // envPrefix: "HWDRA_SRIOV_<REQUEST>_", with the device's index when the
 // request has several.
 func envPrefix(request string, i, n int) string {
-	b := []byte(strings.ToUpper(request))
-	for j, c := range b {
-		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			b[j] = '_'
-		}
-	}
-	p := "HWDRA_SRIOV_" + string(b) + "_"
 	if n > 1 {
-		p += strconv.Itoa(i) + "_"
+		return prepare.EnvName("SRIOV", request, strconv.Itoa(i)) + "_"
 	}
-	return p
+	return prepare.EnvName("SRIOV", request) + "_"
 }
 
 func pfName(pf hw.PF) string {
