@@ -25,8 +25,11 @@ const (
 	AttrVLANQoS    resourceapi.QualifiedName = slices.NICDriver + "/vlanQoS"
 )
 
-// describe returns what a container gets for a VF: CDI edits when it
-// needs device nodes (RDMA, vfio-pci), and the device's metadata.
+// describe returns what a container gets for a VF: CDI edits (the VF's
+// PCI address in the environment, and the device nodes it needs: RDMA,
+// vfio-pci) and the device's metadata. Every VF gets a CDI device, even a
+// plain netdev with nothing but the variable: the claim's CDI spec is
+// where its record survives a lost checkpoint.
 func (d *Driver) describe(a Assignment, applied hw.VFConfig) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
 	attrs := pfAttributes(a)
 	attrs[string(deviceattribute.StandardDeviceAttributePCIBusID)] = str(a.VF.PCIAddress)
@@ -76,9 +79,6 @@ func (d *Driver) describe(a Assignment, applied hw.VFConfig) (*cdispec.Container
 				return nil, nil, err
 			}
 		}
-	}
-	if len(nodes) == 0 {
-		return nil, attrs, nil
 	}
 	edits := &cdispec.ContainerEdits{Env: env}
 	for _, n := range nodes {

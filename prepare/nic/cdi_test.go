@@ -20,8 +20,8 @@ import (
 // TestCDI: the specs prepare writes load into the CDI cache and inject
 // into an OCI spec as a runtime does: an RDMA share gets its VF's uverbs
 // node and rdma_cm, a vfio-pci VF the VFIO container and its group, each
-// fully numbered; both get the env var naming the VF. A VF needing no
-// device node gets no CDI device.
+// fully numbered; all get the env var naming the VF, a VF needing no
+// device node only that (its claim's spec keeps the claim's record).
 func TestCDI(t *testing.T) {
 	for _, tc := range []struct {
 		name, profile, agentConfig string
@@ -51,8 +51,9 @@ func TestCDI(t *testing.T) {
 			wantEnv:   []string{"HWDRA_SRIOV_DPDK_PCI_ADDRESS=0000:31:01.0"},
 		},
 		{
-			name: "iavf share: no CDI device", reqs: []resourceapi.DeviceRequest{share("nic", "10G")},
+			name: "iavf share: the variable only", reqs: []resourceapi.DeviceRequest{share("nic", "10G")},
 			profile: `nics: [{model: e810, count: 1, vfs: 2, pciAddresses: ["0000:31:00.0"], netdevs: [pfe]}]`,
+			wantEnv: []string{"HWDRA_SRIOV_NIC_PCI_ADDRESS=0000:31:01.0"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -234,3 +234,48 @@ func TestVFGoneAtUnprepare(t *testing.T) {
 		t.Errorf("held %v, ledger %v", e.driver.Held(), e.driver.ledger.Keys())
 	}
 }
+
+// TestStateLostBetweenPrepareAndUnprepare: the state directory deleted or
+// every file in it corrupted while shares are prepared (a plain netdev VF
+// and an RDMA one): the restarted driver rebuilds the claims from their
+// CDI specs, leaves the VFs as the claims set them, and unprepare restores
+// every VF exactly.
+func TestStateLostBetweenPrepareAndUnprepare(t *testing.T) {
+	for name, lose := range map[string]func(t *testing.T, dir string){
+		"deleted": func(t *testing.T, dir string) { os.RemoveAll(dir) },
+		"corrupt": func(t *testing.T, dir string) {
+			files, _ := filepath.Glob(filepath.Join(dir, "*"))
+			for _, f := range files {
+				os.WriteFile(f, []byte("{garbage"), 0o600)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, `nics: [{model: cx7, count: 1, vfs: 2, pciAddresses: ["0000:17:00.0"], netdevs: [pfa]},
+				{model: e810, count: 1, vfs: 2, pciAddresses: ["0000:31:00.0"], netdevs: [pfe]}]`, "")
+			rdma := e.allocate(newClaim(`, "vlan": 7`, share("a", "10G")))
+			b := share("b", "10G") // on the e810, whose VFs have no RDMA
+			b.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: `device.attributes["sriov.hwdra.io"].pfName == "pfe"`}}}
+			plain := e.allocate(newClaim(`, "vlan": 8`, b))
+			for _, c := range []*resourceapi.ResourceClaim{rdma, plain} {
+				e.mustPrepare(c)
+			}
+			running := e.vfs.Snapshot()
+			lose(t, e.stateDir())
+			e.start()
+			if got := e.vfs.Snapshot(); !reflect.DeepEqual(got, running) {
+				t.Fatalf("the restart changed the prepared VFs: %v, was %v", got, running)
+			}
+			if got := e.plugin.Prepared(); len(got) != 2 {
+				t.Fatalf("prepared after the restart: %v", got)
+			}
+			for _, c := range []*resourceapi.ResourceClaim{rdma, plain} {
+				if err := e.unprepare(c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.checkPristine()
+		})
+	}
+}

@@ -60,7 +60,8 @@
 // would start without its interface, and unprepare first returns a VF
 // still in a pod (no stop hook came) before restoring its settings.
 //
-// A VF gets a CDI device only when a container needs device nodes for it:
+// Every VF gets a CDI device (the claim's CDI spec is also where its record
+// survives a lost checkpoint), with the device nodes a container needs:
 //   - RDMA (a VF with its own RDMA device, mlx5's): /dev/infiniband/uverbs<n>
 //     of that RDMA device, and /dev/infiniband/rdma_cm where rdma_ucm is
 //     loaded. (umad and issm, for subnet management, are not given.)
@@ -68,11 +69,10 @@
 //     /dev/vfio/<IOMMU group>.
 //
 // Nodes are fully specified from sysfs (type, major, minor), so runtimes
-// need no host node to stat. Those CDI devices also set, for each device,
+// need no host node to stat. The CDI devices also set, for each device,
 // HWDRA_SRIOV_<REQUEST>_PCI_ADDRESS (the VF's PCI address) and, with RDMA,
 // HWDRA_SRIOV_<REQUEST>_RDMA_DEVICE, <REQUEST> being the request name in
 // upper case with every other character "_" ("nic/fast" is NIC_FAST).
 // A request with several devices numbers them: HWDRA_SRIOV_NIC_0_...,
-// HWDRA_SRIOV_NIC_1_... A plain netdev VF has no CDI device; its PCI
-// address is in the metadata.
+// HWDRA_SRIOV_NIC_1_... A plain netdev VF's CDI device sets only that.
 package nic
