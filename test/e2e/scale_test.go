@@ -156,6 +156,19 @@ func TestClaimsNeverRewriteThePoolThroughTheAPIServer(t *testing.T) {
 			t.Errorf("%s: %d ResourceSlice writes for %d claims of each kind: %v", d, got, perKind, writes.Events())
 		}
 	}
+	// Where a prepare's time goes: the agent's own part (plan, hardware,
+	// checkpoint, CDI spec) against the whole call above (plus the claim
+	// GET, the metadata files and gRPC).
+	for _, d := range []string{gpuDriver, nicDriver} {
+		sum, _ := framework.AgentMetric(metricsAddress, `hwdra_claim_operation_duration_seconds_sum{driver="`+d+`",operation="prepare",result="success"}`)
+		count, _ := framework.AgentMetric(metricsAddress, `hwdra_claim_operation_duration_seconds_count{driver="`+d+`",operation="prepare",result="success"}`)
+		var s, c float64
+		if _, err := fmt.Sscan(sum, &s); err == nil {
+			if _, err := fmt.Sscan(count, &c); err == nil && c > 0 {
+				framework.Timing(t, "prepare/agent-side-mean/"+d, time.Duration(s/c*float64(time.Second)))
+			}
+		}
+	}
 	throttled, err := framework.AgentMetric(metricsAddress, `hwdra_api_client_throttled_requests_total{client="claims"}`)
 	if err != nil {
 		t.Fatal(err)
