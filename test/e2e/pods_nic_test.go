@@ -130,22 +130,29 @@ nics:
 `
 
 // TestPodVFSharePlainNetdev: a 10 Gb/s share of a PF whose VFs have no RDMA
-// device (mock E810) runs too. The share needs no device node, so the agent
-// writes no CDI spec for the claim and the container gets no device and no
-// HWDRA_SRIOV_* variable, only the metadata (moving the VF's netdev into
-// the pod's network namespace is the NRI plugin's part).
+// device (mock E810) runs too. The share needs no device node: the claim's
+// CDI spec (which also keeps the claim's record for the agent) gives the
+// container only HWDRA_SRIOV_NIC_PCI_ADDRESS, the VF's address, as the
+// metadata does (moving the VF's netdev into the pod's network namespace
+// is the NRI plugin's part).
 func TestPodVFSharePlainNetdev(t *testing.T) {
 	s := startScenario(t, "pod-vf-plain", framework.MockProfile(t, "one-e810", oneE810), nicDriver)
 	tmpl := s.template(exampleClaim(t, "vf-share-10g.yaml"))
 	r := s.runPod("share", tmpl, "vf-share-10g-plain-netdev", "/dev", framework.MetadataPath("devices", "nic", nicDriver))
 	checkShare(t, s, r, "nic", "10G")
-	if spec, err := s.n.ClaimCDISpec(nicDriver, r.claim.UID); err != nil || spec != nil {
-		t.Errorf("a plain netdev share has a CDI spec (err %v): %+v", err, spec)
+	spec, err := s.n.ClaimCDISpec(nicDriver, r.claim.UID)
+	if err != nil || spec == nil || len(spec.Devices) != 1 || len(spec.Devices[0].ContainerEdits.DeviceNodes) != 0 {
+		t.Errorf("a plain netdev share's CDI spec (err %v): %+v; want one device without device nodes", err, spec)
 	}
-	for k := range r.out.Env {
+	var sriovEnv []string
+	for k, v := range r.out.Env {
 		if strings.HasPrefix(k, "HWDRA_SRIOV_") {
-			t.Errorf("a plain netdev share's container has %s=%s", k, r.out.Env[k])
+			sriovEnv = append(sriovEnv, k+"="+v)
 		}
+	}
+	vf := r.claim.Status.Allocation.Devices.Results[0]
+	if len(sriovEnv) != 1 || !strings.HasPrefix(sriovEnv[0], "HWDRA_SRIOV_NIC_PCI_ADDRESS=0000:") {
+		t.Errorf("a plain netdev share's container has %v (device %s), want HWDRA_SRIOV_NIC_PCI_ADDRESS only", sriovEnv, vf.Device)
 	}
 }
 
