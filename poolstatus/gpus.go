@@ -54,16 +54,16 @@ func gpus(p *pool, u *usage) []GPU {
 		g := GPU{PCIBusID: bus}
 		for _, prof := range profiles[bus] {
 			devs := byKey[key{bus, prof}]
-			var allocated int32
+			pr := Profile{Profile: prof, Devices: int32(len(devs)), Allocatable: base.clone().pack(devs, u)}
 			for _, d := range devs {
 				if u.inUse(d.Name) {
-					allocated++
+					pr.Allocated++
+				}
+				if d.unavailable {
+					pr.Unavailable++
 				}
 			}
-			g.Profiles = append(g.Profiles, Profile{
-				Profile: prof, Devices: int32(len(devs)), Allocated: allocated,
-				Allocatable: base.clone().pack(devs, u),
-			})
+			g.Profiles = append(g.Profiles, pr)
 		}
 		out = append(out, g)
 	}

@@ -56,6 +56,9 @@ type Profile struct {
 	Devices int32 `json:"devices"`
 	// Allocated are those allocated to claims.
 	Allocated int32 `json:"allocated"`
+	// Unavailable are those tainted NoSchedule or NoExecute (by the agent
+	// for a fault, or by a DeviceTaintRule).
+	Unavailable int32 `json:"unavailable"`
 	// Allocatable is how many more instances of the profile the scheduler
 	// can still allocate on this GPU, given the placements, counters and
 	// compatibility groups in use, leaving out tainted devices.
@@ -70,6 +73,8 @@ type SharedDevice struct {
 	PCIAddress string `json:"pciAddress,omitempty"`
 	// Allocations is the number of claim results on the device.
 	Allocations int32 `json:"allocations"`
+	// Unavailable: tainted, no new share lands here.
+	Unavailable bool `json:"unavailable,omitempty"`
 	// Capacity per capacity name: the device's, what its allocations
 	// consume, and what is left.
 	Capacity []resourcealpha.ShareableCapacityStatus `json:"capacity"`

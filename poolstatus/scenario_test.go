@@ -108,9 +108,9 @@ func TestDGXScenario(t *testing.T) {
 	for _, line := range []string{
 		`(?m)^gpu\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+5\s+208\s+3\s+205\s+0$`,
 		`(?m)^sriov\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+1\s+9\s+1\s+8\s+0$`,
-		`(?m)^0000:1b:00\.0\s+full\s+1\s+0\s+0$`,
-		`(?m)^\s+1g\.10gb\s+7\s+3\s+4$`,
-		`(?m)^nic-0000-18-00-0\s+\S+\s+2\s+sriov\.hwdra\.io/bandwidth\s+400G\s+300G\s+100G$`,
+		`(?m)^0000:1b:00\.0\s+full\s+1\s+0\s+0\s+0$`,
+		`(?m)^\s+1g\.10gb\s+7\s+3\s+0\s+4$`,
+		`(?m)^nic-0000-18-00-0\s+\S+\s+2\s+no\s+sriov\.hwdra\.io/bandwidth\s+400G\s+300G\s+100G$`,
 		`(?m)^\(pool\)\s+sriov\.hwdra\.io/bandwidth\s+3600G\s+300G\s+3300G$`,
 	} {
 		if !regexp.MustCompile(line).Match(out.Bytes()) {

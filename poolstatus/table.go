@@ -38,24 +38,24 @@ func WriteTable(w io.Writer, r Report) error {
 			fmt.Fprintf(tw, "validation error: %s\n", *p.ValidationError)
 		}
 		if len(p.GPUs) > 0 {
-			row("GPU", "PROFILE", "DEVICES", "ALLOCATED", "ALLOCATABLE")
+			row("GPU", "PROFILE", "DEVICES", "ALLOCATED", "UNAVAILABLE", "ALLOCATABLE")
 			for _, g := range p.GPUs {
 				for i, pr := range g.Profiles {
 					bus := g.PCIBusID
 					if i > 0 {
 						bus = ""
 					}
-					row(bus, pr.Profile, pr.Devices, pr.Allocated, pr.Allocatable)
+					row(bus, pr.Profile, pr.Devices, pr.Allocated, pr.Unavailable, pr.Allocatable)
 				}
 			}
 		}
 		if len(p.SharedDevices) > 0 || p.ShareableSummary != nil {
-			row("SHARED DEVICE", "PF", "ALLOCATIONS", "CAPACITY", "TOTAL", "CONSUMED", "AVAILABLE")
+			row("SHARED DEVICE", "PF", "ALLOCATIONS", "UNAVAILABLE", "CAPACITY", "TOTAL", "CONSUMED", "AVAILABLE")
 			for _, d := range p.SharedDevices {
-				capacityRows(row, []any{d.Device, d.PFName, d.Allocations}, d.Capacity)
+				capacityRows(row, []any{d.Device, d.PFName, d.Allocations, yesNo(d.Unavailable)}, d.Capacity)
 			}
 			if s := p.ShareableSummary; s != nil {
-				capacityRows(row, []any{"(pool)", "", ""}, s.Capacity)
+				capacityRows(row, []any{"(pool)", "", "", ""}, s.Capacity)
 				fmt.Fprintf(tw, "shared devices: %s fully available, %s partly\n", num(s.FullyAvailableDevices), num(s.PartiallyAvailableDevices))
 			}
 		}
@@ -79,6 +79,13 @@ func capacityRows(row func(...any), lead []any, caps []resourcealpha.ShareableCa
 		}
 		row(append(append([]any(nil), cells...), c.Name, c.Total.String(), c.Consumed.String(), c.Available.String())...)
 	}
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 func num(p *int32) string {

@@ -129,13 +129,16 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 			switch {
 			case g.PCIBusID == gpu && p.Profile == "1g.10gb" && (p.Allocated != 3 || p.Allocatable != 4):
 				t.Errorf("%s 1g.10gb: allocated %d, allocatable %d; want 3 and 4", gpu, p.Allocated, p.Allocatable)
-			case g.PCIBusID == faulted && p.Allocatable != 0:
-				t.Errorf("faulted GPU %s: %d more %s allocatable", faulted, p.Allocatable, p.Profile)
+			case g.PCIBusID == faulted && (p.Allocatable != 0 || p.Unavailable != p.Devices):
+				t.Errorf("faulted GPU %s: %s %d of %d devices unavailable, %d more allocatable", faulted, p.Profile, p.Unavailable, p.Devices, p.Allocatable)
 			}
 		}
 	}
 	found := false
 	for _, d := range ours.Pools[1].SharedDevices {
+		if d.Unavailable != (d.Device == ruled) {
+			t.Errorf("shared device %s: unavailable %v", d.Device, d.Unavailable)
+		}
 		if d.PCIAddress != pf {
 			continue
 		}
