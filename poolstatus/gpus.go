@@ -13,12 +13,12 @@ import (
 )
 
 const (
-	pfName    = hwslices.NICAttrPFName
-	pfAddress = hwslices.NICAttrPFPCIAddress
-	profile   = resourceapi.QualifiedName(hwslices.AttrProfile)
-	start     = resourceapi.QualifiedName(hwslices.AttrPlacementStart)
-	size      = resourceapi.QualifiedName(hwslices.AttrPlacementSize)
-	pciBusID  = deviceattribute.StandardDeviceAttributePCIBusID
+	attrPFName    = hwslices.NICAttrPFName
+	attrPFAddress = hwslices.NICAttrPFPCIAddress
+	attrProfile   = resourceapi.QualifiedName(hwslices.AttrProfile)
+	attrStart     = resourceapi.QualifiedName(hwslices.AttrPlacementStart)
+	attrSize      = resourceapi.QualifiedName(hwslices.AttrPlacementSize)
+	attrPCIBusID  = deviceattribute.StandardDeviceAttributePCIBusID
 )
 
 // gpus is the per-GPU view of the pool's devices that carry a profile.
@@ -31,7 +31,7 @@ func gpus(p *pool, u *usage) []GPU {
 		byKey    = map[key][]device{}
 	)
 	for _, d := range p.devices {
-		prof, bus := stringAttr(d.Device, profile), stringAttr(d.Device, pciBusID)
+		prof, bus := stringAttr(d.Device, attrProfile), stringAttr(d.Device, attrPCIBusID)
 		if prof == "" || bus == "" {
 			continue
 		}
@@ -85,8 +85,8 @@ type span struct{ start, size int64 }
 func (s span) overlaps(o span) bool { return s.start < o.start+o.size && o.start < s.start+s.size }
 
 func placement(d *resourceapi.Device) (span, bool) {
-	st, ok1 := d.Attributes[start]
-	sz, ok2 := d.Attributes[size]
+	st, ok1 := d.Attributes[attrStart]
+	sz, ok2 := d.Attributes[attrSize]
 	if !ok1 || !ok2 || st.IntValue == nil || sz.IntValue == nil {
 		return span{}, false
 	}
@@ -136,7 +136,7 @@ func (b *budget) clone() *budget {
 // set carries.
 func (b *budget) fits(d *resourceapi.Device) bool {
 	if pl, ok := placement(d); ok {
-		for _, o := range b.occupied[stringAttr(d, pciBusID)] {
+		for _, o := range b.occupied[stringAttr(d, attrPCIBusID)] {
 			if o.overlaps(pl) {
 				return false
 			}
@@ -159,7 +159,7 @@ func (b *budget) fits(d *resourceapi.Device) bool {
 
 func (b *budget) take(d *resourceapi.Device) {
 	if pl, ok := placement(d); ok {
-		bus := stringAttr(d, pciBusID)
+		bus := stringAttr(d, attrPCIBusID)
 		b.occupied[bus] = append(b.occupied[bus], pl)
 	}
 	for _, c := range d.ConsumesCounters {

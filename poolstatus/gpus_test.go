@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -32,23 +33,27 @@ var gpuClass = &resourceapi.DeviceClass{
 	}}},
 }
 
-// probe reads a mock node's GPUs through the real NVML backend.
-func probe(t testing.TB, profile string) ([]hw.GPU, error) {
+// probe reads a mock node through the real backends: a built-in profile
+// or, given YAML, a profile file of that text.
+func probe(t testing.TB, profile string) (hw.Inventory, error) {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "node.yaml")
-	if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
-		t.Fatal(err)
+	if strings.Contains(profile, "\n") {
+		file := filepath.Join(t.TempDir(), "node.yaml")
+		if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		profile = file
 	}
-	n, err := backend.Open("mock:" + file)
+	n, err := backend.Open("mock:" + profile)
 	if err != nil {
-		return nil, err
+		return hw.Inventory{}, err
 	}
 	defer n.Close()
 	inv, err := n.Inventory(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return inv.GPUs, nil
+	return inv, nil
 }
 
 var claimSeq int
@@ -99,7 +104,8 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 			for _, tainted := range []bool{false, true} {
 				name := fmt.Sprintf("%s/%s/tainted=%v", model, m.name, tainted)
 				t.Run(name, func(t *testing.T) {
-					gpus, err := probe(t, "gpus:\n- model: "+model+"\n  count: 2"+m.yaml+"\n")
+					inv, err := probe(t, "gpus:\n- model: "+model+"\n  count: 2"+m.yaml+"\n")
+					gpus := inv.GPUs
 					if err != nil && m.name == "host-vgpu-heterogeneous" {
 						t.Skip(err) // before Hopper
 					} else if err != nil {
@@ -217,7 +223,7 @@ func candidates(objs []resourceapi.ResourceSlice, bus, prof string) (placed, sam
 	for _, s := range objs {
 		for i := range s.Spec.Devices {
 			d := &s.Spec.Devices[i]
-			if stringAttr(d, pciBusID) != bus || stringAttr(d, profile) != prof {
+			if stringAttr(d, attrPCIBusID) != bus || stringAttr(d, attrProfile) != prof {
 				continue
 			}
 			if _, ok := placement(d); ok {
@@ -251,8 +257,8 @@ func profilesOf(objs []resourceapi.ResourceSlice, bus string) []string {
 	var out []string
 	for _, s := range objs {
 		for _, d := range s.Spec.Devices {
-			if stringAttr(&d, pciBusID) == bus && !slices.Contains(out, stringAttr(&d, profile)) {
-				out = append(out, stringAttr(&d, profile))
+			if stringAttr(&d, attrPCIBusID) == bus && !slices.Contains(out, stringAttr(&d, attrProfile)) {
+				out = append(out, stringAttr(&d, attrProfile))
 			}
 		}
 	}

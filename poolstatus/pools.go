@@ -235,7 +235,7 @@ func shareable(driver string, p *pool, u *usage) (*resourcealpha.ShareableSummar
 		} else {
 			full++
 		}
-		sd := SharedDevice{Device: d.Name, PFName: stringAttr(d.Device, pfName), PCIAddress: stringAttr(d.Device, pfAddress), Unavailable: d.unavailable}
+		sd := SharedDevice{Device: d.Name, PFName: stringAttr(d.Device, attrPFName), PCIAddress: stringAttr(d.Device, attrPFAddress), Unavailable: d.unavailable}
 		var consumed map[resourceapi.QualifiedName]resource.Quantity
 		if u != nil {
 			sd.Allocations = u.results[d.Name]

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/hwdra/hwdra/allocate"
-	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/hw"
@@ -25,12 +24,7 @@ import (
 // beside them, nothing changed on the others; 100G left on that PF, 300G
 // consumed in the pool; and the table says so.
 func TestDGXScenario(t *testing.T) {
-	n, err := backend.Open("mock:dgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	inv, err := n.Inventory(context.Background())
+	inv, err := probe(t, "dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

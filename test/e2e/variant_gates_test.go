@@ -70,7 +70,15 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	ns := n.CreateNamespace(t, "gate-off")
-	claim, err := framework.ExampleClaim("gpu-full.yaml")
+	framework.RecordTiming(t, "full GPU pod creation -> Running (compatibility groups off)", examplePodRunning(t, n, ns, "gpu-full.yaml", "gpu"))
+}
+
+// examplePodRunning runs a pod with a claim from deploy/examples/<file>
+// in ns and returns how long it took from creation to Running.
+func examplePodRunning(t *testing.T, n *framework.Node, ns, file, name string) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	claim, err := framework.ExampleClaim(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +86,7 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 	if _, err := n.Admin.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := framework.PodWithClaimTemplate("gpu", tmpl.Name)
+	pod := framework.PodWithClaimTemplate(name, tmpl.Name)
 	began := time.Now()
 	if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -86,7 +94,7 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 	if _, err := n.WaitPodRunning(ctx, ns, pod.Name, 90*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	framework.RecordTiming(t, "full GPU pod creation -> Running (compatibility groups off)", time.Since(began))
+	return time.Since(began)
 }
 
 // TestPartitionTypeGateOff: with DRAPartitionableDevicesType off in every
@@ -116,21 +124,7 @@ func TestPartitionTypeGateOff(t *testing.T) {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
-	claim, err := framework.ExampleClaim("mig-1g.10gb.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := framework.TemplateFor(claim)
-	if _, err := n.Admin.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := framework.PodWithClaimTemplate("mig", tmpl.Name)
-	if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.WaitPodRunning(ctx, ns, pod.Name, 90*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	framework.RecordTiming(t, "1g.10gb pod creation -> Running (partition type gate off)", examplePodRunning(t, n, ns, "mig-1g.10gb.yaml", "mig"))
 	if strings.Contains(agent.Tail(500), "dropped fields") {
 		t.Errorf("the agent fell back from a dropped field:\n%s", agent.Tail(50))
 	}
