@@ -18,7 +18,6 @@ var gates = []struct {
 	flag func(*hwslices.Features) *bool
 }{
 	{"DRAPartitionableDevices", func(f *hwslices.Features) *bool { return &f.PartitionableDevices }},
-	{"DRAPartitionableDevicesType", func(f *hwslices.Features) *bool { return &f.PartitionType }},
 	{"DRADeviceCompatibilityGroups", func(f *hwslices.Features) *bool { return &f.CompatibilityGroups }},
 	{"DRAConsumableCapacity", func(f *hwslices.Features) *bool { return &f.ConsumableCapacity }},
 	{"DRADeviceTaints", func(f *hwslices.Features) *bool { return &f.DeviceTaints }},

@@ -9,9 +9,6 @@ type Features struct {
 	// Without it no partitions are offered: only whole GPUs and MIG
 	// instances that already exist.
 	PartitionableDevices bool
-	// PartitionType: the slice's partitionTypeAttribute
-	// (DRAPartitionableDevicesType). Informational; simply left out.
-	PartitionType bool
 	// CompatibilityGroups (DRADeviceCompatibilityGroups). Without it the
 	// scheduler could mix MIG and vGPU on one GPU, so no vGPU is offered.
 	CompatibilityGroups bool
@@ -24,7 +21,6 @@ type Features struct {
 // AllFeatures is the cluster hwdra is built for.
 var AllFeatures = Features{
 	PartitionableDevices: true,
-	PartitionType:        true,
 	CompatibilityGroups:  true,
 	ConsumableCapacity:   true,
 	DeviceTaints:         true,

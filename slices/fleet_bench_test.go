@@ -20,7 +20,9 @@ import (
 // (the DRA plugin's Filter). Nodes are mock DGX H100s (8 GPUs: 208 GPU
 // devices with counters), beside the simplest model of the same hardware,
 // one device per GPU without counters (8 devices, our fallback without
-// DRAPartitionableDevices). Reported per node: ns/node and allocs/node.
+// DRAPartitionableDevices), and beside our devices laid out as one pool
+// per GPU (the layout a partition summary would need, see
+// pooldesign_test.go). Reported per node: ns/node and allocs/node.
 //
 //	go test -run '^$' -bench Fleet -benchmem ./slices/
 func BenchmarkFleetAllocation(b *testing.B) {
@@ -35,19 +37,23 @@ func BenchmarkFleetAllocation(b *testing.B) {
 		"full-gpu": claim(request("gpu", "gpu.hwdra.io", 1, "")),
 		"1g.10gb":  claim(request("mig", "mig.gpu.hwdra.io", 1, `device.attributes["gpu.hwdra.io"].profile == "1g.10gb"`)),
 	}
+	nodePool := func(f Features) []resourceapi.ResourceSlice {
+		return Objects(GPUDriver, "node", GPUResources("node", gpus, f))
+	}
 	models := []struct {
-		name     string
-		features Features
-		claims   []string
+		name   string
+		slices []resourceapi.ResourceSlice
+		claims []string
 	}{
-		{"hwdra", AllFeatures, []string{"full-gpu", "1g.10gb"}},
-		{"one-device-per-GPU", Features{}, []string{"full-gpu"}},
+		{"hwdra", nodePool(AllFeatures), []string{"full-gpu", "1g.10gb"}},
+		{"one-device-per-GPU", nodePool(Features{}), []string{"full-gpu"}},
+		{"pools-per-GPU", perGPUPools("node", GPUResources("node", gpus, AllFeatures)), []string{"full-gpu", "1g.10gb"}},
 	}
 	celCache := cel.NewCache(1000, cel.Features{EnableConsumableCapacity: true})
 	for _, m := range models {
 		// One node's slices; the fleet's share their devices (the
 		// allocator only reads them), so 1000 nodes fit in memory.
-		one := Objects(GPUDriver, "node", GPUResources("node", gpus, m.features))
+		one := m.slices
 		for _, n := range []int{1, 100, 1000} {
 			slices, nodes := fleet(one, n)
 			for _, name := range m.claims {
@@ -85,7 +91,7 @@ func fleet(one []resourceapi.ResourceSlice, n int) ([]*resourceapi.ResourceSlice
 		for _, s := range one {
 			s.Name = fmt.Sprintf("%s-%s", name, s.Name)
 			s.Spec.NodeName = &name
-			s.Spec.Pool.Name = name
+			s.Spec.Pool.Name = fleetPool(name, s.Spec.Pool.Name)
 			slices = append(slices, &s)
 		}
 	}

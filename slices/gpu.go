@@ -17,11 +17,15 @@ import (
 
 // GPU attribute names (in the driver's domain unless standard).
 const (
-	// AttrProfile is the partition type: "full", a MIG profile ("1g.10gb")
+	// AttrProfile is what a device is: "full", a MIG profile ("1g.10gb")
 	// or a vGPU type ("H100-10C").
 	AttrProfile = GPUDriver + "/profile"
 	// AttrType is "gpu", "mig" or "vgpu".
 	AttrType = GPUDriver + "/type"
+	// AttrPlacementStart and AttrPlacementSize are the memory slices a MIG
+	// partition (or a MIG-backed vGPU's GPU instance) occupies.
+	AttrPlacementStart = GPUDriver + "/placementStart"
+	AttrPlacementSize  = GPUDriver + "/placementSize"
 
 	attrUUID         = GPUDriver + "/uuid"
 	attrParentUUID   = GPUDriver + "/parentUUID"
@@ -31,8 +35,6 @@ const (
 	attrDriver       = GPUDriver + "/driverVersion"
 	attrCUDADriver   = GPUDriver + "/cudaDriverVersion"
 	attrMIGCapable   = GPUDriver + "/migCapable"
-	attrPlacement    = GPUDriver + "/placementStart"
-	attrPlacementLen = GPUDriver + "/placementSize"
 	attrVGPUType     = GPUDriver + "/vgpuType"
 	attrVGPUClass    = GPUDriver + "/vgpuClass"
 	attrMIGBacked    = GPUDriver + "/migBacked"
@@ -136,12 +138,10 @@ func buildGPUs(nodeName string, gpus []hw.GPU, f Features, h Health, withCatalog
 		}
 		devices = append(devices, b.devices...)
 	}
-	var partitionType resourceapi.FullyQualifiedName
-	if f.PartitionType {
-		partitionType = AttrProfile
-	}
+	// No partitionTypeAttribute: the pool-status controller can summarise
+	// no partition type of this model honestly (README, "Device model").
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		nodeName: pool(sets, devices, partitionType),
+		nodeName: pool(sets, devices),
 	}}, catalog
 }
 
@@ -263,8 +263,8 @@ func (b *gpuDevices) full(counters bool) resourceapi.Device {
 func (b *gpuDevices) mig(p hw.MIGProfile, pl hw.Placement, counters bool) resourceapi.Device {
 	d := b.base(MIGName(b.gpu.PCIBusID, p.Name, pl.Start), KindMIG, p.Name)
 	d.Attributes[attrParentUUID] = str(b.gpu.UUID)
-	d.Attributes[attrPlacement] = integer(pl.Start)
-	d.Attributes[attrPlacementLen] = integer(pl.Size)
+	d.Attributes[AttrPlacementStart] = integer(pl.Start)
+	d.Attributes[AttrPlacementSize] = integer(pl.Size)
 	d.Capacity = capacity(p.MemoryBytes, p.Multiprocessors)
 	if counters {
 		d.ConsumesCounters = b.consume(b.budget.migConsumption(p, pl), groupMIG)
@@ -287,8 +287,8 @@ func (b *gpuDevices) timeSlicedVGPU(t hw.VGPUType, i int) resourceapi.Device {
 func (b *gpuDevices) migBackedVGPU(t hw.VGPUType, p hw.MIGProfile, pl hw.Placement) resourceapi.Device {
 	d := b.vgpu(t, pl.Start)
 	d.Attributes[attrMIGProfile] = str(p.Name)
-	d.Attributes[attrPlacement] = integer(pl.Start)
-	d.Attributes[attrPlacementLen] = integer(pl.Size)
+	d.Attributes[AttrPlacementStart] = integer(pl.Start)
+	d.Attributes[AttrPlacementSize] = integer(pl.Size)
 	d.Capacity = capacity(t.FramebufferBytes, p.Multiprocessors)
 	d.ConsumesCounters = b.consume(b.budget.migConsumption(p, pl), groupVGPUMIG)
 	return d

@@ -163,7 +163,7 @@ func assertNoOverlap(t *testing.T, res resourceslice.DriverResources, names []st
 	var got []hw.Placement
 	for _, n := range names {
 		d := byName[n]
-		pl := hw.Placement{Start: int(*d.Attributes[attrPlacement].IntValue), Size: int(*d.Attributes[attrPlacementLen].IntValue)}
+		pl := hw.Placement{Start: int(*d.Attributes[AttrPlacementStart].IntValue), Size: int(*d.Attributes[AttrPlacementSize].IntValue)}
 		for _, o := range got {
 			if o.Overlaps(pl) {
 				t.Errorf("allocated overlapping placements %v and %v (%v)", o, pl, names)

@@ -25,6 +25,12 @@ func checkLimits(t *testing.T, res resourceslice.DriverResources) {
 			if len(s.Devices) > 0 && len(s.SharedCounters) > 0 {
 				t.Errorf("pool %s slice %d mixes devices and counters", poolName, i)
 			}
+			// No device of ours costs the same as another in its pool, so
+			// a partition type would earn the pool a PartitionCostMismatch
+			// from the pool-status controller (README, "Device model").
+			if s.PartitionTypeAttribute != nil {
+				t.Errorf("pool %s slice %d declares partitionTypeAttribute %s", poolName, i, *s.PartitionTypeAttribute)
+			}
 			if len(s.SharedCounters) > resourceapi.ResourceSliceMaxCounterSets {
 				t.Errorf("slice %d: %d counter sets", i, len(s.SharedCounters))
 			}
@@ -79,11 +85,6 @@ func checkLimits(t *testing.T, res resourceslice.DriverResources) {
 						if _, ok := cs.Counters[name]; !ok {
 							t.Errorf("%s consumes unknown counter %s/%s", d.Name, c.CounterSet, name)
 						}
-					}
-					if s.PartitionTypeAttribute == nil {
-						t.Errorf("slice %d has counter-consuming device %s but no partitionTypeAttribute", i, d.Name)
-					} else if v, ok := d.Attributes[resourceapi.QualifiedName(*s.PartitionTypeAttribute)]; !ok || v.StringValue == nil {
-						t.Errorf("%s lacks string attribute %s", d.Name, *s.PartitionTypeAttribute)
 					}
 				}
 			}
@@ -175,7 +176,7 @@ func TestDeliverableDevicesOnly(t *testing.T) {
 			present: []string{GPUName(bus)}, wantCount: 1, noCounters: true},
 		{name: "no partitionable devices: existing instances only", gpu: withInstance, f: Features{},
 			present: []string{MIGName(bus, "3g.40gb", 4)}, wantCount: 1, noCounters: true},
-		{name: "no compatibility groups: no vGPU", gpu: h100VGPU(bus), f: Features{PartitionableDevices: true, PartitionType: true},
+		{name: "no compatibility groups: no vGPU", gpu: h100VGPU(bus), f: Features{PartitionableDevices: true},
 			present: []string{MIGName(bus, "1g.10gb", 0)}, absent: []string{VGPUName(bus, "NVIDIA H100-20C", 0)}, wantCount: 25},
 		{name: "vGPU host", gpu: h100VGPU(bus), f: AllFeatures,
 			present: []string{VGPUName(bus, "NVIDIA H100-20C", 3), VGPUName(bus, "NVIDIA H100-1-10C", 6), MIGName(bus, "1g.10gb", 0)},
@@ -288,7 +289,7 @@ func TestGPUDevicesMatchPublishedDevices(t *testing.T) {
 
 func TestPoolRefusesDuplicateNames(t *testing.T) {
 	d := func(name string) resourceapi.Device { return resourceapi.Device{Name: name} }
-	p := pool(nil, []resourceapi.Device{d("a"), d("b"), d("a")}, "")
+	p := pool(nil, []resourceapi.Device{d("a"), d("b"), d("a")})
 	var names []string
 	for _, s := range p.Slices {
 		for _, dev := range s.Devices {

@@ -135,7 +135,7 @@ func buildNICs(nodeName string, offers []config.NICOffer, f Features, h Health, 
 		}
 	}
 	return resourceslice.DriverResources{
-		Pools: map[string]resourceslice.Pool{nodeName: pool(nil, devices, "")},
+		Pools: map[string]resourceslice.Pool{nodeName: pool(nil, devices)},
 	}, skips, catalog
 }
 

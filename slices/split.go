@@ -14,7 +14,7 @@ import (
 // list preferred devices first. A device named like an earlier one is left
 // out (and logged): the API server would reject its slice, and the
 // scheduler would then treat the whole pool as invalid.
-func pool(counterSets []resourceapi.CounterSet, devices []resourceapi.Device, partitionType resourceapi.FullyQualifiedName) resourceslice.Pool {
+func pool(counterSets []resourceapi.CounterSet, devices []resourceapi.Device) resourceslice.Pool {
 	var p resourceslice.Pool
 	seen := make(map[string]bool, len(devices))
 	for start := 0; start < len(counterSets); start += resourceapi.ResourceSliceMaxCounterSets {
@@ -43,10 +43,6 @@ func pool(counterSets []resourceapi.CounterSet, devices []resourceapi.Device, pa
 		}
 		if advanced {
 			limit = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
-		}
-		if partitionType != "" && len(d.ConsumesCounters) > 0 {
-			pt := partitionType
-			p.Slices[cur].PartitionTypeAttribute = &pt
 		}
 		p.Slices[cur].Devices = append(p.Slices[cur].Devices, d)
 	}

@@ -37,6 +37,6 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logs, root.PersistentFlags())
-	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand(), mockCommand(), versionCommand())
+	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand(), poolStatusCommand(), mockCommand(), versionCommand())
 	return root
 }

@@ -175,3 +175,10 @@ func TestLabTakesSeveralFilesAfterOneFlag(t *testing.T) {
 		t.Errorf("both claims not run:\n%s", out)
 	}
 }
+
+func TestPoolStatusOutputFormat(t *testing.T) {
+	_, err := run(t, "pool-status", "-o", "xml")
+	if err == nil || !strings.Contains(err.Error(), "want table, yaml or json") {
+		t.Fatalf("pool-status -o xml: %v", err)
+	}
+}

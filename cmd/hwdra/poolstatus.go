@@ -1,0 +1,54 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/hwdra/hwdra/poolstatus"
+	"github.com/hwdra/hwdra/slices"
+)
+
+func poolStatusCommand() *cobra.Command {
+	var (
+		kubeconfig, node, output string
+		drivers                  []string
+	)
+	cmd := &cobra.Command{
+		Use:   "pool-status",
+		Short: "Report the drivers' resource pools from the cluster's slices and claims: devices allocated and available, MIG profiles that still fit per GPU, bandwidth left per PF",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "yaml" && output != "json" {
+				return fmt.Errorf("--output %q: want table, yaml or json", output)
+			}
+			rules := clientcmd.NewDefaultClientConfigLoadingRules()
+			rules.ExplicitPath = kubeconfig
+			rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+			if err != nil {
+				return err
+			}
+			rc.UserAgent = "hwdra-pool-status"
+			client, err := kubernetes.NewForConfig(rc)
+			if err != nil {
+				return err
+			}
+			r, err := poolstatus.Status(cmd.Context(), client, drivers, node)
+			if err != nil {
+				return err
+			}
+			if output == "table" {
+				return poolstatus.WriteTable(cmd.OutOrStdout(), r)
+			}
+			return printObject(cmd.OutOrStdout(), output, r)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, ~/.kube/config, or in-cluster")
+	f.StringSliceVar(&drivers, "driver", []string{slices.GPUDriver, slices.NICDriver}, "drivers whose pools to report")
+	f.StringVar(&node, "node", "", "report only this node's pools; empty: every node")
+	f.StringVarP(&output, "output", "o", "table", "output format: table, yaml or json")
+	return cmd
+}

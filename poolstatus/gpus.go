@@ -1,0 +1,235 @@
+package poolstatus
+
+import (
+	"cmp"
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+const (
+	attrPFName    = hwslices.NICAttrPFName
+	attrPFAddress = hwslices.NICAttrPFPCIAddress
+	attrProfile   = resourceapi.QualifiedName(hwslices.AttrProfile)
+	attrStart     = resourceapi.QualifiedName(hwslices.AttrPlacementStart)
+	attrSize      = resourceapi.QualifiedName(hwslices.AttrPlacementSize)
+	attrPCIBusID  = deviceattribute.StandardDeviceAttributePCIBusID
+)
+
+// gpus is the per-GPU view of the pool's devices that carry a profile.
+// Profiles are listed in the order the pool first publishes them.
+func gpus(p *pool, u *usage) []GPU {
+	type key struct{ gpu, profile string }
+	var (
+		order    []string
+		profiles = map[string][]string{}
+		byKey    = map[key][]device{}
+	)
+	for _, d := range p.devices {
+		prof, bus := stringAttr(d.Device, attrProfile), stringAttr(d.Device, attrPCIBusID)
+		if prof == "" || bus == "" {
+			continue
+		}
+		k := key{bus, prof}
+		if _, ok := profiles[bus]; !ok {
+			order = append(order, bus)
+		}
+		if len(byKey[k]) == 0 {
+			profiles[bus] = append(profiles[bus], prof)
+		}
+		byKey[k] = append(byKey[k], d)
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	base := newBudget(p, u)
+	slices.Sort(order)
+	out := make([]GPU, 0, len(order))
+	for _, bus := range order {
+		g := GPU{PCIBusID: bus}
+		for _, prof := range profiles[bus] {
+			devs := byKey[key{bus, prof}]
+			pr := Profile{Profile: prof, Devices: int32(len(devs)), Allocatable: base.clone().pack(devs, u)}
+			for _, d := range devs {
+				if u.inUse(d.Name) {
+					pr.Allocated++
+				}
+				if d.unavailable {
+					pr.Unavailable++
+				}
+			}
+			g.Profiles = append(g.Profiles, pr)
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// budget is what is left for new devices on the pool's hardware: counters,
+// the compatibility groups of what each counter set already carries, and
+// the memory slices in use per GPU.
+type budget struct {
+	counters map[string]map[string]resource.Quantity
+	groups   map[string]groups
+	occupied map[string][]span
+}
+
+// span is a placement: memory slices [start, start+size).
+type span struct{ start, size int64 }
+
+func (s span) overlaps(o span) bool { return s.start < o.start+o.size && o.start < s.start+s.size }
+
+func placement(d *resourceapi.Device) (span, bool) {
+	st, ok1 := d.Attributes[attrStart]
+	sz, ok2 := d.Attributes[attrSize]
+	if !ok1 || !ok2 || st.IntValue == nil || sz.IntValue == nil {
+		return span{}, false
+	}
+	return span{*st.IntValue, *sz.IntValue}, true
+}
+
+// newBudget starts from the pool's counter sets and takes off every device
+// in use, as the scheduler does (once per device, however many claims
+// share it).
+func newBudget(p *pool, u *usage) *budget {
+	b := &budget{counters: map[string]map[string]resource.Quantity{}, groups: map[string]groups{}, occupied: map[string][]span{}}
+	for _, cs := range p.sets {
+		m := map[string]resource.Quantity{}
+		for name, c := range cs.Counters {
+			m[name] = c.Value.DeepCopy()
+		}
+		b.counters[cs.Name] = m
+	}
+	for _, d := range p.devices {
+		if u.inUse(d.Name) {
+			b.take(d.Device)
+		}
+	}
+	return b
+}
+
+func (b *budget) clone() *budget {
+	c := &budget{counters: map[string]map[string]resource.Quantity{}, groups: map[string]groups{}, occupied: map[string][]span{}}
+	for set, m := range b.counters {
+		cm := make(map[string]resource.Quantity, len(m))
+		for k, v := range m {
+			cm[k] = v.DeepCopy()
+		}
+		c.counters[set] = cm
+	}
+	for k, v := range b.groups {
+		c.groups[k] = v
+	}
+	for k, v := range b.occupied {
+		c.occupied[k] = slices.Clone(v)
+	}
+	return c
+}
+
+// fits: the device's placement is free on its GPU, every counter it
+// consumes is left, and its compatibility groups go with what each counter
+// set carries.
+func (b *budget) fits(d *resourceapi.Device) bool {
+	if pl, ok := placement(d); ok {
+		for _, o := range b.occupied[stringAttr(d, attrPCIBusID)] {
+			if o.overlaps(pl) {
+				return false
+			}
+		}
+	}
+	for _, c := range d.ConsumesCounters {
+		left, ok := b.counters[c.CounterSet]
+		if !ok || !b.groups[c.CounterSet].admits(c.CompatibilityGroups) {
+			return false
+		}
+		for name, want := range c.Counters {
+			have, ok := left[name]
+			if !ok || have.Cmp(want.Value) < 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (b *budget) take(d *resourceapi.Device) {
+	if pl, ok := placement(d); ok {
+		bus := stringAttr(d, attrPCIBusID)
+		b.occupied[bus] = append(b.occupied[bus], pl)
+	}
+	for _, c := range d.ConsumesCounters {
+		b.groups[c.CounterSet] = b.groups[c.CounterSet].with(c.CompatibilityGroups)
+		left := b.counters[c.CounterSet]
+		for name, want := range c.Counters {
+			if have, ok := left[name]; ok {
+				have.Sub(want.Value)
+				left[name] = have
+			}
+		}
+	}
+}
+
+// pack counts how many of devs (one profile on one GPU) can be added to
+// what is in use: a placement packing. Instances of one profile cost the
+// same except for the memory slices of their placement, so taking free
+// placements by earliest end, each while the counters still cover it,
+// reaches the most instances the placements and the counters allow
+// (interval scheduling). Devices in use or unavailable are not candidates.
+func (b *budget) pack(devs []device, u *usage) int32 {
+	var cands []*resourceapi.Device
+	for _, d := range devs {
+		if !d.unavailable && !u.inUse(d.Name) {
+			cands = append(cands, d.Device)
+		}
+	}
+	slices.SortStableFunc(cands, func(x, y *resourceapi.Device) int {
+		px, _ := placement(x)
+		py, _ := placement(y)
+		return cmp.Or(cmp.Compare(px.start+px.size, py.start+py.size), cmp.Compare(px.start, py.start))
+	})
+	var n int32
+	for _, d := range cands {
+		if b.fits(d) {
+			b.take(d)
+			n++
+		}
+	}
+	return n
+}
+
+// groups is what one counter set's devices allow beside them
+// (compatibility groups): nothing placed admits anything; devices that
+// declare no group admit only others without; otherwise a device needs a
+// group that every placed device declares.
+type groups struct {
+	placed bool
+	none   bool
+	common sets.Set[string]
+}
+
+func (g groups) admits(declared []string) bool {
+	switch {
+	case !g.placed:
+		return true
+	case len(declared) == 0 || g.none:
+		return len(declared) == 0 && g.none
+	default:
+		return g.common.HasAny(declared...)
+	}
+}
+
+func (g groups) with(declared []string) groups {
+	switch {
+	case !g.placed:
+		return groups{placed: true, none: len(declared) == 0, common: sets.New(declared...)}
+	case g.none || len(declared) == 0:
+		return g
+	default:
+		return groups{placed: true, common: g.common.Intersection(sets.New(declared...))}
+	}
+}

@@ -1,0 +1,81 @@
+// Package poolstatus reports the state of a DRA driver's resource pools
+// from the live ResourceSlices, ResourceClaims and DeviceTaintRules: per
+// pool the counts the pool-status controller of kube-controller-manager
+// reports (KEP-5677, resource.k8s.io/v1alpha3 ResourcePoolStatusRequest),
+// computed by its definitions, so that the numbers exist on clusters
+// without that alpha API; and what no upstream view says: per GPU and
+// profile how many more instances fit beside the placements in use, and
+// per shared device (an SR-IOV PF) the capacity its shares consume.
+//
+// Read lists the objects; Compute is pure; WriteTable renders.
+package poolstatus
+
+import (
+	resourceapi "k8s.io/api/resource/v1"
+	resourcealpha "k8s.io/api/resource/v1alpha3"
+)
+
+// Cluster is what a report is computed from.
+type Cluster struct {
+	Slices []resourceapi.ResourceSlice
+	Claims []resourceapi.ResourceClaim
+	// TaintRules are the cluster's DeviceTaintRules (none where that API
+	// is off).
+	TaintRules []resourceapi.DeviceTaintRule
+}
+
+// Report is the status of the selected pools, by driver and pool name.
+type Report struct {
+	Pools []Pool `json:"pools"`
+}
+
+// Pool is one pool: the controller's PoolStatus with its field names, and
+// hwdra's own views of it. Counts and views are left out of an incomplete
+// pool, as the controller leaves them out (validationError says why).
+type Pool struct {
+	resourcealpha.PoolStatus `json:",inline"`
+	// GPUs: per GPU, per profile, what is published, allocated, and how
+	// many more instances still fit.
+	GPUs []GPU `json:"gpus,omitempty"`
+	// SharedDevices: per device that claims share (allowMultipleAllocations),
+	// its capacity consumed and left.
+	SharedDevices []SharedDevice `json:"sharedDevices,omitempty"`
+}
+
+// GPU is one GPU's devices (every device carrying its PCI address).
+type GPU struct {
+	PCIBusID string    `json:"pciBusID"`
+	Profiles []Profile `json:"profiles"`
+}
+
+// Profile is the devices of one profile (gpu.hwdra.io/profile) on a GPU.
+type Profile struct {
+	Profile string `json:"profile"`
+	// Devices is how many devices of the profile the GPU publishes: one
+	// per placement for MIG, one per instance for vGPU.
+	Devices int32 `json:"devices"`
+	// Allocated are those allocated to claims.
+	Allocated int32 `json:"allocated"`
+	// Unavailable are those tainted NoSchedule or NoExecute (by the agent
+	// for a fault, or by a DeviceTaintRule).
+	Unavailable int32 `json:"unavailable"`
+	// Allocatable is how many more instances of the profile the scheduler
+	// can still allocate on this GPU, given the placements, counters and
+	// compatibility groups in use, leaving out tainted devices.
+	Allocatable int32 `json:"allocatable"`
+}
+
+// SharedDevice is one device with allowMultipleAllocations.
+type SharedDevice struct {
+	Device string `json:"device"`
+	// PFName and PCIAddress identify an SR-IOV PF (sriov.hwdra.io).
+	PFName     string `json:"pfName,omitempty"`
+	PCIAddress string `json:"pciAddress,omitempty"`
+	// Allocations is the number of claim results on the device.
+	Allocations int32 `json:"allocations"`
+	// Unavailable: tainted, no new share lands here.
+	Unavailable bool `json:"unavailable,omitempty"`
+	// Capacity per capacity name: the device's, what its allocations
+	// consume, and what is left.
+	Capacity []resourcealpha.ShareableCapacityStatus `json:"capacity"`
+}

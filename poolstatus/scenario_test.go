@@ -1,0 +1,115 @@
+package poolstatus
+
+import (
+	"bytes"
+	"context"
+	"regexp"
+	"slices"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/hw"
+	hwslices "github.com/hwdra/hwdra/slices"
+)
+
+// TestDGXScenario: on a mock DGX H100 as the agent publishes it, three
+// 1g.10gb on one GPU and two 150G shares of one 400G PF, allocated by the
+// scheduler's allocator with the shipped DeviceClasses. The report says 4
+// more 1g.10gb fit on that GPU (7 placements, 3 used), what else fits
+// beside them, nothing changed on the others; 100G left on that PF, 300G
+// consumed in the pool; and the table says so.
+func TestDGXScenario(t *testing.T) {
+	inv, err := probe(t, "dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := hwslices.ForNode(node, inv, config.Default(), hwslices.AllFeatures, hw.Health{})
+	var objs []resourceapi.ResourceSlice
+	for _, d := range []string{hwslices.GPUDriver, hwslices.NICDriver} {
+		objs = append(objs, hwslices.Objects(d, node, res[d])...)
+	}
+	ptrs := make([]*resourceapi.ResourceSlice, len(objs))
+	for i := range objs {
+		ptrs[i] = &objs[i]
+	}
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := allocate.New(allocate.ClusterFeatures, node, ptrs, classes)
+	const gpu, pf = "0000:1b:00.0", "0000:18:00.0"
+	mig := claimFor(gpu, "1g.10gb", 3)
+	mig.Spec.Devices.Requests[0].Exactly.DeviceClassName = "mig.gpu.hwdra.io"
+	claims := []*resourceapi.ResourceClaim{mig}
+	for range 2 {
+		share := claimFor("", "", 1)
+		share.Spec.Devices.Requests[0] = allocate.Request("r", "vf-share.sriov.hwdra.io", 1, `device.attributes["sriov.hwdra.io"].pfPciAddress == "`+pf+`"`)
+		share.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{
+			Requests: map[resourceapi.QualifiedName]resource.Quantity{hwslices.NICCapBandwidth: resource.MustParse("150G")},
+		}
+		claims = append(claims, share)
+	}
+	c := Cluster{Slices: objs}
+	for _, cl := range claims {
+		if err := a.Allocate(context.Background(), cl); err != nil {
+			t.Fatalf("%s: %v", cl.Name, err)
+		}
+		c.Claims = append(c.Claims, *cl)
+	}
+	r := Report{Pools: append(Compute(c, hwslices.GPUDriver), Compute(c, hwslices.NICDriver)...)}
+
+	gpus := r.Pools[0].GPUs
+	if len(gpus) != 8 {
+		t.Fatalf("%d GPUs", len(gpus))
+	}
+	// The allocator fills from the top: memory slices 4-6 are taken, 0-3
+	// and 7 are free.
+	if got := heldDevices([]*resourceapi.ResourceClaim{mig}); !slices.Equal(got, []string{
+		"gpu-0000-1b-00-0-mig-1g-10gb-6", "gpu-0000-1b-00-0-mig-1g-10gb-5", "gpu-0000-1b-00-0-mig-1g-10gb-4"}) {
+		t.Fatalf("allocated %v", got)
+	}
+	want := map[string]int32{"full": 0, "1g.10gb": 4, "1g.10gb+me": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 1, "4g.40gb": 1, "7g.80gb": 0}
+	idle := map[string]int32{"full": 1, "1g.10gb": 7, "1g.10gb+me": 1, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}
+	for _, g := range gpus {
+		w := idle
+		if g.PCIBusID == gpu {
+			w = want
+		}
+		for _, p := range g.Profiles {
+			if p.Allocatable != w[p.Profile] {
+				t.Errorf("%s %s: allocatable %d, want %d", g.PCIBusID, p.Profile, p.Allocatable, w[p.Profile])
+			}
+		}
+	}
+	if p := r.Pools[0]; *p.AllocatedDevices != 3 || *p.UnavailableDevices != 0 || *p.AvailableDevices != *p.TotalDevices-3 {
+		t.Errorf("GPU pool counts %s %s %s of %s", num(p.AllocatedDevices), num(p.AvailableDevices), num(p.UnavailableDevices), num(p.TotalDevices))
+	}
+	nic := r.Pools[1]
+	for _, cs := range nic.ShareableSummary.Capacity {
+		if cs.Name == string(hwslices.NICCapBandwidth) && cs.Consumed.String() != "300G" {
+			t.Errorf("pool bandwidth consumed %s, want 300G", cs.Consumed)
+		}
+	}
+	var out bytes.Buffer
+	if err := WriteTable(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{
+		`(?m)^gpu\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+5\s+208\s+3\s+205\s+0$`,
+		`(?m)^sriov\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+1\s+9\s+1\s+8\s+0$`,
+		`(?m)^0000:1b:00\.0\s+full\s+1\s+0\s+0\s+0$`,
+		`(?m)^\s+1g\.10gb\s+7\s+3\s+0\s+4$`,
+		`(?m)^nic-0000-18-00-0\s+\S+\s+2\s+no\s+sriov\.hwdra\.io/bandwidth\s+400G\s+300G\s+100G$`,
+		`(?m)^\(pool\)\s+sriov\.hwdra\.io/bandwidth\s+3600G\s+300G\s+3300G$`,
+	} {
+		if !regexp.MustCompile(line).Match(out.Bytes()) {
+			t.Errorf("table lacks %s:\n%s", line, out.String())
+		}
+	}
+	t.Logf("\n%s", out.String())
+}

@@ -1,0 +1,221 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	resourcealpha "k8s.io/api/resource/v1alpha3"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/hwdra/hwdra/poolstatus"
+	hwslices "github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/test/e2e/framework"
+)
+
+// TestPoolStatusAgreesWithTheController: on a mock DGX H100 with three
+// 1g.10gb on GPU 0000:1b:00.0 and two 150G shares of the 400G PF
+// 0000:18:00.0 (claims allocated by the scheduler's allocator), an XID 79 on
+// GPU 0000:43:00.0 (its devices tainted by the agent) and a
+// DeviceTaintRule on the PF 0000:40:00.0, the real kube-controller-manager
+// answers a ResourcePoolStatusRequest per driver with no validationError
+// and no partition summary (the GPU slices declare no partition type:
+// README, "Device model"), and a shareable summary with 300G of bandwidth
+// consumed. `hwdra pool-status -o json` reports the same number for every
+// number both report, and what the controller cannot: 4 more 1g.10gb fit
+// on 0000:1b:00.0, nothing on the faulted GPU, 100G left on 0000:18:00.0.
+func TestPoolStatusAgreesWithTheController(t *testing.T) {
+	r := startHWRig(t, "pool-status", "mock:dgx-h100", nil, gpuDriver, nicDriver)
+	n, ctx := r.n, r.ctx
+	const gpu, faulted, pf, ruled = "0000:1b:00.0", "0000:43:00.0", "0000:18:00.0", "nic-0000-40-00-0"
+
+	alloc, err := n.Allocator(ctx, gpuDriver, nicDriver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mig := oneDevice("mig", "mig.gpu.hwdra.io",
+		`device.attributes["resource.kubernetes.io"].pciBusID == "`+gpu+`" && device.attributes["gpu.hwdra.io"].profile == "1g.10gb"`)
+	mig.Spec.Devices.Requests[0].Exactly.Count = 3
+	claims := []*resourceapi.ResourceClaim{mig}
+	for _, name := range []string{"share-a", "share-b"} {
+		c := oneDevice(name, "vf-share.sriov.hwdra.io", `device.attributes["sriov.hwdra.io"].pfPciAddress == "`+pf+`"`)
+		c.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{
+			Requests: map[resourceapi.QualifiedName]resource.Quantity{hwslices.NICCapBandwidth: resource.MustParse("150G")},
+		}
+		claims = append(claims, c)
+	}
+	for _, c := range claims {
+		stored, err := n.CreateAllocatedClaim(ctx, alloc, r.ns, c)
+		if err != nil {
+			t.Fatalf("claim %s: %v", c.Name, err)
+		}
+		t.Logf("claim %s: %v", c.Name, stored.Status.Allocation.Devices.Results)
+	}
+
+	hwdraInject(t, r.mockDir, "xid", "--gpu", faulted, "--code", "79")
+	waitGPUTaints(t, r, faulted, "XID79")
+	rule := &resourceapi.DeviceTaintRule{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "pool-status-"},
+		Spec: resourceapi.DeviceTaintRuleSpec{
+			DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr.To(nicDriver), Pool: ptr.To(n.Name), Device: ptr.To(ruled)},
+			Taint:          resourceapi.DeviceTaint{Key: "example.com/maintenance", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+		},
+	}
+	rule, err = n.Admin.ResourceV1().DeviceTaintRules().Create(ctx, rule, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = n.Admin.ResourceV1().DeviceTaintRules().Delete(context.Background(), rule.Name, metav1.DeleteOptions{})
+	})
+	for _, d := range []string{gpuDriver, nicDriver} {
+		if _, err := n.WaitPoolsComplete(ctx, d, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The controller reads rules from its own informer: give it the
+	// moment to see the new one.
+	time.Sleep(time.Second)
+
+	var controller []resourcealpha.PoolStatus
+	for _, d := range []string{gpuDriver, nicDriver} {
+		controller = append(controller, requestPoolStatus(t, n, d)...)
+	}
+	if len(controller) != 2 {
+		t.Fatalf("controller reported %d pools, want 2: %+v", len(controller), controller)
+	}
+	for _, p := range controller {
+		if p.ValidationError != nil {
+			t.Errorf("controller: pool %s/%s: validationError %q", p.Driver, p.PoolName, *p.ValidationError)
+		}
+		if p.PartitionSummary != nil {
+			t.Errorf("controller: pool %s/%s has a partition summary %+v: no slice of ours declares a partition type", p.Driver, p.PoolName, p.PartitionSummary)
+		}
+	}
+	gpuPool, nicPool := controller[0], controller[1]
+	if ptr.Deref(gpuPool.AllocatedDevices, -1) != 3 || ptr.Deref(gpuPool.UnavailableDevices, -1) != 26 {
+		t.Errorf("controller: GPU pool allocated %v, unavailable %v; want 3 and the faulted GPU's 26", gpuPool.AllocatedDevices, gpuPool.UnavailableDevices)
+	}
+	if ptr.Deref(nicPool.UnavailableDevices, -1) != 1 {
+		t.Errorf("controller: NIC pool unavailable %v, want 1 (the DeviceTaintRule's)", nicPool.UnavailableDevices)
+	}
+	if got := capacityOf(nicPool.ShareableSummary, hwslices.NICCapBandwidth); got == nil || got.Consumed.Cmp(resource.MustParse("300G")) != 0 {
+		t.Errorf("controller: shareable bandwidth %+v, want 300G consumed", got)
+	}
+
+	began := time.Now()
+	ours := hwdraPoolStatus(t, n)
+	framework.Timing(t, "pool-status-command", time.Since(began))
+	if len(ours.Pools) != len(controller) {
+		t.Fatalf("hwdra pool-status reports %d pools, the controller %d", len(ours.Pools), len(controller))
+	}
+	for i, want := range controller {
+		got := ours.Pools[i].PoolStatus
+		if !equality.Semantic.DeepEqual(got, want) {
+			g, _ := json.Marshal(got)
+			w, _ := json.Marshal(want)
+			t.Errorf("pool %s/%s:\n  hwdra pool-status %s\n  controller        %s", want.Driver, want.PoolName, g, w)
+		}
+	}
+	for _, g := range ours.Pools[0].GPUs {
+		for _, p := range g.Profiles {
+			switch {
+			case g.PCIBusID == gpu && p.Profile == "1g.10gb" && (p.Allocated != 3 || p.Allocatable != 4):
+				t.Errorf("%s 1g.10gb: allocated %d, allocatable %d; want 3 and 4", gpu, p.Allocated, p.Allocatable)
+			case g.PCIBusID == faulted && (p.Allocatable != 0 || p.Unavailable != p.Devices):
+				t.Errorf("faulted GPU %s: %s %d of %d devices unavailable, %d more allocatable", faulted, p.Profile, p.Unavailable, p.Devices, p.Allocatable)
+			}
+		}
+	}
+	found := false
+	for _, d := range ours.Pools[1].SharedDevices {
+		if d.Unavailable != (d.Device == ruled) {
+			t.Errorf("shared device %s: unavailable %v", d.Device, d.Unavailable)
+		}
+		if d.PCIAddress != pf {
+			continue
+		}
+		found = true
+		for _, c := range d.Capacity {
+			if c.Name == string(hwslices.NICCapBandwidth) && (c.Available.Cmp(resource.MustParse("100G")) != 0 || d.Allocations != 2) {
+				t.Errorf("PF %s: %d shares, %s bandwidth left; want 2 and 100G", pf, d.Allocations, c.Available)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("PF %s not among the shared devices", pf)
+	}
+	table, err := exec.Command(framework.HwdraBinary(t), "pool-status", "--kubeconfig", n.AdminKubeconfig(), "--node", n.Name).CombinedOutput()
+	if err != nil {
+		t.Fatalf("hwdra pool-status: %v\n%s", err, table)
+	}
+	t.Logf("hwdra pool-status:\n%s", table)
+}
+
+// requestPoolStatus asks kube-controller-manager for the pool status of
+// driver's pool on the node and returns its pools once it has answered.
+func requestPoolStatus(t *testing.T, n *framework.Node, driver string) []resourcealpha.PoolStatus {
+	t.Helper()
+	ctx := context.Background()
+	api := n.Admin.ResourceV1alpha3().ResourcePoolStatusRequests()
+	req, err := api.Create(ctx, &resourcealpha.ResourcePoolStatusRequest{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "hwdra-"},
+		Spec:       resourcealpha.ResourcePoolStatusRequestSpec{Driver: driver, PoolName: ptr.To(n.Name)},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create ResourcePoolStatusRequest for %s: %v", driver, err)
+	}
+	t.Cleanup(func() { _ = api.Delete(context.Background(), req.Name, metav1.DeleteOptions{}) })
+	began := time.Now()
+	for {
+		got, err := api.Get(ctx, req.Name, metav1.GetOptions{})
+		if err == nil && got.Status != nil {
+			framework.Timing(t, "pool-status-request/"+driver, time.Since(began))
+			for _, c := range got.Status.Conditions {
+				if c.Type != resourcealpha.ResourcePoolStatusRequestConditionComplete || c.Status != metav1.ConditionTrue {
+					t.Errorf("%s: condition %s=%s: %s", driver, c.Type, c.Status, c.Message)
+				}
+			}
+			return got.Status.Pools
+		}
+		if time.Since(began) > 60*time.Second {
+			t.Fatalf("ResourcePoolStatusRequest for %s unanswered after 60s (err %v)", driver, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// hwdraPoolStatus runs `hwdra pool-status -o json` as the admin, for the node.
+func hwdraPoolStatus(t *testing.T, n *framework.Node) poolstatus.Report {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(framework.HwdraBinary(t), "pool-status", "--kubeconfig", n.AdminKubeconfig(), "--node", n.Name, "-o", "json")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("hwdra pool-status: %v\n%s", err, stderr.String())
+	}
+	var r poolstatus.Report
+	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
+		t.Fatalf("hwdra pool-status output: %v\n%s", err, stdout.String())
+	}
+	return r
+}
+
+func capacityOf(s *resourcealpha.ShareableSummaryStatus, name resourceapi.QualifiedName) *resourcealpha.ShareableCapacityStatus {
+	if s == nil {
+		return nil
+	}
+	for i := range s.Capacity {
+		if s.Capacity[i].Name == string(name) {
+			return &s.Capacity[i]
+		}
+	}
+	return nil
+}
