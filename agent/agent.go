@@ -303,7 +303,11 @@ func startPlugin(ctx context.Context, opts Options, client kubernetes.Interface,
 	if opts.PodUID != "" {
 		// Sockets named after the pod, beside those of an older pod in a
 		// rolling update: neither removes the other's.
-		options = append(options, kubeletplugin.RollingUpdate(types.UID(opts.PodUID)))
+		// The library names the DRA socket dra-<pod UID>.sock, which with
+		// a long kubelet root overflows a unix socket path (108 bytes):
+		// the UID's first, random, 8 characters tell two pods apart.
+		options = append(options, kubeletplugin.RollingUpdate(types.UID(opts.PodUID)),
+			kubeletplugin.PluginSocket("dra-"+opts.PodUID[:min(8, len(opts.PodUID))]+".sock"))
 	}
 	helper, err := kubeletplugin.Start(ctx, withHealth(observed(d, m, kindOf), hs.stream(d.Name)), options...)
 	if err != nil {

@@ -173,7 +173,15 @@ func (n *Node) boot(ctx context.Context, imageDir string) error {
 	if img.err != nil {
 		return img.err
 	}
-	if err := n.startContainerd(ctx, img.archives); err != nil {
+	archives := img.archives
+	// The agent's image: scenarios that need it fail without it, the
+	// others run.
+	if agent, err := buildAgentImages(filepath.Join(imageDir, "..", "agent-image")); err == nil {
+		archives = append(archives, agent...)
+	} else {
+		fmt.Fprintf(os.Stderr, "hwdra e2e: no agent image: %v\n", err)
+	}
+	if err := n.startContainerd(ctx, archives); err != nil {
 		return err
 	}
 	if err := n.startKubelet(ctx); err != nil {
