@@ -77,6 +77,10 @@ func newMetrics() *metrics {
 	// than nothing.
 	for _, c := range []string{clientClaims, clientSlices} {
 		m.throttled.WithLabelValues(c)
+		m.throttleWait.WithLabelValues(c)
+	}
+	for _, g := range gates {
+		m.fallbacks.WithLabelValues(g.name)
 	}
 	for _, r := range []string{resultSuccess, resultError} {
 		m.statusWrites.WithLabelValues(r)

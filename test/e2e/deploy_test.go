@@ -62,7 +62,15 @@ func TestDeployManifests(t *testing.T) {
 			kinds := map[string]int{}
 			for _, o := range objs {
 				kinds[o.GetKind()]++
-				got, err := framework.ApplyDryRun(ctx, n.AdminConfig, framework.AgentNamespace, o.DeepCopy())
+				// Under names of their own: an apply over the installed
+				// release's objects would show their merge.
+				dry := o.DeepCopy()
+				if dry.GetNamespace() != "" {
+					dry.SetNamespace(ns)
+				} else {
+					dry.SetName(dry.GetName() + "-e2e-dry-run")
+				}
+				got, err := framework.ApplyDryRun(ctx, n.AdminConfig, ns, dry)
 				if err != nil {
 					t.Errorf("%s %s: %v", o.GetKind(), o.GetName(), err)
 					continue

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 )
 
 // AgentPod is the agent as the chart runs it: the DaemonSet's pod on this
@@ -217,4 +219,113 @@ func (p *AgentPod) Tail(lines int) string {
 		all = all[len(all)-lines:]
 	}
 	return strings.Join(all, "\n")
+}
+
+// Token is the service-account token the kubelet projected into the
+// agent pod (what the agent authenticates with), read from the node.
+func (p *AgentPod) Token() (string, error) {
+	files, _ := filepath.Glob(filepath.Join(p.n.KubeletRoot(), "pods", string(p.UID), "volumes", "kubernetes.io~projected", "*", "token"))
+	if len(files) != 1 {
+		return "", fmt.Errorf("agent pod %s: %d projected tokens on the node, want 1", p.Name, len(files))
+	}
+	data, err := os.ReadFile(files[0])
+	return strings.TrimSpace(string(data)), err
+}
+
+// Client is a client with the agent pod's own token.
+func (p *AgentPod) Client() (*kubernetes.Clientset, error) {
+	token, err := p.Token()
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(p.n.Root, "cp", "agent-pod-"+string(p.UID)+".kubeconfig")
+	if err := writeKubeconfig(path, p.n.pki.CACert, token); err != nil {
+		return nil, err
+	}
+	_, cs, err := p.n.clientFromKubeconfig(path)
+	return cs, err
+}
+
+// Memory is the agent pod's memory as its cgroup (v1) accounts it and as
+// the agent process's status shows it, in bytes.
+type Memory struct {
+	// RSS and MappedFile are the cgroup's anonymous and mapped file
+	// memory: together the resident memory of its processes. Cache is
+	// its page cache (files it wrote: the mock's trees among them),
+	// Usage everything charged.
+	RSS, MappedFile, Cache, Usage int64
+	// VmRSS, RssAnon and RssFile are the agent process's.
+	VmRSS, RssAnon, RssFile int64
+}
+
+// Resident is RSS + MappedFile.
+func (m Memory) Resident() int64 { return m.RSS + m.MappedFile }
+
+func (m Memory) String() string {
+	mib := func(b int64) string { return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20)) }
+	return fmt.Sprintf("cgroup resident=%s (rss=%s mapped_file=%s) cache=%s usage=%s; process VmRSS=%s RssAnon=%s RssFile=%s",
+		mib(m.Resident()), mib(m.RSS), mib(m.MappedFile), mib(m.Cache), mib(m.Usage), mib(m.VmRSS), mib(m.RssAnon), mib(m.RssFile))
+}
+
+// Memory reads the pod's memory cgroup (kubepods/<qos>/pod<uid>, cgroup
+// v1 with the cgroupfs driver, as this suite's kubelet runs) and its
+// process's /proc status.
+func (p *AgentPod) Memory() (Memory, error) {
+	var m Memory
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/memory/kubepods/*pod" + string(p.UID))
+	more, _ := filepath.Glob("/sys/fs/cgroup/memory/kubepods/*/pod" + string(p.UID))
+	dirs = append(dirs, more...)
+	if len(dirs) != 1 {
+		return m, fmt.Errorf("agent pod %s: %d memory cgroups found", p.Name, len(dirs))
+	}
+	stat, err := os.ReadFile(filepath.Join(dirs[0], "memory.stat"))
+	if err != nil {
+		return m, err
+	}
+	for _, line := range strings.Split(string(stat), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "total_rss":
+			m.RSS = n
+		case "total_mapped_file":
+			m.MappedFile = n
+		case "total_cache":
+			m.Cache = n
+		}
+	}
+	usage, err := os.ReadFile(filepath.Join(dirs[0], "memory.usage_in_bytes"))
+	if err != nil {
+		return m, err
+	}
+	m.Usage, _ = strconv.ParseInt(strings.TrimSpace(string(usage)), 10, 64)
+	// The agent: the pod's process that is not the sandbox's pause.
+	procs, _ := filepath.Glob(filepath.Join(dirs[0], "*", "cgroup.procs"))
+	for _, f := range procs {
+		data, _ := os.ReadFile(f)
+		for _, pid := range strings.Fields(string(data)) {
+			exe, _ := os.Readlink("/proc/" + pid + "/exe")
+			if filepath.Base(exe) != "hwdra" {
+				continue
+			}
+			status, err := os.ReadFile("/proc/" + pid + "/status")
+			if err != nil {
+				return m, err
+			}
+			for _, line := range strings.Split(string(status), "\n") {
+				k, v, _ := strings.Cut(line, ":")
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				switch k {
+				case "VmRSS":
+					m.VmRSS = kb << 10
+				case "RssAnon":
+					m.RssAnon = kb << 10
+				case "RssFile":
+					m.RssFile = kb << 10
+				}
+			}
+			return m, nil
+		}
+	}
+	return m, fmt.Errorf("agent pod %s: no hwdra process in its cgroup %s", p.Name, dirs[0])
 }
