@@ -247,24 +247,26 @@ func (p *AgentPod) Client() (*kubernetes.Clientset, error) {
 }
 
 // Memory is the agent pod's memory as its cgroup (v1) accounts it and as
-// the agent process's status shows it, in bytes.
+// the agent process (found through the cgroup) shows it, in bytes.
 type Memory struct {
-	// RSS and MappedFile are the cgroup's anonymous and mapped file
-	// memory: together the resident memory of its processes. Cache is
-	// its page cache (files it wrote: the mock's trees among them),
-	// Usage everything charged.
+	// RSS is the cgroup's anonymous memory, MappedFile its mapped file
+	// pages (only those first read by the pod: the binary's pages read
+	// by the image import are charged elsewhere), Cache its page cache
+	// (files it wrote: the mock's trees among them), Usage all of it.
 	RSS, MappedFile, Cache, Usage int64
-	// VmRSS, RssAnon and RssFile are the agent process's.
+	// VmRSS, RssAnon and RssFile are the agent process's resident
+	// memory, its anonymous part and its mapped files (the executable).
 	VmRSS, RssAnon, RssFile int64
 }
 
-// Resident is RSS + MappedFile.
-func (m Memory) Resident() int64 { return m.RSS + m.MappedFile }
+// Resident is the agent's resident memory: the process's VmRSS, which
+// counts the mapped executable wherever its pages are charged.
+func (m Memory) Resident() int64 { return m.VmRSS }
 
 func (m Memory) String() string {
 	mib := func(b int64) string { return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20)) }
-	return fmt.Sprintf("cgroup resident=%s (rss=%s mapped_file=%s) cache=%s usage=%s; process VmRSS=%s RssAnon=%s RssFile=%s",
-		mib(m.Resident()), mib(m.RSS), mib(m.MappedFile), mib(m.Cache), mib(m.Usage), mib(m.VmRSS), mib(m.RssAnon), mib(m.RssFile))
+	return fmt.Sprintf("resident=%s (process VmRSS: anon %s, file %s); cgroup rss=%s mapped_file=%s cache=%s usage=%s",
+		mib(m.Resident()), mib(m.RssAnon), mib(m.RssFile), mib(m.RSS), mib(m.MappedFile), mib(m.Cache), mib(m.Usage))
 }
 
 // Memory reads the pod's memory cgroup (kubepods/<qos>/pod<uid>, cgroup
