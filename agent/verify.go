@@ -25,20 +25,16 @@ import (
 var errNotVerified = fmt.Errorf("not yet seen in the API server")
 
 // markPublished notes a publication to verify.
-func (p *publisher) markPublished(driver string) {
-	p.mu.Lock()
-	p.verified[driver] = errNotVerified
-	p.mu.Unlock()
-	select {
-	case p.verifyPoke <- struct{}{}:
-	default:
-	}
-}
+func (p *publisher) markPublished(driver string) { p.toVerify(driver, errNotVerified) }
 
 // publishFailed notes a failed write of a driver's slices.
-func (p *publisher) publishFailed(driver string, err error) {
+func (p *publisher) publishFailed(driver string, err error) { p.toVerify(driver, err) }
+
+// toVerify marks a driver's publication unverified, for why, and wakes
+// the check.
+func (p *publisher) toVerify(driver string, why error) {
 	p.mu.Lock()
-	p.verified[driver] = err
+	p.verified[driver] = why
 	p.mu.Unlock()
 	select {
 	case p.verifyPoke <- struct{}{}:

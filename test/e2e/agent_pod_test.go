@@ -201,23 +201,11 @@ func TestAgentPodCredentials(t *testing.T) {
 }
 
 // TestAgentPodMemory logs the agent pod's memory on a mock DGX H100 (8
-// GPUs, 8 NICs, 218 devices) once it serves, from the pod's cgroup:
-// "MEMORY agent-pod dgx-h100 ...". The target (under 60 MiB resident)
-// lives in BenchmarkAgentPodMemory, not in an assertion here.
+// GPUs, 8 NICs, 218 devices) once it serves: "MEMORY agent-pod dgx-h100
+// ...". The target (under 60 MiB resident) lives in
+// BenchmarkAgentPodMemory, not in an assertion here.
 func TestAgentPodMemory(t *testing.T) {
-	n := framework.Shared(t)
-	pod := n.StartAgentPod(t, n.AgentPodValues(t, "mock:dgx-h100"))
-	for _, d := range []string{gpuDriver, nicDriver} {
-		if _, err := n.WaitPoolsComplete(context.Background(), d, 60*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(5 * time.Second) // past start-up's garbage
-	m, err := pod.Memory()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("MEMORY agent-pod dgx-h100 %s", m)
+	t.Logf("MEMORY agent-pod dgx-h100 %s", agentPodMemory(t))
 }
 
 // BenchmarkAgentPodMemory reports the agent pod's resident memory on a
@@ -225,22 +213,31 @@ func TestAgentPodMemory(t *testing.T) {
 // under 60 MiB), its anonymous part and the cgroup's whole charge:
 // hack/e2e-realnode.sh -run '^$' -bench AgentPodMemory
 func BenchmarkAgentPodMemory(b *testing.B) {
-	n := framework.Shared(b)
-	pod := n.StartAgentPod(b, n.AgentPodValues(b, "mock:dgx-h100"))
-	for _, d := range []string{gpuDriver, nicDriver} {
-		if _, err := n.WaitPoolsComplete(context.Background(), d, 60*time.Second); err != nil {
-			b.Fatal(err)
-		}
-	}
-	time.Sleep(5 * time.Second)
-	m, err := pod.Memory()
-	if err != nil {
-		b.Fatal(err)
-	}
+	m := agentPodMemory(b)
 	for b.Loop() {
 	}
 	b.ReportMetric(float64(m.Resident())/(1<<20), "resident-MiB")
 	b.ReportMetric(float64(m.RssAnon)/(1<<20), "anon-MiB")
 	b.ReportMetric(float64(m.Usage)/(1<<20), "cgroup-MiB")
 	b.Logf("MEMORY agent-pod dgx-h100 %s", m)
+}
+
+// agentPodMemory starts the agent pod on a mock DGX H100 and reads its
+// memory once both drivers' pools are published and start-up's garbage
+// is collected.
+func agentPodMemory(tb testing.TB) framework.Memory {
+	tb.Helper()
+	n := framework.Shared(tb)
+	pod := n.StartAgentPod(tb, n.AgentPodValues(tb, "mock:dgx-h100"))
+	for _, d := range []string{gpuDriver, nicDriver} {
+		if _, err := n.WaitPoolsComplete(context.Background(), d, 60*time.Second); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	time.Sleep(5 * time.Second)
+	m, err := pod.Memory()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return m
 }
