@@ -53,7 +53,7 @@ func (n *Node) DRAClient(t testing.TB, driver string) drapb.DRAPluginClient {
 }
 
 // Allocator returns the scheduler's allocator over the node's published
-// slices of the given drivers, with deploy/'s DeviceClasses.
+// slices of the given drivers, with the chart's DeviceClasses.
 func (n *Node) Allocator(ctx context.Context, drivers ...string) (*allocate.Allocator, error) {
 	classes, err := deploy.DeviceClasses()
 	if err != nil {

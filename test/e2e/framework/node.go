@@ -24,7 +24,7 @@ type Options struct {
 	// FeatureGates override DefaultFeatureGates (e.g. one gate off) in every
 	// component.
 	FeatureGates map[string]bool
-	// SkipDeploy leaves deploy/ unapplied.
+	// SkipDeploy leaves the chart (deploy/helm/hwdra) uninstalled.
 	SkipDeploy bool
 }
 
@@ -43,7 +43,7 @@ type Node struct {
 	Etcd, APIServer, ControllerManager, Scheduler, Containerd, Kubelet *Process
 
 	// StartupTime is how long Start took, from nothing to a Ready node with
-	// images imported and deploy/ applied.
+	// images imported and the chart installed.
 	StartupTime time.Duration
 
 	pki         *pki
