@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -214,4 +216,62 @@ func resolve(byPath map[string]File, path string) (File, error) {
 		cur = ""
 	}
 	return File{}, fmt.Errorf("empty path")
+}
+
+// TestRuntimeFilesRun: a dynamically linked program runs in a root that
+// holds only it and its RuntimeFiles, as in a container of the image
+// (root only: chroot).
+func TestRuntimeFilesRun(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (chroot)")
+	}
+	exe := "/bin/ls"
+	if interp, _, err := elfDeps(exe); err != nil || interp == "" {
+		t.Skipf("%s is not a dynamically linked ELF program here (%v)", exe, err)
+	}
+	prog, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	libs, err := RuntimeFiles(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer, err := Layer(append(append(BaseFiles("/prog"), File{Path: "prog", Mode: 0o755, Data: prog}), libs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	tr := tar.NewReader(bytes.NewReader(layer))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(root, hdr.Name)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(p, os.FileMode(hdr.Mode))
+		case tar.TypeSymlink:
+			err = os.Symlink(hdr.Linkname, p)
+		default:
+			data, _ := io.ReadAll(tr)
+			err = os.WriteFile(p, data, os.FileMode(hdr.Mode))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("/prog", "/")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the program in its image root: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "prog") {
+		t.Errorf("ls / in the image root: %q, want prog among it", out)
+	}
 }
