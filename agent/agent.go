@@ -10,10 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -52,6 +54,13 @@ type Options struct {
 	// NRISocket is the container runtime's NRI socket, where the NRI
 	// plugin that moves VFs into pods connects; empty: no NRI.
 	NRISocket string
+	// PodUID is the agent's pod (a DaemonSet's, from the downward API):
+	// its kubelet plugins register for rolling updates
+	// (kubeletplugin.RollingUpdate), under sockets of their own beside an
+	// older pod's. Empty: fixed socket names.
+	PodUID string
+	// DriverRoot is the NVIDIA driver's root on "host" hardware.
+	DriverRoot backend.DriverRoot
 
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.
@@ -68,16 +77,78 @@ var metadataVersions = []schema.GroupVersion{
 	{Group: "metadata.resource.k8s.io", Version: "v1alpha1"},
 }
 
-// Run runs the agent until ctx is cancelled.
+// Run runs the agent until ctx is cancelled. It serves the node once it
+// holds the state directory (handover.go): an agent started beside a
+// serving one (a rolling update) asks it to hand over and waits; an agent
+// asked to hand over stops serving and waits for termination.
 func Run(ctx context.Context, opts Options) error {
 	logger := klog.FromContext(ctx)
 	cfg, err := config.Load(opts.ConfigPath)
 	if err != nil {
 		return err
 	}
+	m := newMetrics()
+	pr := newProbes()
+	listenCtx, stopListening := context.WithCancel(ctx)
+	defer stopListening()
+	listening := false
+	listen := func() error {
+		if listening || opts.MetricsAddress == "" {
+			return nil
+		}
+		listening = true
+		return m.serve(listenCtx, opts.MetricsAddress, pr)
+	}
+	id := opts.PodUID
+	if id == "" {
+		id = "pid " + strconv.Itoa(os.Getpid())
+	}
+	// Waiting, the agent answers probes (alive, not ready) at once.
+	var listenErr error
+	lock, err := lockState(ctx, opts.StateDir, id, func() { listenErr = listen() })
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	if err := errors.Join(listenErr, listen()); err != nil {
+		lock.release()
+		return fmt.Errorf("metrics: %w", err)
+	}
+	serveCtx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
+	handedOver := make(chan string, 1)
+	pr.requested = lock.requested
+	go lock.watch(serveCtx, func(by string) {
+		logger.Info("A newer agent asks for the node: handing over", "to", by)
+		pr.setState(stateHandingOver)
+		handedOver <- by
+		stopServing()
+	})
+	pr.setState(stateStarting)
+	err = serve(serveCtx, opts, cfg, m, pr)
+	stopServing()
+	lock.release()
+	select {
+	case by := <-handedOver:
+		pr.setState(stateHandedOver)
+		stopListening()
+		logger.Info("Handed the node over; waiting for termination", "to", by, "err", err)
+		<-ctx.Done()
+		return nil
+	default:
+		return err
+	}
+}
+
+// serve serves the node until ctx ends.
+func serve(ctx context.Context, opts Options, cfg *config.AgentConfig, m *metrics, pr *probes) error {
+	logger := klog.FromContext(ctx)
+	var err error
 	node := opts.node
 	if node == nil {
-		if node, err = backend.Open(opts.Hardware); err != nil {
+		if node, err = backend.OpenWith(opts.Hardware, backend.Options{DriverRoot: opts.DriverRoot}); err != nil {
 			return err
 		}
 		defer func() {
@@ -87,16 +158,10 @@ func Run(ctx context.Context, opts Options) error {
 		}()
 	}
 
-	m := newMetrics()
 	claimClient, sliceClient := opts.KubeClient, opts.KubeClient
 	if claimClient == nil {
 		if claimClient, sliceClient, err = newClients(opts.KubeConfig, opts.KubeAPIQPS, opts.KubeAPIBurst, m); err != nil {
 			return err
-		}
-	}
-	if opts.MetricsAddress != "" {
-		if err := m.serve(ctx, opts.MetricsAddress); err != nil {
-			return fmt.Errorf("metrics: %w", err)
 		}
 	}
 	pub := newPublisher(opts.NodeName, sliceClient, cfg, m)
@@ -105,6 +170,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	defer pub.stop()
 	hs := newNodeHealth(pub, cfg)
+	m.registry.MustRegister(healthCollector{hs})
+	defer m.registry.Unregister(healthCollector{hs})
+	go pub.verifyLoop(ctx)
 	inv, err := node.Inventory(ctx)
 	if err != nil {
 		logger.Error(err, "Some devices could not be read")
@@ -145,10 +213,11 @@ func Run(ctx context.Context, opts Options) error {
 	}()
 	// serve starts a driver's kubelet plugin, then publishes its pool.
 	serve := func(ctx context.Context, d Driver) error {
-		helper, err := startPlugin(ctx, opts, claimClient, d, m, hs)
+		helper, err := startPlugin(ctx, opts, claimClient, d, m, hs, pub.kindOf)
 		if err != nil {
 			return err
 		}
+		pr.addPlugin(d.Name, registrarSocket(opts.RegistrarDir, d.Name, opts.PodUID), helper)
 		helpersMu.Lock()
 		helpers = append(helpers, helper)
 		helpersMu.Unlock()
@@ -197,25 +266,27 @@ func Run(ctx context.Context, opts Options) error {
 	if err := pods.run(ctx, drivers, started); err != nil {
 		return err
 	}
+	defer pods.wait()
 	// Published once the plugins serve: a pod the scheduler places here
 	// right away finds its driver.
 	if err := pub.publishCurrent(ctx); err != nil {
 		logger.Error(err, "Publishing devices")
 	}
+	pr.serving(pub, pods.ready())
 	pub.run(ctx, opts.Rescan, nil)
 	logger.Info("Shutting down")
 	return nil
 }
 
 // startPlugin starts a driver's kubelet plugin, with its health stream.
-func startPlugin(ctx context.Context, opts Options, client kubernetes.Interface, d Driver, m *metrics, hs *nodeHealth) (*kubeletplugin.Helper, error) {
+func startPlugin(ctx context.Context, opts Options, client kubernetes.Interface, d Driver, m *metrics, hs *nodeHealth, kindOf func(driver, device string) string) (*kubeletplugin.Helper, error) {
 	// The kubelet owns the plugins directory; each driver its own
 	// subdirectory (socket, metadata files).
 	dataDir := filepath.Join(opts.PluginsDir, d.Name)
 	if err := os.MkdirAll(dataDir, 0o750); err != nil {
 		return nil, err
 	}
-	helper, err := kubeletplugin.Start(ctx, withHealth(observed(d, m), hs.stream(d.Name)),
+	options := []kubeletplugin.Option{
 		kubeletplugin.DriverName(d.Name),
 		kubeletplugin.NodeName(opts.NodeName),
 		kubeletplugin.KubeClient(client),
@@ -228,7 +299,17 @@ func startPlugin(ctx context.Context, opts Options, client kubernetes.Interface,
 		kubeletplugin.Serialize(false),
 		// The kubelet watches our health stream (WatchHealthStatus).
 		kubeletplugin.HealthService(true),
-	)
+	}
+	if opts.PodUID != "" {
+		// Sockets named after the pod, beside those of an older pod in a
+		// rolling update: neither removes the other's.
+		// The library names the DRA socket dra-<pod UID>.sock, which with
+		// a long kubelet root overflows a unix socket path (108 bytes):
+		// the UID's first, random, 8 characters tell two pods apart.
+		options = append(options, kubeletplugin.RollingUpdate(types.UID(opts.PodUID)),
+			kubeletplugin.PluginSocket("dra-"+opts.PodUID[:min(8, len(opts.PodUID))]+".sock"))
+	}
+	helper, err := kubeletplugin.Start(ctx, withHealth(observed(d, m, kindOf), hs.stream(d.Name)), options...)
 	if err != nil {
 		return nil, fmt.Errorf("start kubelet plugin %s: %w", d.Name, err)
 	}

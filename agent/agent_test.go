@@ -360,9 +360,11 @@ func TestAgentServesTheKubelet(t *testing.T) {
 	}
 
 	for sample, want := range map[string]string{
-		`hwdra_claim_operation_duration_seconds_count{driver="gpu.hwdra.io",operation="prepare",result="success"}`:   "2",
-		`hwdra_claim_operation_duration_seconds_count{driver="gpu.hwdra.io",operation="unprepare",result="success"}`: "1",
-		`hwdra_published_devices{driver="gpu.hwdra.io"}`:                                                             "52",
+		`hwdra_claim_operation_duration_seconds_count{driver="gpu.hwdra.io",kind="mig",operation="prepare",result="success"}`:   "2",
+		`hwdra_claim_operation_duration_seconds_count{driver="gpu.hwdra.io",kind="mig",operation="unprepare",result="success"}`: "1",
+		// Two GPUs, each whole and in 25 MIG (profile, placement) devices.
+		`hwdra_published_devices{driver="gpu.hwdra.io",kind="gpu"}`: "2",
+		`hwdra_published_devices{driver="gpu.hwdra.io",kind="mig"}`: "50",
 	} {
 		if got := a.metric(sample); got != want {
 			t.Errorf("metric %s = %q, want %q", sample, got, want)

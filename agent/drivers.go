@@ -60,8 +60,8 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 				return inv.GPUs, f, nil
 			},
 			StateDir: opts.StateDir,
-			DevRoot:  node.DevRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
-			Sysfs: node.Sysfs,
+			DevRoot:  node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
+			Sysfs: node.Sysfs, DriverSpecDirs: specDirs(node.DriverSpecDirs, opts.CDIDir),
 		})
 		if err != nil {
 			return nil, err
@@ -97,6 +97,19 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 		drivers = append(drivers, Driver{Name: hwslices.NICDriver, Plugin: p})
 	}
 	return drivers, nil
+}
+
+// specDirs are where the NVIDIA Container Toolkit's spec is looked for:
+// the node's (nil: none known, the defaults /etc/cdi and /var/run/cdi)
+// and the runtime's, the agent's --cdi-dir, last (it wins).
+func specDirs(node []string, cdiDir string) []string {
+	if node == nil {
+		node = []string{"/etc/cdi", "/var/run/cdi"}
+	}
+	if cdiDir == "" || slices.Contains(node, cdiDir) {
+		return node
+	}
+	return append(slices.Clone(node), cdiDir)
 }
 
 // buildDrivers builds the node's drivers for the agent.

@@ -3,18 +3,23 @@ package agent
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+
+	hwslices "github.com/hwdra/hwdra/slices"
 )
 
 // metrics are the agent's Prometheus metrics, on their own registry so
-// that tests can start several agents in one process.
+// that tests can start several agents in one process. Every one is listed
+// in the README (Metrics), which TestMetricsAsDocumented checks against a
+// scrape.
 type metrics struct {
 	registry  *prometheus.Registry
 	claims    *prometheus.HistogramVec
@@ -24,6 +29,9 @@ type metrics struct {
 	// API clients (see newClients).
 	throttled    *prometheus.CounterVec
 	throttleWait *prometheus.HistogramVec
+	// NRI: hook latency and the claim status the hooks write.
+	hooks        *prometheus.HistogramVec
+	statusWrites *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -31,17 +39,17 @@ func newMetrics() *metrics {
 		registry: prometheus.NewRegistry(),
 		claims: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "hwdra_claim_operation_duration_seconds",
-			Help:    "Time to prepare or unprepare one claim, by driver, operation and result.",
+			Help:    "Time to prepare or unprepare one claim, by driver, operation, kind of its devices (gpu, mig, vgpu, vf-share, vf; mixed for several) and result.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
-		}, []string{"driver", "operation", "result"}),
+		}, []string{"driver", "operation", "kind", "result"}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hwdra_resource_publications_total",
 			Help: "Times a driver's ResourceSlices were republished because the devices changed.",
 		}, []string{"driver"}),
 		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "hwdra_published_devices",
-			Help: "Devices in a driver's published ResourceSlices.",
-		}, []string{"driver"}),
+			Help: "Devices in a driver's published ResourceSlices, by kind.",
+		}, []string{"driver", "kind"}),
 		fallbacks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "hwdra_feature_disabled",
 			Help: "1 when the API server dropped fields of this DRA feature and the agent fell back to a model without it.",
@@ -55,10 +63,118 @@ func newMetrics() *metrics {
 			Help:    "Time throttled API requests waited for the client's rate limiter, by client.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
 		}, []string{"client"}),
+		hooks: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "hwdra_nri_hook_duration_seconds",
+			Help:    "Time the NRI plugin took to answer the container runtime, by hook (RunPodSandbox, StopPodSandbox, RemovePodSandbox, Synchronize) and result; the runtime waits for it (containerd drops a plugin after 2 s).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 13),
+		}, []string{"hook", "result"}),
+		statusWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hwdra_claim_status_writes_total",
+			Help: "ResourceClaim status.devices applies (VF network data), by result.",
+		}, []string{"result"}),
 	}
-	m.registry.MustRegister(m.claims, m.writes, m.devices, m.fallbacks, m.throttled, m.throttleWait,
+	// Series that exist from the start, so a dashboard sees zeros rather
+	// than nothing.
+	for _, c := range []string{clientClaims, clientSlices} {
+		m.throttled.WithLabelValues(c)
+		m.throttleWait.WithLabelValues(c)
+	}
+	for _, g := range gates {
+		m.fallbacks.WithLabelValues(g.name)
+	}
+	for _, r := range []string{resultSuccess, resultError} {
+		m.statusWrites.WithLabelValues(r)
+	}
+	m.registry.MustRegister(m.claims, m.writes, m.devices, m.fallbacks, m.throttled, m.throttleWait, m.hooks, m.statusWrites,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+const (
+	resultSuccess = "success"
+	resultError   = "error"
+)
+
+func result(err error) string {
+	if err != nil {
+		return resultError
+	}
+	return resultSuccess
+}
+
+// Device kinds, the "kind" label.
+const (
+	kindMixed   = "mixed"
+	kindUnknown = "unknown"
+	kindVFShare = "vf-share"
+	kindVF      = "vf"
+)
+
+// deviceKind is a published device's kind: its gpu.hwdra.io/type (gpu,
+// mig, vgpu), or for a NIC a PF offered in shares (vf-share) or one VF
+// (vf).
+func deviceKind(driver string, d *resourceapi.Device) string {
+	switch driver {
+	case hwslices.GPUDriver:
+		if a, ok := d.Attributes[hwslices.AttrType]; ok && a.StringValue != nil {
+			return *a.StringValue
+		}
+	case hwslices.NICDriver:
+		if d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
+			return kindVFShare
+		}
+		return kindVF
+	}
+	return kindUnknown
+}
+
+// claimKind is the kind of a claim's devices: theirs when they share one,
+// mixed otherwise, unknown without any.
+func claimKind(kinds []string) string {
+	out := ""
+	for _, k := range kinds {
+		switch {
+		case out == "":
+			out = k
+		case out != k:
+			return kindMixed
+		}
+	}
+	if out == "" {
+		return kindUnknown
+	}
+	return out
+}
+
+// observeHook records one NRI hook.
+func (m *metrics) observeHook(hook string, took time.Duration, err error) {
+	m.hooks.WithLabelValues(hook, result(err)).Observe(took.Seconds())
+}
+
+// deviceHealthDesc: one series per device and state, 1 for the device's
+// state now (as kube-state-metrics does for pod phases).
+var deviceHealthDesc = prometheus.NewDesc("hwdra_device_health_state",
+	"1 for each published device's health as reported to the kubelet (Healthy, Unhealthy, Unknown), 0 for the other states.",
+	[]string{"driver", "pool", "device", "state"}, nil)
+
+// healthCollector reports each driver's devices from its health stream.
+type healthCollector struct{ h *nodeHealth }
+
+func (c healthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- deviceHealthDesc }
+
+func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
+	states := []kubeletplugin.HealthStatus{kubeletplugin.HealthStatusHealthy, kubeletplugin.HealthStatusUnhealthy, kubeletplugin.HealthStatusUnknown}
+	for _, d := range c.h.drivers() {
+		for _, dev := range c.h.stream(d.Name).States() {
+			for _, st := range states {
+				v := 0.0
+				if dev.Health == st {
+					v = 1
+				}
+				ch <- prometheus.MustNewConstMetric(deviceHealthDesc, prometheus.GaugeValue, v, d.Name, dev.Pool, dev.Name, string(st))
+			}
+		}
+	}
 }
 
 // sliceWrites reports the ResourceSlice controllers' API writes.
@@ -82,20 +198,17 @@ func (c sliceWrites) Collect(ch chan<- prometheus.Metric) {
 }
 
 // observe records one claim operation.
-func (m *metrics) observe(driver, op string, start time.Time, err error) {
-	result := "success"
-	if err != nil {
-		result = "error"
-	}
-	m.claims.WithLabelValues(driver, op, result).Observe(time.Since(start).Seconds())
+func (m *metrics) observe(driver, op, kind string, start time.Time, err error) {
+	m.claims.WithLabelValues(driver, op, kind, result(err)).Observe(time.Since(start).Seconds())
 }
 
-// serve exposes /metrics and /healthz on addr until ctx ends.
-func (m *metrics) serve(ctx context.Context, addr string) error {
+// serve exposes /metrics, /healthz and /readyz on addr until ctx ends.
+func (m *metrics) serve(ctx context.Context, addr string, pr *probes) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok")) })
-	ln, err := net.Listen("tcp", addr)
+	mux.HandleFunc("/healthz", pr.handler(pr.alive))
+	mux.HandleFunc("/readyz", pr.handler(pr.ready))
+	ln, err := listenShared(ctx, addr)
 	if err != nil {
 		return err
 	}

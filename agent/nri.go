@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
@@ -22,6 +21,9 @@ import (
 type podNetwork struct {
 	plugin *metadata.Plugin
 	status *metadata.StatusWriter
+	done   chan struct{} // closed when the plugin has stopped
+	// started: run started the plugin.
+	started bool
 }
 
 // newPodNetwork opens the NRI plugin for a node with NICs; nil when
@@ -36,26 +38,16 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 		return nil, nil
 	}
 	status := metadata.NewStatusWriter(client, hwslices.NICDriver)
-	writes := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "hwdra_claim_status_writes_total",
-		Help: "ResourceClaim status.devices applies, by result.",
-	}, []string{"result"})
-	m.registry.MustRegister(writes)
-	status.OnWrite = func(err error) {
-		if err != nil {
-			writes.WithLabelValues("error").Inc()
-		} else {
-			writes.WithLabelValues("success").Inc()
-		}
-	}
+	status.OnWrite = func(err error) { m.statusWrites.WithLabelValues(result(err)).Inc() }
 	p, err := metadata.New(metadata.Options{
 		DriverName: hwslices.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
 		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Settle: node.Settle,
+		ObserveHook: m.observeHook,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("NRI plugin: %w", err)
 	}
-	return &podNetwork{plugin: p, status: status}, nil
+	return &podNetwork{plugin: p, status: status, done: make(chan struct{})}, nil
 }
 
 // network is what the NIC driver sees of it (nil without NRI).
@@ -81,7 +73,9 @@ func (n *podNetwork) run(ctx context.Context, drivers []Driver, helpers []*kubel
 			return fmt.Errorf("NRI plugin: %s has no prepared-claims view (%T)", d.Name, d.Plugin)
 		}
 		go n.status.Run(ctx)
+		n.started = true
 		go func() {
+			defer close(n.done)
 			defer n.plugin.Close()
 			_ = n.plugin.Run(ctx, nic.Claims, helpers[i])
 		}()
@@ -89,4 +83,21 @@ func (n *podNetwork) run(ctx context.Context, drivers []Driver, helpers []*kubel
 		return nil
 	}
 	return nil
+}
+
+// wait waits until the NRI plugin has stopped (its context ended), so that
+// a newer agent never meets it still connected.
+func (n *podNetwork) wait() {
+	if n == nil || !n.started {
+		return
+	}
+	<-n.done
+}
+
+// ready is the readiness check of the NRI plugin, nil without one.
+func (n *podNetwork) ready() func() error {
+	if n == nil {
+		return nil
+	}
+	return n.plugin.Ready
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -37,6 +38,13 @@ type publisher struct {
 	published   map[string]resourceslice.DriverResources
 	controllers map[string]*resourceslice.Controller
 	skipped     map[string]bool // PFs already logged as not offered
+	// kinds are the published devices' kinds, by driver and device name
+	// (metrics).
+	kinds map[string]map[string]string
+	// verified is, by driver, nil once the last publication is in the API
+	// server, else why not (verify.go); verifyPoke wakes the check.
+	verified   map[string]error
+	verifyPoke chan struct{}
 
 	poke    chan struct{}
 	metrics *metrics
@@ -58,6 +66,9 @@ func newPublisher(nodeName string, client kubernetes.Interface, cfg *config.Agen
 		published:    map[string]resourceslice.DriverResources{},
 		controllers:  map[string]*resourceslice.Controller{},
 		skipped:      map[string]bool{},
+		kinds:        map[string]map[string]string{},
+		verified:     map[string]error{},
+		verifyPoke:   make(chan struct{}, 1),
 		poke:         make(chan struct{}, 1),
 		metrics:      m,
 		recheckEvery: 10 * time.Minute,
@@ -147,7 +158,8 @@ func (p *publisher) publishCurrent(ctx context.Context) error {
 			continue
 		}
 		p.metrics.writes.WithLabelValues(driver).Inc()
-		p.metrics.devices.WithLabelValues(driver).Set(float64(countDevices(want)))
+		p.countKinds(driver, want)
+		p.markPublished(driver)
 		logger.V(2).Info("Publishing changed devices", "driver", driver, "devices", countDevices(want))
 		if p.afterPublish != nil {
 			p.afterPublish(driver)
@@ -169,11 +181,14 @@ func (p *publisher) update(ctx context.Context, driver string, res resourceslice
 	} else {
 		logger := klog.LoggerWithName(klog.FromContext(ctx), "ResourceSlice controller")
 		c, err := resourceslice.StartController(klog.NewContext(ctx, logger), resourceslice.Options{
-			DriverName:   driver,
-			KubeClient:   p.client,
-			Owner:        &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: p.nodeName},
-			Resources:    own,
-			ErrorHandler: p.onError,
+			DriverName: driver,
+			KubeClient: p.client,
+			Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: p.nodeName},
+			Resources:  own,
+			ErrorHandler: func(ctx context.Context, err error, msg string) {
+				p.publishFailed(driver, err)
+				p.onError(ctx, err, msg)
+			},
 		})
 		if err != nil {
 			return fmt.Errorf("publish %s: %w", driver, err)
@@ -211,6 +226,39 @@ func (p *publisher) current() (hw.Inventory, hwslices.Features) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.inv, p.features
+}
+
+// countKinds records the kind of every published device of a driver and
+// sets the published-devices gauges.
+func (p *publisher) countKinds(driver string, res resourceslice.DriverResources) {
+	kinds := map[string]string{}
+	count := map[string]int{}
+	for _, pool := range res.Pools {
+		for _, s := range pool.Slices {
+			for i := range s.Devices {
+				k := deviceKind(driver, &s.Devices[i])
+				kinds[s.Devices[i].Name] = k
+				count[k]++
+			}
+		}
+	}
+	p.mu.Lock()
+	p.kinds[driver] = kinds
+	p.mu.Unlock()
+	p.metrics.devices.DeletePartialMatch(prometheus.Labels{"driver": driver})
+	for k, n := range count {
+		p.metrics.devices.WithLabelValues(driver, k).Set(float64(n))
+	}
+}
+
+// kindOf is a published device's kind.
+func (p *publisher) kindOf(driver, device string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if k, ok := p.kinds[driver][device]; ok {
+		return k
+	}
+	return kindUnknown
 }
 
 func countDevices(res resourceslice.DriverResources) int {

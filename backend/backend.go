@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/hw"
@@ -55,13 +54,33 @@ type Node struct {
 	Settle func()
 	// Mock is set for mock hardware.
 	Mock *mock.Hardware
+	// GPUDevRoot is where the GPUs' device nodes are, GPUDevNodeRoot the
+	// same directory as the node names it (they differ in a container);
+	// DriverSpecDirs are searched for the NVIDIA Container Toolkit's CDI
+	// spec (nil: the defaults). Set once NVML is up.
+	GPUDevRoot, GPUDevNodeRoot string
+	DriverSpecDirs             []string
+
+	// driverRoot is the host's NVIDIA driver (nil on mock hardware): a
+	// pending NVML is made anew from it at each retry, as the library may
+	// have appeared since.
+	driverRoot *DriverRoot
+}
+
+// Options say how to open the hardware.
+type Options struct {
+	// DriverRoot is the NVIDIA driver's root ("host" hardware only).
+	DriverRoot DriverRoot
 }
 
 // Open opens "host" or "mock:<profile>" (a built-in name or a YAML file).
-func Open(spec string) (*Node, error) {
+func Open(spec string) (*Node, error) { return OpenWith(spec, Options{}) }
+
+// OpenWith is Open with options.
+func OpenWith(spec string, opts Options) (*Node, error) {
 	switch {
 	case spec == Host:
-		return openHost(), nil
+		return openHost(opts.DriverRoot), nil
 	case strings.HasPrefix(spec, MockPrefix):
 		m, err := mock.Open(strings.TrimPrefix(spec, MockPrefix))
 		if err != nil {
@@ -70,6 +89,7 @@ func Open(spec string) (*Node, error) {
 		nics := m.NICs()
 		n := &Node{
 			Mock: m, DevRoot: m.DevRoot(), ProcRoot: m.ProcRoot(), SysfsRoot: m.Sysfs,
+			GPUDevRoot: m.DevRoot(), GPUDevNodeRoot: m.DevRoot(),
 			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
 			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		}
@@ -83,13 +103,14 @@ func Open(spec string) (*Node, error) {
 	}
 }
 
-func openHost() *Node {
+func openHost(root DriverRoot) *Node {
 	n := &Node{
 		NIC:     sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
 		DevRoot: "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
 		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{}, RDMA: sriov.NetlinkRDMA{},
+		DriverSpecDirs: root.specDirs(), driverRoot: &root,
 	}
-	n.openNVML(nvml.New(gonvml.New()))
+	n.openNVML(root.newNVML(sriov.DefaultSysfsRoot))
 	return n
 }
 
@@ -100,12 +121,13 @@ func (n *Node) openNVML(b *nvml.Backend) {
 	switch {
 	case err == nil:
 		n.gpu = b
+		n.nvmlUp()
 	case nvidiaGPUsOnBus(n.SysfsRoot):
 		n.nvmlPending = b
-		klog.InfoS("NVML unavailable, but the PCI bus shows NVIDIA GPUs: waiting for the driver", "err", err)
+		klog.InfoS("NVML unavailable, but the PCI bus shows NVIDIA GPUs: waiting for the driver", "err", err, "driverRoot", n.driverRootPath())
 	default:
 		// A NIC-only node has no NVIDIA driver: not an error.
-		klog.InfoS("No GPUs: NVML unavailable", "err", err)
+		klog.InfoS("No GPUs: NVML unavailable", "err", err, "driverRoot", n.driverRootPath())
 	}
 }
 
@@ -134,11 +156,22 @@ func (n *Node) InitNVML() error {
 	if n.nvmlPending == nil {
 		return nvml.ErrNoNVML
 	}
+	if n.driverRoot != nil {
+		n.nvmlPending = n.driverRoot.newNVML(n.SysfsRoot)
+	}
 	if err := n.nvmlPending.Init(); err != nil {
 		return err
 	}
 	n.gpu, n.nvmlPending = n.nvmlPending, nil
+	n.nvmlUp()
 	return nil
+}
+
+// nvmlUp finds the GPUs' device nodes once the driver is there.
+func (n *Node) nvmlUp() {
+	if n.driverRoot != nil {
+		n.GPUDevRoot, n.GPUDevNodeRoot = n.driverRoot.devRoot()
+	}
 }
 
 // nvidiaGPUsOnBus reports whether sysfs lists an NVIDIA display or 3D

@@ -1,7 +1,8 @@
-// Package deploy holds the manifests an operator applies (RBAC, admission
-// policy, DeviceClasses, the DaemonSet) and gives programs the DeviceClasses,
-// so that `hwdra lab` and the tests allocate with exactly the classes a
-// cluster has.
+// Package deploy holds what an operator applies: the Helm chart
+// (helm/hwdra) and its rendering as plain manifests (hwdra.yaml: RBAC,
+// admission policy, DeviceClasses, the DaemonSet), and gives programs the
+// DeviceClasses, so that `hwdra lab` and the tests allocate with exactly
+// the classes a cluster has.
 package deploy
 
 import (
@@ -14,12 +15,14 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
-//go:embed 30-deviceclasses.yaml
-var deviceClasses string
+// manifests are the chart rendered with its defaults (hack/render-deploy.sh).
+//
+//go:embed hwdra.yaml
+var manifests string
 
 // DeviceClasses decodes the shipped DeviceClasses.
 func DeviceClasses() ([]*resourceapi.DeviceClass, error) {
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(deviceClasses), 4096)
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifests), 4096)
 	var out []*resourceapi.DeviceClass
 	for {
 		c := &resourceapi.DeviceClass{}
@@ -28,9 +31,9 @@ func DeviceClasses() ([]*resourceapi.DeviceClass, error) {
 			return out, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("deploy/30-deviceclasses.yaml: %w", err)
+			return nil, fmt.Errorf("deploy/hwdra.yaml: %w", err)
 		}
-		if c.Name != "" {
+		if c.Kind == "DeviceClass" && c.Name != "" {
 			out = append(out, c)
 		}
 	}

@@ -109,3 +109,26 @@ func (s Stream) current() map[deviceKey]status {
 	}
 	return out
 }
+
+// DeviceState is a device's health as the stream reports it.
+type DeviceState struct {
+	Pool, Name string
+	Health     kubeletplugin.HealthStatus
+}
+
+// States is every device's health now, as the kubelet sees it: Unknown
+// while the monitor has not checked within 2/3 of the timeout (the stream
+// then stops re-sending and the kubelet lets the devices decay).
+func (s Stream) States() []DeviceState {
+	alive := s.Alive == nil || s.Alive(2*s.Timeout/3)
+	cur := s.current()
+	out := make([]DeviceState, 0, len(cur))
+	for k, st := range cur {
+		h := st.health
+		if !alive {
+			h = kubeletplugin.HealthStatusUnknown
+		}
+		out = append(out, DeviceState{Pool: k.pool, Name: k.name, Health: h})
+	}
+	return out
+}

@@ -31,6 +31,7 @@ type hooks struct{ p *Plugin }
 // started) gets them now. It never fails: a failed Synchronize would make
 // the runtime drop the plugin.
 func (h *hooks) Synchronize(ctx context.Context, pods []*api.PodSandbox, _ []*api.Container) ([]*api.ContainerUpdate, error) {
+	defer h.observe("Synchronize", time.Now(), new(error))
 	p := h.p
 	logger := klog.FromContext(ctx)
 	running := map[types.UID]pod{}
@@ -73,20 +74,30 @@ func (h *hooks) Synchronize(ctx context.Context, pods []*api.PodSandbox, _ []*ap
 
 // RunPodSandbox moves the pod's VFs in and writes their metadata before
 // any of its containers exists.
-func (h *hooks) RunPodSandbox(ctx context.Context, sb *api.PodSandbox) error {
+func (h *hooks) RunPodSandbox(ctx context.Context, sb *api.PodSandbox) (err error) {
+	defer h.observe("RunPodSandbox", time.Now(), &err)
 	return h.p.runPod(ctx, podOf(sb), h.p.claims(), false)
 }
 
 // StopPodSandbox returns the pod's VFs; the runtime tears the network
 // namespace down right after.
-func (h *hooks) StopPodSandbox(ctx context.Context, sb *api.PodSandbox) error {
+func (h *hooks) StopPodSandbox(ctx context.Context, sb *api.PodSandbox) (err error) {
+	defer h.observe("StopPodSandbox", time.Now(), &err)
 	return h.p.stopPod(ctx, sb)
 }
 
 // RemovePodSandbox returns whatever the stop hook left (the namespace is
 // gone by now).
-func (h *hooks) RemovePodSandbox(ctx context.Context, sb *api.PodSandbox) error {
+func (h *hooks) RemovePodSandbox(ctx context.Context, sb *api.PodSandbox) (err error) {
+	defer h.observe("RemovePodSandbox", time.Now(), &err)
 	return h.p.stopPod(ctx, sb)
+}
+
+// observe reports a hook's duration and error (Options.ObserveHook).
+func (h *hooks) observe(hook string, start time.Time, err *error) {
+	if f := h.p.opts.ObserveHook; f != nil {
+		f(hook, time.Since(start), *err)
+	}
 }
 
 // stopPod returns a pod's VFs without waiting: a VF whose namespace is

@@ -57,6 +57,10 @@ type Options struct {
 	// hardware's view of them (sysfs) is current before anyone reads it:
 	// the kernel's is at once; the mock's follows link events.
 	Settle func()
+	// ObserveHook, if set, learns how long each runtime hook took
+	// ("RunPodSandbox", ...) and its error: the runtime waits for it (and
+	// drops a plugin that misses its timeout, 2 s in containerd).
+	ObserveHook func(hook string, took time.Duration, err error)
 }
 
 // MetadataWriter rewrites a request's KEP-5304 metadata file

@@ -406,3 +406,13 @@ func (p *Plugin[R]) Claims() map[types.UID]Claim[R] {
 	}
 	return out
 }
+
+// Devices are a prepared claim's devices (nil when it is not prepared).
+func (p *Plugin[R]) Devices(uid types.UID) []Device {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.cp.Claims[uid]; c != nil && c.State == StatePrepared {
+		return c.Devices
+	}
+	return nil
+}

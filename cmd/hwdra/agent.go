@@ -7,13 +7,14 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/agent"
 	"github.com/hwdra/hwdra/metadata"
 )
 
 func agentCommand() *cobra.Command {
-	opts := agent.Options{NodeName: os.Getenv("NODE_NAME")}
+	opts := agent.Options{NodeName: os.Getenv("NODE_NAME"), PodUID: os.Getenv("POD_UID")}
 	var kubeconfig string
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -33,6 +34,8 @@ func agentCommand() *cobra.Command {
 			}
 			rc.UserAgent = "hwdra-agent/" + opts.NodeName
 			opts.KubeConfig = rc
+			v, commit := buildVersion()
+			klog.InfoS("Starting the hwdra agent", "version", v, "commit", commit, "node", opts.NodeName, "pod", opts.PodUID, "hardware", opts.Hardware)
 			return agent.Run(cmd.Context(), opts)
 		},
 	}
@@ -42,6 +45,8 @@ func agentCommand() *cobra.Command {
 	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server, for each of the agent's two clients (claims for prepare; ResourceSlice publishing)")
 	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", 100, "burst of queries to the API server, for each of the agent's two clients")
 	addHardwareFlag(cmd, &opts.Hardware)
+	addDriverRootFlags(cmd, &opts.DriverRoot)
+	f.StringVar(&opts.PodUID, "pod-uid", opts.PodUID, "the agent's pod UID (default $POD_UID; the DaemonSet sets it): its kubelet plugins then register for rolling updates, beside an older pod's")
 	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
 	f.StringVar(&opts.RegistrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")
 	f.StringVar(&opts.PluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "directory for the drivers' sockets and metadata (one subdirectory per driver)")

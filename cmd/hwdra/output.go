@@ -16,6 +16,14 @@ func addHardwareFlag(cmd *cobra.Command, hardware *string) {
 		`"host" for this machine's GPUs and NICs, or "mock:<profile>" (built-in name or YAML file)`)
 }
 
+// addDriverRootFlags: where the NVIDIA driver is (--hardware host).
+func addDriverRootFlags(cmd *cobra.Command, root *backend.DriverRoot) {
+	cmd.Flags().StringVar(&root.Path, "nvidia-driver-root", "/",
+		"the NVIDIA driver's root on the node: / for a driver installed on the host, /run/nvidia/driver for the GPU operator's driver container; libnvidia-ml.so.1 is loaded from there and GPU device nodes are found under it")
+	cmd.Flags().StringVar(&root.Mount, "nvidia-driver-root-mount", "",
+		"where this process sees --nvidia-driver-root (the DaemonSet mounts it at /driver-root); empty: the same path")
+}
+
 func addOutputFlag(cmd *cobra.Command, output *string) {
 	cmd.Flags().StringVarP(output, "output", "o", "yaml", "output format: yaml or json")
 }

@@ -12,6 +12,7 @@ import (
 
 func probeCommand() *cobra.Command {
 	var (
+		root     backend.DriverRoot
 		hardware string
 		output   string
 	)
@@ -20,7 +21,7 @@ func probeCommand() *cobra.Command {
 		Short: "Print the hardware inventory (GPUs, MIG and vGPU partitions, SR-IOV NICs)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			inv, err := inventory(cmd.Context(), hardware)
+			inv, err := inventory(cmd.Context(), hardware, root)
 			if err != nil {
 				return err
 			}
@@ -28,14 +29,15 @@ func probeCommand() *cobra.Command {
 		},
 	}
 	addHardwareFlag(cmd, &hardware)
+	addDriverRootFlags(cmd, &root)
 	addOutputFlag(cmd, &output)
 	return cmd
 }
 
 // inventory probes the hardware once. Devices that could not be read are
 // logged and left out; only failing to open the hardware is an error.
-func inventory(ctx context.Context, hardware string) (hw.Inventory, error) {
-	node, err := backend.Open(hardware)
+func inventory(ctx context.Context, hardware string, root backend.DriverRoot) (hw.Inventory, error) {
+	node, err := backend.OpenWith(hardware, backend.Options{DriverRoot: root})
 	if err != nil {
 		return hw.Inventory{}, err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/hwdra/hwdra/backend"
 	"sort"
 
 	"github.com/spf13/cobra"
@@ -15,6 +16,7 @@ import (
 
 func slicesCommand() *cobra.Command {
 	var (
+		root                                   backend.DriverRoot
 		hardware, output, nodeName, configPath string
 	)
 	cmd := &cobra.Command{
@@ -29,7 +31,7 @@ func slicesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			inv, err := inventory(cmd.Context(), hardware)
+			inv, err := inventory(cmd.Context(), hardware, root)
 			if err != nil {
 				return err
 			}
@@ -50,6 +52,7 @@ func slicesCommand() *cobra.Command {
 		},
 	}
 	addHardwareFlag(cmd, &hardware)
+	addDriverRootFlags(cmd, &root)
 	addOutputFlag(cmd, &output)
 	cmd.Flags().StringVar(&nodeName, "node-name", "", "name of the Node the slices belong to")
 	cmd.Flags().StringVar(&configPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")

@@ -58,8 +58,9 @@ const (
 	vfioMiscMinor  = 196
 )
 
-// nodeResolver builds CDI device nodes from the host's roots.
-type nodeResolver struct{ dev, proc, sys string }
+// nodeResolver builds CDI device nodes from the host's roots; nodeDev is
+// dev as the node names it (the nodes' host paths).
+type nodeResolver struct{ dev, nodeDev, proc, sys string }
 
 type numbers func() (major, minor int64, err error)
 
@@ -71,7 +72,7 @@ func fixed(major, minor int64) numbers {
 // the host.
 func (r nodeResolver) charDev(name string, fallback numbers) (*cdispec.DeviceNode, error) {
 	host := filepath.Join(r.dev, name)
-	n := &cdispec.DeviceNode{Path: "/dev/" + name, HostPath: host, Type: "c"}
+	n := &cdispec.DeviceNode{Path: "/dev/" + name, HostPath: filepath.Join(r.nodeDev, name), Type: "c"}
 	var st unix.Stat_t
 	if err := unix.Stat(host, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR {
 		n.Major, n.Minor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))

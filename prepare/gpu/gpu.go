@@ -40,6 +40,11 @@ type Options struct {
 	// DevRoot is where the host's device nodes are ("/dev"), ProcRoot its
 	// procfs ("/proc"), SysfsRoot its sysfs ("/sys").
 	DevRoot, ProcRoot, SysfsRoot string
+	// DevNodeRoot is DevRoot as the node names it, for the host paths in
+	// CDI specs (the runtime reads them on the node): they differ where
+	// the agent runs in a container and sees a driver root's dev/ at
+	// another path. Empty: DevRoot.
+	DevNodeRoot string
 	// Sysfs writes sysfs attributes (creating and removing mediated
 	// devices); nil writes files under SysfsRoot.
 	Sysfs nvml.SysfsWriter
@@ -97,6 +102,9 @@ func New(opts Options) (*Driver, error) {
 			*r.root = r.def
 		}
 	}
+	if opts.DevNodeRoot == "" {
+		opts.DevNodeRoot = opts.DevRoot
+	}
 	if opts.DriverSpecDirs == nil {
 		opts.DriverSpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
 	}
@@ -109,7 +117,7 @@ func New(opts Options) (*Driver, error) {
 		inventory: opts.Inventory,
 		mdevs:     nvml.NewMdevs(opts.SysfsRoot, opts.Sysfs),
 		ledger:    ledger,
-		nodes:     nodeResolver{dev: opts.DevRoot, proc: opts.ProcRoot, sys: opts.SysfsRoot},
+		nodes:     nodeResolver{dev: opts.DevRoot, nodeDev: opts.DevNodeRoot, proc: opts.ProcRoot, sys: opts.SysfsRoot},
 		libs:      newDriverLibs(opts.DriverSpecDirs),
 		owners:    map[string]types.UID{},
 		users:     map[string]map[types.UID]bool{},

@@ -5,17 +5,22 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
-// TestDeployManifests: deploy/ was applied at node start; every object is
-// stored as written (CEL selectors compiled, no field dropped by a gate), and
-// every example claim is accepted as written, prioritized lists and
-// capacity requests included.
+// TestDeployManifests: the chart was installed at node start; the plain
+// manifests (deploy/hwdra.yaml, the chart rendered with its defaults) and
+// the chart rendered with a test cluster's values and with the suite's are
+// accepted object by object by the API server (server-side dry run,
+// admission included), every field kept (CEL selectors compiled, no field
+// dropped by a gate); every example claim is accepted as written,
+// prioritized lists and capacity requests included.
 func TestDeployManifests(t *testing.T) {
 	n := framework.Shared(t)
 	ctx := context.Background()
@@ -23,13 +28,75 @@ func TestDeployManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	examples, _ := filepath.Glob(filepath.Join(dir, "examples", "*.yaml"))
-	if len(files) == 0 || len(examples) == 0 {
-		t.Fatalf("no manifests in %s", dir)
-	}
 	ns := n.CreateNamespace(t, "examples")
-	for _, f := range append(files, examples...) {
+	plain, err := os.ReadFile(filepath.Join(dir, "hwdra.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testValues, err := os.ReadFile(filepath.Join(dir, "helm", "hwdra", "ci", "mock-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ciValues map[string]any
+	if err := yaml.Unmarshal(testValues, &ciValues); err != nil {
+		t.Fatal(err)
+	}
+	renders := map[string]string{"deploy/hwdra.yaml": string(plain)}
+	for name, values := range map[string]map[string]any{
+		"chart, default values":      nil,
+		"chart, ci/mock-values.yaml": ciValues,
+		"chart, the suite's values":  n.AgentPodValues(t, "mock:dgx-h100"),
+	} {
+		out, err := n.RenderChart(ctx, values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		renders[name] = out
+	}
+	for name, manifest := range renders {
+		t.Run(name, func(t *testing.T) {
+			objs, err := framework.ReadObjects(strings.NewReader(manifest))
+			if err != nil {
+				t.Fatal(err)
+			}
+			kinds := map[string]int{}
+			for _, o := range objs {
+				kinds[o.GetKind()]++
+				// Under names of their own: an apply over the installed
+				// release's objects would show their merge.
+				dry := o.DeepCopy()
+				if dry.GetNamespace() != "" {
+					dry.SetNamespace(ns)
+				} else {
+					dry.SetName(dry.GetName() + "-e2e-dry-run")
+				}
+				got, err := framework.ApplyDryRun(ctx, n.AdminConfig, ns, dry)
+				if err != nil {
+					t.Errorf("%s %s: %v", o.GetKind(), o.GetName(), err)
+					continue
+				}
+				for _, field := range []string{"spec", "rules", "roleRef", "subjects", "data"} {
+					if w, ok := o.Object[field]; ok {
+						if diff := framework.Missing(w, got[0].Object[field]); len(diff) > 0 {
+							t.Errorf("%s %s: the server dropped or changed fields:\n%v", o.GetKind(), o.GetName(), diff)
+						}
+					}
+				}
+			}
+			for kind, want := range map[string]int{"DaemonSet": 1, "DeviceClass": 5, "ClusterRole": 1, "ClusterRoleBinding": 1,
+				"ServiceAccount": 1, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "ConfigMap": 1} {
+				if kinds[kind] != want {
+					t.Errorf("%d %s objects, want %d (all: %v)", kinds[kind], kind, want, kinds)
+				}
+			}
+		})
+	}
+
+	examples, _ := filepath.Glob(filepath.Join(dir, "examples", "*.yaml"))
+	if len(examples) == 0 {
+		t.Fatalf("no examples in %s", dir)
+	}
+	for _, f := range examples {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			data, err := os.ReadFile(f)
 			if err != nil {
@@ -44,31 +111,13 @@ func TestDeployManifests(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := range want {
-				for _, field := range []string{"spec", "rules", "roleRef", "subjects"} {
-					if w, ok := want[i].Object[field]; ok {
-						if diff := framework.Missing(w, got[i].Object[field]); len(diff) > 0 {
-							t.Errorf("%s %s: the server dropped or changed fields:\n%v", want[i].GetKind(), want[i].GetName(), diff)
-						}
+				if w, ok := want[i].Object["spec"]; ok {
+					if diff := framework.Missing(w, got[i].Object["spec"]); len(diff) > 0 {
+						t.Errorf("%s %s: the server dropped or changed fields:\n%v", want[i].GetKind(), want[i].GetName(), diff)
 					}
 				}
 			}
 		})
-	}
-
-	// The DaemonSet is validated, not run: no node has its image.
-	daemonsets, _ := filepath.Glob(filepath.Join(dir, "daemonset", "*.yaml"))
-	for _, f := range daemonsets {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		objs, err := framework.ReadObjects(bytes.NewReader(data))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := framework.ApplyDryRun(ctx, n.AdminConfig, ns, objs...); err != nil {
-			t.Errorf("%s: %v", filepath.Base(f), err)
-		}
 	}
 
 	classes, err := n.Admin.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})

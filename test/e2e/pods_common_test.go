@@ -17,8 +17,9 @@ import (
 
 // Shared by the pods_* scenarios: real pods from ResourceClaimTemplates,
 // scheduled by the real scheduler and prepared by the real kubelet through
-// the agent, on the shared node with the agent restarted per scenario on
-// the scenario's (mock) hardware.
+// the agent as operators run it (the chart's DaemonSet pod, from the image
+// hack/build-image.sh builds), on the shared node, with the agent pod
+// started per scenario on the scenario's (mock) hardware.
 
 const (
 	gpuDriver = "gpu.hwdra.io"
@@ -34,10 +35,12 @@ type scenario struct {
 	n     *framework.Node
 	ns    string
 	ctx   context.Context
-	agent *framework.Process
+	agent *framework.AgentPod
 }
 
-// startScenario starts the agent on hardware on the shared node, waits
+// startScenario starts the agent pod on hardware on the shared node
+// (ready: both plugins registered with the kubelet, every driver's slices
+// in the API server, the NRI plugin synchronized with containerd), waits
 // until each of drivers has published all of its slices, and makes a
 // namespace. When t ends, pass or fail, every pod and claim of the
 // namespace is deleted and gone (unprepared by the agent, deallocated)
@@ -46,16 +49,9 @@ func startScenario(t *testing.T, name, hardware string, drivers ...string) *scen
 	t.Helper()
 	n := framework.Shared(t)
 	ctx := context.Background()
-	since, agentSince := n.KubeletLogSize(), n.LogSize("hwdra-agent")
-	agent := n.StartAgent(t, hardware)
+	since := n.KubeletLogSize()
+	agent := n.StartAgentPod(t, n.AgentPodValues(t, hardware))
 	for _, d := range drivers {
-		if d == nicDriver {
-			// Until then the agent refuses NIC claims (a pod must not
-			// start without its interface) and the kubelet retries later.
-			if err := agent.WaitLog(ctx, agentSince, framework.NRISynced, 30*time.Second); err != nil {
-				t.Fatal(err)
-			}
-		}
 		if _, err := n.WaitPoolsComplete(ctx, d, 60*time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +63,7 @@ func startScenario(t *testing.T, name, hardware string, drivers ...string) *scen
 		}
 	}
 	ns := n.CreateNamespace(t, name)
-	// Registered after StartAgent, so it runs before the agent stops: the
+	// Registered after StartAgentPod, so it runs before the agent stops: the
 	// kubelet unprepares the claims through it.
 	t.Cleanup(func() {
 		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {

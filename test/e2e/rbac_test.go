@@ -35,7 +35,7 @@ func slice(name, driver, node string) *resourceapi.ResourceSlice {
 }
 
 // TestAgentSliceWritesPinnedToItsNode: with the agent's own credentials (the
-// ServiceAccount of deploy/, token bound to its node) it may publish slices
+// chart's ServiceAccount, token bound to its node) it may publish slices
 // of its drivers on its node, and nothing else: the ValidatingAdmissionPolicy
 // refuses other nodes, other drivers, node-less slices and tokens without a
 // node.

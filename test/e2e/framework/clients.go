@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// The agent's identity as deploy/ defines it.
+// The agent's identity as the chart defines it.
 const (
 	AgentNamespace      = "hwdra-system"
 	AgentServiceAccount = "hwdra-agent"
@@ -46,7 +46,7 @@ type AgentCredentials struct {
 
 // AgentCredentials mints a token for the agent's ServiceAccount bound to the
 // named node (this node when nodeName is ""), and a kubeconfig with it.
-// deploy/ must be applied (it creates the ServiceAccount).
+// The chart must be installed (it creates the ServiceAccount).
 func (n *Node) AgentCredentials(ctx context.Context, nodeName string) (*AgentCredentials, error) {
 	if nodeName == "" {
 		nodeName = n.Name

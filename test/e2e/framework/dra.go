@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -28,10 +29,21 @@ import (
 // the scheduler does, and call the agent's DRA socket as the kubelet does.
 
 // DRAClient dials a driver's kubelet plugin socket on the node, as the
-// kubelet does.
+// kubelet does: dra.sock of an agent process, dra-<pod>.sock of the agent
+// pod (its rolling-update name), the newest where there are several.
 func (n *Node) DRAClient(t testing.TB, driver string) drapb.DRAPluginClient {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(n.PluginsDir(), driver, "dra.sock"),
+	socks, _ := filepath.Glob(filepath.Join(n.PluginsDir(), driver, "dra*.sock"))
+	if len(socks) == 0 {
+		t.Fatalf("no DRA socket of %s in %s", driver, filepath.Join(n.PluginsDir(), driver))
+	}
+	newest, newestTime := "", time.Time{}
+	for _, s := range socks {
+		if st, err := os.Stat(s); err == nil && st.ModTime().After(newestTime) {
+			newest, newestTime = s, st.ModTime()
+		}
+	}
+	conn, err := grpc.NewClient("unix://"+newest,
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +53,7 @@ func (n *Node) DRAClient(t testing.TB, driver string) drapb.DRAPluginClient {
 }
 
 // Allocator returns the scheduler's allocator over the node's published
-// slices of the given drivers, with deploy/'s DeviceClasses.
+// slices of the given drivers, with the chart's DeviceClasses.
 func (n *Node) Allocator(ctx context.Context, drivers ...string) (*allocate.Allocator, error) {
 	classes, err := deploy.DeviceClasses()
 	if err != nil {

@@ -36,6 +36,10 @@ const (
 	// namespace; envRoot passes it the run's temp directory.
 	envChild = "HWDRA_E2E_CHILD"
 	envRoot  = "HWDRA_E2E_ROOT"
+	// envAgentImages and envHelm pass the agent's image archives and the
+	// helm CLI, built before entering the namespace, to the child.
+	envAgentImages = "HWDRA_E2E_AGENT_IMAGES"
+	envHelm        = "HWDRA_E2E_HELM"
 )
 
 // Binaries are the node's executables.

@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -102,8 +103,9 @@ func runInNamespace() int {
 	return 0
 }
 
-// prebuild compiles the images and the hwdra binary before entering the
-// namespace, where the go command could not reach the module proxy. It
+// prebuild compiles the images, the hwdra binary, the agent's image and
+// the helm CLI before entering the namespace, where the go command could
+// not reach the module proxy. It
 // returns environment for the child; failures are left for the child to
 // report in the tests that need the result.
 func prebuild(root string) []string {
@@ -111,6 +113,7 @@ func prebuild(root string) []string {
 	defer func() {
 		fmt.Fprintf(os.Stderr, "hwdra e2e: images and hwdra built in %v\n", time.Since(began).Round(time.Millisecond))
 	}()
+	var env []string
 	imagesDone := make(chan struct{})
 	go func() { // independent of the hwdra build: overlap them
 		defer close(imagesDone)
@@ -118,14 +121,28 @@ func prebuild(root string) []string {
 			fmt.Fprintln(os.Stderr, "hwdra e2e: building images:", err)
 		}
 	}()
+	agentDone := make(chan []string)
+	go func() { // the agent's image and the helm CLI
+		var env []string
+		if archives, err := buildAgentImages(filepath.Join(root, "agent-image")); err != nil {
+			fmt.Fprintln(os.Stderr, "hwdra e2e: building the agent image:", err)
+		} else {
+			env = append(env, envAgentImages+"="+strings.Join(archives, ","))
+		}
+		if helm, err := buildHelm(); err != nil {
+			fmt.Fprintln(os.Stderr, "hwdra e2e: building helm:", err)
+		} else {
+			env = append(env, envHelm+"="+helm)
+		}
+		agentDone <- env
+	}()
 	defer func() { <-imagesDone }()
-	if os.Getenv(EnvHwdra) != "" {
-		return nil
+	if os.Getenv(EnvHwdra) == "" {
+		if path, err := buildHwdra(root); err == nil && path != "" {
+			env = append(env, EnvHwdra+"="+path)
+		}
 	}
-	if path, err := buildHwdra(root); err == nil && path != "" {
-		return []string{EnvHwdra + "=" + path}
-	}
-	return nil
+	return append(env, <-agentDone...)
 }
 
 // createNamespace makes the named network namespace with loopback up and a

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -30,30 +29,12 @@ func DeployDir() (string, error) {
 	return filepath.Join(root, "deploy"), nil
 }
 
-// deployFiles are the manifests a node gets at start: deploy/*.yaml (not the
-// examples, which tests apply themselves).
-func deployFiles() ([]string, error) {
-	dir, err := DeployDir()
-	if err != nil {
-		return nil, err
-	}
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	sort.Strings(files)
-	return files, err
-}
-
-// ApplyDeploy applies deploy/*.yaml as the cluster admin.
+// ApplyDeploy installs the chart (deploy/helm/hwdra) as the cluster admin
+// with this node's values: namespace, service account, RBAC, admission
+// policy, DeviceClasses, configuration and the DaemonSet, whose pod runs
+// only once the node has AgentPodLabel (StartAgentPod).
 func (n *Node) ApplyDeploy(ctx context.Context) error {
-	files, err := deployFiles()
-	if err != nil {
-		return err
-	}
-	for _, f := range files {
-		if _, err := ApplyFile(ctx, n.AdminConfig, f, ""); err != nil {
-			return err
-		}
-	}
-	return nil
+	return n.InstallChart(ctx, n.AgentValues("mock:dgx-h100"))
 }
 
 // ReadObjects decodes a multi-document YAML (or JSON) stream.

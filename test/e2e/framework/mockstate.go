@@ -60,7 +60,13 @@ func (n *Node) MockDir(t testing.TB) string {
 // only after a grace period).
 func (n *Node) StartAgentWithEnv(t testing.TB, hardware string, env []string, extra ...string) *Process {
 	t.Helper()
-	bin := HwdraBinary(t)
+	return n.StartAgentBinary(t, HwdraBinary(t), hardware, env, extra...)
+}
+
+// StartAgentBinary is StartAgentWithEnv with a given hwdra binary (to
+// compare builds).
+func (n *Node) StartAgentBinary(t testing.TB, bin, hardware string, env []string, extra ...string) *Process {
+	t.Helper()
 	creds, err := n.AgentCredentials(context.Background(), "")
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -23,7 +24,7 @@ type Options struct {
 	// FeatureGates override DefaultFeatureGates (e.g. one gate off) in every
 	// component.
 	FeatureGates map[string]bool
-	// SkipDeploy leaves deploy/ unapplied.
+	// SkipDeploy leaves the chart (deploy/helm/hwdra) uninstalled.
 	SkipDeploy bool
 }
 
@@ -42,7 +43,7 @@ type Node struct {
 	Etcd, APIServer, ControllerManager, Scheduler, Containerd, Kubelet *Process
 
 	// StartupTime is how long Start took, from nothing to a Ready node with
-	// images imported and deploy/ applied.
+	// images imported and the chart installed.
 	StartupTime time.Duration
 
 	pki         *pki
@@ -153,6 +154,9 @@ func (n *Node) boot(ctx context.Context, imageDir string) error {
 	if err := os.MkdirAll(n.Root, 0o755); err != nil {
 		return err
 	}
+	if err := makeShared(n.Root); err != nil {
+		return err
+	}
 	type result struct {
 		archives []string
 		err      error
@@ -173,7 +177,15 @@ func (n *Node) boot(ctx context.Context, imageDir string) error {
 	if img.err != nil {
 		return img.err
 	}
-	if err := n.startContainerd(ctx, img.archives); err != nil {
+	archives := img.archives
+	// The agent's image: scenarios that need it fail without it, the
+	// others run.
+	if agent, err := buildAgentImages(filepath.Join(imageDir, "..", "agent-image")); err == nil {
+		archives = append(archives, agent...)
+	} else {
+		fmt.Fprintf(os.Stderr, "hwdra e2e: no agent image: %v\n", err)
+	}
+	if err := n.startContainerd(ctx, archives); err != nil {
 		return err
 	}
 	if err := n.startKubelet(ctx); err != nil {
@@ -267,4 +279,19 @@ func (n *Node) dumpIfFailed(t testing.TB) {
 	for _, p := range n.procs {
 		t.Logf("---- %s (last 25 lines of %s)\n%s", p.Name, p.LogPath, p.Tail(25))
 	}
+}
+
+// makeShared makes dir a shared mount, as / is on a systemd node: the
+// agent pod's HostToContainer mounts (pods' network namespaces, the
+// driver root) need their source on a shared or slave mount, and this
+// machine's / may be private. Teardown unmounts it with everything under
+// the root.
+func makeShared(dir string) error {
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind mount %s: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
 }

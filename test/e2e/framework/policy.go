@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// waitDeployEffective waits until deploy/'s RBAC and admission policy are in
+// waitDeployEffective waits until the chart's RBAC and admission policy are in
 // force: the apiserver picks both up from informers, a moment after they are
 // created. Probes are dry-run slice creations with the agent's credentials:
 // one for its own node must pass, one for another node must be denied.
@@ -36,7 +36,7 @@ func (n *Node) waitDeployEffective(ctx context.Context, timeout time.Duration) e
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("deploy/ not in force after %v: own node: %v; other node: %v", timeout, own, other)
+			return fmt.Errorf("the chart's RBAC and admission policy not in force after %v: own node: %v; other node: %v", timeout, own, other)
 		}
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 			return err

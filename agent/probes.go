@@ -1,0 +1,157 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+)
+
+// probes answer the DaemonSet's readiness and liveness probes.
+//
+// Ready (/readyz): this agent serves the node: it holds the node's state,
+// the kubelet has registered each of its kubelet plugins, each driver's
+// last publication is in the API server, and the NRI plugin (on a node
+// with NICs) is synchronized with the runtime. In a rolling update the
+// old pod is deleted once the new one is ready.
+//
+// Alive (/healthz): the registration socket of every plugin this agent
+// started accepts connections (the kubelet finds the plugins through
+// them). An agent waiting for the node, or one that handed it over, is
+// alive.
+type probes struct {
+	mu      sync.Mutex
+	state   string // why not serving; "" while serving
+	plugins []startedPlugin
+	pub     *publisher
+	nri     func() error
+	// requested tells whether a newer agent asks for the node.
+	requested func() bool
+}
+
+type startedPlugin struct {
+	driver, socket string
+	helper         *kubeletplugin.Helper
+}
+
+const (
+	stateWaiting     = "waiting for the node's state (another agent holds it)"
+	stateStarting    = "starting"
+	stateHandingOver = "handing the node over to a newer agent"
+	stateHandedOver  = "handed the node over to a newer agent"
+)
+
+func newProbes() *probes { return &probes{state: stateWaiting} }
+
+func (p *probes) setState(s string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.state = s
+	if s == stateHandedOver {
+		p.plugins, p.pub, p.nri = nil, nil, nil
+	}
+}
+
+func (p *probes) serving(pub *publisher, nri func() error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.state, p.pub, p.nri = "", pub, nri
+}
+
+func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.plugins = append(p.plugins, startedPlugin{driver: driver, socket: socket, helper: h})
+}
+
+// ready is nil when the agent serves the node, else every reason why not.
+func (p *probes) ready() error {
+	p.mu.Lock()
+	state, plugins, pub, nri, requested := p.state, p.plugins, p.pub, p.nri, p.requested
+	p.mu.Unlock()
+	if state != "" {
+		return errors.New(state)
+	}
+	if requested != nil && requested() {
+		return errors.New(stateHandingOver)
+	}
+	var errs []error
+	for _, pl := range plugins {
+		if st := pl.helper.RegistrationStatus(); st == nil || !st.PluginRegistered {
+			reason := "the kubelet has not registered it yet"
+			if st != nil && st.Error != "" {
+				reason = "the kubelet refused it: " + st.Error
+			}
+			errs = append(errs, fmt.Errorf("kubelet plugin %s: %s", pl.driver, reason))
+		}
+	}
+	if pub != nil {
+		errs = append(errs, pub.publishState())
+	}
+	if nri != nil {
+		errs = append(errs, nri())
+	}
+	return errors.Join(errs...)
+}
+
+// alive is nil unless a started plugin's registration socket refuses
+// connections.
+func (p *probes) alive() error {
+	p.mu.Lock()
+	plugins := p.plugins
+	p.mu.Unlock()
+	var errs []error
+	for _, pl := range plugins {
+		c, err := net.DialTimeout("unix", pl.socket, 2*time.Second)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("kubelet plugin %s: registration socket: %w", pl.driver, err))
+			continue
+		}
+		c.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// registrarSocket is the registration socket the kubelet plugin library
+// creates for a driver.
+func registrarSocket(dir, driver, podUID string) string {
+	if podUID != "" {
+		return filepath.Join(dir, kubeletplugin.RollingUpdateRegistrarSocketFile(dir, driver, types.UID(podUID)))
+	}
+	return filepath.Join(dir, driver+"-reg.sock")
+}
+
+func (p *probes) handler(check func() error) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		if err := check(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	}
+}
+
+// listenShared listens on addr with SO_REUSEPORT: in a rolling update the
+// new pod (host network, same port) listens beside the old one, which
+// closes its listener once it has handed the node over. Meanwhile the
+// kernel spreads connections over both; neither says ready then (the old
+// one says so while a newer one waits: see serve), and both say alive.
+func listenShared(ctx context.Context, addr string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		})
+		return errors.Join(err, serr)
+	}}
+	return lc.Listen(ctx, "tcp", addr)
+}

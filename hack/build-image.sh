@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the agent's container image as an OCI image archive (no registry,
+# no container engine): `ctr -n k8s.io images import FILE` or `docker load
+# -i FILE` loads it. Writes it under _output/ and prints its path as the
+# last line of output.
+#
+# The binary is built as the image needs it: -tags nolab (no lab, so no
+# scheduler allocator and no CEL in the agent), grpcnotrace (gRPC without
+# x/net/trace and its html/template), -trimpath -ldflags='-s -w'. The image
+# holds /hwdra and the glibc files it and the host's libnvidia-ml need
+# (hack/buildimage); the NVIDIA driver itself comes from the host.
+#
+# HWDRA_IMAGE_REPOSITORY (default localhost/hwdra), HWDRA_IMAGE_TAG (default
+# the chart's appVersion) and HWDRA_IMAGE_OUTPUT (default _output) change
+# what is built where.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CGO_ENABLED=1
+export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
+
+repo=${HWDRA_IMAGE_REPOSITORY:-localhost/hwdra}
+tag=${HWDRA_IMAGE_TAG:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' deploy/helm/hwdra/Chart.yaml)}
+out=${HWDRA_IMAGE_OUTPUT:-_output}
+mkdir -p "$out/image-$tag"
+out=$(cd "$out" && pwd)
+
+go build -trimpath -tags nolab,grpcnotrace -ldflags "-s -w -X main.version=$tag" \
+  -o "$out/image-$tag/hwdra" ./cmd/hwdra
+go run ./hack/buildimage --binary "$out/image-$tag/hwdra" --ref "$repo:$tag" --out "$out/hwdra-$tag.oci.tar"
+echo "build-image: $repo:$tag ($(du -h "$out/hwdra-$tag.oci.tar" | cut -f1))" >&2
+echo "$out/hwdra-$tag.oci.tar"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Chart checks for CI: lint and render the chart with its default values and
+# with a test cluster's (deploy/helm/hwdra/ci/*-values.yaml), and check that
+# deploy/hwdra.yaml is the chart's rendering (hack/render-deploy.sh). The
+# real-node suite server-side dry-runs every rendered object
+# (TestChartObjectsDryRun).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+helm=${HELM:-$(hack/build-helm.sh)}
+chart=deploy/helm/hwdra
+"$helm" lint --strict "$chart"
+"$helm" template hwdra "$chart" -n hwdra-system --kube-version v1.37.0 >/dev/null
+for values in "$chart"/ci/*-values.yaml; do
+  "$helm" lint --strict "$chart" -f "$values"
+  "$helm" template hwdra "$chart" -n hwdra-system --kube-version v1.37.0 -f "$values" >/dev/null
+done
+# Bad values are refused with a message that names them.
+if out=$("$helm" template hwdra "$chart" --set hardware=gpu 2>&1); then
+  echo "check-chart: hardware=gpu was accepted"; exit 1
+fi
+grep -q 'hardware: "gpu": want host or mock:<profile>' <<<"$out" || { echo "check-chart: unclear error for hardware=gpu: $out"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cp deploy/hwdra.yaml "$tmp/committed.yaml"
+HELM="$helm" hack/render-deploy.sh >/dev/null
+if ! diff -u "$tmp/committed.yaml" deploy/hwdra.yaml; then
+  cp "$tmp/committed.yaml" deploy/hwdra.yaml
+  echo "check-chart: deploy/hwdra.yaml is stale: run hack/render-deploy.sh"; exit 1
+fi
+echo "check-chart: chart lints and renders with default and test values; deploy/hwdra.yaml is current"
