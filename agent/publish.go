@@ -32,6 +32,7 @@ type publisher struct {
 	cfg      *config.AgentConfig
 	drivers  []string // served: a pool is published for each
 
+	updateMu    sync.Mutex // serialises update
 	mu          sync.Mutex
 	inv         hw.Inventory
 	features    hwslices.Features
@@ -172,15 +173,22 @@ func (p *publisher) publishCurrent(ctx context.Context) error {
 // in the background and retries failed writes with backoff, reporting
 // errors (dropped fields among them) to onError.
 func (p *publisher) update(ctx context.Context, driver string, res resourceslice.DriverResources) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	// Starting a controller waits for its informer's first sync (a second
+	// or more): under updateMu, not mu, which prepares (current) and
+	// metric scrapes take.
+	p.updateMu.Lock()
+	defer p.updateMu.Unlock()
 	// The controller keeps what it is given: its own copy.
 	own := res.DeepCopy()
-	if c := p.controllers[driver]; c != nil {
+	p.mu.Lock()
+	c := p.controllers[driver]
+	p.mu.Unlock()
+	if c != nil {
 		c.Update(own)
 	} else {
 		logger := klog.LoggerWithName(klog.FromContext(ctx), "ResourceSlice controller")
-		c, err := resourceslice.StartController(klog.NewContext(ctx, logger), resourceslice.Options{
+		var err error
+		c, err = resourceslice.StartController(klog.NewContext(ctx, logger), resourceslice.Options{
 			DriverName: driver,
 			KubeClient: p.client,
 			Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: p.nodeName},
@@ -193,9 +201,11 @@ func (p *publisher) update(ctx context.Context, driver string, res resourceslice
 		if err != nil {
 			return fmt.Errorf("publish %s: %w", driver, err)
 		}
-		p.controllers[driver] = c
 	}
+	p.mu.Lock()
+	p.controllers[driver] = c
 	p.published[driver] = res
+	p.mu.Unlock()
 	return nil
 }
 

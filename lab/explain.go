@@ -92,11 +92,21 @@ func requestShortfall(ctx context.Context, what, class string, selectors []resou
 	if !ok {
 		return fmt.Sprintf("%s: device class %s does not exist", what, class)
 	}
-	all := append(append([]resourceapi.DeviceSelector(nil), dc.Spec.Selectors...), selectors...)
+	var compiled []cel.CompilationResult
+	for _, sel := range append(append([]resourceapi.DeviceSelector(nil), dc.Spec.Selectors...), selectors...) {
+		if sel.CEL == nil {
+			continue
+		}
+		res := cel.GetCompiler(cel.Features{EnableConsumableCapacity: true}).CompileCELExpression(sel.CEL.Expression, cel.Options{})
+		if res.Error != nil {
+			return fmt.Sprintf("%s: %v", what, res.Error)
+		}
+		compiled = append(compiled, res)
+	}
 	matches := 0
 	for _, s := range slices {
 		for _, d := range s.Spec.Devices {
-			ok, err := deviceMatches(ctx, s.Spec.Driver, d, all)
+			ok, err := deviceMatches(ctx, s.Spec.Driver, d, compiled)
 			if err != nil {
 				return fmt.Sprintf("%s: device %s: %v", what, d.Name, err)
 			}
@@ -118,16 +128,11 @@ func requestShortfall(ctx context.Context, what, class string, selectors []resou
 	}
 }
 
-func deviceMatches(ctx context.Context, driver string, d resourceapi.Device, selectors []resourceapi.DeviceSelector) (bool, error) {
-	for _, s := range selectors {
-		if s.CEL == nil {
-			continue
-		}
-		res := cel.GetCompiler(cel.Features{EnableConsumableCapacity: true}).CompileCELExpression(s.CEL.Expression, cel.Options{})
-		if res.Error != nil {
-			return false, res.Error
-		}
-		ok, _, err := res.DeviceMatches(ctx, cel.Device{Driver: driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
+// deviceMatches evaluates compiled selectors in order, as the allocator
+// does: a class's first, so a request's never sees another driver's device.
+func deviceMatches(ctx context.Context, driver string, d resourceapi.Device, selectors []cel.CompilationResult) (bool, error) {
+	for _, sel := range selectors {
+		ok, _, err := sel.DeviceMatches(ctx, cel.Device{Driver: driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
 		if err != nil || !ok {
 			return false, err
 		}
