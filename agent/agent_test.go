@@ -36,7 +36,8 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/internal/slotfile"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 const node = "worker-1"
@@ -299,8 +300,8 @@ func migRequest(profile string) resourceapi.DeviceRequest {
 func TestAgentServesTheKubelet(t *testing.T) {
 	a := startAgent(t, "gpus:\n- model: h100-80gb\n  count: 2\n")
 	ctx := context.Background()
-	full := hwslices.GPUName("0000:1b:00.0")
-	published := a.slices(hwslices.GPUDriver, nil)
+	full := device.GPUName("0000:1b:00.0")
+	published := a.slices(device.GPUDriver, nil)
 	if !deviceNames(published)[full] {
 		t.Fatalf("%s not published", full)
 	}
@@ -335,7 +336,7 @@ func TestAgentServesTheKubelet(t *testing.T) {
 	// The GPU instance exists now, but the slices stay as they were: the
 	// counters keep the scheduler off what overlaps the allocated device.
 	a.settle()
-	if ss := a.slices(hwslices.GPUDriver, nil); !maps.Equal(deviceNames(ss), deviceNames(published)) {
+	if ss := a.slices(device.GPUDriver, nil); !maps.Equal(deviceNames(ss), deviceNames(published)) {
 		t.Errorf("the slices changed with a prepared MIG claim")
 	}
 	// A repeated prepare (kubelet restart) gives the same answer.
@@ -440,17 +441,17 @@ func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
 	kinds := func(ss []*resourceapi.ResourceSlice) (vgpu, mig int) {
 		for _, s := range ss {
 			for _, d := range s.Spec.Devices {
-				switch *d.Attributes[hwslices.AttrType].StringValue {
-				case hwslices.KindVGPU:
+				switch *d.Attributes[device.AttrType].StringValue {
+				case device.KindVGPU:
 					vgpu++
-				case hwslices.KindMIG:
+				case device.KindMIG:
 					mig++
 				}
 			}
 		}
 		return vgpu, mig
 	}
-	ss := a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+	ss := a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
 		vgpu, mig := kinds(ss)
 		return vgpu == 0 && mig > 0
 	})
@@ -461,7 +462,7 @@ func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
 	}
 
 	gateOn.Store(true)
-	a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+	a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
 		vgpu, _ := kinds(ss)
 		return vgpu > 0
 	})
@@ -474,7 +475,7 @@ func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
 // set aside and reported; the agent serves instead of crash-looping.
 func TestAgentStartsOnACorruptCheckpoint(t *testing.T) {
 	a := startAgent(t, "gpus:\n- model: h100-80gb\n  count: 1\n", func(*fake.Clientset) {})
-	a.slices(hwslices.GPUDriver, nil)
+	a.slices(device.GPUDriver, nil)
 	a.stop()
 	path := filepath.Join(a.dir, "state", "gpu.hwdra.io.checkpoint.json")
 	if err := slotfile.Replace(path, []byte(`{"version":"hwdra.io/checkpoint/v1","checksum":"sha256:0","data":{`)); err != nil {

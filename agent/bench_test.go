@@ -14,7 +14,8 @@ import (
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 
 	"github.com/hwdra/hwdra/hw/mock"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // BenchmarkAgentRSSAfterPublishing starts the agent on a mock DGX H200 and
@@ -23,7 +24,7 @@ import (
 // fake API server's copy of every slice, so the figure is an upper bound.
 func BenchmarkAgentRSSAfterPublishing(b *testing.B) {
 	a := startAgent(b, "mock:dgx-h200")
-	a.slices(hwslices.GPUDriver, nil)
+	a.slices(device.GPUDriver, nil)
 	debug.FreeOSMemory()
 	rss := rssKiB(b)
 	var ms runtime.MemStats
@@ -63,9 +64,9 @@ func BenchmarkInjectedFaultToHealthReport(b *testing.B) {
 	dir := b.TempDir()
 	b.Setenv(mock.DirEnv, dir)
 	a := startAgent(b, "mock:dgx-h100")
-	a.slices(hwslices.GPUDriver, nil)
-	w := a.watchHealth(hwslices.GPUDriver)
-	gpu := hwslices.GPUName(benchGPU)
+	a.slices(device.GPUDriver, nil)
+	w := a.watchHealth(device.GPUDriver)
+	gpu := device.GPUName(benchGPU)
 	is := func(want drahealthv1.HealthStatus) func(map[string]*drahealthv1.DeviceHealth) bool {
 		return func(d map[string]*drahealthv1.DeviceHealth) bool { return d[gpu] != nil && d[gpu].Health == want }
 	}

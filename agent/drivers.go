@@ -16,7 +16,8 @@ import (
 	"github.com/hwdra/hwdra/prepare"
 	gpuprep "github.com/hwdra/hwdra/prepare/gpu"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // Driver is one driver's kubelet-side implementation.
@@ -33,7 +34,7 @@ type PluginOptions struct {
 	StateDir, CDIDir string
 	// Current returns the last probed inventory and the slice features in
 	// use: prepare looks allocated devices up in what was published.
-	Current func() (hw.Inventory, hwslices.Features)
+	Current func() (hw.Inventory, device.Features)
 	// Config decides which PFs are offered and how.
 	Config *config.AgentConfig
 	// NodeName is the pool name.
@@ -55,7 +56,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 	if gpu := node.GPU(); len(inv.GPUs) > 0 && gpu != nil {
 		d, err := gpuprep.New(gpuprep.Options{
 			NVML: gpu,
-			Inventory: func(context.Context) ([]hw.GPU, hwslices.Features, error) {
+			Inventory: func(context.Context) ([]hw.GPU, device.Features, error) {
 				inv, f := opts.Current()
 				return inv.GPUs, f, nil
 			},
@@ -67,17 +68,17 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			return nil, err
 		}
 		p, err := prepare.New(ctx, d, prepare.Options{
-			DriverName: hwslices.GPUDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
+			DriverName: device.GPUDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", hwslices.GPUDriver, err)
+			return nil, fmt.Errorf("%s: %w", device.GPUDriver, err)
 		}
-		drivers = append(drivers, Driver{Name: hwslices.GPUDriver, Plugin: p, Unclaimed: d.Unclaimed})
+		drivers = append(drivers, Driver{Name: device.GPUDriver, Plugin: p, Unclaimed: d.Unclaimed})
 	}
 	if len(inv.PFs) > 0 {
 		d, err := nicprep.New(nicprep.Options{
 			VFs: node.VFs,
-			Inventory: func(context.Context) ([]config.NICOffer, hwslices.Features, error) {
+			Inventory: func(context.Context) ([]config.NICOffer, device.Features, error) {
 				inv, f := opts.Current()
 				offers, _ := opts.Config.Resolve(inv.PFs)
 				return offers, f, nil
@@ -89,12 +90,12 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			return nil, err
 		}
 		p, err := prepare.New(ctx, d, prepare.Options{
-			DriverName: hwslices.NICDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
+			DriverName: device.NICDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", hwslices.NICDriver, err)
+			return nil, fmt.Errorf("%s: %w", device.NICDriver, err)
 		}
-		drivers = append(drivers, Driver{Name: hwslices.NICDriver, Plugin: p})
+		drivers = append(drivers, Driver{Name: device.NICDriver, Plugin: p})
 	}
 	return drivers, nil
 }

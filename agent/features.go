@@ -8,23 +8,24 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
-	hwslices "github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // gates names the DRA feature gates behind each slice feature, as the
 // resourceslice library reports them dropped.
 var gates = []struct {
 	name string
-	flag func(*hwslices.Features) *bool
+	flag func(*device.Features) *bool
 }{
-	{"DRAPartitionableDevices", func(f *hwslices.Features) *bool { return &f.PartitionableDevices }},
-	{"DRADeviceCompatibilityGroups", func(f *hwslices.Features) *bool { return &f.CompatibilityGroups }},
-	{"DRAConsumableCapacity", func(f *hwslices.Features) *bool { return &f.ConsumableCapacity }},
-	{"DRADeviceTaints", func(f *hwslices.Features) *bool { return &f.DeviceTaints }},
+	{"DRAPartitionableDevices", func(f *device.Features) *bool { return &f.PartitionableDevices }},
+	{"DRADeviceCompatibilityGroups", func(f *device.Features) *bool { return &f.CompatibilityGroups }},
+	{"DRAConsumableCapacity", func(f *device.Features) *bool { return &f.ConsumableCapacity }},
+	{"DRADeviceTaints", func(f *device.Features) *bool { return &f.DeviceTaints }},
 }
 
 // without is f with the features of the named gates off.
-func without(f hwslices.Features, off []string) hwslices.Features {
+func without(f device.Features, off []string) device.Features {
 	for _, g := range gates {
 		if slices.Contains(off, g.name) {
 			*g.flag(&f) = false
@@ -61,14 +62,14 @@ func (p *publisher) recheckFeatures(ctx context.Context) {
 	p.mu.Lock()
 	current, inv := p.features, p.inv
 	p.mu.Unlock()
-	if current == hwslices.AllFeatures {
+	if current == device.AllFeatures {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	res, _ := hwslices.ForNode(p.nodeName, inv, p.cfg, hwslices.AllFeatures, p.health())
+	res, _ := resources.ForNode(p.nodeName, inv, p.cfg, device.AllFeatures, p.health())
 	var dropped []string
 	for _, driver := range p.served() {
-		for _, s := range hwslices.Objects(driver, p.nodeName, res[driver]) {
+		for _, s := range resources.Objects(driver, p.nodeName, res[driver]) {
 			desired := s.DeepCopy()
 			desired.Name, desired.GenerateName = "", "hwdra-feature-check-"
 			got, err := p.client.ResourceV1().ResourceSlices().Create(ctx, desired, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
@@ -79,7 +80,7 @@ func (p *publisher) recheckFeatures(ctx context.Context) {
 			dropped = append(dropped, (&resourceslice.DroppedFieldsError{DesiredSlice: desired, ActualSlice: got}).DisabledFeatures()...)
 		}
 	}
-	want := without(hwslices.AllFeatures, dropped)
+	want := without(device.AllFeatures, dropped)
 	if want == current || !more(want, current) {
 		return
 	}
@@ -97,7 +98,7 @@ func (p *publisher) recheckFeatures(ctx context.Context) {
 }
 
 // more reports whether a has every feature b has, and one more.
-func more(a, b hwslices.Features) bool {
+func more(a, b device.Features) bool {
 	gained := false
 	for _, g := range gates {
 		ha, hb := *g.flag(&a), *g.flag(&b)

@@ -12,7 +12,7 @@ import (
 
 	"k8s.io/klog/v2/ktesting"
 
-	hwslices "github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // probe GETs a probe endpoint of an agent: its status code and body.
@@ -35,8 +35,8 @@ func probe(t testing.TB, addr, path string) (int, string) {
 // not ready) and waits for termination without exiting.
 func TestRollingUpdateHandover(t *testing.T) {
 	a := startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, "gpus:\n- model: h100-80gb\n  count: 1\n"), PodUID: "11111111-aaaa-4aaa-8aaa-000000000001"})
-	a.slices(hwslices.GPUDriver, nil)
-	oldSocket := registrarSocket(filepath.Join(a.dir, "registry"), hwslices.GPUDriver, a.opts.PodUID)
+	a.slices(device.GPUDriver, nil)
+	oldSocket := registrarSocket(filepath.Join(a.dir, "registry"), device.GPUDriver, a.opts.PodUID)
 	waitFor(t, "the first agent's registration socket", func() bool { _, err := os.Stat(oldSocket); return err == nil })
 	// No kubelet here: the registration never comes, and /readyz says so.
 	if code, body := probe(t, a.opts.MetricsAddress, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "kubelet has not registered") {
@@ -55,7 +55,7 @@ func TestRollingUpdateHandover(t *testing.T) {
 	go func() { b.done <- Run(ctx, b.opts) }()
 	t.Cleanup(b.stop)
 
-	newSocket := registrarSocket(filepath.Join(a.dir, "registry"), hwslices.GPUDriver, b.opts.PodUID)
+	newSocket := registrarSocket(filepath.Join(a.dir, "registry"), device.GPUDriver, b.opts.PodUID)
 	waitFor(t, "the second agent's registration socket", func() bool { _, err := os.Stat(newSocket); return err == nil })
 	waitFor(t, "the first agent's sockets gone", func() bool { _, err := os.Stat(oldSocket); return os.IsNotExist(err) })
 	if newSocket == oldSocket {

@@ -15,7 +15,9 @@ import (
 	"github.com/hwdra/hwdra/health"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/nvml"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // Health check intervals and the kubelet's health check timeouts, per
@@ -157,11 +159,11 @@ func (h *nodeHealth) published(driver string) {
 func (h *nodeHealth) catalog(driver string, res resourceslice.DriverResources) []health.Device {
 	inv, f := h.pub.current()
 	switch driver {
-	case hwslices.GPUDriver:
-		return devicesOf(res, hwslices.GPUDevices(inv.GPUs, f))
-	case hwslices.NICDriver:
+	case device.GPUDriver:
+		return devicesOf(res, resources.GPUDevices(inv.GPUs, f))
+	case device.NICDriver:
 		offers, _ := h.pub.cfg.Resolve(inv.PFs)
-		return devicesOf(res, hwslices.NICDevices(offers, f))
+		return devicesOf(res, resources.NICDevices(offers, f))
 	}
 	return nil
 }
@@ -188,7 +190,7 @@ func (h *nodeHealth) stream(driver string) health.Stream {
 		h.mu.Unlock()
 		return m != nil && m.Alive(d)
 	}
-	if driver == hwslices.GPUDriver {
+	if driver == device.GPUDriver {
 		timeout, alive = gpuHealthTimeout, func(d time.Duration) bool {
 			h.mu.Lock()
 			m := h.gpu

@@ -21,7 +21,8 @@ import (
 
 	"github.com/hwdra/hwdra/hw/mock"
 	"github.com/hwdra/hwdra/metadata/nritest"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // healthWatch is the kubelet's side of a driver's health stream: the
@@ -141,7 +142,7 @@ func onlyTainted(ss []*resourceapi.ResourceSlice, bus, value string) bool {
 	for gpu, devices := range taintsByGPU(ss) {
 		for _, taints := range devices {
 			want := gpu == bus
-			got := len(taints) == 1 && taints[0].Key == hwslices.GPUTaintKey && taints[0].Value == value
+			got := len(taints) == 1 && taints[0].Key == device.GPUTaintKey && taints[0].Value == value
 			if want != got || !want && len(taints) > 0 {
 				return false
 			}
@@ -186,14 +187,14 @@ func TestHealthXID(t *testing.T) {
 	t.Setenv(mock.DirEnv, dir)
 	a := startAgent(t, "mock:dgx-h100")
 	const bus, other = "0000:1b:00.0", "0000:43:00.0"
-	published := a.slices(hwslices.GPUDriver, nil)
+	published := a.slices(device.GPUDriver, nil)
 	// Placements chosen apart: each claim is allocated on its own.
 	first := a.allocated(published, "mig-a", migOn("1g.10gb", bus, 0))
 	second := a.allocated(published, "mig-b", migOn("3g.40gb", bus, 4))
-	prepareClaims(t, a, hwslices.GPUDriver, first, second)
+	prepareClaims(t, a, device.GPUDriver, first, second)
 	partitions := []string{first.Status.Allocation.Devices.Results[0].Device, second.Status.Allocation.Devices.Results[0].Device}
 
-	w := a.watchHealth(hwslices.GPUDriver)
+	w := a.watchHealth(device.GPUDriver)
 	w.wait("full report", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		for _, p := range partitions {
 			if d[p] == nil || d[p].Health != drahealthv1.HealthStatus_HEALTHY || d[p].HealthCheckTimeoutSeconds != int64(gpuHealthTimeout/time.Second) {
@@ -205,7 +206,7 @@ func TestHealthXID(t *testing.T) {
 
 	inject(t, dir, mock.Fault{Kind: mock.FaultXID, GPU: bus, XID: 79})
 	var onGPU []string
-	for name, taints := range taintsByGPU(a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+	for name, taints := range taintsByGPU(a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
 		return onlyTainted(ss, bus, "XID79")
 	}))[bus] {
 		onGPU = append(onGPU, name)
@@ -220,7 +221,7 @@ func TestHealthXID(t *testing.T) {
 			}
 		}
 		for name, h := range d {
-			if strings.HasPrefix(name, hwslices.GPUName(other)) && h.Health != drahealthv1.HealthStatus_HEALTHY {
+			if strings.HasPrefix(name, device.GPUName(other)) && h.Health != drahealthv1.HealthStatus_HEALTHY {
 				t.Fatalf("%s of another GPU: %v %q", name, h.Health, h.Message)
 			}
 		}
@@ -238,7 +239,7 @@ func TestHealthXID(t *testing.T) {
 	time.Sleep(time.Second)
 	w.mu.Lock()
 	for name, h := range w.devices {
-		if strings.HasPrefix(name, hwslices.GPUName(other)) && h.Health != drahealthv1.HealthStatus_HEALTHY {
+		if strings.HasPrefix(name, device.GPUName(other)) && h.Health != drahealthv1.HealthStatus_HEALTHY {
 			t.Errorf("after XID 13: %s %v", name, h.Health)
 		}
 	}
@@ -251,7 +252,7 @@ func TestHealthXID(t *testing.T) {
 	}
 
 	inject(t, dir, mock.Fault{Kind: mock.FaultClear, GPU: bus})
-	recovered := deviceNames(a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return onlyTainted(ss, "", "") }))
+	recovered := deviceNames(a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return onlyTainted(ss, "", "") }))
 	w.wait("recovery", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		for name := range recovered {
 			if h := d[name]; h == nil || h.Health != drahealthv1.HealthStatus_HEALTHY || h.Message != "" {
@@ -275,10 +276,10 @@ func TestHealthGPULost(t *testing.T) {
 	}
 	a := startAgentWith(t, Options{Hardware: "mock:dgx-h100", ConfigPath: cfg})
 	const bus = "0000:1b:00.0"
-	a.slices(hwslices.GPUDriver, nil)
-	w := a.watchHealth(hwslices.GPUDriver)
+	a.slices(device.GPUDriver, nil)
+	w := a.watchHealth(device.GPUDriver)
 	inject(t, dir, mock.Fault{Kind: mock.FaultGPULost, GPU: bus})
-	ss := a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+	ss := a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
 		byGPU := taintsByGPU(ss)
 		if len(byGPU) != 8 {
 			return false
@@ -294,15 +295,15 @@ func TestHealthGPULost(t *testing.T) {
 		t.Fatal("devices of other GPUs tainted")
 	}
 	w.wait("the lost GPU Unhealthy", func(d map[string]*drahealthv1.DeviceHealth) bool {
-		h := d[hwslices.GPUName(bus)]
+		h := d[device.GPUName(bus)]
 		return h != nil && h.Health == drahealthv1.HealthStatus_UNHEALTHY && strings.Contains(h.Message, "fallen off the bus")
 	})
 	claim := a.allocated(ss, "whole", resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
 		DeviceClassName: "gpu.hwdra.io", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}})
-	if dev := claim.Status.Allocation.Devices.Results[0].Device; dev == hwslices.GPUName(bus) {
+	if dev := claim.Status.Allocation.Devices.Results[0].Device; dev == device.GPUName(bus) {
 		t.Fatalf("the scheduler's allocator chose the lost GPU %s", dev)
 	}
-	prepareClaims(t, a, hwslices.GPUDriver, claim)
+	prepareClaims(t, a, device.GPUDriver, claim)
 }
 
 // TestHealthNVMLLate: NVML missing when the agent starts (the driver not
@@ -320,17 +321,17 @@ func TestHealthNVMLLate(t *testing.T) {
 	}
 	h.Close()
 	a := startAgent(t, "mock:dgx-h100")
-	a.slices(hwslices.NICDriver, nil)
-	gpuSock := filepath.Join(a.dir, "plugins", hwslices.GPUDriver, "dra.sock")
+	a.slices(device.NICDriver, nil)
+	gpuSock := filepath.Join(a.dir, "plugins", device.GPUDriver, "dra.sock")
 	if _, err := os.Stat(gpuSock); err == nil {
 		t.Fatal("GPU plugin serving without NVML")
 	}
 	inject(t, dir, mock.Fault{Kind: mock.FaultDriver, Up: true})
-	ss := a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return len(taintsByGPU(ss)) == 8 })
-	a.watchHealth(hwslices.GPUDriver).wait("GPU health", func(d map[string]*drahealthv1.DeviceHealth) bool {
-		return d[hwslices.GPUName("0000:1b:00.0")] != nil
+	ss := a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return len(taintsByGPU(ss)) == 8 })
+	a.watchHealth(device.GPUDriver).wait("GPU health", func(d map[string]*drahealthv1.DeviceHealth) bool {
+		return d[device.GPUName("0000:1b:00.0")] != nil
 	})
-	prepareClaims(t, a, hwslices.GPUDriver, a.allocated(ss, "mig", migRequest("1g.10gb")))
+	prepareClaims(t, a, device.GPUDriver, a.allocated(ss, "mig", migRequest("1g.10gb")))
 }
 
 // TestHealthLinkDown: as root on veth stand-ins, a PF's link going down
@@ -343,9 +344,9 @@ func TestHealthLinkDown(t *testing.T) {
 	t.Setenv(mock.DirEnv, dir)
 	a := startAgent(t, "mock:cx7")
 	const pf = "0000:17:00.0"
-	shared := hwslices.NICDeviceName(pf)
-	a.slices(hwslices.NICDriver, nil)
-	w := a.watchHealth(hwslices.NICDriver)
+	shared := device.NICDeviceName(pf)
+	a.slices(device.NICDriver, nil)
+	w := a.watchHealth(device.NICDriver)
 	w.wait("both PFs", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		return len(d) == 2 && d[shared].HealthCheckTimeoutSeconds == int64(nicHealthTimeout/time.Second)
 	})
@@ -353,7 +354,7 @@ func TestHealthLinkDown(t *testing.T) {
 		return func(ss []*resourceapi.ResourceSlice) bool {
 			for _, s := range ss {
 				for _, d := range s.Spec.Devices {
-					got := len(d.Taints) == 1 && d.Taints[0].Key == hwslices.NICTaintKey && d.Taints[0].Value == value
+					got := len(d.Taints) == 1 && d.Taints[0].Key == device.NICTaintKey && d.Taints[0].Value == value
 					if (d.Name == shared && value != "") != got {
 						return false
 					}
@@ -366,15 +367,15 @@ func TestHealthLinkDown(t *testing.T) {
 	w.wait("the shared device Unhealthy", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		return d[shared].Health == drahealthv1.HealthStatus_UNHEALTHY && strings.Contains(d[shared].Message, "link is down")
 	})
-	a.slices(hwslices.NICDriver, tainted("LinkDown"))
+	a.slices(device.NICDriver, tainted("LinkDown"))
 	inject(t, dir, mock.Fault{Kind: mock.FaultLink, PF: pf, Up: true})
 	w.wait("the shared device Healthy", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		return d[shared].Health == drahealthv1.HealthStatus_HEALTHY
 	})
-	ss := a.slices(hwslices.NICDriver, tainted(""))
+	ss := a.slices(device.NICDriver, tainted(""))
 	for _, s := range ss {
 		for _, d := range s.Spec.Devices {
-			if bw := d.Capacity[hwslices.NICCapBandwidth].Value; d.Name == shared && bw.String() != "400G" {
+			if bw := d.Capacity[device.NICCapBandwidth].Value; d.Name == shared && bw.String() != "400G" {
 				t.Errorf("bandwidth after the link came back: %v", bw.String())
 			}
 		}
@@ -400,10 +401,10 @@ func TestHealthTaintDespiteAPIErrors(t *testing.T) {
 			c.PrependReactor(verb, "resourceslices", refuse)
 		}
 	})
-	a.slices(hwslices.GPUDriver, nil)
+	a.slices(device.GPUDriver, nil)
 	failing.Store(4)
 	inject(t, dir, mock.Fault{Kind: mock.FaultXID, GPU: "0000:1b:00.0", XID: 48})
-	a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return onlyTainted(ss, "0000:1b:00.0", "XID48") })
+	a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return onlyTainted(ss, "0000:1b:00.0", "XID48") })
 	if n := failing.Load(); n != 0 {
 		t.Fatalf("%d refusals left: the taint was written without them", n)
 	}

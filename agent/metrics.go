@@ -13,7 +13,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
-	hwslices "github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // metrics are the agent's Prometheus metrics, on their own registry so
@@ -115,11 +115,11 @@ const (
 // (vf).
 func deviceKind(driver string, d *resourceapi.Device) string {
 	switch driver {
-	case hwslices.GPUDriver:
-		if a, ok := d.Attributes[hwslices.AttrType]; ok && a.StringValue != nil {
+	case device.GPUDriver:
+		if a, ok := d.Attributes[device.AttrType]; ok && a.StringValue != nil {
 			return *a.StringValue
 		}
-	case hwslices.NICDriver:
+	case device.NICDriver:
 		if d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
 			return kindVFShare
 		}

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	hwslices "github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // documentedMetric is a row of the README's metrics table.
@@ -72,8 +72,8 @@ func TestMetricsAsDocumented(t *testing.T) {
 	ctx := context.Background()
 
 	// A MIG claim through the kubelet's API.
-	gpu := r.a.allocated(r.a.slices(hwslices.GPUDriver, nil), "mig", migRequest("1g.10gb"))
-	gpuDRA := drapb.NewDRAPluginClient(r.a.dial(r.a.socket(hwslices.GPUDriver)))
+	gpu := r.a.allocated(r.a.slices(device.GPUDriver, nil), "mig", migRequest("1g.10gb"))
+	gpuDRA := drapb.NewDRAPluginClient(r.a.dial(r.a.socket(device.GPUDriver)))
 	pb := &drapb.Claim{Namespace: gpu.Namespace, Name: gpu.Name, Uid: string(gpu.UID)}
 	if resp, err := gpuDRA.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{pb}}); err != nil || resp.Claims[string(gpu.UID)].Error != "" {
 		t.Fatalf("prepare %s: %v %+v", gpu.Name, err, resp)

@@ -13,7 +13,8 @@ import (
 	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/prepare"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // podNetwork is the NIC driver's NRI side: the plugin that moves VFs into
@@ -37,10 +38,10 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 		logger.Info("NRI is off (--nri-socket is empty): VF netdevs stay in the host network namespace and pods get no interface, no network metadata and no claim network status")
 		return nil, nil
 	}
-	status := metadata.NewStatusWriter(client, hwslices.NICDriver)
+	status := metadata.NewStatusWriter(client, device.NICDriver)
 	status.OnWrite = func(err error) { m.statusWrites.WithLabelValues(result(err)).Inc() }
 	p, err := metadata.New(metadata.Options{
-		DriverName: hwslices.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
+		DriverName: device.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
 		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Settle: node.Settle,
 		ObserveHook: m.observeHook,
 	})
@@ -65,7 +66,7 @@ func (n *podNetwork) run(ctx context.Context, drivers []Driver, helpers []*kubel
 		return nil
 	}
 	for i, d := range drivers {
-		if d.Name != hwslices.NICDriver {
+		if d.Name != device.NICDriver {
 			continue
 		}
 		nic, ok := d.Plugin.(*prepare.Plugin[nicprep.Record])

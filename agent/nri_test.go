@@ -24,7 +24,8 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/metadata/nritest"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // nriRig is the agent on mock NICs whose netdevs are veth stand-ins in a
@@ -45,8 +46,8 @@ func startNRIRig(t testing.TB, profile string) *nriRig {
 	sock := filepath.Join(t.TempDir(), "nri.sock")
 	r.rt = nritest.Start(t, sock, nil)
 	r.a = startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock})
-	r.slice = r.a.slices(hwslices.NICDriver, nil)
-	r.dra = drapb.NewDRAPluginClient(r.a.dial(filepath.Join(r.a.dir, "plugins", hwslices.NICDriver, "dra.sock")))
+	r.slice = r.a.slices(device.NICDriver, nil)
+	r.dra = drapb.NewDRAPluginClient(r.a.dial(filepath.Join(r.a.dir, "plugins", device.NICDriver, "dra.sock")))
 	return r
 }
 
@@ -56,7 +57,7 @@ func (r *nriRig) claim(name, podClaim, podUID, vfConfig string) *resourceapi.Res
 	r.t.Helper()
 	req := resourceapi.DeviceRequest{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{
 		DeviceClassName: "vf-share.sriov.hwdra.io", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
-		Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{hwslices.NICCapBandwidth: resource.MustParse("10G")}}}}
+		Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{device.NICCapBandwidth: resource.MustParse("10G")}}}}
 	c := r.a.allocated(r.slice, name, req)
 	if podClaim != "" {
 		c.Annotations = map[string]string{resourceapi.PodResourceClaimAnnotation: podClaim}
@@ -64,7 +65,7 @@ func (r *nriRig) claim(name, podClaim, podUID, vfConfig string) *resourceapi.Res
 	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: types.UID(podUID)}}
 	if vfConfig != "" {
 		c.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{{Source: resourceapi.AllocationConfigSourceClaim,
-			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: hwslices.NICDriver,
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: device.NICDriver,
 				Parameters: runtimeRaw(`{"apiVersion": "sriov.hwdra.io/v1alpha1", "kind": "VfConfig"` + vfConfig + `}`)}}}}
 	}
 	if _, err := r.a.client.ResourceV1().ResourceClaims(c.Namespace).Update(context.Background(), c, metav1.UpdateOptions{}); err != nil {
@@ -119,7 +120,7 @@ func (r *nriRig) stop(sb *api.PodSandbox) error { return r.rt.StopPodSandbox(con
 // metadataFile is the host side of a request's metadata file.
 func (r *nriRig) metadataFile(c *resourceapi.ResourceClaim, request string) []byte {
 	r.t.Helper()
-	data, err := os.ReadFile(filepath.Join(r.a.dir, "plugins", hwslices.NICDriver, "dra-device-metadata", c.Namespace+"_"+c.Name, request, "metadata.json"))
+	data, err := os.ReadFile(filepath.Join(r.a.dir, "plugins", device.NICDriver, "dra-device-metadata", c.Namespace+"_"+c.Name, request, "metadata.json"))
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -194,8 +195,8 @@ func TestNRIMetadataAndStatus(t *testing.T) {
 		mac       string
 		container string
 	}{
-		{tmpl, "net1", nil, "", metadata.ResourceClaimTemplateFilePath(hwslices.NICDriver, "net", "nic")},
-		{direct, "data0", []string{"10.7.0.9/24"}, "02:bb:00:00:00:07", metadata.ResourceClaimFilePath(hwslices.NICDriver, "direct", "nic")},
+		{tmpl, "net1", nil, "", metadata.ResourceClaimTemplateFilePath(device.NICDriver, "net", "nic")},
+		{direct, "data0", []string{"10.7.0.9/24"}, "02:bb:00:00:00:07", metadata.ResourceClaimFilePath(device.NICDriver, "direct", "nic")},
 	} {
 		_, docs := decodeAll(t, r.metadataFile(tc.c, "nic"))
 		for _, d := range docs {
@@ -208,7 +209,7 @@ func TestNRIMetadataAndStatus(t *testing.T) {
 				t.Errorf("%s: the device's attributes are gone from generation 2", tc.c.Name)
 			}
 		}
-		spec := readSpec(t, filepath.Join(r.a.dir, "cdi", hwslices.NICDriver+"_metadata_"+string(tc.c.UID)+"_nic.json"))
+		spec := readSpec(t, filepath.Join(r.a.dir, "cdi", device.NICDriver+"_metadata_"+string(tc.c.UID)+"_nic.json"))
 		if m := spec.Devices[0].ContainerEdits.Mounts; len(m) != 1 || m[0].ContainerPath != tc.container {
 			t.Errorf("%s: metadata mounted at %+v, want %s", tc.c.Name, m, tc.container)
 		}

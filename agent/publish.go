@@ -15,7 +15,9 @@ import (
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // publisher keeps each driver's ResourceSlices equal to what the hardware
@@ -35,7 +37,7 @@ type publisher struct {
 	updateMu    sync.Mutex // serialises update
 	mu          sync.Mutex
 	inv         hw.Inventory
-	features    hwslices.Features
+	features    device.Features
 	published   map[string]resourceslice.DriverResources
 	controllers map[string]*resourceslice.Controller
 	skipped     map[string]bool // PFs already logged as not offered
@@ -63,7 +65,7 @@ func newPublisher(nodeName string, client kubernetes.Interface, cfg *config.Agen
 		nodeName:     nodeName,
 		client:       client,
 		cfg:          cfg,
-		features:     hwslices.AllFeatures,
+		features:     device.AllFeatures,
 		published:    map[string]resourceslice.DriverResources{},
 		controllers:  map[string]*resourceslice.Controller{},
 		skipped:      map[string]bool{},
@@ -143,7 +145,7 @@ func (p *publisher) publishCurrent(ctx context.Context) error {
 	p.mu.Lock()
 	inv, features := p.inv, p.features
 	p.mu.Unlock()
-	res, skipped := hwslices.ForNode(p.nodeName, inv, p.cfg, features, p.health())
+	res, skipped := resources.ForNode(p.nodeName, inv, p.cfg, features, p.health())
 	p.logSkipped(logger, skipped)
 	var errs []error
 	for _, driver := range p.served() {
@@ -232,7 +234,7 @@ func (p *publisher) logSkipped(logger klog.Logger, skipped []config.Skip) {
 }
 
 // current returns the last probed inventory and the features in use.
-func (p *publisher) current() (hw.Inventory, hwslices.Features) {
+func (p *publisher) current() (hw.Inventory, device.Features) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.inv, p.features

@@ -14,7 +14,8 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/hw"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // One GPU per mode (MIG off, MIG on, host vGPU) and a CX7.
@@ -43,16 +44,16 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 	// Rescans every 10 ms, and each claim stays prepared over a few.
 	a := startAgentOn(t, node, 10*time.Millisecond)
 	ctx := context.Background()
-	gpus := a.slices(hwslices.GPUDriver, nil)
-	nics := a.slices(hwslices.NICDriver, nil)
+	gpus := a.slices(device.GPUDriver, nil)
+	nics := a.slices(device.NICDriver, nil)
 	published := append(append([]*resourceapi.ResourceSlice(nil), gpus...), nics...)
 	before := deviceNames(published)
-	gpuDRA := drapb.NewDRAPluginClient(a.dial(a.socket(hwslices.GPUDriver)))
-	nicDRA := drapb.NewDRAPluginClient(a.dial(a.socket(hwslices.NICDriver)))
+	gpuDRA := drapb.NewDRAPluginClient(a.dial(a.socket(device.GPUDriver)))
+	nicDRA := drapb.NewDRAPluginClient(a.dial(a.socket(device.NICDriver)))
 
 	share := exactly("vf-share.sriov.hwdra.io", "")
 	share.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-		hwslices.NICCapBandwidth: resource.MustParse("10G"),
+		device.NICCapBandwidth: resource.MustParse("10G"),
 	}}
 	kinds := []struct {
 		name string
@@ -97,9 +98,9 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 	if _, err := node.GPU().CreateGPUInstance(migGPU, migProfile(t, node, migGPU, "3g.40gb").ID, at); err != nil {
 		t.Fatal(err)
 	}
-	static := hwslices.MIGName(migGPU, "3g.40gb", at.Start)
-	overlapping := hwslices.MIGName(migGPU, "1g.10gb", at.Start)
-	after := devicesByName(a.slices(hwslices.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+	static := device.MIGName(migGPU, "3g.40gb", at.Start)
+	overlapping := device.MIGName(migGPU, "1g.10gb", at.Start)
+	after := devicesByName(a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
 		return !deviceNames(ss)[overlapping]
 	}))
 	a.settle()
@@ -112,10 +113,10 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 	for name, d := range devicesByName(gpus) {
 		gone := false
 		if attr(d, "resource.kubernetes.io/pciBusID") == migGPU && name != static {
-			switch attr(d, hwslices.AttrType) {
-			case hwslices.KindGPU:
+			switch attr(d, device.AttrType) {
+			case device.KindGPU:
 				gone = true
-			case hwslices.KindMIG:
+			case device.KindMIG:
 				start, size := *d.Attributes["gpu.hwdra.io/placementStart"].IntValue, *d.Attributes["gpu.hwdra.io/placementSize"].IntValue
 				gone = hw.Placement{Start: int(start), Size: int(size)}.Overlaps(at)
 			}

@@ -10,7 +10,7 @@ import (
 // Resolve decides for each PF whether it is offered, how and under which
 // policy. Pure: the same PFs and configuration give the same answer. Link
 // state and speed are not judged here but where devices are built
-// (slices.NICResources), which skips what it cannot publish.
+// (resources.NIC in slices/resources), which skips what it cannot publish.
 func (c *AgentConfig) Resolve(pfs []hw.PF) ([]NICOffer, []Skip) {
 	var (
 		offers []NICOffer

@@ -23,7 +23,9 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/hw"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // NodeName is the node the lab pretends to be.
@@ -76,13 +78,13 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	if err != nil {
 		fmt.Fprintf(out, "warning: some devices could not be read: %v\n", err)
 	}
-	res, skipped := hwslices.ForNode(NodeName, inv, cfg, hwslices.AllFeatures, hw.Health{})
+	res, skipped := resources.ForNode(NodeName, inv, cfg, device.AllFeatures, hw.Health{})
 	var objs []*resourceapi.ResourceSlice
 	section(out, "Hardware and slices")
 	fmt.Fprintf(out, "%d GPU(s), %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PFs))
 	for _, driver := range sortedKeys(res) {
 		n := 0
-		for _, s := range hwslices.Objects(driver, NodeName, res[driver]) {
+		for _, s := range resources.Objects(driver, NodeName, res[driver]) {
 			objs = append(objs, &s)
 			n += len(s.Spec.Devices)
 		}
@@ -106,7 +108,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 		}
 	}
 
-	current := func() (hw.Inventory, hwslices.Features) { return inv, hwslices.AllFeatures }
+	current := func() (hw.Inventory, device.Features) { return inv, device.AllFeatures }
 	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Current: current, Config: cfg, NodeName: NodeName})
 	if err != nil {
 		return err
@@ -116,7 +118,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 		if len(mine) == 0 {
 			continue
 		}
-		if d.Name == hwslices.NICDriver {
+		if d.Name == device.NICDriver {
 			// No container runtime here: nothing to move a VF into.
 			fmt.Fprintln(out, "note: no NRI here (as the agent with --nri-socket=): VF netdevs stay in the host network namespace, their metadata has no networkData")
 		}

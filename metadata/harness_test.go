@@ -29,7 +29,9 @@ import (
 	"github.com/hwdra/hwdra/metadata/nritest"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/prepare/nic"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 	"github.com/hwdra/hwdra/sriov"
 )
 
@@ -94,7 +96,7 @@ func newEnv(t *testing.T, profile string) *env {
 	e.sock = filepath.Join(e.dir, "nri.sock")
 	e.alloc = e.allocator()
 	e.client = fake.NewClientset()
-	e.status = NewStatusWriter(e.client, slices.NICDriver)
+	e.status = NewStatusWriter(e.client, device.NICDriver)
 	sctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	go e.status.Run(sctx)
@@ -110,14 +112,14 @@ func (e *env) allocator() *allocate.Allocator {
 		e.t.Fatal(err)
 	}
 	offers, _ := config.Default().Resolve(pfs)
-	res, _ := slices.NICResources(testNode, offers, slices.AllFeatures)
+	res, _ := resources.NIC(testNode, offers, device.AllFeatures)
 	var objs []*resourceapi.ResourceSlice
-	for _, s := range slices.Objects(slices.NICDriver, testNode, res) {
+	for _, s := range resources.Objects(device.NICDriver, testNode, res) {
 		objs = append(objs, &s)
 	}
-	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: slices.NICDriver},
+	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: device.NICDriver},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf("device.driver == %q", slices.NICDriver)}}}}}
+			Expression: fmt.Sprintf("device.driver == %q", device.NICDriver)}}}}}
 	return allocate.New(allocate.ClusterFeatures, testNode, objs, []*resourceapi.DeviceClass{class})
 }
 
@@ -127,7 +129,7 @@ func (e *env) startAgent() {
 	e.t.Helper()
 	state := filepath.Join(e.dir, "state")
 	var err error
-	e.net, err = New(Options{DriverName: slices.NICDriver, Socket: e.sock, StateDir: state, SysfsRoot: e.hw.Sysfs,
+	e.net, err = New(Options{DriverName: device.NICDriver, Socket: e.sock, StateDir: state, SysfsRoot: e.hw.Sysfs,
 		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Settle: e.hw.NICs().Settle})
 	if err != nil {
 		e.t.Fatal(err)
@@ -139,8 +141,8 @@ func (e *env) startAgent() {
 	offers, _ := config.Default().Resolve(pfs)
 	d, err := nic.New(nic.Options{
 		VFs: e.hw.NICs().VFConfigurator(),
-		Inventory: func(context.Context) ([]config.NICOffer, slices.Features, error) {
-			return offers, slices.AllFeatures, nil
+		Inventory: func(context.Context) ([]config.NICOffer, device.Features, error) {
+			return offers, device.AllFeatures, nil
 		},
 		SysfsRoot: e.hw.Sysfs, DevRoot: e.hw.DevRoot(), StateDir: state, NodeName: testNode, BootID: testBoot, Network: e.net,
 	})
@@ -148,7 +150,7 @@ func (e *env) startAgent() {
 		e.t.Fatal(err)
 	}
 	if e.nic, err = prepare.New[nic.Record](e.ctx, d, prepare.Options{
-		DriverName: slices.NICDriver, StateDir: state, CDIDir: filepath.Join(e.dir, "cdi"), BootID: testBoot,
+		DriverName: device.NICDriver, StateDir: state, CDIDir: filepath.Join(e.dir, "cdi"), BootID: testBoot,
 	}); err != nil {
 		e.t.Fatal(err)
 	}
@@ -250,13 +252,13 @@ func (e *env) claim(vfConfig string, pods []*api.PodSandbox, requests ...string)
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("claim-%d", n), Namespace: "ns", UID: types.UID(fmt.Sprintf("uid-claim-%d", n))}}
 	for _, r := range requests {
 		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, resourceapi.DeviceRequest{Name: r, Exactly: &resourceapi.ExactDeviceRequest{
-			DeviceClassName: slices.NICDriver, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
-			Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{slices.NICCapBandwidth: resource.MustParse("10G")}}}})
+			DeviceClassName: device.NICDriver, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+			Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{device.NICCapBandwidth: resource.MustParse("10G")}}}})
 	}
 	if vfConfig != "" {
 		raw := `{"apiVersion": "sriov.hwdra.io/v1alpha1", "kind": "VfConfig"` + vfConfig + `}`
 		c.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
-			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: slices.NICDriver, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}}}
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: device.NICDriver, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}}}
 	}
 	if err := e.alloc.Allocate(e.ctx, c); err != nil {
 		e.t.Fatalf("allocate: %v", err)

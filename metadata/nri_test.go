@@ -15,7 +15,9 @@ import (
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/prepare/nic"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 	"github.com/hwdra/hwdra/sriov"
 )
 
@@ -125,7 +127,7 @@ func (e *env) nicSlices() []resourceapi.Device {
 		e.t.Fatal(err)
 	}
 	offers, _ := config.Default().Resolve(pfs)
-	res, _ := slices.NICResources(testNode, offers, slices.AllFeatures)
+	res, _ := resources.NIC(testNode, offers, device.AllFeatures)
 	return res.Pools[testNode].Slices[0].Devices
 }
 

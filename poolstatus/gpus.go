@@ -9,15 +9,15 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
-	hwslices "github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 const (
-	attrPFName    = hwslices.NICAttrPFName
-	attrPFAddress = hwslices.NICAttrPFPCIAddress
-	attrProfile   = resourceapi.QualifiedName(hwslices.AttrProfile)
-	attrStart     = resourceapi.QualifiedName(hwslices.AttrPlacementStart)
-	attrSize      = resourceapi.QualifiedName(hwslices.AttrPlacementSize)
+	attrPFName    = device.NICAttrPFName
+	attrPFAddress = device.NICAttrPFPCIAddress
+	attrProfile   = resourceapi.QualifiedName(device.AttrProfile)
+	attrStart     = resourceapi.QualifiedName(device.AttrPlacementStart)
+	attrSize      = resourceapi.QualifiedName(device.AttrPlacementSize)
 	attrPCIBusID  = deviceattribute.StandardDeviceAttributePCIBusID
 )
 
@@ -28,7 +28,7 @@ func gpus(p *pool, u *usage) []GPU {
 	var (
 		order    []string
 		profiles = map[string][]string{}
-		byKey    = map[key][]device{}
+		byKey    = map[key][]poolDevice{}
 	)
 	for _, d := range p.devices {
 		prof, bus := stringAttr(d.Device, attrProfile), stringAttr(d.Device, attrPCIBusID)
@@ -180,7 +180,7 @@ func (b *budget) take(d *resourceapi.Device) {
 // placements by earliest end, each while the counters still cover it,
 // reaches the most instances the placements and the counters allow
 // (interval scheduling). Devices in use or unavailable are not candidates.
-func (b *budget) pack(devs []device, u *usage) int32 {
+func (b *budget) pack(devs []poolDevice, u *usage) int32 {
 	var cands []*resourceapi.Device
 	for _, d := range devs {
 		if !d.unavailable && !u.inUse(d.Name) {

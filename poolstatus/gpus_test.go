@@ -19,7 +19,9 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 const node = "worker-1"
@@ -115,8 +117,8 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 					if tainted {
 						health = partitionFault(gpus[0])
 					}
-					objs := hwslices.Objects(hwslices.GPUDriver, node,
-						hwslices.TaintedGPUResources(node, gpus, hwslices.AllFeatures, hwslices.Health{Faults: health}))
+					objs := resources.Objects(device.GPUDriver, node,
+						resources.TaintedGPU(node, gpus, device.AllFeatures, resources.Health{Faults: health}))
 					ptrs := make([]*resourceapi.ResourceSlice, len(objs))
 					for i := range objs {
 						ptrs[i] = &objs[i]
@@ -149,7 +151,7 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 						for _, h := range held {
 							c.Claims = append(c.Claims, *h)
 						}
-						pools := Compute(c, hwslices.GPUDriver)
+						pools := Compute(c, device.GPUDriver)
 						if len(pools) != 1 {
 							t.Fatalf("%d pools", len(pools))
 						}

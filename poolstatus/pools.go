@@ -33,8 +33,8 @@ const Incomplete = "PoolIncomplete:"
 // an error rather than a longer list.
 const maxListItems = 32
 
-// device is one published device of a pool and whether it is unavailable.
-type device struct {
+// poolDevice is one published device of a pool and whether it is unavailable.
+type poolDevice struct {
 	*resourceapi.Device
 	unavailable bool
 }
@@ -47,7 +47,7 @@ type pool struct {
 	mixedNodes bool
 	slices     int32
 	want       int64
-	devices    []device
+	devices    []poolDevice
 	sets       []resourceapi.CounterSet
 }
 
@@ -109,7 +109,7 @@ func gather(c Cluster, driver string) map[string]*pool {
 		p.sets = append(p.sets, s.SharedCounters...)
 		for j := range s.Devices {
 			d := &s.Devices[j]
-			p.devices = append(p.devices, device{Device: d, unavailable: unavailable(driver, s.Pool.Name, d, c.TaintRules)})
+			p.devices = append(p.devices, poolDevice{Device: d, unavailable: unavailable(driver, s.Pool.Name, d, c.TaintRules)})
 		}
 	}
 	return pools

@@ -14,7 +14,9 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/hw"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // TestDGXScenario: on a mock DGX H100 as the agent publishes it, three
@@ -28,10 +30,10 @@ func TestDGXScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, _ := hwslices.ForNode(node, inv, config.Default(), hwslices.AllFeatures, hw.Health{})
+	res, _ := resources.ForNode(node, inv, config.Default(), device.AllFeatures, hw.Health{})
 	var objs []resourceapi.ResourceSlice
-	for _, d := range []string{hwslices.GPUDriver, hwslices.NICDriver} {
-		objs = append(objs, hwslices.Objects(d, node, res[d])...)
+	for _, d := range []string{device.GPUDriver, device.NICDriver} {
+		objs = append(objs, resources.Objects(d, node, res[d])...)
 	}
 	ptrs := make([]*resourceapi.ResourceSlice, len(objs))
 	for i := range objs {
@@ -50,7 +52,7 @@ func TestDGXScenario(t *testing.T) {
 		share := claimFor("", "", 1)
 		share.Spec.Devices.Requests[0] = allocate.Request("r", "vf-share.sriov.hwdra.io", 1, `device.attributes["sriov.hwdra.io"].pfPciAddress == "`+pf+`"`)
 		share.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{
-			Requests: map[resourceapi.QualifiedName]resource.Quantity{hwslices.NICCapBandwidth: resource.MustParse("150G")},
+			Requests: map[resourceapi.QualifiedName]resource.Quantity{device.NICCapBandwidth: resource.MustParse("150G")},
 		}
 		claims = append(claims, share)
 	}
@@ -61,7 +63,7 @@ func TestDGXScenario(t *testing.T) {
 		}
 		c.Claims = append(c.Claims, *cl)
 	}
-	r := Report{Pools: append(Compute(c, hwslices.GPUDriver), Compute(c, hwslices.NICDriver)...)}
+	r := Report{Pools: append(Compute(c, device.GPUDriver), Compute(c, device.NICDriver)...)}
 
 	gpus := r.Pools[0].GPUs
 	if len(gpus) != 8 {
@@ -91,7 +93,7 @@ func TestDGXScenario(t *testing.T) {
 	}
 	nic := r.Pools[1]
 	for _, cs := range nic.ShareableSummary.Capacity {
-		if cs.Name == string(hwslices.NICCapBandwidth) && cs.Consumed.String() != "300G" {
+		if cs.Name == string(device.NICCapBandwidth) && cs.Consumed.String() != "300G" {
 			t.Errorf("pool bandwidth consumed %s, want 300G", cs.Consumed)
 		}
 	}

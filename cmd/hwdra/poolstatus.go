@@ -8,7 +8,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/hwdra/hwdra/poolstatus"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 func poolStatusCommand() *cobra.Command {
@@ -47,7 +48,7 @@ func poolStatusCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, ~/.kube/config, or in-cluster")
-	f.StringSliceVar(&drivers, "driver", []string{slices.GPUDriver, slices.NICDriver}, "drivers whose pools to report")
+	f.StringSliceVar(&drivers, "driver", []string{device.GPUDriver, device.NICDriver}, "drivers whose pools to report")
 	f.StringVar(&node, "node", "", "report only this node's pools; empty: every node")
 	f.StringVarP(&output, "output", "o", "table", "output format: table, yaml or json")
 	return cmd

@@ -2,8 +2,9 @@ package main
 
 import (
 	"fmt"
-	"github.com/hwdra/hwdra/backend"
 	"sort"
+
+	"github.com/hwdra/hwdra/backend"
 
 	"github.com/spf13/cobra"
 	resourceapi "k8s.io/api/resource/v1"
@@ -11,7 +12,9 @@ import (
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 func slicesCommand() *cobra.Command {
@@ -35,7 +38,7 @@ func slicesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, skipped := slices.ForNode(nodeName, inv, cfg, slices.AllFeatures, hw.Health{})
+			res, skipped := resources.ForNode(nodeName, inv, cfg, device.AllFeatures, hw.Health{})
 			for _, s := range skipped {
 				klog.InfoS("PF not offered", "pf", s.String())
 			}
@@ -46,7 +49,7 @@ func slicesCommand() *cobra.Command {
 			sort.Strings(drivers)
 			var objs []resourceapi.ResourceSlice
 			for _, d := range drivers {
-				objs = append(objs, slices.Objects(d, nodeName, res[d])...)
+				objs = append(objs, resources.Objects(d, nodeName, res[d])...)
 			}
 			return printList(cmd.OutOrStdout(), output, objs)
 		},

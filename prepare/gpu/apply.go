@@ -12,7 +12,8 @@ import (
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // applier applies one claim's plan. Before each side effect it makes sure
@@ -48,11 +49,11 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
 	var err error
 	switch p.dev.Kind {
-	case hwslices.KindGPU:
+	case device.KindGPU:
 		out.Edits, out.Attributes, err = a.fullGPU(r, p, libs)
-	case hwslices.KindMIG:
+	case device.KindMIG:
 		out.Edits, out.Attributes, err = a.mig(r, p, libs)
-	case hwslices.KindVGPU:
+	case device.KindVGPU:
 		out.Edits, out.Attributes, err = a.vgpu(r, p)
 	}
 	out.Attributes = metadata(p.dev.Attributes, out.Attributes)
@@ -112,7 +113,7 @@ func (a *applier) asItIs(p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.C
 	}
 	edits.Env = append(edits.Env, envName(p.device, "UUID")+"="+g.UUID)
 	attrs := map[string]resourceapi.DeviceAttribute{}
-	if p.dev.Kind != hwslices.KindGPU && p.dev.Placement.Size > 0 {
+	if p.dev.Kind != device.KindGPU && p.dev.Placement.Size > 0 {
 		list, err := a.d.nvml.GPUInstances(g.PCIBusID)
 		if err != nil {
 			return nil, nil, err

@@ -5,7 +5,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 
-	hwslices "github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // TestMetadataIsWhatTheSlicePublishes: a container's metadata about its
@@ -27,7 +28,7 @@ func TestMetadataIsWhatTheSlicePublishes(t *testing.T) {
 			e := newEnv(t, tc.profile, true)
 			c := e.claim(tc.req)
 			dev := e.mustPrepare(c)[0]
-			published := hwslices.GPUDevices(e.gpus, hwslices.AllFeatures)[dev.DeviceName].Attributes
+			published := resources.GPUDevices(e.gpus, device.AllFeatures)[dev.DeviceName].Attributes
 			if len(published) == 0 {
 				t.Fatalf("device %s is not published", dev.DeviceName)
 			}

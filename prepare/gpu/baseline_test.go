@@ -7,7 +7,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/hwdra/hwdra/hw"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // unclaimedSlices builds the slices from the node as the publisher sees it.
@@ -20,7 +22,7 @@ func (e *env) unclaimedSlices() any {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return hwslices.GPUResources(testNode, inv.GPUs, hwslices.AllFeatures)
+	return resources.GPU(testNode, inv.GPUs, device.AllFeatures)
 }
 
 // TestPreparedClaimsLeaveTheSlicesAsTheyWere: whatever prepare makes for a

@@ -19,11 +19,13 @@ import (
 	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // DriverName is the driver this package prepares devices of.
-const DriverName = hwslices.GPUDriver
+const DriverName = device.GPUDriver
 
 // Options configure a Driver. Roots default to the host's.
 type Options struct {
@@ -33,7 +35,7 @@ type Options struct {
 	// slices were built with; prepare looks devices up in the catalog
 	// they give (slices.GPUDevices). It may be the agent's last scan:
 	// prepare checks MIG mode and instances on the live hardware itself.
-	Inventory func(ctx context.Context) ([]hw.GPU, hwslices.Features, error)
+	Inventory func(ctx context.Context) ([]hw.GPU, device.Features, error)
 	// StateDir holds the ledger of GPU instances and mediated devices the
 	// agent made ("gpu.hwdra.io.ledger.json").
 	StateDir string
@@ -57,7 +59,7 @@ type Options struct {
 // Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
 type Driver struct {
 	nvml      *nvml.Backend
-	inventory func(ctx context.Context) ([]hw.GPU, hwslices.Features, error)
+	inventory func(ctx context.Context) ([]hw.GPU, device.Features, error)
 	mdevs     *nvml.Mdevs
 	ledger    *prepare.Ledger[ledgerEntry]
 	nodes     nodeResolver
@@ -68,8 +70,8 @@ type Driver struct {
 	// cat caches the catalog of the last inventory.
 	cat struct {
 		gpus     []hw.GPU
-		features hwslices.Features
-		devices  map[string]hwslices.GPUDevice
+		features device.Features
+		devices  map[string]resources.GPUDevice
 	}
 	// owners maps the ledger key of each GPU instance a prepared claim
 	// uses (created or static) to that claim.
@@ -157,11 +159,11 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 // milliseconds on an 8-GPU node, so the last one is kept while the
 // inventory stays the same (the agent's scan between changes). Inventory
 // must not change a slice it returned.
-func (d *Driver) catalog(gpus []hw.GPU, f hwslices.Features) map[string]hwslices.GPUDevice {
+func (d *Driver) catalog(gpus []hw.GPU, f device.Features) map[string]resources.GPUDevice {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cat.devices == nil || d.cat.features != f || !reflect.DeepEqual(d.cat.gpus, gpus) {
-		d.cat.gpus, d.cat.features, d.cat.devices = gpus, f, hwslices.GPUDevices(gpus, f)
+		d.cat.gpus, d.cat.features, d.cat.devices = gpus, f, resources.GPUDevices(gpus, f)
 	}
 	return d.cat.devices
 }

@@ -26,7 +26,9 @@ import (
 	"github.com/hwdra/hwdra/internal/slotfile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 const testNode = "worker-1"
@@ -91,7 +93,7 @@ func newEnv(t testing.TB, profile string, driverSpec bool) *env {
 		}}},
 	}}
 	var objs []*resourceapi.ResourceSlice
-	for _, s := range hwslices.Objects(DriverName, testNode, hwslices.GPUResources(testNode, e.gpus, hwslices.AllFeatures)) {
+	for _, s := range resources.Objects(DriverName, testNode, resources.GPU(testNode, e.gpus, device.AllFeatures)) {
 		objs = append(objs, &s)
 	}
 	e.alloc = allocate.New(allocate.ClusterFeatures, testNode, objs, classes)
@@ -114,7 +116,7 @@ func (e *env) restart(hook func(string) error) {
 	e.t.Helper()
 	d, err := New(Options{
 		NVML:           e.nvml,
-		Inventory:      func(context.Context) ([]hw.GPU, hwslices.Features, error) { return e.gpus, hwslices.AllFeatures, nil },
+		Inventory:      func(context.Context) ([]hw.GPU, device.Features, error) { return e.gpus, device.AllFeatures, nil },
 		StateDir:       filepath.Join(e.dir, "state"),
 		DevRoot:        e.hw.DevRoot(),
 		ProcRoot:       e.hw.ProcRoot(),

@@ -10,7 +10,9 @@ import (
 	"github.com/hwdra/hwdra/api"
 	gpuv1alpha1 "github.com/hwdra/hwdra/api/gpu/v1alpha1"
 	"github.com/hwdra/hwdra/nvml"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // devicePlan is what one allocated device needs: which hardware it stands
@@ -20,7 +22,7 @@ import (
 // GPU's lock: the inventory the plan is made from may be a little old.
 type devicePlan struct {
 	request, pool, device string
-	dev                   hwslices.GPUDevice
+	dev                   resources.GPUDevice
 	// wantMIG is the MIG mode the device needs on its GPU.
 	wantMIG bool
 	// computeSlices is the MIG device's compute instance size, 0 for the
@@ -33,7 +35,7 @@ type devicePlan struct {
 // plan is pure: the claim's allocation, its configuration and the catalog
 // of published devices give the devices to prepare, or an error before
 // any hardware is touched.
-func plan(claim *resourceapi.ResourceClaim, catalog map[string]hwslices.GPUDevice) ([]devicePlan, error) {
+func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevice) ([]devicePlan, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
@@ -63,8 +65,8 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]hwslices.GPUDevic
 			continue
 		}
 		switch dev.Kind {
-		case hwslices.KindGPU:
-		case hwslices.KindMIG:
+		case device.KindGPU:
+		case device.KindMIG:
 			p.wantMIG = true
 			if cfg.MIG != nil && cfg.MIG.ComputeInstanceSlices != nil {
 				n := *cfg.MIG.ComputeInstanceSlices
@@ -77,7 +79,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]hwslices.GPUDevic
 					p.computeSlices = n
 				}
 			}
-		case hwslices.KindVGPU:
+		case device.KindVGPU:
 			// A MIG-backed vGPU's compute instances belong to its VM.
 			p.wantMIG = dev.VGPUType.GPUInstanceProfileID != nil
 		default:

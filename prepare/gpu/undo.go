@@ -13,7 +13,8 @@ import (
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // Unprepare implements prepare.Driver: it undoes a record's side effects
@@ -289,7 +290,7 @@ func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[s
 		}
 		bus := dev.GPU.PCIBusID
 		out[gpuKey(bus)] = true
-		if dev.Kind == hwslices.KindVGPU {
+		if dev.Kind == device.KindVGPU {
 			out[vgpuKey(bus)] = true
 		}
 		if dev.Placement.Size > 0 {

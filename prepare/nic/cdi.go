@@ -10,7 +10,8 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/sriov"
 )
 
@@ -18,11 +19,11 @@ import (
 // resource.kubernetes.io/pciBusID and the published ones (mode, pfName,
 // pfPciAddress, vfIndex).
 const (
-	AttrBandwidth  resourceapi.QualifiedName = slices.NICDriver + "/bandwidth" // a share's, "10G"
-	AttrRDMADevice resourceapi.QualifiedName = slices.NICDriver + "/rdmaDevice"
-	AttrMAC        resourceapi.QualifiedName = slices.NICDriver + "/mac"
-	AttrVLAN       resourceapi.QualifiedName = slices.NICDriver + "/vlan"
-	AttrVLANQoS    resourceapi.QualifiedName = slices.NICDriver + "/vlanQoS"
+	AttrBandwidth  resourceapi.QualifiedName = device.NICDriver + "/bandwidth" // a share's, "10G"
+	AttrRDMADevice resourceapi.QualifiedName = device.NICDriver + "/rdmaDevice"
+	AttrMAC        resourceapi.QualifiedName = device.NICDriver + "/mac"
+	AttrVLAN       resourceapi.QualifiedName = device.NICDriver + "/vlan"
+	AttrVLANQoS    resourceapi.QualifiedName = device.NICDriver + "/vlanQoS"
 )
 
 // describe returns what a container gets for a VF: CDI edits (the VF's
@@ -33,7 +34,7 @@ const (
 func (d *Driver) describe(a Assignment, applied hw.VFConfig) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
 	attrs := pfAttributes(a)
 	attrs[string(deviceattribute.StandardDeviceAttributePCIBusID)] = str(a.VF.PCIAddress)
-	attrs[string(slices.NICAttrVFIndex)] = integer(int64(a.VF.Index))
+	attrs[string(device.NICAttrVFIndex)] = integer(int64(a.VF.Index))
 	if a.Bandwidth != nil {
 		attrs[string(AttrBandwidth)] = str(a.Bandwidth.String())
 	}
@@ -93,10 +94,10 @@ func (d *Driver) describe(a Assignment, applied hw.VFConfig) (*cdispec.Container
 // pfAttributes are the metadata every device of the PF carries.
 func pfAttributes(a Assignment) map[string]resourceapi.DeviceAttribute {
 	attrs := make(map[string]resourceapi.DeviceAttribute, 12)
-	attrs[string(slices.NICAttrMode)] = str(string(a.Mode))
-	attrs[string(slices.NICAttrPFPCIAddress)] = str(a.PF.PCIAddress)
+	attrs[string(device.NICAttrMode)] = str(string(a.Mode))
+	attrs[string(device.NICAttrPFPCIAddress)] = str(a.PF.PCIAddress)
 	if a.PF.Netdev != "" {
-		attrs[string(slices.NICAttrPFName)] = str(a.PF.Netdev)
+		attrs[string(device.NICAttrPFName)] = str(a.PF.Netdev)
 	}
 	return attrs
 }

@@ -16,7 +16,8 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/slotfile"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // crashNode is cx7Node with two VFs: all the crash tests need.
@@ -93,7 +94,7 @@ func TestCrashDuringPrepare(t *testing.T) {
 					t.Fatalf("no VF changed before crash point %s: the test injects nothing", name)
 				}
 				if lose {
-					checkpoint := filepath.Join(e.stateDir(), slices.NICDriver+".checkpoint.json")
+					checkpoint := filepath.Join(e.stateDir(), device.NICDriver+".checkpoint.json")
 					if err := slotfile.Replace(checkpoint, []byte("{torn")); err != nil {
 						t.Fatal(err)
 					}

@@ -17,7 +17,9 @@ import (
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/prepare"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 	"github.com/hwdra/hwdra/sriov"
 )
 
@@ -28,7 +30,7 @@ type Options struct {
 	VFs hw.VFConfigurator
 	// Inventory returns the PFs the agent offers now and the cluster's
 	// features: prepare looks devices up in what they publish.
-	Inventory func(ctx context.Context) ([]config.NICOffer, slices.Features, error)
+	Inventory func(ctx context.Context) ([]config.NICOffer, device.Features, error)
 	// SysfsRoot ("/sys") and DevRoot ("/dev") are the host's.
 	SysfsRoot, DevRoot string
 	// StateDir holds the ledger, "sriov.hwdra.io.ledger.json".
@@ -72,7 +74,7 @@ type Driver struct {
 var _ prepare.Driver[Record] = (*Driver)(nil)
 
 // LedgerFile is the ledger's name in the state directory.
-const LedgerFile = slices.NICDriver + ".ledger.json"
+const LedgerFile = device.NICDriver + ".ledger.json"
 
 // New opens the ledger. Hand the Driver to prepare.New, which calls
 // Reconcile before any prepare.
@@ -112,7 +114,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	if err != nil {
 		return nil, rec, fmt.Errorf("NIC inventory: %w", err)
 	}
-	catalog := slices.NICDevices(offers, features)
+	catalog := resources.NICDevices(offers, features)
 	// Plan and reserve under the locks of every PF the claim uses, so that
 	// concurrent claims on one PF never pick the same VF.
 	defer d.pfLocks.Lock(claimPFs(claim, catalog)...)()
@@ -325,7 +327,7 @@ func hasNICResult(claim *resourceapi.ResourceClaim) bool {
 		return false
 	}
 	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver == slices.NICDriver && (r.AdminAccess == nil || !*r.AdminAccess) {
+		if r.Driver == device.NICDriver && (r.AdminAccess == nil || !*r.AdminAccess) {
 			return true
 		}
 	}
@@ -351,13 +353,13 @@ func stringAttr(attrs map[string]resourceapi.DeviceAttribute, name resourceapi.Q
 }
 
 // claimPFs are the PCI addresses of the PFs behind the claim's devices.
-func claimPFs(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice) []string {
+func claimPFs(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevice) []string {
 	if claim.Status.Allocation == nil {
 		return nil
 	}
 	var out []string
 	for _, r := range claim.Status.Allocation.Devices.Results {
-		if dev, ok := catalog[r.Device]; ok && r.Driver == slices.NICDriver {
+		if dev, ok := catalog[r.Device]; ok && r.Driver == device.NICDriver {
 			out = append(out, dev.PF.PCIAddress)
 		}
 	}

@@ -23,7 +23,9 @@ import (
 	"github.com/hwdra/hwdra/hw/mock"
 	"github.com/hwdra/hwdra/internal/slotfile"
 	"github.com/hwdra/hwdra/prepare"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 	"github.com/hwdra/hwdra/sriov"
 )
 
@@ -63,17 +65,17 @@ func newEnv(t testing.TB, profile, agentConfig string) *env {
 		}
 	}
 	offers, _ := cfg.Resolve(pfs)
-	res, skips := slices.NICResources(testNode, offers, slices.AllFeatures)
+	res, skips := resources.NIC(testNode, offers, device.AllFeatures)
 	if len(skips) > 0 {
 		t.Fatalf("skips: %v", skips)
 	}
 	var objs []*resourceapi.ResourceSlice
-	for _, s := range slices.Objects(slices.NICDriver, testNode, res) {
+	for _, s := range resources.Objects(device.NICDriver, testNode, res) {
 		objs = append(objs, &s)
 	}
-	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: slices.NICDriver},
+	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: device.NICDriver},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf("device.driver == %q", slices.NICDriver)}}}}}
+			Expression: fmt.Sprintf("device.driver == %q", device.NICDriver)}}}}}
 	e := &env{t: t, hw: h, vfs: h.NICs().VFConfigurator(), dir: t.TempDir(), offers: offers,
 		alloc: allocate.New(allocate.ClusterFeatures, testNode, objs, []*resourceapi.DeviceClass{class})}
 	e.initial = e.vfs.Snapshot()
@@ -105,8 +107,8 @@ func (e *env) newDriver() *Driver {
 	e.t.Helper()
 	d, err := New(Options{
 		VFs: e.vfs,
-		Inventory: func(context.Context) ([]config.NICOffer, slices.Features, error) {
-			return e.offers, slices.AllFeatures, nil
+		Inventory: func(context.Context) ([]config.NICOffer, device.Features, error) {
+			return e.offers, device.AllFeatures, nil
 		},
 		SysfsRoot: e.hw.Sysfs, DevRoot: e.hw.DevRoot(), StateDir: e.stateDir(),
 		NodeName: testNode, BootID: testBoot,
@@ -123,7 +125,7 @@ func (e *env) start() {
 	e.t.Helper()
 	e.driver = e.newDriver()
 	p, err := prepare.New[Record](context.Background(), e.driver, prepare.Options{
-		DriverName: slices.NICDriver, StateDir: e.stateDir(), CDIDir: e.cdiDir(), BootID: testBoot,
+		DriverName: device.NICDriver, StateDir: e.stateDir(), CDIDir: e.cdiDir(), BootID: testBoot,
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -147,7 +149,7 @@ func newClaim(vfConfig string, reqs ...resourceapi.DeviceRequest) *resourceapi.R
 	if vfConfig != "" {
 		raw := `{"apiVersion": "sriov.hwdra.io/v1alpha1", "kind": "VfConfig"` + vfConfig + `}`
 		c.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
-			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: slices.NICDriver, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}}}
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: device.NICDriver, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}}}
 	}
 	return c
 }
@@ -157,7 +159,7 @@ func share(name, bw string) resourceapi.DeviceRequest {
 	r := vfRequest(name)
 	if bw != "" {
 		r.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-			slices.NICCapBandwidth: resource.MustParse(bw)}}
+			device.NICCapBandwidth: resource.MustParse(bw)}}
 	}
 	return r
 }
@@ -165,7 +167,7 @@ func share(name, bw string) resourceapi.DeviceRequest {
 // vfRequest asks for one device of the driver (exclusive PFs have only VFs).
 func vfRequest(name string) resourceapi.DeviceRequest {
 	return resourceapi.DeviceRequest{Name: name, Exactly: &resourceapi.ExactDeviceRequest{
-		DeviceClassName: slices.NICDriver, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}
+		DeviceClassName: device.NICDriver, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}
 }
 
 // allocate runs the scheduler's allocator on the claim; it must fit.
@@ -202,7 +204,7 @@ func (e *env) unprepare(c *resourceapi.ResourceClaim) error {
 // record is the claim's record in the checkpoint.
 func (e *env) record(c *resourceapi.ResourceClaim) Record {
 	e.t.Helper()
-	raw, err := readCheckpointRecord(filepath.Join(e.stateDir(), slices.NICDriver+".checkpoint.json"), c.UID)
+	raw, err := readCheckpointRecord(filepath.Join(e.stateDir(), device.NICDriver+".checkpoint.json"), c.UID)
 	if err != nil {
 		e.t.Fatal(err)
 	}

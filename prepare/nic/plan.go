@@ -14,7 +14,9 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/prepare"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // Assignment is what the plan decides for one allocation result of the
@@ -41,18 +43,18 @@ type Assignment struct {
 
 // Plan decides, without touching anything, which VF each of the claim's
 // sriov.hwdra.io results gets and with which settings. catalog is what
-// the node publishes (slices.NICDevices); held maps the VFs other claims
+// the node publishes (resources.NICDevices); held maps the VFs other claims
 // hold (by VF PCI address). nodeName, if set, must be every result's
 // pool. Errors name the request and, for configuration, the claim and
 // field.
-func Plan(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice, held map[string]types.UID, nodeName string) ([]Assignment, error) {
+func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevice, held map[string]types.UID, nodeName string) ([]Assignment, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("not allocated")
 	}
 	results := claim.Status.Allocation.Devices.Results
 	perRequest := map[string]int{}
 	for _, r := range results {
-		if r.Driver == slices.NICDriver {
+		if r.Driver == device.NICDriver {
 			perRequest[r.Request]++
 		}
 	}
@@ -63,7 +65,7 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice,
 		configs = map[string]*sriovv1alpha1.VfConfig{}
 	)
 	for _, r := range results {
-		if r.Driver != slices.NICDriver {
+		if r.Driver != device.NICDriver {
 			continue
 		}
 		a := Assignment{Request: r.Request, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID,
@@ -74,7 +76,7 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice,
 		}
 		dev, ok := catalog[r.Device]
 		if !ok {
-			return nil, fmt.Errorf("request %q: device %s is not among this node's %s devices (gone since it was allocated?)", r.Request, r.Device, slices.NICDriver)
+			return nil, fmt.Errorf("request %q: device %s is not among this node's %s devices (gone since it was allocated?)", r.Request, r.Device, device.NICDriver)
 		}
 		a.Mode, a.PF = dev.Mode, dev.PF
 		if r.AdminAccess != nil && *r.AdminAccess {
@@ -85,7 +87,7 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice,
 		cfg, ok := configs[r.Request]
 		if !ok {
 			var err error
-			if cfg, err = api.ForRequest(claim, slices.NICDriver, r.Request, &sriovv1alpha1.VfConfig{}); err != nil {
+			if cfg, err = api.ForRequest(claim, device.NICDriver, r.Request, &sriovv1alpha1.VfConfig{}); err != nil {
 				return nil, err
 			}
 			configs[r.Request] = cfg
@@ -95,9 +97,9 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]slices.NICDevice,
 			if r.ShareID == nil {
 				return nil, fmt.Errorf("request %q: shared device %s allocated without a shareID", r.Request, r.Device)
 			}
-			bw, ok := r.ConsumedCapacity[slices.NICCapBandwidth]
+			bw, ok := r.ConsumedCapacity[device.NICCapBandwidth]
 			if !ok {
-				return nil, fmt.Errorf("request %q: share of %s consumes no %s", r.Request, r.Device, slices.NICCapBandwidth)
+				return nil, fmt.Errorf("request %q: share of %s consumes no %s", r.Request, r.Device, device.NICCapBandwidth)
 			}
 			mbps := bw.Value() / 1_000_000 // never above what was counted
 			if mbps < 1 {

@@ -11,7 +11,9 @@ import (
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 // planPF is a 100G PF with n netdev VFs at 0000:<bus>:01.<i>.
@@ -24,12 +26,12 @@ func planPF(bus string, n int) hw.PF {
 	return pf
 }
 
-func result(request, device string, share bool, bw string) resourceapi.DeviceRequestAllocationResult {
-	r := resourceapi.DeviceRequestAllocationResult{Request: request, Driver: slices.NICDriver, Pool: testNode, Device: device}
+func result(request, dev string, share bool, bw string) resourceapi.DeviceRequestAllocationResult {
+	r := resourceapi.DeviceRequestAllocationResult{Request: request, Driver: device.NICDriver, Pool: testNode, Device: dev}
 	if share {
 		id := types.UID("share-" + request)
 		r.ShareID = &id
-		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{slices.NICCapBandwidth: resource.MustParse(bw)}
+		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{device.NICCapBandwidth: resource.MustParse(bw)}
 	}
 	return r
 }
@@ -47,7 +49,7 @@ func TestPlan(t *testing.T) {
 		{PF: ib, Mode: config.ModeShared, Bandwidth: config.DefaultBandwidth},
 		{PF: excl, Mode: config.ModeExclusive},
 	}
-	catalog := slices.NICDevices(offers, slices.AllFeatures)
+	catalog := resources.NICDevices(offers, device.AllFeatures)
 	admin := result("mon", "nic-0000-17-00-0", false, "")
 	admin.AdminAccess = new(true)
 	for _, tc := range []struct {
@@ -87,7 +89,7 @@ func TestPlan(t *testing.T) {
 		{name: "exclusive VF still held", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-4b-00-0-vf-1", false, "")},
 			held: map[string]types.UID{"0000:4b:01.1": "old"}, wantErr: "still held by claim old"},
 		{name: "admin access touches nothing", results: []resourceapi.DeviceRequestAllocationResult{admin}, want: []string{"admin"}},
-		{name: "other drivers ignored", results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: slices.GPUDriver, Pool: testNode, Device: "gpu-0"}}},
+		{name: "other drivers ignored", results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: device.GPUDriver, Pool: testNode, Device: "gpu-0"}}},
 		{name: "unknown device", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-99-00-0", true, "1G")},
 			wantErr: "device nic-0000-99-00-0 is not among this node's"},
 		{name: "other pool", results: []resourceapi.DeviceRequestAllocationResult{func() resourceapi.DeviceRequestAllocationResult {

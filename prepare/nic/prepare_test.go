@@ -10,7 +10,9 @@ import (
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
 )
 
 const exclusiveConfig = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nnics:\n- mode: exclusive\n"
@@ -196,7 +198,7 @@ func TestUnknownDevice(t *testing.T) {
 func TestSharesNeedNetdevVFs(t *testing.T) {
 	_, pfs := openNode(t, `nics: [{model: e810, count: 1, vfs: 2, netdevs: [pfv], vfDriver: vfio-pci}]`)
 	offers, _ := config.Default().Resolve(pfs)
-	_, skips := slices.NICResources(testNode, offers, slices.AllFeatures)
+	_, skips := resources.NIC(testNode, offers, device.AllFeatures)
 	if len(skips) != 1 || !strings.Contains(skips[0].Reason, "none of its 2 VFs is bound to a network driver") {
 		t.Fatalf("skips %v", skips)
 	}

@@ -6,7 +6,8 @@ import (
 	"time"
 
 	"github.com/hwdra/hwdra/hw/mock"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -19,7 +20,7 @@ import (
 // Deleting the pod destroys it, restores the GPU's MIG mode and removes
 // the claim's CDI spec and metadata.
 func TestCrashDuringMIGPrepare(t *testing.T) {
-	r := startHWRig(t, "crash-mig", "mock:dgx-h100", []string{mock.TimingsEnv + "=createGpuInstance=3s"}, hwslices.GPUDriver)
+	r := startHWRig(t, "crash-mig", "mock:dgx-h100", []string{mock.TimingsEnv + "=createGpuInstance=3s"}, device.GPUDriver)
 	before := r.state()
 	if n := before.GPUInstanceCount(); n != 0 {
 		t.Fatalf("dgx-h100 starts with %d GPU instances, want none", n)
@@ -76,11 +77,11 @@ func TestCrashDuringMIGPrepare(t *testing.T) {
 		t.Errorf("the container was not given the only GPU instance's MIG device %s: %v", migUUID, got)
 	}
 	// The instance is the allocated one, at the allocated placement.
-	if res := claim.Status.Allocation.Devices.Results; len(res) != 1 || res[0].Device != hwslices.MIGName(gpu.BusID, gi.Profile, gi.Start) {
+	if res := claim.Status.Allocation.Devices.Results; len(res) != 1 || res[0].Device != device.MIGName(gpu.BusID, gi.Profile, gi.Start) {
 		t.Errorf("allocated %+v, the GPU instance is %s at %d on %s", res, gi.Profile, gi.Start, gpu.BusID)
 	}
 
-	r.deletePodAndCheck("mig", hwslices.GPUDriver, "crash-mig-delete-to-unprepared", claim, before)
+	r.deletePodAndCheck("mig", device.GPUDriver, "crash-mig-delete-to-unprepared", claim, before)
 }
 
 // interrupted: the mock saw a call of this name interrupted by a crash.

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	hwslices "github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -39,7 +39,7 @@ func TestAgentStateLostWhilePodsRun(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := startHWRig(t, "state-"+tc.name, "mock:dgx-h100", nil, hwslices.GPUDriver)
+			r := startHWRig(t, "state-"+tc.name, "mock:dgx-h100", nil, device.GPUDriver)
 			before := r.state()
 			tmpl := r.template("mig-1g.10gb.yaml")
 			claim, _ := r.waitRunning("app", "state-"+tc.name+"-create-to-running", r.createPod("app", tmpl))
@@ -58,7 +58,7 @@ func TestAgentStateLostWhilePodsRun(t *testing.T) {
 			if !r.agent.Running() {
 				t.Fatal("the agent did not keep running")
 			}
-			r.deletePodAndCheck("app", hwslices.GPUDriver, "state-"+tc.name+"-delete-to-unprepared", claim, before)
+			r.deletePodAndCheck("app", device.GPUDriver, "state-"+tc.name+"-delete-to-unprepared", claim, before)
 			// New claims prepare.
 			r.waitRunning("again", "state-"+tc.name+"-new-pod-to-running", r.createPod("again", tmpl))
 		})

@@ -5,7 +5,8 @@ import (
 	"testing"
 
 	"github.com/hwdra/hwdra/hw/mock"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -24,15 +25,15 @@ func TestDeletingPodsRestoresHardware(t *testing.T) {
 		// hardware the way it should; it returns what it saw.
 		made func(before, running mock.State) (string, bool)
 	}{
-		{"mig", "mock:dgx-h100", hwslices.GPUDriver, "mig-1g.10gb.yaml", func(before, running mock.State) (string, bool) {
+		{"mig", "mock:dgx-h100", device.GPUDriver, "mig-1g.10gb.yaml", func(before, running mock.State) (string, bool) {
 			n := running.GPUInstanceCount()
 			return "GPU instances: " + strconv.Itoa(n), n == before.GPUInstanceCount()+1
 		}},
-		{"vgpu", "mock:h100-vgpu", hwslices.GPUDriver, "vgpu.yaml", func(before, running mock.State) (string, bool) {
+		{"vgpu", "mock:h100-vgpu", device.GPUDriver, "vgpu.yaml", func(before, running mock.State) (string, bool) {
 			n := len(running.Mdevs)
 			return "mediated devices: " + strconv.Itoa(n), n == len(before.Mdevs)+1
 		}},
-		{"vf-share", "mock:cx7", hwslices.NICDriver, "vf-share-10g.yaml", func(before, running mock.State) (string, bool) {
+		{"vf-share", "mock:cx7", device.NICDriver, "vf-share-10g.yaml", func(before, running mock.State) (string, bool) {
 			changed := changedVFs(before, running)
 			return "VFs configured: " + strconv.Itoa(len(changed)), len(changed) == 1 && running.VFs[changed[0]].MaxTxRateMbps == 10000
 		}},
@@ -49,7 +50,7 @@ func TestDeletingPodsRestoresHardware(t *testing.T) {
 			} else {
 				t.Logf("while the pod runs: %s", saw)
 			}
-			if files := r.n.ClaimFiles(tc.driver, claim.Namespace, claim.Name, string(claim.UID)); len(files) == 0 && tc.driver == hwslices.GPUDriver {
+			if files := r.n.ClaimFiles(tc.driver, claim.Namespace, claim.Name, string(claim.UID)); len(files) == 0 && tc.driver == device.GPUDriver {
 				t.Errorf("no CDI spec or metadata of claim %s while its pod runs: the check after deletion proves nothing", claim.Name)
 			}
 			r.deletePodAndCheck("app", tc.driver, "unprepare-"+tc.name+"-delete-to-unprepared", claim, before)

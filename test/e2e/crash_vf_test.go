@@ -9,7 +9,8 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -23,7 +24,7 @@ import (
 // net1; deleting the pod gives every VF its original settings back, the
 // node its links as they were, and leaves none held.
 func TestCrashDuringVFSharePrepare(t *testing.T) {
-	r := startHWRig(t, "crash-vf", "mock:cx7", []string{mock.TimingsEnv + "=setVF=3s"}, hwslices.NICDriver)
+	r := startHWRig(t, "crash-vf", "mock:cx7", []string{mock.TimingsEnv + "=setVF=3s"}, device.NICDriver)
 	before := r.state()
 	links := nodeLinks(t)
 	tmpl := r.template("vf-share-10g.yaml")
@@ -56,12 +57,12 @@ func TestCrashDuringVFSharePrepare(t *testing.T) {
 	if len(res) != 1 || res[0].ShareID == nil {
 		t.Fatalf("allocation %+v: want one share", res)
 	}
-	bw := res[0].ConsumedCapacity[hwslices.NICDriver+"/bandwidth"]
+	bw := res[0].ConsumedCapacity[device.NICDriver+"/bandwidth"]
 	wantMbps := int(bw.ScaledValue(resource.Mega))
 	if vf := after.VFs[changed[0]]; vf.MaxTxRateMbps != wantMbps || wantMbps != 10000 {
 		t.Errorf("VF %s: max_tx_rate %d Mb/s, the share consumed %s (want 10000)", changed[0], vf.MaxTxRateMbps, bw.String())
 	}
-	rec, err := framework.ReadAgentRecords(r.stateDir, hwslices.NICDriver)
+	rec, err := framework.ReadAgentRecords(r.stateDir, device.NICDriver)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func TestCrashDuringVFSharePrepare(t *testing.T) {
 	}
 	checkInterface(t, r.n, r.ctx, "share", out, claim, res[0], meta, defaultVF)
 
-	r.deletePodAndCheck("share", hwslices.NICDriver, "crash-vf-delete-to-unprepared", claim, before)
+	r.deletePodAndCheck("share", device.NICDriver, "crash-vf-delete-to-unprepared", claim, before)
 	waitNodeLinks(t, links)
 }
 

@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	hwslices "github.com/hwdra/hwdra/slices"
+	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -167,7 +167,7 @@ func check(slices []resourceapi.ResourceSlice, bus, value string) (bad string, t
 			onGPU := bus != "" && sliceAttr(&d, "resource.kubernetes.io/pciBusID") == bus
 			ok := len(d.Taints) == 0
 			if onGPU {
-				ok = len(d.Taints) == 1 && d.Taints[0].Key == hwslices.GPUTaintKey && d.Taints[0].Value == value &&
+				ok = len(d.Taints) == 1 && d.Taints[0].Key == device.GPUTaintKey && d.Taints[0].Value == value &&
 					d.Taints[0].Effect == resourceapi.DeviceTaintEffectNoSchedule && d.Taints[0].TimeAdded != nil
 				tainted++
 			}

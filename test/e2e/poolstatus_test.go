@@ -16,7 +16,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/hwdra/hwdra/poolstatus"
-	hwslices "github.com/hwdra/hwdra/slices"
+
+	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -47,7 +48,7 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 	for _, name := range []string{"share-a", "share-b"} {
 		c := oneDevice(name, "vf-share.sriov.hwdra.io", `device.attributes["sriov.hwdra.io"].pfPciAddress == "`+pf+`"`)
 		c.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{
-			Requests: map[resourceapi.QualifiedName]resource.Quantity{hwslices.NICCapBandwidth: resource.MustParse("150G")},
+			Requests: map[resourceapi.QualifiedName]resource.Quantity{device.NICCapBandwidth: resource.MustParse("150G")},
 		}
 		claims = append(claims, c)
 	}
@@ -106,7 +107,7 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 	if ptr.Deref(nicPool.UnavailableDevices, -1) != 1 {
 		t.Errorf("controller: NIC pool unavailable %v, want 1 (the DeviceTaintRule's)", nicPool.UnavailableDevices)
 	}
-	if got := capacityOf(nicPool.ShareableSummary, hwslices.NICCapBandwidth); got == nil || got.Consumed.Cmp(resource.MustParse("300G")) != 0 {
+	if got := capacityOf(nicPool.ShareableSummary, device.NICCapBandwidth); got == nil || got.Consumed.Cmp(resource.MustParse("300G")) != 0 {
 		t.Errorf("controller: shareable bandwidth %+v, want 300G consumed", got)
 	}
 
@@ -144,7 +145,7 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 		}
 		found = true
 		for _, c := range d.Capacity {
-			if c.Name == string(hwslices.NICCapBandwidth) && (c.Available.Cmp(resource.MustParse("100G")) != 0 || d.Allocations != 2) {
+			if c.Name == string(device.NICCapBandwidth) && (c.Available.Cmp(resource.MustParse("100G")) != 0 || d.Allocations != 2) {
 				t.Errorf("PF %s: %d shares, %s bandwidth left; want 2 and 100G", pf, d.Allocations, c.Available)
 			}
 		}

@@ -1,8 +1,10 @@
-package slices
+package resources
 
 import (
 	"reflect"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -30,7 +32,7 @@ func TestGPUTaintsFromFaults(t *testing.T) {
 		name:   "partition fault: only that placement, MIG-backed vGPUs included",
 		faults: hw.Health{Partitions: map[hw.PartitionRef]hw.Fault{{GPU: sick.PCIBusID, Placement: part}: xid, {GPU: vgpu.PCIBusID, Placement: part}: xid}},
 		tainted: func(_ string, d GPUDevice) bool {
-			return (d.GPU.PCIBusID == sick.PCIBusID || d.GPU.PCIBusID == vgpu.PCIBusID) && d.Kind != KindGPU && d.Placement == part
+			return (d.GPU.PCIBusID == sick.PCIBusID || d.GPU.PCIBusID == vgpu.PCIBusID) && d.Kind != device.KindGPU && d.Placement == part
 		},
 	}, {
 		name:    "vGPU host's fault: time-sliced and MIG-backed vGPUs",
@@ -39,8 +41,8 @@ func TestGPUTaintsFromFaults(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			gpus := []hw.GPU{sick, well, vgpu}
-			res := TaintedGPUResources(testNode, gpus, AllFeatures, Health{Faults: tc.faults})
-			catalog := GPUDevices(gpus, AllFeatures)
+			res := TaintedGPU(testNode, gpus, device.AllFeatures, Health{Faults: tc.faults})
+			catalog := GPUDevices(gpus, device.AllFeatures)
 			n := 0
 			for name, d := range devicesByName(res) {
 				want := tc.tainted(name, catalog[name])
@@ -51,7 +53,7 @@ func TestGPUTaintsFromFaults(t *testing.T) {
 					t.Errorf("%s: tainted %v, want %v (%v)", name, got, want, d.Taints)
 					continue
 				}
-				if want && !reflect.DeepEqual(d.Taints[0], resourceapi.DeviceTaint{Key: GPUTaintKey, Value: "XID79", Effect: resourceapi.DeviceTaintEffectNoSchedule}) {
+				if want && !reflect.DeepEqual(d.Taints[0], resourceapi.DeviceTaint{Key: device.GPUTaintKey, Value: "XID79", Effect: resourceapi.DeviceTaintEffectNoSchedule}) {
 					t.Errorf("%s: taint %v", name, d.Taints[0])
 				}
 				if f, ok := catalog[name].Fault(tc.faults); ok != want || ok && f != xid {
@@ -71,24 +73,24 @@ func TestGPUTaintsFromFaults(t *testing.T) {
 func TestAllocatorHonoursTaints(t *testing.T) {
 	sick, well := h100("0000:1b:00.0", 0), h100("0000:43:00.0", 0)
 	faults := hw.Health{GPUs: map[string]hw.Fault{sick.PCIBusID: {Reason: "XID79", Fatal: true}}}
-	res := TaintedGPUResources(testNode, []hw.GPU{sick, well}, AllFeatures, Health{Faults: faults, FatalNoExecute: true})
-	a := newAllocator(t, allocate.ClusterFeatures, map[string]resourceslice.DriverResources{GPUDriver: res})
+	res := TaintedGPU(testNode, []hw.GPU{sick, well}, device.AllFeatures, Health{Faults: faults, FatalNoExecute: true})
+	a := newAllocator(t, allocate.ClusterFeatures, map[string]resourceslice.DriverResources{device.GPUDriver: res})
 
-	first := claim(profile("gpu", ProfileFull, 1))
-	if !fits(t, a, first) || allocatedDevices(first)[0] != GPUName(well.PCIBusID) {
+	first := claim(profile("gpu", device.ProfileFull, 1))
+	if !fits(t, a, first) || allocatedDevices(first)[0] != device.GPUName(well.PCIBusID) {
 		t.Fatalf("first whole GPU: %v, want the healthy one", first.Status.Allocation)
 	}
-	if fits(t, a, claim(profile("gpu", ProfileFull, 1))) {
+	if fits(t, a, claim(profile("gpu", device.ProfileFull, 1))) {
 		t.Fatal("the tainted GPU was allocated to a claim without a toleration")
 	}
 	if fits(t, a, claim(profile("mig", "1g.10gb", 1))) {
 		t.Fatal("a partition of the tainted GPU was allocated without a toleration")
 	}
-	tolerating := claim(profile("gpu", ProfileFull, 1))
+	tolerating := claim(profile("gpu", device.ProfileFull, 1))
 	tolerating.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{
-		Key: GPUTaintKey, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoExecute,
+		Key: device.GPUTaintKey, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoExecute,
 	}}
-	if !fits(t, a, tolerating) || allocatedDevices(tolerating)[0] != GPUName(sick.PCIBusID) {
+	if !fits(t, a, tolerating) || allocatedDevices(tolerating)[0] != device.GPUName(sick.PCIBusID) {
 		t.Fatalf("tolerating claim: %v, want the tainted GPU", tolerating.Status.Allocation)
 	}
 }

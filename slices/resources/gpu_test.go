@@ -1,4 +1,4 @@
-package slices
+package resources
 
 import (
 	"encoding/json"
@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -109,7 +111,7 @@ func TestLimitsOnLargeNodes(t *testing.T) {
 	}
 	for name, gpus := range map[string][]hw.GPU{"dgx 8xH100": dgx(8), "16 GPUs": dgx(16), "8 vGPU hosts": vgpu} {
 		t.Run(name, func(t *testing.T) {
-			res := GPUResources(testNode, gpus, AllFeatures)
+			res := GPU(testNode, gpus, device.AllFeatures)
 			checkLimits(t, res)
 			devices, slices := deviceCount(res)
 			// Per H100: 1 full + 7+3+2+1+1+7+4 MIG placements.
@@ -126,11 +128,11 @@ func TestLimitsOnLargeNodes(t *testing.T) {
 
 func TestDeterministic(t *testing.T) {
 	gpus := dgx(8)
-	want, _ := json.Marshal(Objects(GPUDriver, testNode, GPUResources(testNode, gpus, AllFeatures)))
+	want, _ := json.Marshal(Objects(device.GPUDriver, testNode, GPU(testNode, gpus, device.AllFeatures)))
 	for i := 0; i < 5; i++ {
 		shuffled := append([]hw.GPU(nil), gpus...)
 		rand.Shuffle(len(shuffled), func(a, b int) { shuffled[a], shuffled[b] = shuffled[b], shuffled[a] })
-		got, _ := json.Marshal(Objects(GPUDriver, testNode, GPUResources(testNode, shuffled, AllFeatures)))
+		got, _ := json.Marshal(Objects(device.GPUDriver, testNode, GPU(testNode, shuffled, device.AllFeatures)))
 		if string(got) != string(want) {
 			t.Fatal("output differs between runs or input orders")
 		}
@@ -158,33 +160,33 @@ func TestDeliverableDevicesOnly(t *testing.T) {
 	cases := []struct {
 		name       string
 		gpu        hw.GPU
-		f          Features
+		f          device.Features
 		present    []string
 		absent     []string
 		wantCount  int
 		noCounters bool
 	}{
-		{name: "MIG on, needs reset to switch", gpu: a100MIG, f: AllFeatures,
-			present: []string{MIGName(bus, "1g.10gb", 0)}, absent: []string{GPUName(bus)}, wantCount: 25},
-		{name: "MIG off, needs reset to switch", gpu: a100Off, f: AllFeatures,
-			present: []string{GPUName(bus)}, absent: []string{MIGName(bus, "1g.10gb", 0)}, wantCount: 1},
-		{name: "existing 3g instance", gpu: withInstance, f: AllFeatures,
-			present: []string{MIGName(bus, "3g.40gb", 4), MIGName(bus, "3g.40gb", 0), MIGName(bus, "4g.40gb", 0), MIGName(bus, "1g.10gb", 3)},
-			absent:  []string{GPUName(bus), MIGName(bus, "1g.10gb", 4), MIGName(bus, "7g.80gb", 0), MIGName(bus, "1g.20gb", 4)}},
-		{name: "no MIG support", gpu: noMIG, f: AllFeatures, present: []string{GPUName(bus)}, wantCount: 1},
-		{name: "no partitionable devices: full only", gpu: h100(bus, 0), f: Features{CompatibilityGroups: true},
-			present: []string{GPUName(bus)}, wantCount: 1, noCounters: true},
-		{name: "no partitionable devices: existing instances only", gpu: withInstance, f: Features{},
-			present: []string{MIGName(bus, "3g.40gb", 4)}, wantCount: 1, noCounters: true},
-		{name: "no compatibility groups: no vGPU", gpu: h100VGPU(bus), f: Features{PartitionableDevices: true},
-			present: []string{MIGName(bus, "1g.10gb", 0)}, absent: []string{VGPUName(bus, "NVIDIA H100-20C", 0)}, wantCount: 25},
-		{name: "vGPU host", gpu: h100VGPU(bus), f: AllFeatures,
-			present: []string{VGPUName(bus, "NVIDIA H100-20C", 3), VGPUName(bus, "NVIDIA H100-1-10C", 6), MIGName(bus, "1g.10gb", 0)},
-			absent:  []string{GPUName(bus), VGPUName(bus, "NVIDIA H100-20C", 4)}},
+		{name: "MIG on, needs reset to switch", gpu: a100MIG, f: device.AllFeatures,
+			present: []string{device.MIGName(bus, "1g.10gb", 0)}, absent: []string{device.GPUName(bus)}, wantCount: 25},
+		{name: "MIG off, needs reset to switch", gpu: a100Off, f: device.AllFeatures,
+			present: []string{device.GPUName(bus)}, absent: []string{device.MIGName(bus, "1g.10gb", 0)}, wantCount: 1},
+		{name: "existing 3g instance", gpu: withInstance, f: device.AllFeatures,
+			present: []string{device.MIGName(bus, "3g.40gb", 4), device.MIGName(bus, "3g.40gb", 0), device.MIGName(bus, "4g.40gb", 0), device.MIGName(bus, "1g.10gb", 3)},
+			absent:  []string{device.GPUName(bus), device.MIGName(bus, "1g.10gb", 4), device.MIGName(bus, "7g.80gb", 0), device.MIGName(bus, "1g.20gb", 4)}},
+		{name: "no MIG support", gpu: noMIG, f: device.AllFeatures, present: []string{device.GPUName(bus)}, wantCount: 1},
+		{name: "no partitionable devices: full only", gpu: h100(bus, 0), f: device.Features{CompatibilityGroups: true},
+			present: []string{device.GPUName(bus)}, wantCount: 1, noCounters: true},
+		{name: "no partitionable devices: existing instances only", gpu: withInstance, f: device.Features{},
+			present: []string{device.MIGName(bus, "3g.40gb", 4)}, wantCount: 1, noCounters: true},
+		{name: "no compatibility groups: no vGPU", gpu: h100VGPU(bus), f: device.Features{PartitionableDevices: true},
+			present: []string{device.MIGName(bus, "1g.10gb", 0)}, absent: []string{device.VGPUName(bus, "NVIDIA H100-20C", 0)}, wantCount: 25},
+		{name: "vGPU host", gpu: h100VGPU(bus), f: device.AllFeatures,
+			present: []string{device.VGPUName(bus, "NVIDIA H100-20C", 3), device.VGPUName(bus, "NVIDIA H100-1-10C", 6), device.MIGName(bus, "1g.10gb", 0)},
+			absent:  []string{device.GPUName(bus), device.VGPUName(bus, "NVIDIA H100-20C", 4)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := GPUResources(testNode, []hw.GPU{tc.gpu}, tc.f)
+			res := GPU(testNode, []hw.GPU{tc.gpu}, tc.f)
 			checkLimits(t, res)
 			got := names(res)
 			for _, n := range tc.present {
@@ -215,7 +217,7 @@ func TestDeliverableDevicesOnly(t *testing.T) {
 }
 
 func TestCountersOfAnH100(t *testing.T) {
-	res := GPUResources(testNode, []hw.GPU{h100("0000:1b:00.0", 0)}, AllFeatures)
+	res := GPU(testNode, []hw.GPU{h100("0000:1b:00.0", 0)}, device.AllFeatures)
 	cs := res.Pools[testNode].Slices[0].SharedCounters
 	if len(cs) != 1 || cs[0].Name != "gpu-0000-1b-00-0" {
 		t.Fatalf("counter sets %+v", cs)
@@ -232,7 +234,7 @@ func TestCountersOfAnH100(t *testing.T) {
 	if _, ok := cs[0].Counters["encoders"]; ok {
 		t.Error("encoders counter on a GPU whose profiles have none")
 	}
-	d := names(res)[MIGName("0000:1b:00.0", "3g.40gb", 4)]
+	d := names(res)[device.MIGName("0000:1b:00.0", "3g.40gb", 4)]
 	c := d.ConsumesCounters[0].Counters
 	for _, s := range []string{"memory-slice-4", "memory-slice-5", "memory-slice-6", "memory-slice-7"} {
 		if _, ok := c[s]; !ok {
@@ -242,7 +244,7 @@ func TestCountersOfAnH100(t *testing.T) {
 	if _, ok := c["memory-slice-3"]; ok {
 		t.Error("3g.40gb@4 consumes memory-slice-3")
 	}
-	if got := d.Attributes[AttrProfile]; *got.StringValue != "3g.40gb" {
+	if got := d.Attributes[device.AttrProfile]; *got.StringValue != "3g.40gb" {
 		t.Errorf("profile attribute %q", *got.StringValue)
 	}
 }
@@ -256,8 +258,8 @@ func TestSemver(t *testing.T) {
 }
 
 func TestLongNamesStayUniqueLabels(t *testing.T) {
-	a := VGPUName("0000:1b:00.0", "NVIDIA GRID RTX8000P-48Q-with-an-absurdly-long-type-name-A", 1)
-	b := VGPUName("0000:1b:00.0", "NVIDIA GRID RTX8000P-48Q-with-an-absurdly-long-type-name-B", 1)
+	a := device.VGPUName("0000:1b:00.0", "NVIDIA GRID RTX8000P-48Q-with-an-absurdly-long-type-name-A", 1)
+	b := device.VGPUName("0000:1b:00.0", "NVIDIA GRID RTX8000P-48Q-with-an-absurdly-long-type-name-B", 1)
 	if a == b || !dnsLabel.MatchString(a) || !dnsLabel.MatchString(b) {
 		t.Fatalf("long names %q and %q", a, b)
 	}
@@ -265,8 +267,8 @@ func TestLongNamesStayUniqueLabels(t *testing.T) {
 
 func TestGPUDevicesMatchPublishedDevices(t *testing.T) {
 	gpus := append(dgx(2), h100VGPU("0000:f0:00.0"))
-	published := names(GPUResources(testNode, gpus, AllFeatures))
-	catalog := GPUDevices(gpus, AllFeatures)
+	published := names(GPU(testNode, gpus, device.AllFeatures))
+	catalog := GPUDevices(gpus, device.AllFeatures)
 	if len(catalog) != len(published) {
 		t.Fatalf("catalog has %d devices, slices %d", len(catalog), len(published))
 	}
@@ -275,13 +277,13 @@ func TestGPUDevicesMatchPublishedDevices(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s published but not in the catalog", name)
 		}
-		if kind := *d.Attributes[AttrType].StringValue; kind != what.Kind {
+		if kind := *d.Attributes[device.AttrType].StringValue; kind != what.Kind {
 			t.Errorf("%s: kind %s in slices, %s in catalog", name, kind, what.Kind)
 		}
 		if what.GPU.PCIBusID != *d.Attributes["resource.kubernetes.io/pciBusID"].StringValue {
 			t.Errorf("%s: catalog GPU %s", name, what.GPU.PCIBusID)
 		}
-		if what.Kind == KindMIG && MIGName(what.GPU.PCIBusID, what.Profile.Name, what.Placement.Start) != name {
+		if what.Kind == device.KindMIG && device.MIGName(what.GPU.PCIBusID, what.Profile.Name, what.Placement.Start) != name {
 			t.Errorf("%s: catalog says %s at %d", name, what.Profile.Name, what.Placement.Start)
 		}
 	}

@@ -1,8 +1,10 @@
-package slices
+package resources
 
 import (
 	"fmt"
 	"strconv"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -32,7 +34,7 @@ func profileEngines(p hw.MIGProfile) engineAmounts {
 
 func memorySliceCounter(i int) string { return "memory-slice-" + strconv.Itoa(i) }
 
-func instancesCounter(p hw.MIGProfile) string { return join("instances", label(p.Name)) }
+func instancesCounter(p hw.MIGProfile) string { return device.Name("instances", p.Name) }
 
 // gpuBudget is what one GPU's counter set holds.
 type gpuBudget struct {

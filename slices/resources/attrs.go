@@ -1,4 +1,4 @@
-package slices
+package resources
 
 import resourceapi "k8s.io/api/resource/v1"
 

@@ -1,10 +1,12 @@
-package slices
+package resources
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,7 +22,7 @@ const testNode = "worker-1"
 // classes: one DeviceClass per driver, selecting by driver only, so each
 // test's request states exactly what it wants.
 var testClasses = []*resourceapi.DeviceClass{
-	deviceClass(GPUDriver), deviceClass(NICDriver),
+	deviceClass(device.GPUDriver), deviceClass(device.NICDriver),
 }
 
 func deviceClass(driver string) *resourceapi.DeviceClass {
@@ -62,7 +64,7 @@ func request(name, driver string, count int64, cel string) resourceapi.DeviceReq
 
 // profile asks for count GPU devices of one partition type.
 func profile(name, p string, count int64) resourceapi.DeviceRequest {
-	return request(name, GPUDriver, count, fmt.Sprintf(`device.attributes["gpu.hwdra.io"].profile == %q`, p))
+	return request(name, device.GPUDriver, count, fmt.Sprintf(`device.attributes["gpu.hwdra.io"].profile == %q`, p))
 }
 
 // fits allocates and reports whether it succeeded; other errors fail.

@@ -1,4 +1,4 @@
-package slices
+package resources
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -19,8 +21,8 @@ import (
 )
 
 func gpuAllocator(t testing.TB, gpus ...hw.GPU) (*allocate.Allocator, resourceslice.DriverResources) {
-	res := GPUResources(testNode, gpus, AllFeatures)
-	return newAllocator(t, allocate.ClusterFeatures, map[string]resourceslice.DriverResources{GPUDriver: res}), res
+	res := GPU(testNode, gpus, device.AllFeatures)
+	return newAllocator(t, allocate.ClusterFeatures, map[string]resourceslice.DriverResources{device.GPUDriver: res}), res
 }
 
 func TestSevenOneSlicePartitionsFitOnOneH100(t *testing.T) {
@@ -163,7 +165,7 @@ func assertNoOverlap(t *testing.T, res resourceslice.DriverResources, names []st
 	var got []hw.Placement
 	for _, n := range names {
 		d := byName[n]
-		pl := hw.Placement{Start: int(*d.Attributes[AttrPlacementStart].IntValue), Size: int(*d.Attributes[AttrPlacementSize].IntValue)}
+		pl := hw.Placement{Start: int(*d.Attributes[device.AttrPlacementStart].IntValue), Size: int(*d.Attributes[device.AttrPlacementSize].IntValue)}
 		for _, o := range got {
 			if o.Overlaps(pl) {
 				t.Errorf("allocated overlapping placements %v and %v (%v)", o, pl, names)
@@ -191,11 +193,11 @@ func TestFullGPUAndPartitionsExcludeEachOther(t *testing.T) {
 	if !fits(t, a, mig) {
 		t.Fatal("1g.10gb refused on an idle H100")
 	}
-	if fits(t, a, claim(profile("gpu", ProfileFull, 1))) {
+	if fits(t, a, claim(profile("gpu", device.ProfileFull, 1))) {
 		t.Fatal("full GPU allocated while a MIG partition is allocated")
 	}
 	a.Release(mig)
-	full := claim(profile("gpu", ProfileFull, 1))
+	full := claim(profile("gpu", device.ProfileFull, 1))
 	if !fits(t, a, full) {
 		t.Fatal("full GPU refused after the partition was released")
 	}
@@ -223,7 +225,7 @@ func TestMIGAndVGPUNeverShareAGPU(t *testing.T) {
 		{"two mig-backed types", []step{{"H100-1-10C", true}, {"H100-3-40C", true}}},
 		// Without heterogeneous mode one time-sliced type at a time.
 		{"two time-sliced types", []step{{"H100-20C", true}, {"H100-40C", false}}},
-		{"no full GPU in host-vgpu mode", []step{{ProfileFull, false}}},
+		{"no full GPU in host-vgpu mode", []step{{device.ProfileFull, false}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -252,7 +254,7 @@ func TestHeterogeneousVGPUTypesMix(t *testing.T) {
 
 func TestPartitionsOfDifferentGPUsAreIndependent(t *testing.T) {
 	a, _ := gpuAllocator(t, dgx(2)...)
-	if !fits(t, a, claim(profile("full", ProfileFull, 1))) {
+	if !fits(t, a, claim(profile("full", device.ProfileFull, 1))) {
 		t.Fatal("full GPU refused")
 	}
 	c := claim(profile("mig", "7g.80gb", 1))
@@ -274,7 +276,7 @@ func TestPartitionsOfDifferentGPUsAreIndependent(t *testing.T) {
 // devices share with their GPU, spreads them (deploy/examples/
 // mig-on-distinct-gpus.yaml, allocated with the shipped classes).
 func TestMIGDistinctGPU(t *testing.T) {
-	example, err := os.ReadFile(filepath.Join("..", "deploy", "examples", "mig-on-distinct-gpus.yaml"))
+	example, err := os.ReadFile(filepath.Join("..", "..", "deploy", "examples", "mig-on-distinct-gpus.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +301,7 @@ func TestMIGDistinctGPU(t *testing.T) {
 				c.Spec.Devices.Constraints = nil
 			}
 			var objs []*resourceapi.ResourceSlice
-			for _, s := range Objects(GPUDriver, testNode, GPUResources(testNode, dgx(2), AllFeatures)) {
+			for _, s := range Objects(device.GPUDriver, testNode, GPU(testNode, dgx(2), device.AllFeatures)) {
 				objs = append(objs, &s)
 			}
 			if err := allocate.New(allocate.ClusterFeatures, testNode, objs, classes).Allocate(context.Background(), c); err != nil {

@@ -1,9 +1,10 @@
-package slices
+package resources
 
 import (
 	"fmt"
 	"sort"
-	"strconv"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -14,36 +15,7 @@ import (
 	"github.com/hwdra/hwdra/hw"
 )
 
-// NIC attribute and capacity names, qualified with the driver name as the
-// GPU ones are (CEL: device.attributes["sriov.hwdra.io"].pfName; constraints
-// and capacity requests: "sriov.hwdra.io/pfName", "sriov.hwdra.io/bandwidth").
-// A capacity request must use the qualified name: the allocator matches
-// request keys to capacity names exactly. The standard ones (PCI address of
-// an exclusive VF, NUMA node, PCIe root) keep their resource.kubernetes.io
-// names so constraints match them across drivers: a GPU and a VF share on
-// one NUMA node.
-const (
-	NICAttrMode         resourceapi.QualifiedName = NICDriver + "/mode" // "shared" or "exclusive"
-	NICAttrPFName       resourceapi.QualifiedName = NICDriver + "/pfName"
-	NICAttrPFPCIAddress resourceapi.QualifiedName = NICDriver + "/pfPciAddress"
-	NICAttrVendorID     resourceapi.QualifiedName = NICDriver + "/vendorID" // "15b3"
-	NICAttrDeviceID     resourceapi.QualifiedName = NICDriver + "/deviceID" // the PF's: "1021"
-	NICAttrDriver       resourceapi.QualifiedName = NICDriver + "/driver"   // the PF's: "mlx5_core"
-	NICAttrLinkType     resourceapi.QualifiedName = NICDriver + "/linkType" // "ethernet", "infiniband"
-	NICAttrRDMA         resourceapi.QualifiedName = NICDriver + "/rdma"
-	NICAttrEswitchMode  resourceapi.QualifiedName = NICDriver + "/eswitchMode"
-	NICAttrVFIndex      resourceapi.QualifiedName = NICDriver + "/vfIndex"
-	NICAttrVFDeviceID   resourceapi.QualifiedName = NICDriver + "/vfDeviceID"
-	NICAttrVFDriver     resourceapi.QualifiedName = NICDriver + "/vfDriver" // "mlx5_core", "iavf", "vfio-pci"
-
-	// NICCapBandwidth is the link speed in bits per second; on shared
-	// devices each allocation consumes a share of it.
-	NICCapBandwidth resourceapi.QualifiedName = NICDriver + "/bandwidth"
-	// NICCapVFs is a shared PF's VF count; each allocation consumes one.
-	NICCapVFs resourceapi.QualifiedName = NICDriver + "/vfs"
-)
-
-// NICResources builds the sriov.hwdra.io devices of the offered PFs: in
+// NIC builds the sriov.hwdra.io devices of the offered PFs: in
 // shared mode one device per PF that many claims share (bandwidth and VF
 // capacities), in exclusive mode one device per VF. It returns the PFs it
 // left out and why: a link speed too slow for the policy, no VFs. The pool
@@ -61,13 +33,13 @@ const (
 //
 // Device names derive from the PF's PCI address, stable across reboots:
 // "nic-0000-17-00-0" for a shared PF, "nic-0000-17-00-0-vf-3" for its VF 3.
-func NICResources(nodeName string, offers []config.NICOffer, f Features) (resourceslice.DriverResources, []config.Skip) {
-	return TaintedNICResources(nodeName, offers, f, Health{})
+func NIC(nodeName string, offers []config.NICOffer, f device.Features) (resourceslice.DriverResources, []config.Skip) {
+	return TaintedNIC(nodeName, offers, f, Health{})
 }
 
-// TaintedNICResources is NICResources with the devices that h finds at
+// TaintedNIC is NIC with the devices that h finds at
 // fault tainted (with DeviceTaints).
-func TaintedNICResources(nodeName string, offers []config.NICOffer, f Features, h Health) (resourceslice.DriverResources, []config.Skip) {
+func TaintedNIC(nodeName string, offers []config.NICOffer, f device.Features, h Health) (resourceslice.DriverResources, []config.Skip) {
 	res, skips, _ := buildNICs(nodeName, offers, f, h, false)
 	return res, skips
 }
@@ -85,14 +57,14 @@ type NICDevice struct {
 	Bandwidth config.BandwidthPolicy
 }
 
-// NICDevices maps every device NICResources publishes for these offers and
+// NICDevices maps every device NIC publishes for these offers and
 // features to what it stands for; both come from one builder.
-func NICDevices(offers []config.NICOffer, f Features) map[string]NICDevice {
+func NICDevices(offers []config.NICOffer, f device.Features) map[string]NICDevice {
 	_, _, catalog := buildNICs("", offers, f, Health{}, true)
 	return catalog
 }
 
-func buildNICs(nodeName string, offers []config.NICOffer, f Features, h Health, withCatalog bool) (resourceslice.DriverResources, []config.Skip, map[string]NICDevice) {
+func buildNICs(nodeName string, offers []config.NICOffer, f device.Features, h Health, withCatalog bool) (resourceslice.DriverResources, []config.Skip, map[string]NICDevice) {
 	offers = append([]config.NICOffer(nil), offers...)
 	sort.SliceStable(offers, func(i, j int) bool { return offers[i].PF.PCIAddress < offers[j].PF.PCIAddress })
 	var (
@@ -105,7 +77,7 @@ func buildNICs(nodeName string, offers []config.NICOffer, f Features, h Health, 
 	}
 	add := func(d resourceapi.Device, what NICDevice) {
 		if fault, ok := what.Fault(h.Faults); ok && f.DeviceTaints {
-			d.Taints = []resourceapi.DeviceTaint{h.taint(NICTaintKey, fault)}
+			d.Taints = []resourceapi.DeviceTaint{h.taint(device.NICTaintKey, fault)}
 		}
 		devices = append(devices, d)
 		if catalog != nil {
@@ -139,14 +111,6 @@ func buildNICs(nodeName string, offers []config.NICOffer, f Features, h Health, 
 	}, skips, catalog
 }
 
-// NICDeviceName is the shared device of a PF.
-func NICDeviceName(pfAddress string) string { return join("nic", label(pfAddress)) }
-
-// NICVFDeviceName is the exclusive device of VF index of a PF.
-func NICVFDeviceName(pfAddress string, index int) string {
-	return join("nic", label(pfAddress), "vf", strconv.Itoa(index))
-}
-
 // sharedDevice: the bandwidth capacity's request policy is the configured
 // one, fitted to the link: the largest valid share (the range's max, which
 // the API wants on the step grid) is the largest on-grid value not above
@@ -172,18 +136,18 @@ func sharedDevice(pf hw.PF, p config.BandwidthPolicy) (resourceapi.Device, strin
 		rng.Step = quantityBps(p.StepMbps)
 	}
 	d := resourceapi.Device{
-		Name:                     NICDeviceName(pf.PCIAddress),
+		Name:                     device.NICDeviceName(pf.PCIAddress),
 		Attributes:               pfAttributes(pf, config.ModeShared),
 		AllowMultipleAllocations: new(true),
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-			NICCapBandwidth: {
+			device.NICCapBandwidth: {
 				Value: *quantityBps(speed),
 				RequestPolicy: &resourceapi.CapacityRequestPolicy{
 					Default:    quantityBps(min(p.DefaultMbps, maxShare)),
 					ValidRange: rng,
 				},
 			},
-			NICCapVFs: {
+			device.NICCapVFs: {
 				Value: *resource.NewQuantity(int64(shareableVFs(pf)), resource.DecimalSI),
 				RequestPolicy: &resourceapi.CapacityRequestPolicy{
 					Default:     resource.NewQuantity(1, resource.DecimalSI),
@@ -214,16 +178,16 @@ func shareableVFs(pf hw.PF) int {
 func vfDevice(pf hw.PF, vf hw.VF) resourceapi.Device {
 	attrs := pfAttributes(pf, config.ModeExclusive)
 	attrs[deviceattribute.StandardDeviceAttributePCIBusID] = str(vf.PCIAddress)
-	attrs[NICAttrVFIndex] = integer(vf.Index)
+	attrs[device.NICAttrVFIndex] = integer(vf.Index)
 	if vf.DeviceID != "" {
-		attrs[NICAttrVFDeviceID] = str(vf.DeviceID)
+		attrs[device.NICAttrVFDeviceID] = str(vf.DeviceID)
 	}
 	if vf.Driver != "" {
-		attrs[NICAttrVFDriver] = str(vf.Driver)
+		attrs[device.NICAttrVFDriver] = str(vf.Driver)
 	}
-	d := resourceapi.Device{Name: NICVFDeviceName(pf.PCIAddress, vf.Index), Attributes: attrs}
+	d := resourceapi.Device{Name: device.NICVFDeviceName(pf.PCIAddress, vf.Index), Attributes: attrs}
 	if speed := knownSpeed(pf); speed > 0 {
-		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{NICCapBandwidth: {Value: *quantityBps(speed)}}
+		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{device.NICCapBandwidth: {Value: *quantityBps(speed)}}
 	}
 	return d
 }
@@ -243,19 +207,19 @@ func knownSpeed(pf hw.PF) int {
 func pfAttributes(pf hw.PF, mode config.Mode) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	// Sized for the VF attributes too: no rehash while they are added.
 	a := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 16)
-	a[NICAttrMode] = str(string(mode))
-	a[NICAttrPFPCIAddress] = str(pf.PCIAddress)
-	a[NICAttrVendorID] = str(pf.VendorID)
-	a[NICAttrDeviceID] = str(pf.DeviceID)
-	a[NICAttrRDMA] = boolean(pf.RDMADevice != "")
+	a[device.NICAttrMode] = str(string(mode))
+	a[device.NICAttrPFPCIAddress] = str(pf.PCIAddress)
+	a[device.NICAttrVendorID] = str(pf.VendorID)
+	a[device.NICAttrDeviceID] = str(pf.DeviceID)
+	a[device.NICAttrRDMA] = boolean(pf.RDMADevice != "")
 	for _, o := range [...]struct {
 		name  resourceapi.QualifiedName
 		value string
 	}{
-		{NICAttrPFName, pf.Netdev},
-		{NICAttrDriver, pf.Driver},
-		{NICAttrLinkType, string(pf.LinkType)},
-		{NICAttrEswitchMode, pf.EswitchMode},
+		{device.NICAttrPFName, pf.Netdev},
+		{device.NICAttrDriver, pf.Driver},
+		{device.NICAttrLinkType, string(pf.LinkType)},
+		{device.NICAttrEswitchMode, pf.EswitchMode},
 		{deviceattribute.StandardDeviceAttributePCIeRoot, pf.PCIeRoot},
 	} {
 		if o.value != "" {

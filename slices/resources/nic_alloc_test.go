@@ -1,7 +1,9 @@
-package slices
+package resources
 
 import (
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -14,20 +16,20 @@ import (
 // nicAllocator is the scheduler's allocator over the NIC slices of offers.
 func nicAllocator(t *testing.T, offers []config.NICOffer) *allocate.Allocator {
 	t.Helper()
-	res, skips := NICResources(testNode, offers, AllFeatures)
+	res, skips := NIC(testNode, offers, device.AllFeatures)
 	if len(skips) > 0 {
 		t.Fatalf("skips: %v", skips)
 	}
-	return newAllocator(t, allocate.ClusterFeatures, map[string]resourceslice.DriverResources{NICDriver: res})
+	return newAllocator(t, allocate.ClusterFeatures, map[string]resourceslice.DriverResources{device.NICDriver: res})
 }
 
 // share asks for one NIC device of the driver, with a bandwidth request
 // unless bw is "", and further capacity requests in pairs ("vfs", "2").
 func share(name, bw string, more ...string) resourceapi.DeviceRequest {
-	r := request(name, NICDriver, 1, "")
+	r := request(name, device.NICDriver, 1, "")
 	reqs := map[resourceapi.QualifiedName]resource.Quantity{}
 	if bw != "" {
-		reqs[NICCapBandwidth] = resource.MustParse(bw)
+		reqs[device.NICCapBandwidth] = resource.MustParse(bw)
 	}
 	for i := 0; i+1 < len(more); i += 2 {
 		reqs[resourceapi.QualifiedName(more[i])] = resource.MustParse(more[i+1])
@@ -59,10 +61,10 @@ func TestNICShares400G(t *testing.T) {
 		if !fits(t, a, c) {
 			t.Fatalf("150G share %d refused", i+1)
 		}
-		if got := consumed(t, c, NICCapBandwidth); got != "150G" {
+		if got := consumed(t, c, device.NICCapBandwidth); got != "150G" {
 			t.Errorf("share %d consumed %s", i+1, got)
 		}
-		if got := consumed(t, c, NICCapVFs); got != "1" {
+		if got := consumed(t, c, device.NICCapVFs); got != "1" {
 			t.Errorf("share %d consumed %s VFs", i+1, got)
 		}
 	}
@@ -99,10 +101,10 @@ func TestNICShareDefault(t *testing.T) {
 	if !fits(t, a, c) {
 		t.Fatal("share without a bandwidth request refused")
 	}
-	if got := consumed(t, c, NICCapBandwidth); got != "10G" {
+	if got := consumed(t, c, device.NICCapBandwidth); got != "10G" {
 		t.Errorf("consumed %s, want the policy default 10G", got)
 	}
-	if got := consumed(t, c, NICCapVFs); got != "1" {
+	if got := consumed(t, c, device.NICCapVFs); got != "1" {
 		t.Errorf("consumed %s VFs, want 1", got)
 	}
 }
@@ -127,8 +129,8 @@ func TestNICShareRounding(t *testing.T) {
 		{"the largest share", share("nic", "391G"), "391G"},
 		{"rounds past the max", share("nic", "392G"), ""},
 		{"above the link", share("nic", "401G"), ""},
-		{"two VFs", share("nic", "10G", string(NICCapVFs), "2"), ""},
-		{"zero VFs rounds up to one", share("nic", "10G", string(NICCapVFs), "0"), "11G"},
+		{"two VFs", share("nic", "10G", string(device.NICCapVFs), "2"), ""},
+		{"zero VFs rounds up to one", share("nic", "10G", string(device.NICCapVFs), "0"), "11G"},
 		{"unknown capacity", share("nic", "10G", "sriov.hwdra.io/iops", "1"), ""},
 		// Capacity requests name the capacity exactly: the unqualified
 		// name of the capacity before it was qualified matches nothing.
@@ -140,11 +142,11 @@ func TestNICShareRounding(t *testing.T) {
 			ok := fits(t, a, c)
 			switch {
 			case tc.want == "" && ok:
-				t.Fatalf("allocated, consuming %s", consumed(t, c, NICCapBandwidth))
+				t.Fatalf("allocated, consuming %s", consumed(t, c, device.NICCapBandwidth))
 			case tc.want != "" && !ok:
 				t.Fatal("refused")
 			case ok:
-				if got := consumed(t, c, NICCapBandwidth); got != tc.want {
+				if got := consumed(t, c, device.NICCapBandwidth); got != tc.want {
 					t.Errorf("consumed %s, want %s", got, tc.want)
 				}
 			}
@@ -163,8 +165,8 @@ func TestNICDistinctPF(t *testing.T) {
 		distinct   bool
 	}{
 		{"no constraint", nil, false},
-		{"distinct pfName", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(NICDriver + "/pfName"))}, true},
-		{"distinct pfPciAddress", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(NICDriver + "/pfPciAddress"))}, true},
+		{"distinct pfName", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICDriver + "/pfName"))}, true},
+		{"distinct pfPciAddress", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICDriver + "/pfPciAddress"))}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := nicAllocator(t, pfs)
@@ -215,7 +217,7 @@ func TestNICExclusiveVFs(t *testing.T) {
 	a := nicAllocator(t, offer(config.ModeExclusive, nicPF("0000:17:00.0", "ens1f0", 0, 400000, 4)))
 	seen := map[string]bool{}
 	for i := range 4 {
-		c := claim(request("vf", NICDriver, 1, `device.attributes["sriov.hwdra.io"].mode == "exclusive"`))
+		c := claim(request("vf", device.NICDriver, 1, `device.attributes["sriov.hwdra.io"].mode == "exclusive"`))
 		if !fits(t, a, c) {
 			t.Fatalf("VF %d refused", i)
 		}
@@ -225,12 +227,12 @@ func TestNICExclusiveVFs(t *testing.T) {
 		}
 		seen[d] = true
 	}
-	if fits(t, a, claim(request("vf", NICDriver, 1, ""))) {
+	if fits(t, a, claim(request("vf", device.NICDriver, 1, ""))) {
 		t.Fatal("fifth VF of four allocated")
 	}
 	// A selector on the informational bandwidth capacity works too.
 	b := nicAllocator(t, offer(config.ModeExclusive, nicPF("0000:17:00.0", "ens1f0", 0, 100000, 1)))
-	if fits(t, b, claim(request("vf", NICDriver, 1, `device.capacity["sriov.hwdra.io"].bandwidth.compareTo(quantity("200G")) >= 0`))) {
+	if fits(t, b, claim(request("vf", device.NICDriver, 1, `device.capacity["sriov.hwdra.io"].bandwidth.compareTo(quantity("200G")) >= 0`))) {
 		t.Fatal("a 100G VF matched bandwidth >= 200G")
 	}
 }

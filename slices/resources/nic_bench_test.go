@@ -1,8 +1,10 @@
-package slices
+package resources
 
 import (
 	"syscall"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw/mock"
@@ -44,7 +46,7 @@ func BenchmarkNICDiscoveryAndSlices(b *testing.B) {
 					b.Fatal(err)
 				}
 				offers, _ := cfg.Resolve(pfs)
-				res, skips := NICResources(testNode, offers, AllFeatures)
+				res, skips := NIC(testNode, offers, device.AllFeatures)
 				if sl := res.Pools[testNode].Slices; len(skips) != 0 || len(sl) != 2 || len(sl[0].Devices)+len(sl[1].Devices) != 256 {
 					b.Fatalf("%d slices, skips %v", len(sl), skips)
 				}

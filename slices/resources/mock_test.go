@@ -1,4 +1,4 @@
-package slices
+package resources
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
@@ -38,7 +40,7 @@ func TestBuiltinProfiles(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var first []byte
 			for i := 0; i < 2; i++ {
-				res, _ := ForNode(testNode, probe(t, "mock:"+name), config.Default(), AllFeatures, hw.Health{})
+				res, _ := ForNode(testNode, probe(t, "mock:"+name), config.Default(), device.AllFeatures, hw.Health{})
 				for _, r := range res {
 					checkLimits(t, r)
 				}
@@ -104,7 +106,7 @@ func BenchmarkProbeAndBuild(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if res := GPUResources(testNode, gpus, AllFeatures); len(res.Pools) == 0 {
+			if res := GPU(testNode, gpus, device.AllFeatures); len(res.Pools) == 0 {
 				b.Fatal("nothing built")
 			}
 		}
@@ -116,7 +118,7 @@ func BenchmarkProbeAndBuild(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if res, _ := ForNode(testNode, inv, cfg, AllFeatures, hw.Health{}); len(res) != 2 {
+			if res, _ := ForNode(testNode, inv, cfg, device.AllFeatures, hw.Health{}); len(res) != 2 {
 				b.Fatal("not both drivers built")
 			}
 		}
@@ -140,20 +142,20 @@ func TestEveryGPUModel(t *testing.T) {
 				if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
 					t.Fatal(err)
 				}
-				res := GPUResources(testNode, probe(t, "mock:"+file).GPUs, AllFeatures)
+				res := GPU(testNode, probe(t, "mock:"+file).GPUs, device.AllFeatures)
 				checkLimits(t, res)
 				kinds := map[string]bool{}
 				for _, s := range res.Pools[testNode].Slices {
 					for _, d := range s.Devices {
-						kinds[*d.Attributes[AttrType].StringValue] = true
+						kinds[*d.Attributes[device.AttrType].StringValue] = true
 					}
 				}
 				if len(kinds) == 0 {
 					t.Fatal("no devices")
 				}
 				for kind := range kinds {
-					a := newAllocator(t, allocate.ClusterFeatures, Resources{GPUDriver: res})
-					c := claim(request("one", GPUDriver, 1, fmt.Sprintf(`device.attributes["gpu.hwdra.io"].type == %q`, kind)))
+					a := newAllocator(t, allocate.ClusterFeatures, ByDriver{device.GPUDriver: res})
+					c := claim(request("one", device.GPUDriver, 1, fmt.Sprintf(`device.attributes["gpu.hwdra.io"].type == %q`, kind)))
 					if !fits(t, a, c) {
 						t.Errorf("one %s device cannot be allocated", kind)
 					}

@@ -1,9 +1,11 @@
-package slices
+package resources
 
 import (
 	"context"
 	"fmt"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -37,17 +39,17 @@ func BenchmarkFleetAllocation(b *testing.B) {
 		"full-gpu": claim(request("gpu", "gpu.hwdra.io", 1, "")),
 		"1g.10gb":  claim(request("mig", "mig.gpu.hwdra.io", 1, `device.attributes["gpu.hwdra.io"].profile == "1g.10gb"`)),
 	}
-	nodePool := func(f Features) []resourceapi.ResourceSlice {
-		return Objects(GPUDriver, "node", GPUResources("node", gpus, f))
+	nodePool := func(f device.Features) []resourceapi.ResourceSlice {
+		return Objects(device.GPUDriver, "node", GPU("node", gpus, f))
 	}
 	models := []struct {
 		name   string
 		slices []resourceapi.ResourceSlice
 		claims []string
 	}{
-		{"hwdra", nodePool(AllFeatures), []string{"full-gpu", "1g.10gb"}},
-		{"one-device-per-GPU", nodePool(Features{}), []string{"full-gpu"}},
-		{"pools-per-GPU", perGPUPools("node", GPUResources("node", gpus, AllFeatures)), []string{"full-gpu", "1g.10gb"}},
+		{"hwdra", nodePool(device.AllFeatures), []string{"full-gpu", "1g.10gb"}},
+		{"one-device-per-GPU", nodePool(device.Features{}), []string{"full-gpu"}},
+		{"pools-per-GPU", perGPUPools("node", GPU("node", gpus, device.AllFeatures)), []string{"full-gpu", "1g.10gb"}},
 	}
 	celCache := cel.NewCache(1000, cel.Features{EnableConsumableCapacity: true})
 	for _, m := range models {

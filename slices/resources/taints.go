@@ -1,16 +1,10 @@
-package slices
+package resources
 
 import (
+	"github.com/hwdra/hwdra/slices/device"
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/hwdra/hwdra/hw"
-)
-
-// Taint keys of unhealthy devices; the value is the fault's reason
-// ("XID79", "LinkDown").
-const (
-	GPUTaintKey = GPUDriver + "/unhealthy"
-	NICTaintKey = NICDriver + "/unhealthy"
 )
 
 // Health is what the builders taint: the node's faults, and how.
@@ -34,7 +28,7 @@ func (h Health) taint(key string, f hw.Fault) resourceapi.DeviceTaint {
 // At is the placement a GPU device occupies: a MIG partition's or a
 // MIG-backed vGPU's; nil for devices that span the GPU.
 func (d GPUDevice) At() *hw.Placement {
-	if d.Kind == KindGPU || d.Placement.Size == 0 {
+	if d.Kind == device.KindGPU || d.Placement.Size == 0 {
 		return nil
 	}
 	pl := d.Placement

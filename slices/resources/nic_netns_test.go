@@ -1,8 +1,10 @@
-package slices
+package resources
 
 import (
 	"reflect"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
@@ -22,9 +24,9 @@ func TestNICSlicesIgnoreWhereVFNetdevsAre(t *testing.T) {
 	inPods.VFs[0].Netdev, inPods.VFs[2].Netdev = "", ""
 	renamed.VFs[1].Netdev = "dev57"
 	for _, mode := range []config.Mode{config.ModeShared, config.ModeExclusive} {
-		want, _ := NICResources(testNode, offer(mode, pf), AllFeatures)
+		want, _ := NIC(testNode, offer(mode, pf), device.AllFeatures)
 		for name, changed := range map[string]hw.PF{"in pods": inPods, "renamed": renamed} {
-			got, _ := NICResources(testNode, offer(mode, changed), AllFeatures)
+			got, _ := NIC(testNode, offer(mode, changed), device.AllFeatures)
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("%s, VF netdevs %s: the slices changed:\n%+v\nwant\n%+v", mode, name, nicDevices(got), nicDevices(want))
 			}

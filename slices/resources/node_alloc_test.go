@@ -1,7 +1,9 @@
-package slices
+package resources
 
 import (
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 
@@ -14,7 +16,7 @@ import (
 // and a VF bandwidth share with matchAttribute on the NUMA node lands both on
 // one node; once node 0's GPUs are taken it lands both on node 1.
 func TestGPUAndVFShareOnOneNUMANode(t *testing.T) {
-	res, _ := ForNode(testNode, probe(t, "mock:dgx-h100"), config.Default(), AllFeatures, hw.Health{})
+	res, _ := ForNode(testNode, probe(t, "mock:dgx-h100"), config.Default(), device.AllFeatures, hw.Health{})
 	a := newAllocator(t, allocate.ClusterFeatures, res)
 	numaOf := map[string]int64{}
 	for _, r := range res {
@@ -25,7 +27,7 @@ func TestGPUAndVFShareOnOneNUMANode(t *testing.T) {
 		}
 	}
 	pair := func() *resourceapi.ResourceClaim {
-		c := claim(profile("gpu", ProfileFull, 1), share("nic", "50G"))
+		c := claim(profile("gpu", device.ProfileFull, 1), share("nic", "50G"))
 		c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{
 			MatchAttribute: new(resourceapi.FullyQualifiedName("resource.kubernetes.io/numaNode")),
 		}}

@@ -1,10 +1,10 @@
-package slices
+package resources
 
 import (
 	"fmt"
 	"sort"
-	"strconv"
-	"strings"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -15,43 +15,23 @@ import (
 	"github.com/hwdra/hwdra/hw"
 )
 
-// GPU attribute names (in the driver's domain unless standard).
+// GPU attribute and capacity names only the builders use.
 const (
-	// AttrProfile is what a device is: "full", a MIG profile ("1g.10gb")
-	// or a vGPU type ("H100-10C").
-	AttrProfile = GPUDriver + "/profile"
-	// AttrType is "gpu", "mig" or "vgpu".
-	AttrType = GPUDriver + "/type"
-	// AttrPlacementStart and AttrPlacementSize are the memory slices a MIG
-	// partition (or a MIG-backed vGPU's GPU instance) occupies.
-	AttrPlacementStart = GPUDriver + "/placementStart"
-	AttrPlacementSize  = GPUDriver + "/placementSize"
-
-	attrUUID         = GPUDriver + "/uuid"
-	attrParentUUID   = GPUDriver + "/parentUUID"
-	attrProductName  = GPUDriver + "/productName"
-	attrArchitecture = GPUDriver + "/architecture"
-	attrCUDACompute  = GPUDriver + "/cudaComputeCapability"
-	attrDriver       = GPUDriver + "/driverVersion"
-	attrCUDADriver   = GPUDriver + "/cudaDriverVersion"
-	attrMIGCapable   = GPUDriver + "/migCapable"
-	attrVGPUType     = GPUDriver + "/vgpuType"
-	attrVGPUClass    = GPUDriver + "/vgpuClass"
-	attrMIGBacked    = GPUDriver + "/migBacked"
-	attrMIGProfile   = GPUDriver + "/migProfile" // of a MIG-backed vGPU's GPU instance
-	capMemory        = GPUDriver + "/memory"
-	capSMs           = GPUDriver + "/multiprocessors"
+	attrUUID         = device.GPUDriver + "/uuid"
+	attrParentUUID   = device.GPUDriver + "/parentUUID"
+	attrProductName  = device.GPUDriver + "/productName"
+	attrArchitecture = device.GPUDriver + "/architecture"
+	attrCUDACompute  = device.GPUDriver + "/cudaComputeCapability"
+	attrDriver       = device.GPUDriver + "/driverVersion"
+	attrCUDADriver   = device.GPUDriver + "/cudaDriverVersion"
+	attrMIGCapable   = device.GPUDriver + "/migCapable"
+	attrVGPUType     = device.GPUDriver + "/vgpuType"
+	attrVGPUClass    = device.GPUDriver + "/vgpuClass"
+	attrMIGBacked    = device.GPUDriver + "/migBacked"
+	attrMIGProfile   = device.GPUDriver + "/migProfile" // of a MIG-backed vGPU's GPU instance
+	capMemory        = device.GPUDriver + "/memory"
+	capSMs           = device.GPUDriver + "/multiprocessors"
 )
-
-// Device kinds, the values of AttrType.
-const (
-	KindGPU  = "gpu"
-	KindMIG  = "mig"
-	KindVGPU = "vgpu"
-)
-
-// ProfileFull is AttrProfile of a whole GPU.
-const ProfileFull = "full"
 
 // Compatibility groups: devices on one GPU are co-allocated only within a
 // group, so MIG partitions and vGPUs never share a GPU, and time-sliced vGPU
@@ -62,34 +42,17 @@ const (
 	groupVGPUTimeSlice = "vgpu-timesliced"
 )
 
-// GPUName is the device (and counter set) name of a whole GPU, derived from
-// its PCI address so it survives reboots and driver reloads.
-func GPUName(pciBusID string) string { return join("gpu", label(pciBusID)) }
-
-// MIGName is the device name of MIG profile at a placement.
-func MIGName(pciBusID, profile string, start int) string {
-	return join("gpu", label(pciBusID), "mig", label(profile), strconv.Itoa(start))
-}
-
-// VGPUName is the device name of a vGPU of a type; index is the instance
-// number for time-sliced types and the placement start for MIG-backed ones.
-func VGPUName(pciBusID, vgpuType string, index int) string {
-	return join("gpu", label(pciBusID), "vgpu", label(shortVGPUName(vgpuType)), strconv.Itoa(index))
-}
-
-func shortVGPUName(name string) string { return strings.TrimPrefix(name, "NVIDIA ") }
-
-// GPUResources builds the gpu.hwdra.io pool of a node: one counter set per
+// GPU builds the gpu.hwdra.io pool of a node: one counter set per
 // GPU, and per GPU the whole GPU, its MIG partitions and its vGPU types, as
 // far as the hardware can deliver them in its current mode.
-func GPUResources(nodeName string, gpus []hw.GPU, f Features) resourceslice.DriverResources {
-	return TaintedGPUResources(nodeName, gpus, f, Health{})
+func GPU(nodeName string, gpus []hw.GPU, f device.Features) resourceslice.DriverResources {
+	return TaintedGPU(nodeName, gpus, f, Health{})
 }
 
-// TaintedGPUResources is GPUResources with the devices that h finds at
+// TaintedGPU is GPU with the devices that h finds at
 // fault tainted (with DeviceTaints): the GPU's fault on every device of the
 // GPU, a partition's on the devices at its placement.
-func TaintedGPUResources(nodeName string, gpus []hw.GPU, f Features, h Health) resourceslice.DriverResources {
+func TaintedGPU(nodeName string, gpus []hw.GPU, f device.Features, h Health) resourceslice.DriverResources {
 	res, _ := buildGPUs(nodeName, gpus, f, h, false)
 	return res
 }
@@ -110,14 +73,14 @@ type GPUDevice struct {
 	Attributes map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 }
 
-// GPUDevices maps every device GPUResources publishes for these GPUs and
+// GPUDevices maps every device GPU publishes for these GPUs and
 // features to what it stands for; both come from one builder.
-func GPUDevices(gpus []hw.GPU, f Features) map[string]GPUDevice {
+func GPUDevices(gpus []hw.GPU, f device.Features) map[string]GPUDevice {
 	_, catalog := buildGPUs("", gpus, f, Health{}, true)
 	return catalog
 }
 
-func buildGPUs(nodeName string, gpus []hw.GPU, f Features, h Health, withCatalog bool) (resourceslice.DriverResources, map[string]GPUDevice) {
+func buildGPUs(nodeName string, gpus []hw.GPU, f device.Features, h Health, withCatalog bool) (resourceslice.DriverResources, map[string]GPUDevice) {
 	gpus = append([]hw.GPU(nil), gpus...)
 	sort.Slice(gpus, func(i, j int) bool { return gpus[i].PCIBusID < gpus[j].PCIBusID })
 
@@ -131,7 +94,7 @@ func buildGPUs(nodeName string, gpus []hw.GPU, f Features, h Health, withCatalog
 		catalog = map[string]GPUDevice{}
 	}
 	for _, g := range gpus {
-		b := gpuDevices{gpu: g, f: f, health: h, budget: budgetFor(g, cache), set: GPUName(g.PCIBusID), catalog: catalog}
+		b := gpuDevices{gpu: g, f: f, health: h, budget: budgetFor(g, cache), set: device.GPUName(g.PCIBusID), catalog: catalog}
 		b.build()
 		if b.usesCounters {
 			sets = append(sets, b.budget.counterSet(b.set, g.MIG.Profiles))
@@ -149,7 +112,7 @@ func buildGPUs(nodeName string, gpus []hw.GPU, f Features, h Health, withCatalog
 type gpuDevices struct {
 	gpu          hw.GPU
 	common       map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
-	f            Features
+	f            device.Features
 	health       Health
 	budget       gpuBudget
 	set          string
@@ -171,23 +134,23 @@ func (b *gpuDevices) build() {
 	if !b.f.PartitionableDevices {
 		// Without counters only fixed devices are safe to offer.
 		if !hostVGPU && !g.MIG.Enabled {
-			b.add(b.full(false), GPUDevice{Kind: KindGPU})
+			b.add(b.full(false), GPUDevice{Kind: device.KindGPU})
 		}
 		for _, in := range g.MIG.Instances {
 			if p, ok := g.MIG.Profile(in.ProfileID); ok {
-				b.add(b.mig(p, in.Placement, false), GPUDevice{Kind: KindMIG, Profile: p, Placement: in.Placement})
+				b.add(b.mig(p, in.Placement, false), GPUDevice{Kind: device.KindMIG, Profile: p, Placement: in.Placement})
 			}
 		}
 		return
 	}
 	b.usesCounters = true
 	if !hostVGPU && migOff {
-		b.add(b.full(true), GPUDevice{Kind: KindGPU})
+		b.add(b.full(true), GPUDevice{Kind: device.KindGPU})
 	}
 	if migOn {
 		for _, p := range g.MIG.Profiles {
 			for _, pl := range b.freePlacements(p, true) {
-				b.add(b.mig(p, pl, true), GPUDevice{Kind: KindMIG, Profile: p, Placement: pl})
+				b.add(b.mig(p, pl, true), GPUDevice{Kind: device.KindMIG, Profile: p, Placement: pl})
 			}
 		}
 	}
@@ -196,7 +159,7 @@ func (b *gpuDevices) build() {
 			if t.GPUInstanceProfileID == nil {
 				if migOff {
 					for i := 0; i < t.MaxInstances; i++ {
-						b.add(b.timeSlicedVGPU(t, i), GPUDevice{Kind: KindVGPU, VGPUType: t})
+						b.add(b.timeSlicedVGPU(t, i), GPUDevice{Kind: device.KindVGPU, VGPUType: t})
 					}
 				}
 				continue
@@ -206,7 +169,7 @@ func (b *gpuDevices) build() {
 				continue
 			}
 			for _, pl := range b.freePlacements(p, false) {
-				b.add(b.migBackedVGPU(t, p, pl), GPUDevice{Kind: KindVGPU, VGPUType: t, Profile: p, Placement: pl})
+				b.add(b.migBackedVGPU(t, p, pl), GPUDevice{Kind: device.KindVGPU, VGPUType: t, Profile: p, Placement: pl})
 			}
 		}
 	}
@@ -215,7 +178,7 @@ func (b *gpuDevices) build() {
 func (b *gpuDevices) add(d resourceapi.Device, what GPUDevice) {
 	what.GPU = b.gpu
 	if fault, ok := what.Fault(b.health.Faults); ok && b.f.DeviceTaints {
-		d.Taints = []resourceapi.DeviceTaint{b.health.taint(GPUTaintKey, fault)}
+		d.Taints = []resourceapi.DeviceTaint{b.health.taint(device.GPUTaintKey, fault)}
 	}
 	b.devices = append(b.devices, d)
 	if b.catalog != nil {
@@ -248,7 +211,7 @@ func (b *gpuDevices) freePlacements(p hw.MIGProfile, reuse bool) []hw.Placement 
 
 func (b *gpuDevices) full(counters bool) resourceapi.Device {
 	g := b.gpu
-	d := b.base(GPUName(g.PCIBusID), KindGPU, ProfileFull)
+	d := b.base(device.GPUName(g.PCIBusID), device.KindGPU, device.ProfileFull)
 	d.Attributes[attrUUID] = str(g.UUID)
 	d.Attributes[attrMIGCapable] = boolean(g.MIG.Capable)
 	d.Capacity = capacity(g.MemoryBytes, smTotal(g))
@@ -261,10 +224,10 @@ func (b *gpuDevices) full(counters bool) resourceapi.Device {
 }
 
 func (b *gpuDevices) mig(p hw.MIGProfile, pl hw.Placement, counters bool) resourceapi.Device {
-	d := b.base(MIGName(b.gpu.PCIBusID, p.Name, pl.Start), KindMIG, p.Name)
+	d := b.base(device.MIGName(b.gpu.PCIBusID, p.Name, pl.Start), device.KindMIG, p.Name)
 	d.Attributes[attrParentUUID] = str(b.gpu.UUID)
-	d.Attributes[AttrPlacementStart] = integer(pl.Start)
-	d.Attributes[AttrPlacementSize] = integer(pl.Size)
+	d.Attributes[device.AttrPlacementStart] = integer(pl.Start)
+	d.Attributes[device.AttrPlacementSize] = integer(pl.Size)
 	d.Capacity = capacity(p.MemoryBytes, p.Multiprocessors)
 	if counters {
 		d.ConsumesCounters = b.consume(b.budget.migConsumption(p, pl), groupMIG)
@@ -277,7 +240,7 @@ func (b *gpuDevices) timeSlicedVGPU(t hw.VGPUType, i int) resourceapi.Device {
 	group := groupVGPUTimeSlice
 	if !b.gpu.VGPU.Heterogeneous {
 		// One time-sliced type per GPU at a time: each type is its own group.
-		group = join("vgpu", label(shortVGPUName(t.Name)))
+		group = device.Name("vgpu", device.ShortVGPUName(t.Name))
 	}
 	d.Capacity = capacity(t.FramebufferBytes, 0)
 	d.ConsumesCounters = b.consume(map[string]resourceapi.Counter{counterMemory: bytesCounter(t.FramebufferBytes)}, group)
@@ -287,15 +250,15 @@ func (b *gpuDevices) timeSlicedVGPU(t hw.VGPUType, i int) resourceapi.Device {
 func (b *gpuDevices) migBackedVGPU(t hw.VGPUType, p hw.MIGProfile, pl hw.Placement) resourceapi.Device {
 	d := b.vgpu(t, pl.Start)
 	d.Attributes[attrMIGProfile] = str(p.Name)
-	d.Attributes[AttrPlacementStart] = integer(pl.Start)
-	d.Attributes[AttrPlacementSize] = integer(pl.Size)
+	d.Attributes[device.AttrPlacementStart] = integer(pl.Start)
+	d.Attributes[device.AttrPlacementSize] = integer(pl.Size)
 	d.Capacity = capacity(t.FramebufferBytes, p.Multiprocessors)
 	d.ConsumesCounters = b.consume(b.budget.migConsumption(p, pl), groupVGPUMIG)
 	return d
 }
 
 func (b *gpuDevices) vgpu(t hw.VGPUType, index int) resourceapi.Device {
-	d := b.base(VGPUName(b.gpu.PCIBusID, t.Name, index), KindVGPU, shortVGPUName(t.Name))
+	d := b.base(device.VGPUName(b.gpu.PCIBusID, t.Name, index), device.KindVGPU, device.ShortVGPUName(t.Name))
 	d.Attributes[attrParentUUID] = str(b.gpu.UUID)
 	d.Attributes[attrVGPUType] = str(t.Name)
 	d.Attributes[attrMIGBacked] = boolean(t.GPUInstanceProfileID != nil)
@@ -325,8 +288,8 @@ func (b *gpuDevices) base(name, kind, profile string) resourceapi.Device {
 	for k, v := range b.common {
 		a[k] = v
 	}
-	a[AttrType] = str(kind)
-	a[AttrProfile] = str(profile)
+	a[device.AttrType] = str(kind)
+	a[device.AttrProfile] = str(profile)
 	return resourceapi.Device{Name: name, Attributes: a}
 }
 

@@ -1,4 +1,4 @@
-package slices
+package resources
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -51,7 +53,7 @@ func nicDevices(res resourceslice.DriverResources) []resourceapi.Device {
 func q(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
 
 func TestNICSharedDevice(t *testing.T) {
-	res, skips := NICResources(testNode, offer(config.ModeShared, nicPF("0000:17:00.0", "ens1f0", 1, 400000, 16)), AllFeatures)
+	res, skips := NIC(testNode, offer(config.ModeShared, nicPF("0000:17:00.0", "ens1f0", 1, 400000, 16)), device.AllFeatures)
 	if len(skips) != 0 {
 		t.Fatalf("skips: %v", skips)
 	}
@@ -72,7 +74,7 @@ func TestNICSharedDevice(t *testing.T) {
 	if !reflect.DeepEqual(d.Attributes, want) {
 		t.Errorf("attributes:\n got %v\nwant %v", d.Attributes, want)
 	}
-	bw, vfs := d.Capacity[NICCapBandwidth], d.Capacity[NICCapVFs]
+	bw, vfs := d.Capacity[device.NICCapBandwidth], d.Capacity[device.NICCapVFs]
 	checkQ := func(what string, got *resource.Quantity, want string) {
 		t.Helper()
 		if got == nil || got.Cmp(*q(want)) != 0 || got.String() != want {
@@ -109,11 +111,11 @@ func TestNICPolicyFitsTheLink(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			o := offer(config.ModeShared, nicPF("0000:17:00.0", "ens1f0", 0, tc.speed, 4))
 			o[0].Bandwidth = tc.policy
-			res, skips := NICResources(testNode, o, AllFeatures)
+			res, skips := NIC(testNode, o, device.AllFeatures)
 			if len(skips) > 0 {
 				t.Fatal(skips)
 			}
-			p := nicDevices(res)[0].Capacity[NICCapBandwidth].RequestPolicy
+			p := nicDevices(res)[0].Capacity[device.NICCapBandwidth].RequestPolicy
 			if p.Default.String() != tc.wantDef || p.ValidRange.Max.String() != tc.wantMax {
 				t.Errorf("default %s max %s, want %s %s", p.Default, p.ValidRange.Max, tc.wantDef, tc.wantMax)
 			}
@@ -133,7 +135,7 @@ func TestNICExclusiveDevices(t *testing.T) {
 	pfs[3].NUMANode = hw.UnknownNUMANode
 	pfs[3].VFs[5].Driver = "vfio-pci"
 	pfs[3].VFs[5].Netdev = ""
-	res, skips := NICResources(testNode, offer(config.ModeExclusive, pfs...), AllFeatures)
+	res, skips := NIC(testNode, offer(config.ModeExclusive, pfs...), device.AllFeatures)
 	if len(skips) != 0 {
 		t.Fatal(skips)
 	}
@@ -157,7 +159,7 @@ func TestNICExclusiveDevices(t *testing.T) {
 	if _, ok := d.Attributes["resource.kubernetes.io/numaNode"]; ok {
 		t.Error("numaNode published for an unknown NUMA node")
 	}
-	if bw := d.Capacity[NICCapBandwidth]; bw.Value.String() != "400G" || bw.RequestPolicy != nil {
+	if bw := d.Capacity[device.NICCapBandwidth]; bw.Value.String() != "400G" || bw.RequestPolicy != nil {
 		t.Errorf("bandwidth %+v", bw)
 	}
 	checkNICInvariants(t, res)
@@ -175,7 +177,7 @@ func TestNICSkips(t *testing.T) {
 	heldDown := nicPF("0000:1d:00.0", "ens7f0", 0, 0, 4)
 	heldDown.LinkUp, heldDown.LastSpeedMbps = false, 200000
 	offers := append(offer(config.ModeShared, down, unknown, slow, noVFs, heldDown), offer(config.ModeExclusive, exclDown, exclUnknownSpeed)...)
-	res, skips := NICResources(testNode, offers, AllFeatures)
+	res, skips := NIC(testNode, offers, device.AllFeatures)
 	var got []string
 	for _, s := range skips {
 		got = append(got, s.String())
@@ -205,11 +207,11 @@ func TestNICSkips(t *testing.T) {
 			t.Errorf("%s not published", tc.device)
 			continue
 		}
-		wantTaints := []resourceapi.DeviceTaint{{Key: NICTaintKey, Value: tc.taint, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		wantTaints := []resourceapi.DeviceTaint{{Key: device.NICTaintKey, Value: tc.taint, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
 		if !reflect.DeepEqual(d.Taints, wantTaints) {
 			t.Errorf("%s: taints %v, want %v", tc.device, d.Taints, wantTaints)
 		}
-		bw, has := d.Capacity[NICCapBandwidth]
+		bw, has := d.Capacity[device.NICCapBandwidth]
 		if got := bw.Value.String(); has != (tc.bandwidth != "") || has && got != tc.bandwidth {
 			t.Errorf("%s: bandwidth %v (present %v), want %q", tc.device, got, has, tc.bandwidth)
 		}
@@ -228,26 +230,26 @@ func TestNICTaintsFromFaults(t *testing.T) {
 		PFs: map[string]hw.Fault{"0000:17:00.0": {Reason: "LinkRemoved", Fatal: true}},
 		VFs: map[string]hw.Fault{excl.VFs[1].PCIAddress: {Reason: "VFGone"}},
 	}
-	noTaints := AllFeatures
+	noTaints := device.AllFeatures
 	noTaints.DeviceTaints = false
 	for _, tc := range []struct {
 		name string
-		f    Features
+		f    device.Features
 		h    Health
 		want map[string]string // device -> value:effect
 	}{
-		{"NoSchedule", AllFeatures, Health{Faults: faults}, map[string]string{
+		{"NoSchedule", device.AllFeatures, Health{Faults: faults}, map[string]string{
 			"nic-0000-17-00-0": "LinkRemoved:NoSchedule", "nic-0000-31-00-0-vf-1": "VFGone:NoSchedule"}},
-		{"fatal NoExecute", AllFeatures, Health{Faults: faults, FatalNoExecute: true}, map[string]string{
+		{"fatal NoExecute", device.AllFeatures, Health{Faults: faults, FatalNoExecute: true}, map[string]string{
 			"nic-0000-17-00-0": "LinkRemoved:NoExecute", "nic-0000-31-00-0-vf-1": "VFGone:NoSchedule"}},
 		{"DeviceTaints off", noTaints, Health{Faults: faults}, map[string]string{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, _ := TaintedNICResources(testNode, offers, tc.f, tc.h)
+			res, _ := TaintedNIC(testNode, offers, tc.f, tc.h)
 			got := map[string]string{}
 			for name, d := range devicesByName(res) {
 				for _, taint := range d.Taints {
-					if taint.Key != NICTaintKey {
+					if taint.Key != device.NICTaintKey {
 						t.Errorf("%s: taint key %s", name, taint.Key)
 					}
 					got[name] = taint.Value + ":" + string(taint.Effect)
@@ -261,9 +263,9 @@ func TestNICTaintsFromFaults(t *testing.T) {
 }
 
 func TestNICWithoutConsumableCapacity(t *testing.T) {
-	f := AllFeatures
+	f := device.AllFeatures
 	f.ConsumableCapacity = false
-	res, _ := NICResources(testNode, offer(config.ModeShared, nicPF("0000:17:00.0", "ens1f0", 0, 400000, 3)), f)
+	res, _ := NIC(testNode, offer(config.ModeShared, nicPF("0000:17:00.0", "ens1f0", 0, 400000, 3)), f)
 	devs := nicDevices(res)
 	if len(devs) != 3 || devs[2].Name != "nic-0000-17-00-0-vf-2" || devs[2].AllowMultipleAllocations != nil {
 		t.Fatalf("want 3 exclusive VF devices, got %d", len(devs))
@@ -276,9 +278,9 @@ func TestNICDeterministic(t *testing.T) {
 	for i := range 6 {
 		pfs = append(pfs, nicPF(fmt.Sprintf("0000:%02x:00.0", 0x20+i), fmt.Sprintf("ens%d", i), i%2, 200000, 8))
 	}
-	a, _ := NICResources(testNode, offer(config.ModeShared, pfs...), AllFeatures)
+	a, _ := NIC(testNode, offer(config.ModeShared, pfs...), device.AllFeatures)
 	rand.Shuffle(len(pfs), func(i, j int) { pfs[i], pfs[j] = pfs[j], pfs[i] })
-	b, _ := NICResources(testNode, offer(config.ModeShared, pfs...), AllFeatures)
+	b, _ := NIC(testNode, offer(config.ModeShared, pfs...), device.AllFeatures)
 	if !reflect.DeepEqual(a, b) {
 		t.Error("output depends on input order")
 	}
@@ -339,15 +341,15 @@ func TestNICDevicesMatchPublishedDevices(t *testing.T) {
 	down := nicPF("0000:4b:00.0", "ens3f0", 0, 0, 2)
 	down.LinkUp = false
 	offers := append(offer(config.ModeShared, shared, down), offer(config.ModeExclusive, excl)...)
-	noCC := AllFeatures
+	noCC := device.AllFeatures
 	noCC.ConsumableCapacity = false
 	for _, tc := range []struct {
 		name string
-		f    Features
+		f    device.Features
 		want int
-	}{{"all features", AllFeatures, 2 + 3}, {"no consumable capacity", noCC, 6 + 3}} {
+	}{{"all features", device.AllFeatures, 2 + 3}, {"no consumable capacity", noCC, 6 + 3}} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, _ := NICResources(testNode, offers, tc.f)
+			res, _ := NIC(testNode, offers, tc.f)
 			catalog := NICDevices(offers, tc.f)
 			devs := nicDevices(res)
 			if len(catalog) != len(devs) || len(devs) != tc.want {
@@ -358,17 +360,17 @@ func TestNICDevicesMatchPublishedDevices(t *testing.T) {
 				if !ok {
 					t.Fatalf("%s published but not in the catalog", d.Name)
 				}
-				if mode := *d.Attributes[NICAttrMode].StringValue; mode != string(what.Mode) {
+				if mode := *d.Attributes[device.NICAttrMode].StringValue; mode != string(what.Mode) {
 					t.Errorf("%s: mode %s in slices, %s in catalog", d.Name, mode, what.Mode)
 				}
-				if pf := *d.Attributes[NICAttrPFPCIAddress].StringValue; pf != what.PF.PCIAddress {
+				if pf := *d.Attributes[device.NICAttrPFPCIAddress].StringValue; pf != what.PF.PCIAddress {
 					t.Errorf("%s: PF %s in slices, %s in catalog", d.Name, pf, what.PF.PCIAddress)
 				}
 				switch {
 				case what.Mode == config.ModeShared && what.VF != nil:
 					t.Errorf("%s: shared device with VF %d", d.Name, what.VF.Index)
-				case what.Mode == config.ModeExclusive && (what.VF == nil || NICVFDeviceName(what.PF.PCIAddress, what.VF.Index) != d.Name ||
-					*d.Attributes[NICAttrVFIndex].IntValue != int64(what.VF.Index)):
+				case what.Mode == config.ModeExclusive && (what.VF == nil || device.NICVFDeviceName(what.PF.PCIAddress, what.VF.Index) != d.Name ||
+					*d.Attributes[device.NICAttrVFIndex].IntValue != int64(what.VF.Index)):
 					t.Errorf("%s: catalog VF %+v", d.Name, what.VF)
 				}
 			}
@@ -383,9 +385,9 @@ func TestNICVFsCapacityCountsUsableVFs(t *testing.T) {
 	pf := nicPF("0000:17:00.0", "ens1f0", 0, 400000, 4)
 	pf.VFs[0].Driver, pf.VFs[0].Netdev = "vfio-pci", ""
 	pf.VFs[1].Netdev = "" // in a pod
-	res, _ := NICResources(testNode, []config.NICOffer{{PF: pf, Mode: config.ModeShared, Bandwidth: config.DefaultBandwidth}}, AllFeatures)
+	res, _ := NIC(testNode, []config.NICOffer{{PF: pf, Mode: config.ModeShared, Bandwidth: config.DefaultBandwidth}}, device.AllFeatures)
 	d := res.Pools[testNode].Slices[0].Devices[0]
-	q := d.Capacity[NICCapVFs].Value
+	q := d.Capacity[device.NICCapVFs].Value
 	if got := q.Value(); got != 3 {
 		t.Fatalf("vfs capacity %d, want 3 (4 VFs, one bound to vfio-pci)", got)
 	}

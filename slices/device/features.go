@@ -1,4 +1,4 @@
-package slices
+package device
 
 // Features are the DRA features of the cluster the slices are for. Where one
 // is off the API server drops its fields, so the builders fall back to a

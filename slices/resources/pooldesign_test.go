@@ -1,4 +1,4 @@
-package slices
+package resources
 
 import (
 	"os"
@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -57,7 +59,7 @@ func perGPUPools(nodeName string, res resourceslice.DriverResources) []resourcea
 			counters = []resourceapi.CounterSet{cs}
 		}
 		poolName := nodeName + "-" + name
-		objs := Objects(GPUDriver, nodeName, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+		objs := Objects(device.GPUDriver, nodeName, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 			poolName: pool(counters, devices[name]),
 		}})
 		for i := range objs {
@@ -101,7 +103,7 @@ func TestPartitionTypeAlternatives(t *testing.T) {
 			if err := os.WriteFile(file, []byte("gpus:\n- model: "+model+"\n  count: 8"+mode.yaml+"\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			res := GPUResources(testNode, probe(t, "mock:"+file).GPUs, AllFeatures)
+			res := GPU(testNode, probe(t, "mock:"+file).GPUs, device.AllFeatures)
 			now := len(res.Pools[testNode].Slices)
 			split := len(perGPUPools(testNode, res))
 
@@ -113,7 +115,7 @@ func TestPartitionTypeAlternatives(t *testing.T) {
 					if len(d.ConsumesCounters) == 0 {
 						continue
 					}
-					gpu, cost, prof := d.ConsumesCounters[0].CounterSet, costKey(d), *d.Attributes[AttrProfile].StringValue
+					gpu, cost, prof := d.ConsumesCounters[0].CounterSet, costKey(d), *d.Attributes[device.AttrProfile].StringValue
 					if costsPerGPU[gpu] == nil {
 						costsPerGPU[gpu] = map[string]bool{}
 					}
