@@ -1,4 +1,4 @@
-package metadata
+package nri
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/metadata/nritest"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/prepare/nic"
@@ -55,7 +56,7 @@ type env struct {
 	net    *Plugin
 	meta   *fakeMetadata
 	client *fake.Clientset
-	status *StatusWriter
+	status *metadata.StatusWriter
 	sock   string
 
 	rt      *nritest.Runtime
@@ -96,7 +97,7 @@ func newEnv(t *testing.T, profile string) *env {
 	e.sock = filepath.Join(e.dir, "nri.sock")
 	e.alloc = e.allocator()
 	e.client = fake.NewClientset()
-	e.status = NewStatusWriter(e.client, device.NICDriver)
+	e.status = metadata.NewStatusWriter(e.client, device.NICDriver)
 	sctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	go e.status.Run(sctx)
@@ -423,4 +424,15 @@ func macOf(s string) string {
 		return s
 	}
 	return strings.ToLower(m.String())
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
