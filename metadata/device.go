@@ -13,8 +13,8 @@ import (
 // Attribute names of what exists only once a device is prepared, in the
 // driver's domain like the published ones.
 const (
-	// GPUs. AttrUUID is a MIG device's; a whole GPU's is published.
-	AttrUUID              = device.GPUDriver + "/uuid"
+	// GPUs, besides device.AttrUUID: a MIG device's own (a whole GPU's
+	// is published).
 	AttrGPUInstanceID     = device.GPUDriver + "/gpuInstanceID"
 	AttrComputeInstanceID = device.GPUDriver + "/computeInstanceID"
 	AttrMdevUUID          = device.GPUDriver + "/mdevUUID"
@@ -22,7 +22,7 @@ const (
 
 	// VFs, besides resource.kubernetes.io/pciBusID (the VF's) and the
 	// published mode, pfName, pfPciAddress and vfIndex.
-	AttrBandwidth  = device.NICDriver + "/bandwidth" // a share's, "10G"
+	AttrBandwidth  = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
 	AttrRDMADevice = device.NICDriver + "/rdmaDevice"
 	AttrMAC        = device.NICDriver + "/mac"
 	AttrVLAN       = device.NICDriver + "/vlan"
@@ -51,7 +51,7 @@ func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
 	for k, v := range g.Published {
 		out[string(k)] = v
 	}
-	setString(out, AttrUUID, g.UUID)
+	setString(out, device.AttrUUID, g.UUID)
 	setInt(out, AttrGPUInstanceID, g.GPUInstance)
 	setInt(out, AttrComputeInstanceID, g.ComputeInstance)
 	setString(out, AttrMdevUUID, g.MdevUUID)
