@@ -177,6 +177,9 @@ func decodeError(js []byte, err error) error {
 	}
 	if offset, want, ok := typeError(err); ok {
 		if path, value, found := valueAt(js, offset); found {
+			for want.Kind() == reflect.Pointer {
+				want = want.Elem()
+			}
 			detail := "must be " + describe(want)
 			if _, isNumber := value.(json.Number); isNumber && want.Kind() == reflect.String {
 				detail += " (quote it)"
@@ -185,13 +188,10 @@ func decodeError(js []byte, err error) error {
 				return errors.New("the document " + detail)
 			}
 			if d, ok := value.(json.Delim); ok {
-				return field.Invalid(path, field.OmitValueType{}, detail+", not "+map[json.Delim]string{'[': "a list", '{': "an object"}[d])
+				return field.TypeInvalid(path, field.OmitValueType{}, detail+", not "+map[json.Delim]string{'[': "a list", '{': "an object"}[d])
 			}
-			return field.Invalid(path, value, detail)
+			return field.TypeInvalid(path, value, detail)
 		}
-	}
-	if ok, _ := sigsjson.SyntaxErrorOffset(err); ok {
-		return fmt.Errorf("not valid JSON: %w", err)
 	}
 	return err
 }
@@ -214,9 +214,6 @@ func typeError(err error) (offset int64, want reflect.Type, ok bool) {
 
 // describe says what a JSON value for a Go type must be.
 func describe(t reflect.Type) string {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
 	switch t.Kind() {
 	case reflect.String:
 		return "a string"

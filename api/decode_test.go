@@ -50,6 +50,7 @@ func TestDecodeErrorsInTheDocumentsTerms(t *testing.T) {
 		{"string for an object", agent + "nics:\n- select: eth0\n", `nics[0].select: Invalid value: "eth0": must be an object`},
 		{"string for a bool", vf + "trust: \"yes\"\n", `trust: Invalid value: "yes": must be true or false`},
 		{"unquoted hex ID", agent + "nics:\n- {}\n- select: {deviceIDs: [\"101b\", 1021]}\n", "nics[1].select.deviceIDs[1]: Invalid value: 1021: must be a string (quote it)"},
+		{"number for an optional object", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\nmig: 5\n", "mig: Invalid value: 5: must be an object"},
 		{"negative XID", agent + "health:\n  xids: {ignore: [63, -1]}\n", "health.xids.ignore[1]: Invalid value: -1: must be a non-negative integer"},
 		// Bad values: validation, every problem at once.
 		{"bad values", vf + "mtu: 20\nvlan: 5000\n", "[mtu: Invalid value: 20: must be between 68 and 9216, vlan: Invalid value: 5000: must be between 0 and 4094]"},
