@@ -11,6 +11,7 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/metadata"
+	"github.com/hwdra/hwdra/metadata/nri"
 	"github.com/hwdra/hwdra/prepare"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
 
@@ -20,7 +21,7 @@ import (
 // podNetwork is the NIC driver's NRI side: the plugin that moves VFs into
 // pods and the writer of their claims' status.
 type podNetwork struct {
-	plugin *metadata.Plugin
+	plugin *nri.Plugin
 	status *metadata.StatusWriter
 	done   chan struct{} // closed when the plugin has stopped
 	// started: run started the plugin.
@@ -40,7 +41,7 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 	}
 	status := metadata.NewStatusWriter(client, device.NICDriver)
 	status.OnWrite = func(err error) { m.statusWrites.WithLabelValues(result(err)).Inc() }
-	p, err := metadata.New(metadata.Options{
+	p, err := nri.New(nri.Options{
 		DriverName: device.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
 		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Settle: node.Settle,
 		ObserveHook: m.observeHook,

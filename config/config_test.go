@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	configv1alpha1 "github.com/hwdra/hwdra/api/config/v1alpha1"
 )
 
 const header = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\n"
@@ -34,7 +36,7 @@ func TestParseValid(t *testing.T) {
     drivers: [mlx5_core]
   mode: exclusive
 `,
-		want: []rule{{index: 0, mode: ModeExclusive, bandwidth: DefaultBandwidth, sel: PFSelector{
+		want: []rule{{index: 0, mode: ModeExclusive, bandwidth: DefaultBandwidth, sel: configv1alpha1.PFSelector{
 			Names: []string{"ens1f0np0"}, PCIAddresses: []string{"0000:17:00.0", "0000:b1:00.1"},
 			VendorIDs: []string{"15b3"}, DeviceIDs: []string{"1021"}, Drivers: []string{"mlx5_core"},
 		}}},
@@ -62,7 +64,7 @@ func TestParseValid(t *testing.T) {
 		name: "disabled, then the rest",
 		yaml: header + "nics:\n- select: {names: [eth0]}\n  mode: disabled\n- mode: shared\n",
 		want: []rule{
-			{index: 0, mode: ModeDisabled, bandwidth: DefaultBandwidth, sel: PFSelector{Names: []string{"eth0"}, PCIAddresses: []string{}, VendorIDs: []string{}, DeviceIDs: []string{}, Drivers: []string{}}},
+			{index: 0, mode: ModeDisabled, bandwidth: DefaultBandwidth, sel: configv1alpha1.PFSelector{Names: []string{"eth0"}, PCIAddresses: []string{}, VendorIDs: []string{}, DeviceIDs: []string{}, Drivers: []string{}}},
 			{index: 1, mode: ModeShared, bandwidth: DefaultBandwidth},
 		},
 	}} {
@@ -85,7 +87,7 @@ func TestParseValid(t *testing.T) {
 	}
 }
 
-func canon(s PFSelector) PFSelector {
+func canon(s configv1alpha1.PFSelector) configv1alpha1.PFSelector {
 	for _, l := range []*[]string{&s.Names, &s.PCIAddresses, &s.VendorIDs, &s.DeviceIDs, &s.Drivers} {
 		if len(*l) == 0 {
 			*l = nil
@@ -98,35 +100,36 @@ func canon(s PFSelector) PFSelector {
 // with an error gives no configuration.
 func TestParseInvalid(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, want string }{
-		{"empty file", "", "empty file"},
-		{"no apiVersion", "kind: AgentConfig\n", `apiVersion: "" is not supported (use config.hwdra.io/v1alpha1)`},
-		{"wrong apiVersion", "apiVersion: config.hwdra.io/v2\nkind: AgentConfig\n", `apiVersion: "config.hwdra.io/v2" is not supported`},
-		{"wrong kind", "apiVersion: config.hwdra.io/v1alpha1\nkind: Config\n", `kind: "Config" is not AgentConfig`},
-		{"unknown top-level field", header + "gpus: []\n", "gpus: unknown field"},
-		{"unknown nested field", header + "nics:\n- {}\n- bandwidth: {stp: 1G}\n", "nics[1].bandwidth.stp: unknown field"},
-		{"case matters", header + "nics:\n- Mode: shared\n", "nics[0].Mode: unknown field"},
-		{"duplicate key", header + "nics: []\nnics: []\n", `key "nics" already set`},
-		{"nics not a list", header + "nics: {mode: shared}\n", "nics: must be a list"},
-		{"select not an object", header + "nics:\n- select: eth0\n", "nics[0].select: must be an object"},
-		{"unquoted device ID", header + "nics:\n- select: {deviceIDs: [1021]}\n", "nics[0].select.deviceIDs[0]: must be a string (quote it)"},
-		{"mode", header + "nics:\n- mode: dedicated\n", `nics[0].mode: "dedicated" is not shared, exclusive or disabled`},
-		{"name", header + "nics:\n- select: {names: [\"\"]}\n", `nics[0].select.names[0]: "" is not a netdev name`},
-		{"long name", header + "nics:\n- select: {names: [enp23s0f0np0v127]}\n", `nics[0].select.names[0]: "enp23s0f0np0v127" is not a netdev name`},
-		{"address", header + "nics:\n- select: {pciAddresses: [\"0000:17:00\"]}\n", `nics[0].select.pciAddresses[0]: "0000:17:00" is not a PCI address like 0000:17:00.0`},
-		{"vendor", header + "nics:\n- select: {vendorIDs: [\"15b\"]}\n", `nics[0].select.vendorIDs[0]: "15b" is not four hex digits`},
-		{"device", header + "nics:\n- select: {deviceIDs: [\"xyz1\"]}\n", `nics[0].select.deviceIDs[0]: "xyz1" is not four hex digits`},
-		{"driver", header + "nics:\n- select: {drivers: [\"mlx5 core\"]}\n", `nics[0].select.drivers[0]: "mlx5 core" is not a driver name`},
-		{"bandwidth in exclusive mode", header + "nics:\n- mode: exclusive\n  bandwidth: {default: 1G}\n", "nics[0].bandwidth: only applies to mode shared"},
-		{"step zero", header + "nics:\n- {}\n- bandwidth: {step: \"0\"}\n", "nics[1].bandwidth.step: must be > 0"},
-		{"negative minimum", header + "nics:\n- bandwidth: {minimum: -1G}\n", "nics[0].bandwidth.minimum: must be > 0"},
-		{"not a quantity", header + "nics:\n- bandwidth: {default: 10Gbps}\n", `nics[0].bandwidth.default: "10Gbps" is not a quantity in bits per second`},
-		{"number, not a quantity string", header + "nics:\n- bandwidth: {default: 10}\n", "nics[0].bandwidth.default: must be a string"},
-		{"binary suffix", header + "nics:\n- bandwidth: {step: 1Gi}\n", "nics[0].bandwidth.step: 1Gi must be a whole number of Mb/s"},
-		{"below 1 Mb/s", header + "nics:\n- bandwidth: {minimum: 100k}\n", "nics[0].bandwidth.minimum: 100k must be a whole number of Mb/s"},
-		{"absurd", header + "nics:\n- bandwidth: {default: 1E}\n", "nics[0].bandwidth.default: 1E is above 100T"},
-		{"default below minimum", header + "nics:\n- bandwidth: {default: 1G, minimum: 2G}\n", "nics[0].bandwidth.default: 1G is below the minimum (2G)"},
+		{"empty file", "", "empty document"},
+		{"no apiVersion", "kind: AgentConfig\n", "apiVersion: Required value"},
+		{"wrong apiVersion", "apiVersion: config.hwdra.io/v2\nkind: AgentConfig\n", `apiVersion: Unsupported value: "config.hwdra.io/v2": supported values: "config.hwdra.io/v1alpha1"`},
+		{"wrong kind", "apiVersion: config.hwdra.io/v1alpha1\nkind: Config\n", `kind: Unsupported value: "Config": supported values: "AgentConfig"`},
+		{"another hwdra kind", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\n", "kind GpuConfig (gpu.hwdra.io/v1alpha1) is no agent configuration: want kind AgentConfig, apiVersion config.hwdra.io/v1alpha1"},
+		{"unknown top-level field", header + "gpus: []\n", `unknown field "gpus"`},
+		{"unknown nested field", header + "nics:\n- {}\n- bandwidth: {stp: 1G}\n", `unknown field "nics[1].bandwidth.stp"`},
+		{"case matters", header + "nics:\n- Mode: shared\n", `unknown field "nics[0].Mode"`},
+		{"duplicate key", header + "nics: []\nnics: []\n", `line 4: key "nics" already set in map`},
+		{"nics not a list", header + "nics: {mode: shared}\n", "nics: Invalid value: must be a list, not an object"},
+		{"select not an object", header + "nics:\n- select: eth0\n", `nics[0].select: Invalid value: "eth0": must be an object`},
+		{"unquoted device ID", header + "nics:\n- select: {deviceIDs: [1021]}\n", "nics[0].select.deviceIDs[0]: Invalid value: 1021: must be a string (quote it)"},
+		{"mode", header + "nics:\n- mode: dedicated\n", `nics[0].mode: Unsupported value: "dedicated": supported values: "shared", "exclusive", "disabled"`},
+		{"name", header + "nics:\n- select: {names: [\"\"]}\n", `nics[0].select.names[0]: Invalid value: "": must be a netdev name`},
+		{"long name", header + "nics:\n- select: {names: [enp23s0f0np0v127]}\n", `nics[0].select.names[0]: Invalid value: "enp23s0f0np0v127": must be a netdev name`},
+		{"address", header + "nics:\n- select: {pciAddresses: [\"0000:17:00\"]}\n", `nics[0].select.pciAddresses[0]: Invalid value: "0000:17:00": must be a PCI address like 0000:17:00.0`},
+		{"vendor", header + "nics:\n- select: {vendorIDs: [\"15b\"]}\n", `nics[0].select.vendorIDs[0]: Invalid value: "15b": must be four hex digits`},
+		{"device", header + "nics:\n- select: {deviceIDs: [\"xyz1\"]}\n", `nics[0].select.deviceIDs[0]: Invalid value: "xyz1": must be four hex digits`},
+		{"driver", header + "nics:\n- select: {drivers: [\"mlx5 core\"]}\n", `nics[0].select.drivers[0]: Invalid value: "mlx5 core": must be a kernel driver name`},
+		{"bandwidth in exclusive mode", header + "nics:\n- mode: exclusive\n  bandwidth: {default: 1G}\n", "nics[0].bandwidth: Forbidden: only applies to mode shared"},
+		{"step zero", header + "nics:\n- {}\n- bandwidth: {step: \"0\"}\n", `nics[1].bandwidth.step: Invalid value: "0": must be > 0`},
+		{"negative minimum", header + "nics:\n- bandwidth: {minimum: -1G}\n", `nics[0].bandwidth.minimum: Invalid value: "-1G": must be > 0`},
+		{"not a quantity", header + "nics:\n- bandwidth: {default: 10Gbps}\n", `nics[0].bandwidth.default: Invalid value: "10Gbps": must be a quantity in bits per second`},
+		{"number, not a quantity string", header + "nics:\n- bandwidth: {default: 10}\n", "nics[0].bandwidth.default: Invalid value: 10: must be a string (quote it)"},
+		{"binary suffix", header + "nics:\n- bandwidth: {step: 1Gi}\n", `nics[0].bandwidth.step: Invalid value: "1Gi": must be a whole number of Mb/s`},
+		{"below 1 Mb/s", header + "nics:\n- bandwidth: {minimum: 100k}\n", `nics[0].bandwidth.minimum: Invalid value: "100k": must be a whole number of Mb/s`},
+		{"absurd", header + "nics:\n- bandwidth: {default: 1E}\n", `nics[0].bandwidth.default: Invalid value: "1E": must be at most 100T`},
+		{"default below minimum", header + "nics:\n- bandwidth: {default: 1G, minimum: 2G}\n", `nics[0].bandwidth.default: Invalid value: "1G": must be at least the minimum (2G)`},
 		{"default off the step", header + "nics:\n- bandwidth: {default: 10G, minimum: 1G, step: 2G}\n",
-			"nics[0].bandwidth.default: 10G is not the minimum (1G) plus a multiple of the step (2G)"},
+			`nics[0].bandwidth.default: Invalid value: "10G": must be the minimum (1G) plus a multiple of the step (2G)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.yaml))
@@ -162,7 +165,7 @@ func TestLoad(t *testing.T) {
 	if err := os.WriteFile(bad, []byte(header+"nics:\n- mode: x\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Load(bad); err == nil || !strings.Contains(err.Error(), "config "+bad+": nics[0].mode") {
+	if _, err := Load(bad); err == nil || !strings.Contains(err.Error(), "config "+bad+": nics[0].mode: Unsupported value") {
 		t.Errorf("Load(bad) = %v; want the path and the field", err)
 	}
 	good := filepath.Join(dir, "good.yaml")

@@ -25,19 +25,19 @@ func TestParseHealth(t *testing.T) {
 	}, {
 		name:    "an XID in both lists",
 		yaml:    header + "health:\n  xids: {ignore: [13], report: [43, 13]}\n",
-		wantErr: "health.xids.report[1]: XID 13 is also in health.xids.ignore",
+		wantErr: "health.xids.report[1]: Invalid value: 13: is also in health.xids.ignore",
 	}, {
 		name:    "unknown effect",
 		yaml:    header + "health:\n  fatalEffect: Evict\n",
-		wantErr: `health.fatalEffect: "Evict" is not NoSchedule or NoExecute`,
+		wantErr: `health.fatalEffect: Unsupported value: "Evict": supported values: "NoSchedule", "NoExecute"`,
 	}, {
 		name:    "negative XID",
 		yaml:    header + "health:\n  xids: {ignore: [-1]}\n",
-		wantErr: "health.xids.ignore",
+		wantErr: "health.xids.ignore[0]: Invalid value: -1: must be a non-negative integer",
 	}, {
 		name:    "unknown field",
 		yaml:    header + "health:\n  xid: {ignore: [1]}\n",
-		wantErr: "health.xid: unknown field",
+		wantErr: `unknown field "health.xid"`,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.yaml))

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	configv1alpha1 "github.com/hwdra/hwdra/api/config/v1alpha1"
 	"github.com/hwdra/hwdra/hw"
 )
 
@@ -43,10 +44,10 @@ func (c *AgentConfig) Resolve(pfs []hw.PF) ([]NICOffer, []Skip) {
 func (c *AgentConfig) match(pf hw.PF) (*rule, string) {
 	for i := range c.rules {
 		r := &c.rules[i]
-		if !r.sel.matches(pf) {
+		if !matches(r.sel, pf) {
 			continue
 		}
-		if pf.DefaultRoute && !r.sel.names(pf) {
+		if pf.DefaultRoute && !names(r.sel, pf) {
 			continue
 		}
 		return r, ""
@@ -57,13 +58,14 @@ func (c *AgentConfig) match(pf hw.PF) (*rule, string) {
 	return nil, "no nics[] entry selects it"
 }
 
-func (s PFSelector) matches(pf hw.PF) bool {
+// matches: every non-empty list of s holds pf's value.
+func matches(s configv1alpha1.PFSelector, pf hw.PF) bool {
 	in := func(list []string, v string) bool { return len(list) == 0 || slices.Contains(list, v) }
 	return in(s.Names, pf.Netdev) && in(s.PCIAddresses, pf.PCIAddress) &&
 		in(s.VendorIDs, pf.VendorID) && in(s.DeviceIDs, pf.DeviceID) && in(s.Drivers, pf.Driver)
 }
 
-// names: the selector lists the PF by netdev name or PCI address.
-func (s PFSelector) names(pf hw.PF) bool {
+// names: s lists pf by netdev name or PCI address.
+func names(s configv1alpha1.PFSelector, pf hw.PF) bool {
 	return (pf.Netdev != "" && slices.Contains(s.Names, pf.Netdev)) || slices.Contains(s.PCIAddresses, pf.PCIAddress)
 }

@@ -1,86 +1,40 @@
 package config
 
-import "github.com/hwdra/hwdra/hw"
-
-// Version and kind of the file format.
-const (
-	APIVersion = "config.hwdra.io/v1alpha1"
-	Kind       = "AgentConfig"
+import (
+	configv1alpha1 "github.com/hwdra/hwdra/api/config/v1alpha1"
+	"github.com/hwdra/hwdra/hw"
 )
 
-// AgentConfig is the decoded file. Build it with Load, Parse or Default:
-// they validate it and prepare Resolve.
+// AgentConfig is a loaded configuration: the file's (api/config/v1alpha1),
+// validated and compiled for Resolve and HealthPolicy. Build it with Load,
+// Parse or Default.
 type AgentConfig struct {
-	APIVersion string    `json:"apiVersion"`
-	Kind       string    `json:"kind"`
-	NICs       []NICRule `json:"nics,omitempty"`
-	// Health tunes device health reporting (see HealthConfig).
-	Health *HealthConfig `json:"health,omitempty"`
-
-	rules  []rule // validated NICs, or the built-in rule
+	rules  []rule // the file's nics[], or the built-in rule
 	health HealthPolicy
 }
 
-// NICRule chooses mode and policy for the PFs its selector matches.
-type NICRule struct {
-	Select    PFSelector `json:"select,omitempty"`
-	Mode      Mode       `json:"mode,omitempty"`
-	Bandwidth *Bandwidth `json:"bandwidth,omitempty"`
-}
+// Mode is how a PF is offered, as the file names it.
+type Mode = configv1alpha1.Mode
 
-// PFSelector matches PFs. Every non-empty list must contain the PF's value;
-// an empty selector matches every PF.
-type PFSelector struct {
-	// Names are PF netdev names.
-	Names []string `json:"names,omitempty"`
-	// PCIAddresses: "0000:17:00.0" (or "17:00.0", domain 0000).
-	PCIAddresses []string `json:"pciAddresses,omitempty"`
-	// VendorIDs and DeviceIDs: four hex digits, quoted ("15b3", "1021").
-	VendorIDs []string `json:"vendorIDs,omitempty"`
-	DeviceIDs []string `json:"deviceIDs,omitempty"`
-	// Drivers: the PF's kernel driver ("mlx5_core", "ice").
-	Drivers []string `json:"drivers,omitempty"`
-}
-
-// Mode is how a PF is offered.
-type Mode string
-
+// Modes.
 const (
-	// ModeShared: one device per PF, shared by claims that each consume a
-	// bandwidth share and one VF.
-	ModeShared Mode = "shared"
-	// ModeExclusive: one device per VF, each claimed whole.
-	ModeExclusive Mode = "exclusive"
-	// ModeDisabled: not offered.
-	ModeDisabled Mode = "disabled"
+	ModeShared    = configv1alpha1.ModeShared
+	ModeExclusive = configv1alpha1.ModeExclusive
+	ModeDisabled  = configv1alpha1.ModeDisabled
 )
 
-// Bandwidth is the shared-mode request policy as written in the file:
-// quantities in bits per second.
-type Bandwidth struct {
-	Default string `json:"default,omitempty"`
-	Minimum string `json:"minimum,omitempty"`
-	Step    string `json:"step,omitempty"`
-}
-
-// BandwidthPolicy is a validated policy in Mb/s, the VF rate limit's unit.
-// Valid shares are Minimum + k*Step; Default is one of them.
+// BandwidthPolicy is a shared PF's request policy in Mb/s, the VF rate
+// limit's unit. Valid shares are Minimum + k*Step; Default is one of them.
 type BandwidthPolicy struct {
 	DefaultMbps int `json:"defaultMbps"`
 	MinimumMbps int `json:"minimumMbps"`
 	StepMbps    int `json:"stepMbps"`
 }
 
-// Built-in policy: a claim that names no bandwidth gets 10 Gb/s; shares go
-// in whole Gb/s from 1 Gb/s.
-const (
-	DefaultShareMbps   = 10000
-	DefaultMinimumMbps = 1000
-	DefaultStepMbps    = 1000
-)
-
 // DefaultBandwidth is the built-in policy.
-var DefaultBandwidth = BandwidthPolicy{DefaultMbps: DefaultShareMbps, MinimumMbps: DefaultMinimumMbps, StepMbps: DefaultStepMbps}
+var DefaultBandwidth = BandwidthPolicy{
+	DefaultMbps: configv1alpha1.DefaultShareMbps, MinimumMbps: configv1alpha1.DefaultMinimumMbps, StepMbps: configv1alpha1.DefaultStepMbps,
+}
 
 // NICOffer is a PF the agent offers: how, and under which policy.
 type NICOffer struct {

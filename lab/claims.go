@@ -12,7 +12,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	sigsjson "sigs.k8s.io/json"
+
+	"github.com/hwdra/hwdra/api"
 )
 
 // readClaims reads ResourceClaims and ResourceClaimTemplates (a template
@@ -105,31 +106,34 @@ func readDocuments(file string) ([]json.RawMessage, error) {
 
 // toClaim decodes one document strictly.
 func toClaim(doc json.RawMessage) (*resourceapi.ResourceClaim, error) {
-	var head struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
-	}
+	var head map[string]any
 	if err := json.Unmarshal(doc, &head); err != nil {
-		return nil, err
+		return nil, errors.New("must be an object with apiVersion and kind")
 	}
-	if head.APIVersion != resourceapi.SchemeGroupVersion.String() {
-		return nil, fmt.Errorf("apiVersion %q: want %s", head.APIVersion, resourceapi.SchemeGroupVersion)
+	value := func(key string) string { // as written; "" where missing
+		if v, ok := head[key]; ok && v != nil {
+			return fmt.Sprint(v)
+		}
+		return ""
+	}
+	if v := value("apiVersion"); v != resourceapi.SchemeGroupVersion.String() {
+		return nil, fmt.Errorf("apiVersion %q: want %s", v, resourceapi.SchemeGroupVersion)
 	}
 	claim := &resourceapi.ResourceClaim{}
-	switch head.Kind {
+	switch value("kind") {
 	case "ResourceClaim":
-		if err := strict(doc, claim); err != nil {
+		if err := api.Unmarshal(doc, claim); err != nil {
 			return nil, err
 		}
 	case "ResourceClaimTemplate":
 		var t resourceapi.ResourceClaimTemplate
-		if err := strict(doc, &t); err != nil {
+		if err := api.Unmarshal(doc, &t); err != nil {
 			return nil, err
 		}
 		claim.ObjectMeta = t.ObjectMeta
 		claim.Spec = t.Spec.Spec
 	default:
-		return nil, fmt.Errorf("kind %q: want ResourceClaim or ResourceClaimTemplate", head.Kind)
+		return nil, fmt.Errorf("kind %q: want ResourceClaim or ResourceClaimTemplate", value("kind"))
 	}
 	if claim.Name == "" {
 		return nil, errors.New("metadata.name is required")
@@ -140,17 +144,6 @@ func toClaim(doc json.RawMessage) (*resourceapi.ResourceClaim, error) {
 	claim.UID = types.UID("lab-" + claim.Namespace + "-" + claim.Name)
 	setDefaults(&claim.Spec)
 	return claim, nil
-}
-
-// strict decodes as the API server does (sigs.k8s.io/json): keys match
-// field names case-sensitively, and every unknown or duplicate field is
-// named with its path.
-func strict(doc json.RawMessage, out any) error {
-	problems, err := sigsjson.UnmarshalStrict(doc, out, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
-	if err != nil {
-		return err
-	}
-	return errors.Join(problems...)
 }
 
 // setDefaults applies the API server's defaults for device requests: an

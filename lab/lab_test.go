@@ -64,6 +64,8 @@ func TestLabBadInput(t *testing.T) {
 		"wrong kind":   {[]string{write("pod.yaml", "apiVersion: resource.k8s.io/v1\nkind: Pod\nmetadata: {name: x}\n")}, `kind "Pod"`},
 		"unknown field": {[]string{write("typo.yaml", "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: x}\nspec: {devices: {requets: []}}\n")},
 			`unknown field "spec.devices.requets"`},
+		"wrong type": {[]string{write("type.yaml", claimYAML("t", "exactly: {deviceClassName: gpu.hwdra.io, count: many}"))},
+			`spec.devices.requests[0].exactly.count: Invalid value: "many": must be an integer`},
 		"does not fit": {[]string{write("many.yaml", claimYAML("many", "exactly: {deviceClassName: gpu.hwdra.io, count: 9}"))},
 			"claim many cannot be allocated on this node:\n    request gpu: 9 device(s) of class gpu.hwdra.io requested, 8 match"},
 		"no device of the class": {[]string{write("vgpu.yaml", claimYAML("v", "exactly: {deviceClassName: vgpu.gpu.hwdra.io}"))},

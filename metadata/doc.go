@@ -1,56 +1,34 @@
-// Package metadata finishes a VF share's way into its pod, after prepare:
-// an NRI plugin inside the agent moves each prepared VF's netdev into the
-// pod's network namespace when the sandbox starts, writes the deferred
-// KEP-5304 network metadata, and reports the interface in the claim's
-// status.devices; when the sandbox stops it brings the netdev back.
+// Package metadata is what containers and the cluster read about
+// prepared devices: KEP-5304 device metadata, and the ResourceClaim's
+// status.devices.
 //
-// # Hooks
+// # Device metadata
 //
-// RunPodSandbox finds the pod's VFs in the NIC driver's prepared claims
-// (the pods each claim was reserved for at prepare), in a stable order,
-// and for each: records a placement (the netdev's host name, MTU, MAC,
-// addresses and state, and the pod's namespace path) in
-// <state dir>/sriov.hwdra.io.netns.json, moves the netdev into the pod's
-// namespace with its new name, MTU and MAC in one netlink request, adds
-// the configured addresses and routes and brings it up; where the
-// kernel's RDMA subsystem is in exclusive mode, the VF's RDMA device
-// moves too. Then it rewrites each request's metadata file (generation 2,
-// with networkData: interface name, addresses in CIDR form, MAC) before
-// any container of the pod exists, and queues the claims' status. A
-// failure anywhere undoes everything done for the pod, fails the hook
-// with an error naming the claim and device (the kubelet retries the
-// sandbox), and the claims' status says why.
+// The kubelet plugin library writes one metadata file per claim request
+// (kubeletplugin EnableDeviceMetadata), and a container reads it under
+// /var/run/kubernetes.io/dra-device-attributes/. Its content comes from
+// here, in two kinds:
 //
-// StopPodSandbox and RemovePodSandbox bring the pod's netdevs back under
-// their host names with their MTU, MAC, addresses and state, using the
-// namespace path recorded at RunPodSandbox (containerd may leave it out).
-// Where the namespace is gone, a physical VF comes back by itself (the
-// kernel returns devices of a destroyed namespace to the host, named
-// dev<n> if its name is taken) and is found by its PCI address in sysfs;
-// a VF not back yet is returned by unprepare, which waits for it
-// (nic.PodNetwork.Release) and also returns VFs whose stop hook never
-// came.
-//
-// Synchronize, on every (re)connect, returns the VFs of pods that no
-// longer run, keeps and records those of running pods, moves VFs into
-// running pods that lack them, and queues their status again (a write
-// lost with a crash is written then).
-//
-// Every hook is idempotent and bounded well inside containerd's 2 s NRI
-// timeout: netlink requests time out after 500 ms, no hook waits on the
-// API server or for a VF to come back.
-//
-// # Connection
-//
-// Run connects to the runtime's NRI socket and reconnects with backoff
-// when the runtime restarts; meanwhile Ready fails, and so does prepare
-// of a NIC claim (a pod must not start without its network).
+//   - Immediate, written at prepare, before any container exists: GPU
+//     (whole GPUs, MIG partitions, vGPUs: every published attribute plus
+//     a MIG device's UUID and instance IDs, a vGPU's mediated device) and
+//     NIC (the VF's PCI address and index, the PF, a share's bandwidth,
+//     MAC, VLAN, RDMA device). prepare/gpu and prepare/nic build it with
+//     GPU.Attributes and NIC.Attributes.
+//   - Deferred, for a VF: the interface as the pod sees it (name,
+//     addresses, MAC) exists only once the VF is in the pod's network
+//     namespace. The NRI plugin (package metadata/nri) moves it there when
+//     the sandbox starts and rewrites the request's file with Network's
+//     networkData (generation 2) before any container of the pod starts:
+//     the library replaces the file by rename, so a container started
+//     earlier would keep the old one.
 //
 // # Claim status
 //
 // StatusWriter applies each claim's status.devices entries (one per
 // device, keyed by driver, pool, device and shareID, so other drivers'
-// entries survive) by server-side apply with the driver's name as field
-// manager, in the background, retrying with backoff until it succeeds or
-// the claim is gone.
+// entries survive; networkData and the Ready and NetworkReady conditions)
+// by server-side apply with the driver's name as field manager, in the
+// background, retrying with backoff until it succeeds or the claim is
+// gone.
 package metadata

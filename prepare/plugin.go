@@ -381,16 +381,22 @@ func (p *Plugin[R]) Prepared() []types.UID {
 func toKubelet(devices []Device) []kubeletplugin.Device {
 	out := make([]kubeletplugin.Device, 0, len(devices))
 	for _, d := range devices {
-		kd := kubeletplugin.Device{
-			Requests: d.Requests, PoolName: d.Pool, DeviceName: d.Device,
-			CDIDeviceIDs: d.CDIDeviceIDs, ShareID: d.ShareID,
-		}
-		if d.Attributes != nil {
-			kd.Metadata = &kubeletplugin.DeviceMetadata{Attributes: d.Attributes}
-		}
-		out = append(out, kd)
+		out = append(out, d.Kubelet())
 	}
 	return out
+}
+
+// Kubelet is the device as the kubelet plugin library takes it, with its
+// immediate metadata.
+func (d Device) Kubelet() kubeletplugin.Device {
+	kd := kubeletplugin.Device{
+		Requests: d.Requests, PoolName: d.Pool, DeviceName: d.Device,
+		CDIDeviceIDs: d.CDIDeviceIDs, ShareID: d.ShareID,
+	}
+	if d.Attributes != nil {
+		kd.Metadata = &kubeletplugin.DeviceMetadata{Attributes: d.Attributes}
+	}
+	return kd
 }
 
 // Claims returns the prepared claims, by UID: copies, whose records

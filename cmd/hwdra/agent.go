@@ -10,7 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/agent"
-	"github.com/hwdra/hwdra/metadata"
+	"github.com/hwdra/hwdra/metadata/nri"
 )
 
 func agentCommand() *cobra.Command {
@@ -54,6 +54,6 @@ func agentCommand() *cobra.Command {
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/hwdra", "directory for checkpoints")
 	f.DurationVar(&opts.Rescan, "rescan-interval", time.Minute, "how often to probe the hardware for changes")
 	f.StringVar(&opts.MetricsAddress, "metrics-address", ":9464", "address for /metrics (Prometheus) and /healthz; empty: off")
-	f.StringVar(&opts.NRISocket, "nri-socket", metadata.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
+	f.StringVar(&opts.NRISocket, "nri-socket", nri.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
 	return cmd
 }

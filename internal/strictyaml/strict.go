@@ -1,6 +1,8 @@
 // Package strictyaml decodes YAML configuration files strictly, naming the
-// path of every unknown field and wrong type, for the agent's configuration
-// and the mock hardware profiles alike.
+// path of every unknown field and wrong type. Its last user is the mock
+// hardware profile (hw/mock); everything else decodes with api.Decode or
+// api.Unmarshal, which the profile is to use too, and then this package
+// goes.
 package strictyaml
 
 import (

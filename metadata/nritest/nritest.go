@@ -41,7 +41,6 @@ var seq atomic.Int64 // names the inner sockets
 // when t ends.
 func Start(t testing.TB, sock string, pods func() []*api.PodSandbox) *Runtime {
 	t.Helper()
-	quiet()
 	inner := sock + ".rt" + strconv.FormatInt(seq.Add(1), 10)
 	sync := func(ctx context.Context, cb adaptation.SyncCB) error {
 		var sbs []*api.PodSandbox
@@ -171,11 +170,13 @@ func (r *relay) close() {
 	}
 }
 
-var quietOnce sync.Once
-
-// quiet sends NRI's logging (every plugin event, through logrus at info
-// level) to klog, warnings and errors only.
-func quiet() { quietOnce.Do(func() { nrilog.Set(quietLogger{}) }) }
+// NRI's logging (every plugin event, through logrus at info level) goes
+// to klog, warnings and errors only. NRI keeps its logger in an
+// unguarded global that every plugin stub reads when it is made (our
+// plugin's too, in the tests that import this package): it is set here,
+// at package initialisation, before any test goroutine exists, never
+// while a stub may be reading it.
+func init() { nrilog.Set(quietLogger{}) }
 
 type quietLogger struct{}
 

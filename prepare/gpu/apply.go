@@ -2,14 +2,13 @@ package gpu
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/google/uuid"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 
@@ -35,9 +34,9 @@ type applier struct {
 func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
 	if p.admin {
 		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
-		var err error
-		out.Edits, out.Attributes, err = a.asItIs(p, libs)
-		out.Attributes = metadata(p.dev.Attributes, out.Attributes)
+		edits, md, err := a.asItIs(p, libs)
+		md.Published = p.dev.Attributes
+		out.Edits, out.Attributes = edits, md.Attributes()
 		return out, err
 	}
 	a.rec.Devices = append(a.rec.Devices, DeviceRecord{Request: p.request, Device: p.device, GPU: p.dev.GPU.PCIBusID})
@@ -47,36 +46,21 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 		return prepare.Device{}, err
 	}
 	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
-	var err error
+	var (
+		md  metadata.GPU
+		err error
+	)
 	switch p.dev.Kind {
 	case device.KindGPU:
-		out.Edits, out.Attributes, err = a.fullGPU(r, p, libs)
+		out.Edits, err = a.fullGPU(p, libs)
 	case device.KindMIG:
-		out.Edits, out.Attributes, err = a.mig(r, p, libs)
+		out.Edits, md, err = a.mig(r, p, libs)
 	case device.KindVGPU:
-		out.Edits, out.Attributes, err = a.vgpu(r, p)
+		out.Edits, md, err = a.vgpu(r, p)
 	}
-	out.Attributes = metadata(p.dev.Attributes, out.Attributes)
+	md.Published = p.dev.Attributes
+	out.Attributes = md.Attributes()
 	return out, err
-}
-
-// metadata is what a container reads about its device (KEP-5304): every
-// attribute the ResourceSlice publishes for it, under the same names with
-// the same values, plus what exists only once it is prepared (a MIG
-// device's UUID, a vGPU's mediated device), in the driver's domain
-// ("gpu.hwdra.io/uuid") like the published ones.
-func metadata(published map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, runtime map[string]resourceapi.DeviceAttribute) map[string]resourceapi.DeviceAttribute {
-	out := make(map[string]resourceapi.DeviceAttribute, len(published)+len(runtime))
-	for k, v := range published {
-		out[string(k)] = v
-	}
-	for k, v := range runtime {
-		if !strings.Contains(k, "/") {
-			k = DriverName + "/" + k
-		}
-		out[k] = v
-	}
-	return out
 }
 
 // migMode switches the GPU's MIG mode where the device needs the other
@@ -105,18 +89,18 @@ func (a *applier) migMode(r *DeviceRecord, want bool) error {
 // where the MIG partition exists, its capability nodes. Nothing is
 // created, switched or counted as use, and nothing is recorded: unprepare
 // has nothing to undo.
-func (a *applier) asItIs(p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
+func (a *applier) asItIs(p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, metadata.GPU, error) {
 	g := p.dev.GPU
+	var md metadata.GPU
 	edits, minor, err := a.d.gpuEdits(g.PCIBusID)
 	if err != nil {
-		return nil, nil, err
+		return nil, md, err
 	}
 	edits.Env = append(edits.Env, envName(p.device, "UUID")+"="+g.UUID)
-	attrs := map[string]resourceapi.DeviceAttribute{}
 	if p.dev.Kind != device.KindGPU && p.dev.Placement.Size > 0 {
 		list, err := a.d.nvml.GPUInstances(g.PCIBusID)
 		if err != nil {
-			return nil, nil, err
+			return nil, md, err
 		}
 		for _, gi := range list {
 			if gi.ProfileID != p.dev.Profile.ID || gi.Placement != p.dev.Placement || len(gi.ComputeInstances) == 0 {
@@ -125,58 +109,50 @@ func (a *applier) asItIs(p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.C
 			ci := gi.ComputeInstances[0]
 			caps, err := a.d.nodes.migCaps(minor, gi.ID, ci.ID)
 			if err != nil {
-				return nil, nil, err
+				return nil, md, err
 			}
 			edits.DeviceNodes = append(edits.DeviceNodes, caps...)
-			attrs["gpuInstanceID"], attrs["computeInstanceID"] = integer(gi.ID), integer(ci.ID)
-			if ci.UUID != "" {
-				attrs["uuid"] = str(ci.UUID)
-			}
+			md = metadata.GPU{UUID: ci.UUID, GPUInstance: &gi.ID, ComputeInstance: &ci.ID}
 		}
 	}
-	return merge(edits, libs), attrs, nil
+	return merge(edits, libs), md, nil
 }
 
-func (a *applier) fullGPU(r *DeviceRecord, p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
+func (a *applier) fullGPU(p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, error) {
 	g := p.dev.GPU
 	edits, _, err := a.d.gpuEdits(g.PCIBusID)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	edits.Env = append(edits.Env, envName(p.device, "UUID")+"="+g.UUID)
-	return merge(edits, libs), nil, nil
+	return merge(edits, libs), nil
 }
 
-func (a *applier) mig(r *DeviceRecord, p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
+func (a *applier) mig(r *DeviceRecord, p devicePlan, libs *cdispec.ContainerEdits) (*cdispec.ContainerEdits, metadata.GPU, error) {
 	g := p.dev.GPU
 	gi, existing, err := a.gpuInstance(r, p)
 	if err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	ci, err := a.computeInstance(r, p, gi, existing)
 	if err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	migUUID, err := a.d.nvml.MIGDeviceUUID(g.PCIBusID, gi, ci)
 	if err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	edits, minor, err := a.d.gpuEdits(g.PCIBusID)
 	if err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	caps, err := a.d.nodes.migCaps(minor, gi, ci)
 	if err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	edits.DeviceNodes = append(edits.DeviceNodes, caps...)
 	edits.Env = append(edits.Env, envName(p.device, "UUID")+"="+migUUID)
-	attrs := map[string]resourceapi.DeviceAttribute{
-		"uuid":              str(migUUID),
-		"gpuInstanceID":     integer(gi),
-		"computeInstanceID": integer(ci),
-	}
-	return merge(edits, libs), attrs, nil
+	return merge(edits, libs), metadata.GPU{UUID: migUUID, GPUInstance: &gi, ComputeInstance: &ci}, nil
 }
 
 // gpuInstance finds or creates the device's GPU instance. One that exists
@@ -257,32 +233,32 @@ func (a *applier) computeInstance(r *DeviceRecord, p devicePlan, gi int, existin
 	return id, nil
 }
 
-func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, map[string]resourceapi.DeviceAttribute, error) {
+func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, metadata.GPU, error) {
 	g, t := p.dev.GPU, p.dev.VGPUType
 	gi := -1
 	if t.GPUInstanceProfileID != nil {
 		var err error
 		if gi, _, err = a.gpuInstance(r, p); err != nil {
-			return nil, nil, err
+			return nil, metadata.GPU{}, err
 		}
 	}
 	parent, err := a.d.mdevs.Parent(g.PCIBusID, t.ID)
 	if err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	id := uuid.NewString()
 	r.Mdev = &MdevRecord{UUID: id, Parent: parent, Type: t.ID}
 	if err := a.d.own(mdevKey(id), a.claim); err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	if err := a.d.ledger.Put(mdevKey(id), ledgerEntry{GPU: g.PCIBusID, Mdev: id}); err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	if err := a.d.mdevs.Create(parent, t.ID, id); err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	if err := a.d.effect("mdev"); err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	if gi >= 0 {
 		// Hardware quirk: the vendor driver picks the GPU instance of a
@@ -290,31 +266,21 @@ func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, 
 		// the GPU (a static one) it may not be the allocated one.
 		got, err := a.d.nvml.VGPUInstanceOf(g.PCIBusID, id)
 		if err != nil {
-			return nil, nil, err
+			return nil, metadata.GPU{}, err
 		}
 		if got != gi {
-			return nil, nil, fmt.Errorf("the vGPU went to GPU instance %d, not to %d at the allocated placement: another %s instance without a vGPU exists on the GPU",
+			return nil, metadata.GPU{}, fmt.Errorf("the vGPU went to GPU instance %d, not to %d at the allocated placement: another %s instance without a vGPU exists on the GPU",
 				got, gi, p.dev.Profile.Name)
 		}
 	}
 	edits, err := a.d.vfioEdits(id)
 	if err != nil {
-		return nil, nil, err
+		return nil, metadata.GPU{}, err
 	}
 	edits.Env = append(edits.Env, envName(p.device, "MDEV")+"="+id)
-	attrs := map[string]resourceapi.DeviceAttribute{
-		"mdevUUID":   str(id),
-		"mdevParent": str(parent),
-	}
+	md := metadata.GPU{MdevUUID: id, MdevParent: parent}
 	if gi >= 0 {
-		attrs["gpuInstanceID"] = integer(gi)
+		md.GPUInstance = &gi
 	}
-	return edits, attrs, nil
-}
-
-func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
-
-func integer(i int) resourceapi.DeviceAttribute {
-	v := int64(i)
-	return resourceapi.DeviceAttribute{IntValue: &v}
+	return edits, md, nil
 }

@@ -51,7 +51,7 @@
 //
 // The interface name, IP addresses and routes of the VfConfig are applied
 // later, when the pod's network namespace exists, by the NRI plugin
-// (package metadata): they are kept in the claim's record (VF.Network),
+// (package metadata/nri): they are kept in the claim's record (VF.Network),
 // with the VF's PCI address, host netdev and RDMA device and the pods the
 // claim is reserved for (Record.Pods), which that plugin reads from the
 // prepared claims. It then rewrites the metadata with networkData

@@ -139,7 +139,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 func (d *Driver) apply(uid types.UID, a Assignment, rec *Record) (prepare.Device, error) {
 	dev := prepare.Device{Requests: []string{a.Request}, Pool: a.Pool, Device: a.Device, ShareID: a.ShareID}
 	if a.Admin {
-		dev.Attributes = pfAttributes(a)
+		dev.Attributes = nicMetadata(a).Attributes()
 		return dev, nil
 	}
 	ref := hw.VFRef{PF: a.PF.Netdev, Index: a.VF.Index, Netdev: a.VF.Netdev}
@@ -153,13 +153,15 @@ func (d *Driver) apply(uid types.UID, a Assignment, rec *Record) (prepare.Device
 	}
 	// Device nodes are looked up before anything changes: a node without
 	// them fails here at no cost.
-	if dev.Edits, dev.Attributes, err = d.describe(a, applied); err != nil {
+	edits, md, err := d.describe(a, applied)
+	if err != nil {
 		return dev, fmt.Errorf("request %q: %w", a.Request, err)
 	}
+	dev.Edits, dev.Attributes = edits, md.Attributes()
 	rec.VFs = append(rec.VFs, VF{
 		Request: a.Request, Pool: a.Pool, Device: a.Device, ShareID: a.ShareID,
 		PFAddress: a.PF.PCIAddress, PF: a.PF.Netdev, Index: a.VF.Index,
-		PCIAddress: a.VF.PCIAddress, Netdev: a.VF.Netdev, RDMADevice: stringAttr(dev.Attributes, AttrRDMADevice),
+		PCIAddress: a.VF.PCIAddress, Netdev: a.VF.Netdev, RDMADevice: md.VF.RDMADevice,
 		Original: original, Applied: applied, Network: a.Network,
 	})
 	// The ledger entry, written before the VF is touched, is what covers
@@ -343,13 +345,6 @@ func reservedPods(claim *resourceapi.ResourceClaim) []types.UID {
 		}
 	}
 	return out
-}
-
-func stringAttr(attrs map[string]resourceapi.DeviceAttribute, name resourceapi.QualifiedName) string {
-	if a, ok := attrs[string(name)]; ok && a.StringValue != nil {
-		return *a.StringValue
-	}
-	return ""
 }
 
 // claimPFs are the PCI addresses of the PFs behind the claim's devices.

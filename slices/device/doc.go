@@ -25,6 +25,9 @@ const (
 	// partition (or a MIG-backed vGPU's GPU instance) occupies.
 	AttrPlacementStart = GPUDriver + "/placementStart"
 	AttrPlacementSize  = GPUDriver + "/placementSize"
+	// AttrUUID is a GPU's UUID; in a prepared MIG device's metadata, the
+	// MIG device's own.
+	AttrUUID = GPUDriver + "/uuid"
 )
 
 // Device kinds, the values of AttrType.

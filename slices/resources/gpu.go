@@ -17,7 +17,6 @@ import (
 
 // GPU attribute and capacity names only the builders use.
 const (
-	attrUUID         = device.GPUDriver + "/uuid"
 	attrParentUUID   = device.GPUDriver + "/parentUUID"
 	attrProductName  = device.GPUDriver + "/productName"
 	attrArchitecture = device.GPUDriver + "/architecture"
@@ -212,7 +211,7 @@ func (b *gpuDevices) freePlacements(p hw.MIGProfile, reuse bool) []hw.Placement 
 func (b *gpuDevices) full(counters bool) resourceapi.Device {
 	g := b.gpu
 	d := b.base(device.GPUName(g.PCIBusID), device.KindGPU, device.ProfileFull)
-	d.Attributes[attrUUID] = str(g.UUID)
+	d.Attributes[device.AttrUUID] = str(g.UUID)
 	d.Attributes[attrMIGCapable] = boolean(g.MIG.Capable)
 	d.Capacity = capacity(g.MemoryBytes, smTotal(g))
 	if counters {

@@ -1,18 +1,13 @@
-// Package v1alpha1 is the opaque device configuration of gpu.hwdra.io, set
-// in a DeviceClass's or ResourceClaim's config.opaque.parameters.
 package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// GroupVersion of these types.
-var GroupVersion = schema.GroupVersion{Group: "gpu.hwdra.io", Version: "v1alpha1"}
-
 // GpuConfig configures GPU devices (full GPUs, MIG partitions, vGPUs).
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type GpuConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// MIG applies to MIG partitions.
@@ -42,24 +37,4 @@ func (c *GpuConfig) Validate() field.ErrorList {
 		}
 	}
 	return errs
-}
-
-// DeepCopyObject implements runtime.Object.
-func (c *GpuConfig) DeepCopyObject() runtime.Object {
-	out := *c
-	if c.MIG != nil {
-		m := *c.MIG
-		if m.ComputeInstanceSlices != nil {
-			v := *m.ComputeInstanceSlices
-			m.ComputeInstanceSlices = &v
-		}
-		out.MIG = &m
-	}
-	return &out
-}
-
-// AddToScheme registers the types.
-func AddToScheme(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &GpuConfig{})
-	return nil
 }

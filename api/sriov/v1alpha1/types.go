@@ -1,5 +1,3 @@
-// Package v1alpha1 is the opaque device configuration of sriov.hwdra.io,
-// set in a DeviceClass's or ResourceClaim's config.opaque.parameters.
 package v1alpha1
 
 import (
@@ -8,16 +6,13 @@ import (
 	"net/netip"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// GroupVersion of these types.
-var GroupVersion = schema.GroupVersion{Group: "sriov.hwdra.io", Version: "v1alpha1"}
-
 // VfConfig configures a VF (a bandwidth share of a PF, or an exclusive VF)
 // for a pod.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type VfConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// InterfaceName is the VF's name inside the pod. Default: net1,
@@ -146,32 +141,5 @@ func validateIfName(name string) []string {
 			return []string{fmt.Sprintf("must not contain %q", r)}
 		}
 	}
-	return nil
-}
-
-// DeepCopyObject implements runtime.Object.
-func (c *VfConfig) DeepCopyObject() runtime.Object {
-	out := *c
-	out.MTU = copyPtr(c.MTU)
-	out.VLAN = copyPtr(c.VLAN)
-	out.VLANQoS = copyPtr(c.VLANQoS)
-	out.Trust = copyPtr(c.Trust)
-	out.SpoofCheck = copyPtr(c.SpoofCheck)
-	out.Addresses = append([]string(nil), c.Addresses...)
-	out.Routes = append([]Route(nil), c.Routes...)
-	return &out
-}
-
-func copyPtr[T any](p *T) *T {
-	if p == nil {
-		return nil
-	}
-	v := *p
-	return &v
-}
-
-// AddToScheme registers the types.
-func AddToScheme(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &VfConfig{})
 	return nil
 }

@@ -1,4 +1,4 @@
-package metadata
+package nri
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
@@ -26,6 +27,7 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/metadata/nritest"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/prepare/nic"
@@ -55,7 +57,7 @@ type env struct {
 	net    *Plugin
 	meta   *fakeMetadata
 	client *fake.Clientset
-	status *StatusWriter
+	status *metadata.StatusWriter
 	sock   string
 
 	rt      *nritest.Runtime
@@ -96,7 +98,7 @@ func newEnv(t *testing.T, profile string) *env {
 	e.sock = filepath.Join(e.dir, "nri.sock")
 	e.alloc = e.allocator()
 	e.client = fake.NewClientset()
-	e.status = NewStatusWriter(e.client, device.NICDriver)
+	e.status = metadata.NewStatusWriter(e.client, device.NICDriver)
 	sctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	go e.status.Run(sctx)
@@ -423,4 +425,12 @@ func macOf(s string) string {
 		return s
 	}
 	return strings.ToLower(m.String())
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	poll := func(context.Context) (bool, error) { return cond(), nil }
+	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 10*time.Second, true, poll); err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
 }

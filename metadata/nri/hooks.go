@@ -1,4 +1,4 @@
-package metadata
+package nri
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/prepare/nic"
 )
@@ -212,8 +213,11 @@ func (p *Plugin) writeMetadata(ctx context.Context, claims map[types.UID]prepare
 			if !contains(dev.Requests, k.request) {
 				continue
 			}
-			kd := kubeletplugin.Device{Requests: dev.Requests, PoolName: dev.Pool, DeviceName: dev.Device, CDIDeviceIDs: dev.CDIDeviceIDs, ShareID: dev.ShareID,
-				Metadata: &kubeletplugin.DeviceMetadata{Attributes: dev.Attributes, NetworkData: net[k][deviceKey(dev.Pool, dev.Device, dev.ShareID)]}}
+			kd := dev.Kubelet()
+			if kd.Metadata == nil {
+				kd.Metadata = &kubeletplugin.DeviceMetadata{}
+			}
+			kd.Metadata.NetworkData = net[k][deviceKey(dev.Pool, dev.Device, dev.ShareID)]
 			devices = append(devices, kd)
 		}
 		if err := p.meta.UpdateRequestMetadata(ctx, c.Namespace, c.Name, k.claim, k.request, devices); err != nil {
@@ -227,14 +231,9 @@ func (p *Plugin) writeMetadata(ctx context.Context, claims map[types.UID]prepare
 	return nil
 }
 
-// networkData is what the pod sees of a VF: interface name, addresses in
-// CIDR form, MAC.
+// networkData is what the pod sees of a VF.
 func networkData(d attached) *resourceapi.NetworkDeviceData {
-	nd := &resourceapi.NetworkDeviceData{InterfaceName: d.Interface, HardwareAddress: d.MAC}
-	for _, a := range d.Addresses {
-		nd.IPs = append(nd.IPs, a.String())
-	}
-	return nd
+	return metadata.Network(d.Interface, d.Addresses, d.MAC)
 }
 
 func deviceKey(pool, device string, share *types.UID) string {

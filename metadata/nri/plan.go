@@ -1,4 +1,4 @@
-package metadata
+package nri
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	sriovv1alpha1 "github.com/hwdra/hwdra/api/sriov/v1alpha1"
+	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/prepare/nic"
 	"github.com/hwdra/hwdra/sriov"
@@ -18,18 +19,10 @@ import (
 // (prepare.Plugin.Claims).
 type Claims func() map[types.UID]prepare.Claim[nic.Record]
 
-// ClaimRef names a claim.
-type ClaimRef struct {
-	UID             types.UID
-	Namespace, Name string
-}
-
-func (c ClaimRef) String() string { return c.Namespace + "/" + c.Name }
-
 // attachment is the plan for one VF of a pod: which netdev goes in, under
 // which name and with which settings.
 type attachment struct {
-	Claim ClaimRef
+	Claim metadata.ClaimRef
 	VF    nic.VF
 	// Interface is its name in the pod.
 	Interface string
@@ -51,11 +44,11 @@ func (a attachment) String() string {
 // VFs asking for one name are an error naming both; on error the list is
 // still returned (without names), so that the claims' status can say why.
 func plan(pod types.UID, claims map[types.UID]prepare.Claim[nic.Record]) ([]attachment, error) {
-	var refs []ClaimRef
+	var refs []metadata.ClaimRef
 	for uid, c := range claims {
 		for _, p := range c.Record.Pods {
 			if p == pod {
-				refs = append(refs, ClaimRef{UID: uid, Namespace: c.Namespace, Name: c.Name})
+				refs = append(refs, metadata.ClaimRef{UID: uid, Namespace: c.Namespace, Name: c.Name})
 				break
 			}
 		}

@@ -41,7 +41,8 @@ func TestVfConfigErrorsNameRequestSourceAndField(t *testing.T) {
 		"bad route":     {vf + `,"routes":[{"destination":"10.0.0.0/8","gateway":"fe80::1"}]}`, "routes[0].gateway"},
 		"bad ifname":    {vf + `,"interfaceName":"a/b"}`, "interfaceName: Invalid value"},
 		"wrong kind":    {`{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"}`, "GpuConfig is not a configuration for sriov.hwdra.io"},
-		"unknown kind":  {`{"apiVersion":"sriov.hwdra.io/v1alpha1","kind":"Nope"}`, "no kind \"Nope\""},
+		"unknown kind":  {`{"apiVersion":"sriov.hwdra.io/v1alpha1","kind":"Nope"}`, `kind: Unsupported value: "Nope"`},
+		"agent config":  {`{"apiVersion":"config.hwdra.io/v1alpha1","kind":"AgentConfig"}`, "AgentConfig is not a configuration for sriov.hwdra.io"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

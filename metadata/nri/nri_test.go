@@ -1,4 +1,4 @@
-package metadata
+package nri
 
 import (
 	"errors"
@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/prepare/nic"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -86,7 +87,7 @@ func TestPodGetsItsVF(t *testing.T) {
 		t.Errorf("metadata lost the device's attributes: %v", md.Attributes)
 	}
 	st := e.claimStatus(c, func(d []resourceapi.AllocatedDeviceStatus) bool { return len(d) == 1 })
-	if r := condition(st[0], ConditionReady); r == nil || r.Status != "True" || condition(st[0], ConditionNetworkReady).Status != "True" ||
+	if r := condition(st[0], metadata.ConditionReady); r == nil || r.Status != "True" || condition(st[0], metadata.ConditionNetworkReady).Status != "True" ||
 		st[0].NetworkData == nil || !reflect.DeepEqual(*st[0].NetworkData, *nd) || st[0].ShareID == nil || types.UID(*st[0].ShareID) != *vf.ShareID {
 		t.Errorf("claim status %+v", st[0])
 	}
@@ -258,7 +259,7 @@ func TestRollback(t *testing.T) {
 			}
 			for _, c := range []*resourceapi.ResourceClaim{first, second} {
 				st := e.claimStatus(c, func(d []resourceapi.AllocatedDeviceStatus) bool { return len(d) == 1 })
-				if r := condition(st[0], ConditionReady); r == nil || r.Status != "False" || r.Reason != ReasonNetworkSetupFailed || !strings.Contains(r.Message, tc.want) {
+				if r := condition(st[0], metadata.ConditionReady); r == nil || r.Status != "False" || r.Reason != metadata.ReasonNetworkSetupFailed || !strings.Contains(r.Message, tc.want) {
 					t.Errorf("claim %s status %+v", c.Name, st[0].Conditions)
 				}
 			}
@@ -269,7 +270,7 @@ func TestRollback(t *testing.T) {
 					t.Fatalf("retry: %v", err)
 				}
 				e.claimStatus(first, func(d []resourceapi.AllocatedDeviceStatus) bool {
-					return len(d) == 1 && condition(d[0], ConditionReady).Status == "True"
+					return len(d) == 1 && condition(d[0], metadata.ConditionReady).Status == "True"
 				})
 			}
 		})

@@ -1,4 +1,4 @@
-package metadata
+package nri
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
+	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/sriov"
 )
@@ -47,7 +48,7 @@ type Options struct {
 	// RDMA moves VFs' RDMA devices with their netdevs; nil never does.
 	RDMA hw.RDMANetns
 	// Status gets each claim's network status; nil writes none.
-	Status *StatusWriter
+	Status *metadata.StatusWriter
 	// BootID of the running kernel; empty reads /proc.
 	BootID string
 	// ReturnWait bounds how long returning a VF waits for the kernel to
@@ -93,7 +94,7 @@ func PlacementsFile(driver string) string { return driver + ".netns.json" }
 // here on; hooks once Run connects.
 func New(opts Options) (*Plugin, error) {
 	if opts.DriverName == "" || opts.StateDir == "" {
-		return nil, errors.New("metadata: DriverName and StateDir are required")
+		return nil, errors.New("nri: DriverName and StateDir are required")
 	}
 	if opts.Socket == "" {
 		opts.Socket = DefaultSocket
@@ -112,12 +113,12 @@ func New(opts Options) (*Plugin, error) {
 	}
 	host, err := sriov.OpenNetns(opts.HostNetns)
 	if err != nil {
-		return nil, fmt.Errorf("metadata: %w", err)
+		return nil, fmt.Errorf("nri: %w", err)
 	}
 	l, err := prepare.OpenLedger[Placement](filepath.Join(opts.StateDir, PlacementsFile(opts.DriverName)))
 	if err != nil {
 		host.Close()
-		return nil, fmt.Errorf("metadata: %w", err)
+		return nil, fmt.Errorf("nri: %w", err)
 	}
 	p := &Plugin{opts: opts, host: host, ledger: l, since: time.Now(), lastError: errors.New("not connected yet")}
 	// Placements of an earlier boot: those namespaces and the VFs'

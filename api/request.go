@@ -1,6 +1,3 @@
-// Package api decodes the opaque device configuration of hwdra's drivers
-// (DeviceClass and ResourceClaim config.opaque.parameters) strictly into
-// its versioned types.
 package api
 
 import (
@@ -9,53 +6,7 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer/json"
-	"k8s.io/apimachinery/pkg/util/validation/field"
-
-	gpuv1alpha1 "github.com/hwdra/hwdra/api/gpu/v1alpha1"
-	sriovv1alpha1 "github.com/hwdra/hwdra/api/sriov/v1alpha1"
 )
-
-// Config is a decoded configuration type.
-type Config interface {
-	runtime.Object
-	Default()
-	Validate() field.ErrorList
-}
-
-var (
-	scheme  = runtime.NewScheme()
-	decoder runtime.Decoder
-)
-
-func init() {
-	for _, add := range []func(*runtime.Scheme) error{gpuv1alpha1.AddToScheme, sriovv1alpha1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			panic(err)
-		}
-	}
-	// Strict: unknown and duplicate fields are errors, not silently lost.
-	decoder = json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme, scheme,
-		json.SerializerOptions{Yaml: false, Pretty: false, Strict: true})
-}
-
-// Decode decodes one parameters object, defaults and validates it.
-func Decode(raw []byte) (Config, error) {
-	obj, _, err := decoder.Decode(raw, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	c, ok := obj.(Config)
-	if !ok {
-		return nil, fmt.Errorf("%T is not a configuration type", obj)
-	}
-	c.Default()
-	if errs := c.Validate(); len(errs) > 0 {
-		return nil, errs.ToAggregate()
-	}
-	return c, nil
-}
 
 // ForRequest returns the configuration of type T that applies to one
 // request of an allocated claim, or the zero T (defaulted) when none does.
@@ -64,7 +15,7 @@ func Decode(raw []byte) (Config, error) {
 // last wins, so a claim overrides its class. Errors name the request,
 // where the configuration came from and the field (the caller names the
 // claim).
-func ForRequest[T Config](claim *resourceapi.ResourceClaim, driver, request string, zero T) (T, error) {
+func ForRequest[T Object](claim *resourceapi.ResourceClaim, driver, request string, zero T) (T, error) {
 	chosen := zero
 	chosen.Default()
 	if claim.Status.Allocation == nil {

@@ -1,0 +1,94 @@
+package v1alpha1
+
+import (
+	"strings"
+)
+
+// The built-in bandwidth policy, in Mb/s: a claim that names no bandwidth
+// gets 10 Gb/s; shares go in whole Gb/s from 1 Gb/s.
+const (
+	DefaultShareMbps   = 10000
+	DefaultMinimumMbps = 1000
+	DefaultStepMbps    = 1000
+)
+
+// Default fills in what the file leaves out: mode shared; a shared rule's
+// bandwidth policy (given only one of minimum and step, the other takes
+// its value; neither: 1G each; default: 10G rounded up to a valid share);
+// fatalEffect NoSchedule. Selector values that are valid are put in
+// canonical form (PCI addresses and IDs in lower case, a PCI address
+// with its domain, IDs without 0x), so that they compare with what the
+// hardware reports; invalid ones stay as written, for Validate to name.
+func (c *AgentConfig) Default() {
+	for i := range c.NICs {
+		c.NICs[i].defaults()
+	}
+	if c.Health != nil && c.Health.FatalEffect == "" {
+		c.Health.FatalEffect = EffectNoSchedule
+	}
+}
+
+func (r *NICRule) defaults() {
+	if r.Mode == "" {
+		r.Mode = ModeShared
+	}
+	canonical(r.Select.PCIAddresses, canonicalPCIAddress)
+	canonical(r.Select.VendorIDs, canonicalID)
+	canonical(r.Select.DeviceIDs, canonicalID)
+	if r.Mode != ModeShared {
+		return
+	}
+	if r.Bandwidth == nil {
+		r.Bandwidth = &Bandwidth{}
+	}
+	r.Bandwidth.defaults()
+}
+
+// defaults completes the policy from its valid values; an invalid one
+// leaves what depends on it empty (Validate names the invalid one).
+func (b *Bandwidth) defaults() {
+	valid := func(s string) bool { _, err := Mbps(s); return err == nil }
+	switch {
+	case b.Minimum == "" && b.Step == "":
+		b.Minimum, b.Step = FormatMbps(DefaultMinimumMbps), FormatMbps(DefaultStepMbps)
+	case b.Minimum == "" && valid(b.Step):
+		b.Minimum = b.Step
+	case b.Step == "" && valid(b.Minimum):
+		b.Step = b.Minimum
+	}
+	if b.Default != "" {
+		return
+	}
+	minimum, err1 := Mbps(b.Minimum)
+	step, err2 := Mbps(b.Step)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	k := max(0, (DefaultShareMbps-minimum+step-1)/step)
+	b.Default = FormatMbps(minimum + k*step)
+}
+
+// canonical rewrites the valid values of list in place.
+func canonical(list []string, canon func(string) (string, bool)) {
+	for i, s := range list {
+		if c, ok := canon(s); ok {
+			list[i] = c
+		}
+	}
+}
+
+func canonicalPCIAddress(s string) (string, bool) {
+	s = strings.ToLower(s)
+	if !pciAddressRE.MatchString(s) {
+		return s, false
+	}
+	if len(s) == len("17:00.0") {
+		s = "0000:" + s
+	}
+	return s, true
+}
+
+func canonicalID(s string) (string, bool) {
+	s = strings.TrimPrefix(strings.ToLower(s), "0x")
+	return s, hexIDRE.MatchString(s)
+}

@@ -1,0 +1,30 @@
+// Package v1alpha1 is the agent's configuration file, AgentConfig in
+// config.hwdra.io/v1alpha1 (hwdra agent --config): which SR-IOV PFs the
+// agent offers, in which mode, with which bandwidth policy, and how device
+// faults are judged and tainted.
+//
+//	apiVersion: config.hwdra.io/v1alpha1
+//	kind: AgentConfig
+//	nics:
+//	- select:                 # all given fields must match; a list matches any entry
+//	    names: [ens1f0np0]    # PF netdev names
+//	    pciAddresses: ["0000:17:00.0"]
+//	    vendorIDs: ["15b3"]   # quoted hex
+//	    deviceIDs: ["1021"]
+//	    drivers: [mlx5_core]
+//	  mode: shared            # shared (default) | exclusive | disabled
+//	  bandwidth:              # shared mode only; bits per second
+//	    default: 10G
+//	    minimum: 1G
+//	    step: 1G
+//	health:
+//	  xids:
+//	    ignore: [63]          # no device failure here, besides 13 31 43 45 68 109
+//	    report: [43]          # a device failure here after all
+//	  fatalEffect: NoExecute  # NoSchedule (default) | NoExecute
+//
+// What the fields mean is on the types; package config resolves a
+// validated file against the node's PFs.
+//
+// +k8s:deepcopy-gen=package
+package v1alpha1

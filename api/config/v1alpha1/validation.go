@@ -1,0 +1,139 @@
+package v1alpha1
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Validate checks a defaulted configuration and reports every problem
+// with its field path ("nics[1].bandwidth.step").
+func (c *AgentConfig) Validate() field.ErrorList {
+	var errs field.ErrorList
+	for i := range c.NICs {
+		errs = append(errs, c.NICs[i].validate(field.NewPath("nics").Index(i))...)
+	}
+	if c.Health != nil {
+		errs = append(errs, c.Health.validate(field.NewPath("health"))...)
+	}
+	return errs
+}
+
+var (
+	pciAddressRE = regexp.MustCompile(`^([0-9a-f]{4}:)?[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$`)
+	hexIDRE      = regexp.MustCompile(`^[0-9a-f]{4}$`)
+)
+
+func (r *NICRule) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	switch r.Mode {
+	case ModeShared, ModeExclusive, ModeDisabled:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("mode"), r.Mode, []Mode{ModeShared, ModeExclusive, ModeDisabled}))
+	}
+	sel := p.Child("select")
+	for _, l := range []struct {
+		name   string
+		values []string
+		ok     func(string) bool
+		detail string
+	}{
+		{"names", r.Select.Names, func(s string) bool { return s != "" && len(s) <= 15 && !strings.ContainsAny(s, "/: \t") },
+			"must be a netdev name: 1 to 15 characters, no '/', ':' or blanks"},
+		{"pciAddresses", r.Select.PCIAddresses, pciAddressRE.MatchString, "must be a PCI address like 0000:17:00.0"},
+		{"vendorIDs", r.Select.VendorIDs, hexIDRE.MatchString, `must be four hex digits like "15b3"`},
+		{"deviceIDs", r.Select.DeviceIDs, hexIDRE.MatchString, `must be four hex digits like "1021"`},
+		{"drivers", r.Select.Drivers, func(s string) bool { return s != "" && !strings.ContainsAny(s, "/ \t") },
+			"must be a kernel driver name"},
+	} {
+		for i, v := range l.values {
+			if !l.ok(v) {
+				errs = append(errs, field.Invalid(sel.Child(l.name).Index(i), v, l.detail))
+			}
+		}
+	}
+	if r.Bandwidth != nil {
+		if r.Mode != ModeShared {
+			errs = append(errs, field.Forbidden(p.Child("bandwidth"), "only applies to mode shared"))
+		} else {
+			errs = append(errs, r.Bandwidth.validate(p.Child("bandwidth"))...)
+		}
+	}
+	return errs
+}
+
+// validate checks each value and, where all three are valid, that the
+// default is one of the valid shares.
+func (b *Bandwidth) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	values := map[string]int{}
+	for _, f := range []struct{ name, value string }{{"default", b.Default}, {"minimum", b.Minimum}, {"step", b.Step}} {
+		if f.value == "" {
+			continue // left empty by defaulting where another value is invalid
+		}
+		v, err := Mbps(f.value)
+		if err != nil {
+			errs = append(errs, field.Invalid(p.Child(f.name), f.value, err.Error()))
+			continue
+		}
+		values[f.name] = v
+	}
+	if len(values) < 3 {
+		return errs
+	}
+	def, minimum, step := values["default"], values["minimum"], values["step"]
+	switch {
+	case def < minimum:
+		errs = append(errs, field.Invalid(p.Child("default"), b.Default, fmt.Sprintf("must be at least the minimum (%s)", FormatMbps(minimum))))
+	case (def-minimum)%step != 0:
+		errs = append(errs, field.Invalid(p.Child("default"), b.Default,
+			fmt.Sprintf("must be the minimum (%s) plus a multiple of the step (%s)", FormatMbps(minimum), FormatMbps(step))))
+	}
+	return errs
+}
+
+func (h *HealthConfig) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, x := range h.XIDs.Report {
+		if slices.Contains(h.XIDs.Ignore, x) {
+			errs = append(errs, field.Invalid(p.Child("xids", "report").Index(i), x, "is also in health.xids.ignore"))
+		}
+	}
+	switch h.FatalEffect {
+	case EffectNoSchedule, EffectNoExecute:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("fatalEffect"), h.FatalEffect, []string{EffectNoSchedule, EffectNoExecute}))
+	}
+	return errs
+}
+
+// maxBandwidthMbps bounds values (100 Tb/s) far above any link, and far
+// below where the arithmetic could overflow.
+const maxBandwidthMbps = 100_000_000
+
+// Mbps reads a bandwidth value (a quantity in bits per second, "10G") in
+// Mb/s, the VF rate limit's unit. The error says what is wrong with it.
+func Mbps(s string) (int, error) {
+	q, err := resource.ParseQuantity(s)
+	switch {
+	case err != nil:
+		return 0, errors.New("must be a quantity in bits per second, like 10G")
+	case q.Sign() <= 0:
+		return 0, errors.New("must be > 0")
+	case q.Cmp(*resource.NewScaledQuantity(maxBandwidthMbps, resource.Mega)) > 0:
+		return 0, errors.New("must be at most 100T")
+	case q.Value()%1_000_000 != 0 || q.Value() == 0:
+		return 0, errors.New("must be a whole number of Mb/s (a multiple of 1M; Gi, Mi are binary, not bit rates)")
+	}
+	return int(q.Value() / 1_000_000), nil
+}
+
+// FormatMbps writes Mb/s as a bit-rate quantity ("10G").
+func FormatMbps(v int) string {
+	return resource.NewScaledQuantity(int64(v), resource.Mega).String()
+}

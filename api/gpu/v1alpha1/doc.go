@@ -1,0 +1,5 @@
+// Package v1alpha1 is the opaque device configuration of gpu.hwdra.io, set
+// in a DeviceClass's or ResourceClaim's config.opaque.parameters.
+//
+// +k8s:deepcopy-gen=package
+package v1alpha1

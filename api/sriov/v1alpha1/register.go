@@ -1,0 +1,15 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupVersion of these types.
+var GroupVersion = schema.GroupVersion{Group: "sriov.hwdra.io", Version: "v1alpha1"}
+
+// AddToScheme registers the types.
+func AddToScheme(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion, &VfConfig{})
+	return nil
+}

@@ -1,0 +1,134 @@
+package metadata
+
+import (
+	"net/netip"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+
+	"github.com/hwdra/hwdra/slices/device"
+)
+
+// Attribute names of what exists only once a device is prepared, in the
+// driver's domain like the published ones.
+const (
+	// GPUs, besides device.AttrUUID: a MIG device's own (a whole GPU's
+	// is published).
+	AttrGPUInstanceID     = device.GPUDriver + "/gpuInstanceID"
+	AttrComputeInstanceID = device.GPUDriver + "/computeInstanceID"
+	AttrMdevUUID          = device.GPUDriver + "/mdevUUID"
+	AttrMdevParent        = device.GPUDriver + "/mdevParent"
+
+	// VFs, besides resource.kubernetes.io/pciBusID (the VF's) and the
+	// published mode, pfName, pfPciAddress and vfIndex.
+	AttrBandwidth  = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
+	AttrRDMADevice = device.NICDriver + "/rdmaDevice"
+	AttrMAC        = device.NICDriver + "/mac"
+	AttrVLAN       = device.NICDriver + "/vlan"
+	AttrVLANQoS    = device.NICDriver + "/vlanQoS"
+)
+
+// GPU is a prepared GPU device (a whole GPU, a MIG partition or a vGPU)
+// as its container reads it.
+type GPU struct {
+	// Published are the device's attributes in its ResourceSlice.
+	Published map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
+	// UUID of a MIG device.
+	UUID string
+	// GPUInstance of a MIG device or a MIG-backed vGPU; ComputeInstance
+	// of a MIG device.
+	GPUInstance, ComputeInstance *int
+	// MdevUUID and MdevParent are a vGPU's mediated device.
+	MdevUUID, MdevParent string
+}
+
+// Attributes are the device's immediate metadata: every attribute the
+// ResourceSlice publishes for it, under the same names with the same
+// values, plus what exists only once it is prepared.
+func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
+	out := make(map[string]resourceapi.DeviceAttribute, len(g.Published)+5)
+	for k, v := range g.Published {
+		out[string(k)] = v
+	}
+	setString(out, device.AttrUUID, g.UUID)
+	setInt(out, AttrGPUInstanceID, g.GPUInstance)
+	setInt(out, AttrComputeInstanceID, g.ComputeInstance)
+	setString(out, AttrMdevUUID, g.MdevUUID)
+	setString(out, AttrMdevParent, g.MdevParent)
+	return out
+}
+
+// NIC is a prepared NIC device (a VF share of a PF, or an exclusive VF)
+// as its container reads it.
+type NIC struct {
+	Mode              string // "shared" or "exclusive"
+	PFAddress, PFName string
+	// VF is the VF prepared for the claim; nil for an adminAccess
+	// request, which gets the device as it is.
+	VF *VF
+}
+
+// VF is the VF a NIC claim got, as configured.
+type VF struct {
+	PCIAddress string
+	Index      int
+	// Bandwidth is a share's.
+	Bandwidth *resource.Quantity
+	MAC       string
+	// VLAN and its QoS, where set (0: none).
+	VLAN, VLANQoS int
+	// RDMADevice is the VF's own RDMA device, where it has one.
+	RDMADevice string
+}
+
+// Attributes are the device's immediate metadata. The interface the pod
+// sees comes later (Network).
+func (n NIC) Attributes() map[string]resourceapi.DeviceAttribute {
+	out := make(map[string]resourceapi.DeviceAttribute, 10)
+	setString(out, string(device.NICAttrMode), n.Mode)
+	setString(out, string(device.NICAttrPFPCIAddress), n.PFAddress)
+	setString(out, string(device.NICAttrPFName), n.PFName)
+	vf := n.VF
+	if vf == nil {
+		return out
+	}
+	setString(out, string(deviceattribute.StandardDeviceAttributePCIBusID), vf.PCIAddress)
+	setInt(out, string(device.NICAttrVFIndex), &vf.Index)
+	if vf.Bandwidth != nil {
+		setString(out, AttrBandwidth, vf.Bandwidth.String())
+	}
+	setString(out, AttrMAC, vf.MAC)
+	if vf.VLAN != 0 {
+		setInt(out, AttrVLAN, &vf.VLAN)
+		setInt(out, AttrVLANQoS, &vf.VLANQoS)
+	}
+	setString(out, AttrRDMADevice, vf.RDMADevice)
+	return out
+}
+
+// Network is a VF's deferred metadata, and its claim status's networkData:
+// the interface as the pod sees it, known once it is in the pod's network
+// namespace. Addresses are in CIDR form.
+func Network(iface string, addresses []netip.Prefix, mac string) *resourceapi.NetworkDeviceData {
+	nd := &resourceapi.NetworkDeviceData{InterfaceName: iface, HardwareAddress: mac}
+	for _, a := range addresses {
+		nd.IPs = append(nd.IPs, a.String())
+	}
+	return nd
+}
+
+// setString sets a non-empty value.
+func setString(attrs map[string]resourceapi.DeviceAttribute, name, v string) {
+	if v != "" {
+		attrs[name] = resourceapi.DeviceAttribute{StringValue: &v}
+	}
+}
+
+// setInt sets a value that exists.
+func setInt(attrs map[string]resourceapi.DeviceAttribute, name string, v *int) {
+	if v != nil {
+		i := int64(*v)
+		attrs[name] = resourceapi.DeviceAttribute{IntValue: &i}
+	}
+}

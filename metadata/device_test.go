@@ -1,0 +1,100 @@
+package metadata
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+func s(v string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &v} }
+func i(v int64) resourceapi.DeviceAttribute  { return resourceapi.DeviceAttribute{IntValue: &v} }
+func p(v int) *int                           { return &v }
+
+func TestGPUAttributes(t *testing.T) {
+	published := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		"gpu.hwdra.io/profile":            s("3g.40gb"),
+		"gpu.hwdra.io/uuid":               s("GPU-parent"),
+		"resource.kubernetes.io/pciBusID": s("0000:1b:00.0"),
+	}
+	for _, tc := range []struct {
+		name string
+		gpu  GPU
+		want map[string]resourceapi.DeviceAttribute
+	}{{
+		name: "whole GPU: what is published",
+		gpu:  GPU{Published: published},
+		want: map[string]resourceapi.DeviceAttribute{
+			"gpu.hwdra.io/profile": s("3g.40gb"), "gpu.hwdra.io/uuid": s("GPU-parent"), "resource.kubernetes.io/pciBusID": s("0000:1b:00.0"),
+		},
+	}, {
+		name: "MIG device: its own UUID replaces the published one, with its instances",
+		gpu:  GPU{Published: published, UUID: "MIG-1", GPUInstance: p(2), ComputeInstance: p(0)},
+		want: map[string]resourceapi.DeviceAttribute{
+			"gpu.hwdra.io/profile": s("3g.40gb"), "gpu.hwdra.io/uuid": s("MIG-1"), "resource.kubernetes.io/pciBusID": s("0000:1b:00.0"),
+			"gpu.hwdra.io/gpuInstanceID": i(2), "gpu.hwdra.io/computeInstanceID": i(0),
+		},
+	}, {
+		name: "MIG-backed vGPU: its mediated device and GPU instance",
+		gpu:  GPU{MdevUUID: "8f2c", MdevParent: "0000:1b:00.4", GPUInstance: p(5)},
+		want: map[string]resourceapi.DeviceAttribute{
+			"gpu.hwdra.io/mdevUUID": s("8f2c"), "gpu.hwdra.io/mdevParent": s("0000:1b:00.4"), "gpu.hwdra.io/gpuInstanceID": i(5),
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.gpu.Attributes(); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got  %v\nwant %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNICAttributes(t *testing.T) {
+	bw := resource.MustParse("10G")
+	pf := NIC{Mode: "shared", PFAddress: "0000:17:00.0", PFName: "ens1f0"}
+	base := map[string]resourceapi.DeviceAttribute{
+		"sriov.hwdra.io/mode": s("shared"), "sriov.hwdra.io/pfPciAddress": s("0000:17:00.0"), "sriov.hwdra.io/pfName": s("ens1f0"),
+	}
+	with := func(extra map[string]resourceapi.DeviceAttribute) map[string]resourceapi.DeviceAttribute {
+		out := map[string]resourceapi.DeviceAttribute{}
+		for _, m := range []map[string]resourceapi.DeviceAttribute{base, extra} {
+			for k, v := range m {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	share, plain := pf, pf
+	share.VF = &VF{PCIAddress: "0000:17:00.3", Index: 1, Bandwidth: &bw, MAC: "02:00:00:00:00:01", VLAN: 100, VLANQoS: 3, RDMADevice: "mlx5_3"}
+	plain.VF = &VF{PCIAddress: "0000:17:00.2", Index: 0}
+	for _, tc := range []struct {
+		name string
+		nic  NIC
+		want map[string]resourceapi.DeviceAttribute
+	}{
+		{"adminAccess: the PF's only", pf, base},
+		{"a configured share", share, with(map[string]resourceapi.DeviceAttribute{
+			"resource.kubernetes.io/pciBusID": s("0000:17:00.3"), "sriov.hwdra.io/vfIndex": i(1), "sriov.hwdra.io/bandwidth": s("10G"),
+			"sriov.hwdra.io/mac": s("02:00:00:00:00:01"), "sriov.hwdra.io/vlan": i(100), "sriov.hwdra.io/vlanQoS": i(3), "sriov.hwdra.io/rdmaDevice": s("mlx5_3"),
+		})},
+		{"a VF as it is: index 0, no VLAN, no MAC", plain, with(map[string]resourceapi.DeviceAttribute{
+			"resource.kubernetes.io/pciBusID": s("0000:17:00.2"), "sriov.hwdra.io/vfIndex": i(0),
+		})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.nic.Attributes(); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got  %v\nwant %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNetwork(t *testing.T) {
+	got := Network("net1", []netip.Prefix{netip.MustParsePrefix("10.0.0.5/24"), netip.MustParsePrefix("fd00::5/64")}, "02:00:00:00:00:01")
+	want := &resourceapi.NetworkDeviceData{InterfaceName: "net1", IPs: []string{"10.0.0.5/24", "fd00::5/64"}, HardwareAddress: "02:00:00:00:00:01"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
