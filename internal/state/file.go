@@ -36,7 +36,7 @@ func Open(ctx context.Context, path string, f Format, decode func(data []byte) e
 	logger := klog.FromContext(ctx)
 	data, from, err := read(path, f)
 	if errors.Is(err, ErrNewer) {
-		own := strings.TrimSuffix(path, ".json") + ".v" + strconv.Itoa(f.Version) + ".json"
+		own := besidePath(path, f.Version)
 		logger.Error(err, "State file of a newer agent left as it is; this agent keeps its own beside it", "file", own)
 		path = own
 		data, from, err = read(path, f)
@@ -47,7 +47,7 @@ func Open(ctx context.Context, path string, f Format, decode func(data []byte) e
 		}
 	}
 	if errors.Is(err, ErrCorrupt) {
-		moved, mvErr := setAside(path, ".corrupt-"+time.Now().UTC().Format("20060102T150405Z"))
+		moved, mvErr := setAside(path, asideSuffix("corrupt"))
 		logger.Error(err, "State file unusable: set aside; "+lost, "movedTo", strings.Join(moved, ", "))
 		if mvErr != nil {
 			return nil, false, errors.Join(err, mvErr)
@@ -61,6 +61,17 @@ func Open(ctx context.Context, path string, f Format, decode func(data []byte) e
 		logger.Info("State file of an older version migrated", "file", path, "from", from, "to", f.Version)
 	}
 	return &File{path: path, format: f, slots: newSlots(path)}, data != nil, nil
+}
+
+// besidePath is where an agent that writes version v keeps its file when
+// path holds a newer agent's ("x.json" -> "x.v1.json").
+func besidePath(path string, v int) string {
+	return strings.TrimSuffix(path, ".json") + ".v" + strconv.Itoa(v) + ".json"
+}
+
+// asideSuffix names a file set aside now, and why ("corrupt", "merged").
+func asideSuffix(why string) string {
+	return "." + why + "-" + time.Now().UTC().Format("20060102T150405Z")
 }
 
 // read returns the data of the file at path in f's current version and

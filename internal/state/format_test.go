@@ -147,3 +147,35 @@ func TestOpenSetsAsideWhatItCannotUse(t *testing.T) {
 		})
 	}
 }
+
+// TestUpgradeAfterDowngradeMergesTheOlderLedger: main, run after a
+// downgrade, kept its own ledger beside this agent's (x.v1.json); this
+// agent, back, merges it in (main's entries win) and sets it aside.
+func TestUpgradeAfterDowngradeMergesTheOlderLedger(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.json")
+	l, err := OpenLedger[fixtureEntry](path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Put("a", fixtureEntry{"before the downgrade", 0})
+	l.Put("stale", fixtureEntry{"s", 9})
+	l.file.(*File).Close()
+	copyFixture(t, dir, "ledger.json", "ledger.json.1")
+	os.Rename(filepath.Join(dir, "ledger.json"), filepath.Join(dir, "x.v1.json"))
+	os.Rename(filepath.Join(dir, "ledger.json.1"), filepath.Join(dir, "x.v1.json.1"))
+
+	want := map[string]fixtureEntry{"a": {"c1", 1}, "b": {"c2", 2}, "stale": {"s", 9}}
+	for range 2 { // and again: merged once
+		l, err := OpenLedger[fixtureEntry](path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := l.Snapshot(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("entries %v, want %v", got, want)
+		}
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "x.v1.json*")); len(m) != 2 || !strings.Contains(m[0], ".merged-") || !strings.Contains(m[1], ".merged-") {
+		t.Fatalf("the older ledger not set aside: %v", m)
+	}
+}

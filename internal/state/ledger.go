@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"k8s.io/klog/v2"
 )
 
 // Ledger is a small persistent map, written whole on every change, for
@@ -45,20 +47,58 @@ type ledgerState[V any] struct {
 // unreadable file is set aside and reported, and the ledger starts empty.
 // A newer agent's ledger (a downgrade) is left as it is and this agent
 // keeps its own beside it.
+//
+// An older agent's own ledger beside this one is merged in, its entries
+// winning, and then set aside (".merged-<time>"): that agent ran after a
+// downgrade, so after this file was last written, and it recorded what it
+// made and took over in its own file. Without the merge an upgrade after a
+// downgrade would work from entries older than the hardware.
 func OpenLedger[V any](path string) (*Ledger[V], error) {
-	var m map[string]V
-	f, found, err := Open(context.Background(), path, LedgerFormat, func(data []byte) error { return json.Unmarshal(data, &m) },
-		"state it listed is no longer reclaimed automatically")
+	ctx := context.Background()
+	const lost = "state it listed is no longer reclaimed automatically"
+	m, f, _, err := openEntries[V](ctx, path, lost)
 	if err != nil {
 		return nil, err
 	}
-	if !found || m == nil {
-		// Nothing read, or a half-read file set aside.
-		m = map[string]V{}
-	}
 	l := &Ledger[V]{file: f, path: f.Path()}
 	l.cur.Store(&ledgerState[V]{m: m})
+	for v := 1; v < LedgerFormat.Version; v++ {
+		older := besidePath(path, v)
+		om, of, found, err := openEntries[V](ctx, older, lost)
+		if err != nil {
+			return nil, err
+		}
+		of.Close()
+		if !found {
+			continue
+		}
+		merged := maps.Clone(m)
+		maps.Copy(merged, om)
+		if err := l.commit(merged); err != nil {
+			return nil, err
+		}
+		m = merged
+		moved, err := setAside(older, asideSuffix("merged"))
+		klog.FromContext(ctx).Info("Merged the ledger an older agent kept after a downgrade", "file", l.path, "entries", len(om), "movedTo", moved)
+		if err != nil {
+			return nil, err
+		}
+	}
 	return l, nil
+}
+
+// openEntries opens a ledger file and reads its entries (none when it is
+// missing or was set aside: not found).
+func openEntries[V any](ctx context.Context, path, lost string) (map[string]V, *File, bool, error) {
+	var m map[string]V
+	f, found, err := Open(ctx, path, LedgerFormat, func(data []byte) error { return json.Unmarshal(data, &m) }, lost)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if !found || m == nil {
+		m = map[string]V{} // nothing read, or a half-read file set aside
+	}
+	return m, f, found, nil
 }
 
 // Put records an entry (before the state it describes is created).
