@@ -48,7 +48,7 @@ func Open(ctx context.Context, path string, f Format, decode func(data []byte) e
 	}
 	if errors.Is(err, ErrCorrupt) {
 		moved, mvErr := setAside(path, asideSuffix("corrupt"))
-		logger.Error(err, "State file unusable: set aside; "+lost, "movedTo", strings.Join(moved, ", "))
+		logger.Error(err, "State file unusable: set aside; "+lost, "file", path, "movedTo", strings.Join(moved, ", "))
 		if mvErr != nil {
 			return nil, false, errors.Join(err, mvErr)
 		}

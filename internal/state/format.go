@@ -67,9 +67,8 @@ func (f Format) Decode(doc []byte) (data []byte, from int, err error) {
 	case env.Version == nil && v == 0:
 		return nil, 0, fmt.Errorf("%w: no version, this agent reads %s", ErrCorrupt, f)
 	case env.Version != nil:
-		kind, n, ok := strings.Cut(*env.Version, "/v")
-		num, err := strconv.Atoi(n)
-		if !ok || err != nil || kind != f.Kind || num < 1 {
+		kind, num, ok := parseVersion(*env.Version)
+		if !ok || kind != f.Kind {
 			return nil, 0, fmt.Errorf("%w: version %q, this agent reads %s", ErrCorrupt, *env.Version, f)
 		}
 		if num > f.Version {
@@ -97,6 +96,16 @@ func (f Format) Decode(doc []byte) (data []byte, from int, err error) {
 		}
 	}
 	return data, from, nil
+}
+
+// parseVersion splits "<kind>/v<n>", n at least 1.
+func parseVersion(v string) (kind string, n int, ok bool) {
+	i := strings.LastIndex(v, "/v")
+	if i < 0 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(v[i+2:])
+	return v[:i], n, err == nil && n >= 1
 }
 
 // Encode wraps data, compact JSON in the current version, in the envelope.
