@@ -35,7 +35,7 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/deploy"
-	"github.com/hwdra/hwdra/internal/slotfile"
+	"github.com/hwdra/hwdra/internal/state"
 
 	"github.com/hwdra/hwdra/slices/device"
 )
@@ -478,7 +478,7 @@ func TestAgentStartsOnACorruptCheckpoint(t *testing.T) {
 	a.slices(device.GPUDriver, nil)
 	a.stop()
 	path := filepath.Join(a.dir, "state", "gpu.hwdra.io.checkpoint.json")
-	if err := slotfile.Replace(path, []byte(`{"version":"hwdra.io/checkpoint/v1","checksum":"sha256:0","data":{`)); err != nil {
+	if err := state.Replace(path, []byte(`{"version":"hwdra.io/checkpoint/v1","checksum":"sha256:0","data":{`)); err != nil {
 		t.Fatal(err)
 	}
 	restartAgent(t, a)

@@ -2,13 +2,17 @@ package prepare
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/hwdra/hwdra/internal/state"
 )
 
 // EnvName is a container environment variable name of hwdra's:
@@ -73,26 +77,41 @@ func (p *Plugin[R]) removeSpec(uid types.UID) error {
 	return p.cdi.RemoveSpec(p.specName(uid))
 }
 
-// removeOrphanSpecs deletes claim specs of this driver whose claim is not
-// prepared: left behind by a crash between writing and recording.
-func (p *Plugin[R]) removeOrphanSpecs(ctx context.Context) error {
+// claimSpecs lists this driver's claim specs: their path by claim UID.
+func (p *Plugin[R]) claimSpecs() (map[types.UID]string, error) {
 	entries, err := os.ReadDir(p.opts.CDIDir)
+	if err != nil {
+		return nil, err
+	}
+	out := map[types.UID]string{}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), p.specPrefix())
+		if uid, isJSON := strings.CutSuffix(rest, ".json"); ok && isJSON {
+			out[types.UID(uid)] = filepath.Join(p.opts.CDIDir, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// removeOrphanSpecs deletes claim specs of this driver whose claim is not
+// prepared: left behind by a crash between writing and recording. A
+// newer agent's spec (after a downgrade) is its to remove.
+func (p *Plugin[R]) removeOrphanSpecs(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	specs, err := p.claimSpecs()
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), p.specPrefix())
-		if !ok {
+	claims := p.cp.Load().Claims
+	for uid, path := range specs {
+		if _, owned := claims[uid]; owned {
 			continue
 		}
-		uid := types.UID(strings.TrimSuffix(rest, ".json"))
-		p.mu.Lock()
-		_, owned := p.cp.Claims[uid]
-		p.mu.Unlock()
-		if owned {
+		if _, err := readSpecEntry[R](path, p.opts.BootID); errors.Is(err, state.ErrNewer) {
+			logger.Info("Keeping the CDI spec of a claim a newer agent prepared", "file", path, "reason", err)
 			continue
 		}
-		klog.FromContext(ctx).Info("Removing orphaned CDI spec", "file", e.Name())
+		logger.Info("Removing orphaned CDI spec", "file", path)
 		if err := p.removeSpec(uid); err != nil {
 			return err
 		}

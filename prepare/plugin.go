@@ -2,12 +2,15 @@ package prepare
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -18,7 +21,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/internal/keyedlock"
-	"github.com/hwdra/hwdra/internal/slotfile"
+	"github.com/hwdra/hwdra/internal/state"
 )
 
 // Device is one prepared device of a claim, as the checkpoint keeps it.
@@ -90,24 +93,35 @@ type Options struct {
 type Plugin[R any] struct {
 	opts   Options
 	driver Driver[R]
-	path   string
 
-	// mu guards cp and serialises checkpoint writes.
+	// cp is the checkpoint as last written. Readers (Claims, Devices,
+	// Prepared: the NRI hooks, which the runtime drops after 2 s) load it
+	// and never wait for a write and its fsync.
+	cp atomic.Pointer[Checkpoint[R]]
+	// mu serialises checkpoint writes; each writes the next checkpoint
+	// and only then publishes it.
 	mu   sync.Mutex
-	cp   *Checkpoint[R]
-	file *slotfile.Writer
+	file writer
 
 	claimLocks keyedlock.Locks
 	cdi        *cdi.Cache
+}
+
+// writer is where checkpoints go: a state.File, or in tests one that
+// blocks.
+type writer interface {
+	Write(data []byte, durable bool) error
 }
 
 var _ kubeletplugin.DRAPlugin = (*Plugin[struct{}])(nil)
 
 // New loads the checkpoint and reconciles it with the hardware and the CDI
 // directory: claims left half-prepared are rolled back, hardware state and
-// CDI specs that no prepared claim owns are removed. An unreadable or
-// unknown-version checkpoint is set aside and reported, and the agent
-// starts with none: a crash loop would help nobody.
+// CDI specs that no prepared claim owns are removed. A checkpoint of an
+// older version is migrated; one of a newer agent is left alone and this
+// agent keeps its own beside it; an unreadable one is set aside and
+// reported (state.Open). Without one the agent rebuilds its claims from
+// their CDI specs: a crash loop would help nobody.
 func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R], error) {
 	logger := klog.FromContext(ctx)
 	if opts.BootID == "" {
@@ -125,26 +139,20 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 	if err != nil {
 		return nil, fmt.Errorf("CDI directory %s: %w", opts.CDIDir, err)
 	}
-	p := &Plugin[R]{opts: opts, driver: driver, cdi: cache, path: filepath.Join(opts.StateDir, opts.DriverName+".checkpoint.json")}
-	cp, found, err := readCheckpoint[R](p.path)
-	if errors.Is(err, ErrNewer) {
-		// Never set aside nor overwritten: the newer agent finds it again
-		// when it comes back. This one keeps its own file beside it.
-		own := ownPath(p.path, CheckpointVersion)
-		logger.Error(err, "Checkpoint of a newer agent left as it is; this agent keeps its own beside it", "file", own)
-		p.path = own
-		cp, found, err = readCheckpoint[R](p.path)
-	}
-	if errors.Is(err, ErrCorrupt) {
-		dest, mvErr := setAside(p.path, time.Now())
-		logger.Error(err, "Checkpoint unusable: set aside; rebuilding the prepared claims from their CDI specs", "movedTo", dest)
-		if mvErr != nil {
-			return nil, errors.Join(err, mvErr)
-		}
-		cp, found, err = &Checkpoint[R]{Claims: map[types.UID]*Claim[R]{}}, false, nil
-	}
+	p := &Plugin[R]{opts: opts, driver: driver, cdi: cache}
+	cp := &Checkpoint[R]{}
+	file, found, err := state.Open(ctx, filepath.Join(opts.StateDir, opts.DriverName+".checkpoint.json"), state.CheckpointFormat,
+		func(data []byte) error { return decodeCheckpoint(data, cp) },
+		"rebuilding the prepared claims from their CDI specs")
 	if err != nil {
 		return nil, fmt.Errorf("read checkpoint: %w", err)
+	}
+	p.file = file
+	if !found {
+		cp = &Checkpoint[R]{} // nothing read, or a half-read file set aside
+	}
+	if cp.Claims == nil {
+		cp.Claims = map[types.UID]*Claim[R]{}
 	}
 	if cp.BootID != "" && cp.BootID != opts.BootID {
 		// Rebooted: MIG instances, mediated devices and VF settings are
@@ -154,12 +162,11 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 		cp.Claims = map[types.UID]*Claim[R]{}
 	}
 	cp.BootID = opts.BootID
-	p.cp, p.file = cp, slotfile.NewWriter(p.path)
 	if !found {
 		// First start, or the state directory was lost: each prepared
 		// claim's CDI spec holds its entry.
-		if p.cp.Claims = p.claimsFromSpecs(ctx); len(p.cp.Claims) > 0 {
-			logger.Info("Rebuilt the prepared claims from their CDI specs", "claims", len(p.cp.Claims))
+		if cp.Claims = p.claimsFromSpecs(ctx); len(cp.Claims) > 0 {
+			logger.Info("Rebuilt the prepared claims from their CDI specs", "claims", len(cp.Claims))
 		}
 	}
 
@@ -176,11 +183,14 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 		}
 		delete(cp.Claims, uid)
 	}
-	if err := p.save(); err != nil {
+	p.mu.Lock()
+	err = p.commit(cp)
+	p.mu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	owned := map[types.UID]R{}
-	for uid, c := range p.cp.Claims {
+	for uid, c := range cp.Claims {
 		owned[uid] = c.Record
 	}
 	driver.Restore(ctx, owned)
@@ -210,9 +220,7 @@ func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.Resourc
 	unlock := p.claimLocks.Lock(string(claim.UID))
 	defer unlock()
 
-	p.mu.Lock()
-	prev := p.cp.Claims[claim.UID]
-	p.mu.Unlock()
+	prev := p.cp.Load().Claims[claim.UID]
 	if prev != nil && prev.State == StatePrepared {
 		// The kubelet retries: same answer, hardware untouched.
 		return prev.Devices, nil
@@ -227,39 +235,29 @@ func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.Resourc
 	// prepare without hardware side effects costs one checkpoint write,
 	// and a crash before it leaves at most a CDI spec, which start-up
 	// removes as an orphan.
-	entry := &Claim[R]{Namespace: claim.Namespace, Name: claim.Name, State: StatePreparing}
+	entry := Claim[R]{Namespace: claim.Namespace, Name: claim.Name, State: StatePreparing}
 	stored := false
 	save := func(r R) error {
-		p.mu.Lock()
-		entry.Record = r
-		p.mu.Unlock()
 		stored = true
-		return p.store(claim.UID, entry)
+		intent := entry
+		intent.Record = r
+		return p.store(claim.UID, &intent)
 	}
 	devices, record, err := p.driver.Prepare(ctx, claim, save)
-	p.mu.Lock()
 	entry.Record = record
-	p.mu.Unlock()
 	if err == nil {
-		p.mu.Lock()
-		snapshot := *entry
-		p.mu.Unlock()
-		err = p.writeSpec(claim.UID, snapshot, devices)
+		err = p.writeSpec(claim.UID, entry, devices)
 	}
 	if err == nil {
-		p.mu.Lock()
 		entry.State, entry.Devices = StatePrepared, devices
-		p.mu.Unlock()
-		err = p.store(claim.UID, entry)
+		err = p.store(claim.UID, &entry)
 	}
 	if err != nil {
 		if rbErr := p.rollback(ctx, claim.UID, record); rbErr != nil {
 			// Keep the record, in state Preparing: the next attempt or
 			// start rolls it back again.
-			p.mu.Lock()
 			entry.State = StatePreparing
-			p.mu.Unlock()
-			return nil, errors.Join(err, fmt.Errorf("rollback: %w", rbErr), p.store(claim.UID, entry))
+			return nil, errors.Join(err, fmt.Errorf("rollback: %w", rbErr), p.store(claim.UID, &entry))
 		}
 		if !stored {
 			return nil, err
@@ -285,9 +283,7 @@ func (p *Plugin[R]) UnprepareResourceClaims(ctx context.Context, claims []kubele
 func (p *Plugin[R]) unprepareClaim(ctx context.Context, uid types.UID) error {
 	unlock := p.claimLocks.Lock(string(uid))
 	defer unlock()
-	p.mu.Lock()
-	entry := p.cp.Claims[uid]
-	p.mu.Unlock()
+	entry := p.cp.Load().Claims[uid]
 	if entry == nil {
 		return nil // never prepared here, or already unprepared
 	}
@@ -301,10 +297,9 @@ func (p *Plugin[R]) unprepareClaim(ctx context.Context, uid types.UID) error {
 	if err := p.removeSpec(uid); err != nil {
 		// The hardware is undone: no longer prepared, but a record to
 		// finish with.
-		p.mu.Lock()
-		entry.State = StatePreparing
-		p.mu.Unlock()
-		return errors.Join(err, p.store(uid, entry))
+		undone := *entry
+		undone.State = StatePreparing
+		return errors.Join(err, p.store(uid, &undone))
 	}
 	return p.store(uid, nil)
 }
@@ -318,33 +313,33 @@ func (p *Plugin[R]) rollback(ctx context.Context, uid types.UID, record R) error
 	return p.removeSpec(uid)
 }
 
-// store puts (or, with nil, removes) a claim and writes the checkpoint.
+// store puts a copy of a claim's entry (or, with nil, removes it) and
+// writes the checkpoint.
 func (p *Plugin[R]) store(uid types.UID, entry *Claim[R]) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	cur := p.cp.Load()
+	next := &Checkpoint[R]{BootID: cur.BootID, Claims: maps.Clone(cur.Claims)}
 	if entry == nil {
-		delete(p.cp.Claims, uid)
+		delete(next.Claims, uid)
 	} else {
-		p.cp.Claims[uid] = entry
+		c := *entry
+		next.Claims[uid] = &c
 	}
-	return p.writeLocked()
+	return p.commit(next)
 }
 
-func (p *Plugin[R]) save() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.writeLocked()
-}
-
-// writeLocked writes the checkpoint, durably: the one fsync of a prepare.
-func (p *Plugin[R]) writeLocked() error {
-	raw, err := encodeCheckpoint(p.cp)
+// commit writes cp, durably (the one fsync of a prepare), and publishes
+// it; a failed write publishes nothing. The caller holds mu.
+func (p *Plugin[R]) commit(cp *Checkpoint[R]) error {
+	data, err := json.Marshal(cp)
 	if err != nil {
 		return err
 	}
-	if err := p.file.Write(raw, true); err != nil {
+	if err := p.file.Write(data, true); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
+	p.cp.Store(cp)
 	return nil
 }
 
@@ -366,10 +361,8 @@ func (p *Plugin[R]) WatchHealthStatus(ctx context.Context, reports chan<- kubele
 
 // Prepared lists the prepared claims' UIDs, sorted.
 func (p *Plugin[R]) Prepared() []types.UID {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	var out []types.UID
-	for uid, c := range p.cp.Claims {
+	for uid, c := range p.cp.Load().Claims {
 		if c.State == StatePrepared {
 			out = append(out, uid)
 		}
@@ -402,10 +395,9 @@ func (d Device) Kubelet() kubeletplugin.Device {
 // Claims returns the prepared claims, by UID: copies, whose records
 // share memory with the plugin's and must not be changed.
 func (p *Plugin[R]) Claims() map[types.UID]Claim[R] {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make(map[types.UID]Claim[R], len(p.cp.Claims))
-	for uid, c := range p.cp.Claims {
+	claims := p.cp.Load().Claims
+	out := make(map[types.UID]Claim[R], len(claims))
+	for uid, c := range claims {
 		if c.State == StatePrepared {
 			out[uid] = *c
 		}
@@ -415,9 +407,7 @@ func (p *Plugin[R]) Claims() map[types.UID]Claim[R] {
 
 // Devices are a prepared claim's devices (nil when it is not prepared).
 func (p *Plugin[R]) Devices(uid types.UID) []Device {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if c := p.cp.Claims[uid]; c != nil && c.State == StatePrepared {
+	if c := p.cp.Load().Claims[uid]; c != nil && c.State == StatePrepared {
 		return c.Devices
 	}
 	return nil

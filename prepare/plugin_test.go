@@ -19,7 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/hwdra/hwdra/internal/slotfile"
+	"github.com/hwdra/hwdra/internal/state"
 )
 
 // ledger is a Driver over a pretend piece of hardware that holds named
@@ -223,13 +223,13 @@ func TestCorruptCheckpointIsSetAside(t *testing.T) {
 			dir := t.TempDir()
 			os.MkdirAll(filepath.Join(dir, "state"), 0o755)
 			path := filepath.Join(dir, "state", "test.hwdra.io.checkpoint.json")
-			slotfile.Replace(path, []byte(content))
+			state.Replace(path, []byte(content))
 			newPlugin(t, &ledger{held: map[string]bool{}}, dir, "boot-1")
 			matches, _ := filepath.Glob(path + ".corrupt-*")
 			if len(matches) != 1 {
 				t.Fatalf("corrupt file not set aside: %v", matches)
 			}
-			if _, _, err := readCheckpoint[record](path); err != nil {
+			if _, err := state.Read(path, state.CheckpointFormat); err != nil {
 				t.Fatalf("fresh checkpoint unreadable: %v", err)
 			}
 		})
@@ -355,7 +355,7 @@ func TestNewerCheckpointIsLeftAlone(t *testing.T) {
 	prepareOK(t, p, "u1")
 	path := filepath.Join(dir, "state", "test.hwdra.io.checkpoint.json")
 	newerFile := []byte(`{"version":"hwdra.io/checkpoint/v2","checksum":"sha256:x","data":{"claims":{}}}`)
-	if err := slotfile.Replace(path, newerFile); err != nil {
+	if err := state.Replace(path, newerFile); err != nil {
 		t.Fatal(err)
 	}
 	p = newPlugin(t, l, dir, "boot-1")

@@ -3,10 +3,9 @@ package prepare
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -14,6 +13,8 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/hwdra/hwdra/internal/state"
 )
 
 // The state of a prepared claim lives in two places on different file
@@ -25,10 +26,11 @@ import (
 // cleans up as if nothing had happened. The specs go with a reboot, and so
 // does what they describe.
 
-// claimAnnotation holds a claim's checkpoint entry in its CDI spec.
+// claimAnnotation holds a claim's checkpoint entry in its CDI spec
+// (state.ClaimFormat).
 const claimAnnotation = "hwdra.io/claim"
 
-// specEntry is what the annotation holds.
+// specEntry is the annotation's data.
 type specEntry[R any] struct {
 	BootID string    `json:"bootID"`
 	Claim  *Claim[R] `json:"claim"`
@@ -39,7 +41,7 @@ func (p *Plugin[R]) annotate(spec *cdispec.Spec, entry *Claim[R]) error {
 	if err != nil {
 		return err
 	}
-	spec.Annotations = map[string]string{claimAnnotation: string(raw)}
+	spec.Annotations = map[string]string{claimAnnotation: string(state.ClaimFormat.Encode(raw))}
 	return nil
 }
 
@@ -48,24 +50,19 @@ func (p *Plugin[R]) annotate(spec *cdispec.Spec, entry *Claim[R]) error {
 func (p *Plugin[R]) claimsFromSpecs(ctx context.Context) map[types.UID]*Claim[R] {
 	logger := klog.FromContext(ctx)
 	out := map[types.UID]*Claim[R]{}
-	entries, err := os.ReadDir(p.opts.CDIDir)
+	specs, err := p.claimSpecs()
 	if err != nil {
 		logger.Error(err, "Cannot read the CDI directory to rebuild prepared claims", "dir", p.opts.CDIDir)
 		return out
 	}
-	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), p.specPrefix())
-		if !ok || !strings.HasSuffix(rest, ".json") {
-			continue
-		}
-		uid := types.UID(strings.TrimSuffix(rest, ".json"))
-		path := filepath.Join(p.opts.CDIDir, e.Name())
+	for uid, path := range specs {
 		entry, err := readSpecEntry[R](path, p.opts.BootID)
-		if err != nil {
+		switch {
+		case errors.Is(err, state.ErrNewer):
+			logger.Info("A newer agent prepared this claim: left to it", "file", path, "reason", err)
+		case err != nil:
 			logger.Error(err, "Cannot rebuild a claim from its CDI spec", "file", path)
-			continue
-		}
-		if entry != nil {
+		case entry != nil:
 			out[uid] = entry
 		}
 	}
@@ -87,8 +84,12 @@ func readSpecEntry[R any](path, bootID string) (*Claim[R], error) {
 	if !ok {
 		return nil, fmt.Errorf("no %s annotation (written by an older agent)", claimAnnotation)
 	}
+	data, _, err := state.ClaimFormat.Decode([]byte(a))
+	if err != nil {
+		return nil, fmt.Errorf("annotation %s: %w", claimAnnotation, err)
+	}
 	var e specEntry[R]
-	if err := json.Unmarshal([]byte(a), &e); err != nil {
+	if err := json.Unmarshal(data, &e); err != nil {
 		return nil, fmt.Errorf("annotation %s: %w", claimAnnotation, err)
 	}
 	if e.Claim == nil {
@@ -128,11 +129,10 @@ func (p *Plugin[R]) allocated(ctx context.Context) Allocated {
 		klog.FromContext(ctx).Error(err, "Cannot list the claims allocated to this node: hardware state no prepared claim holds is kept until they can be listed")
 		return Allocated{}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	prepared := p.cp.Load().Claims
 	out := Allocated{Known: true}
 	for _, c := range claims {
-		if c.Status.Allocation == nil || p.cp.Claims[c.UID] != nil {
+		if c.Status.Allocation == nil || prepared[c.UID] != nil {
 			continue
 		}
 		for _, r := range c.Status.Allocation.Devices.Results {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
+	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/sriov"
@@ -74,7 +75,7 @@ type MetadataWriter interface {
 type Plugin struct {
 	opts   Options
 	host   *sriov.Netns
-	ledger *prepare.Ledger[Placement]
+	ledger *state.Ledger[Placement]
 	vfs    keyedlock.Locks // by VF PCI address
 
 	// Set by Run, before the first connection.
@@ -115,7 +116,7 @@ func New(opts Options) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nri: %w", err)
 	}
-	l, err := prepare.OpenLedger[Placement](filepath.Join(opts.StateDir, PlacementsFile(opts.DriverName)))
+	l, err := state.OpenLedger[Placement](filepath.Join(opts.StateDir, PlacementsFile(opts.DriverName)))
 	if err != nil {
 		host.Close()
 		return nil, fmt.Errorf("nri: %w", err)

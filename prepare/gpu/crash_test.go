@@ -14,7 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/hwdra/hwdra/internal/slotfile"
+	"github.com/hwdra/hwdra/internal/state"
 )
 
 // crash is what the test hook panics with: the agent dies right after a
@@ -209,7 +209,7 @@ func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
 		{"downgrade", func(t *testing.T, e *env) {
 			for _, kind := range []string{"checkpoint", "ledger"} {
 				newer := fmt.Sprintf(`{"version":"hwdra.io/%s/v7","checksum":"x","data":{},"entries":{}}`, kind)
-				if err := slotfile.Replace(filepath.Join(e.dir, "state", DriverName+"."+kind+".json"), []byte(newer)); err != nil {
+				if err := state.Replace(filepath.Join(e.dir, "state", DriverName+"."+kind+".json"), []byte(newer)); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
+	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 
@@ -61,7 +62,7 @@ type Driver struct {
 	nvml      *nvml.Backend
 	inventory func(ctx context.Context) ([]hw.GPU, device.Features, error)
 	mdevs     *nvml.Mdevs
-	ledger    *prepare.Ledger[ledgerEntry]
+	ledger    *state.Ledger[ledgerEntry]
 	nodes     nodeResolver
 	libs      *driverLibs
 
@@ -110,7 +111,7 @@ func New(opts Options) (*Driver, error) {
 	if opts.DriverSpecDirs == nil {
 		opts.DriverSpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
 	}
-	ledger, err := prepare.OpenLedger[ledgerEntry](filepath.Join(opts.StateDir, DriverName+".ledger.json"))
+	ledger, err := state.OpenLedger[ledgerEntry](filepath.Join(opts.StateDir, DriverName+".ledger.json"))
 	if err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}

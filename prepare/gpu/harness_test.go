@@ -23,7 +23,7 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
-	"github.com/hwdra/hwdra/internal/slotfile"
+	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 
@@ -261,21 +261,21 @@ func (e *env) inject(devs []kubeletplugin.Device) *oci.Spec {
 	return spec
 }
 
-// ledgerKeys reads the ledger file.
+// ledgerKeys reads the driver's ledger file.
 func (e *env) ledgerKeys() []string {
-	raw, err := slotfile.Read(filepath.Join(e.dir, "state", DriverName+".ledger.json"))
+	raw, err := state.Read(e.driver.ledger.Path(), state.LedgerFormat)
 	if err == nil && raw == nil {
 		return nil
 	}
-	var f struct{ Entries map[string]json.RawMessage }
+	var entries map[string]json.RawMessage
 	if err == nil {
-		err = json.Unmarshal(raw, &f)
+		err = json.Unmarshal(raw, &entries)
 	}
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	var keys []string
-	for k := range f.Entries {
+	for k := range entries {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
@@ -284,22 +284,20 @@ func (e *env) ledgerKeys() []string {
 
 // checkpointRecord reads a claim's record from the checkpoint file.
 func (e *env) checkpointRecord(uid types.UID) (Record, bool) {
-	raw, err := slotfile.Read(filepath.Join(e.dir, "state", DriverName+".checkpoint.json"))
+	raw, err := state.Read(filepath.Join(e.dir, "state", DriverName+".checkpoint.json"), state.CheckpointFormat)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	var env struct {
-		Data struct {
-			Claims map[types.UID]struct {
-				State  string `json:"state"`
-				Record Record `json:"record"`
-			} `json:"claims"`
-		} `json:"data"`
+	var cp struct {
+		Claims map[types.UID]struct {
+			State  string `json:"state"`
+			Record Record `json:"record"`
+		} `json:"claims"`
 	}
-	if err := json.Unmarshal(raw, &env); err != nil {
+	if err := json.Unmarshal(raw, &cp); err != nil {
 		e.t.Fatal(err)
 	}
-	c, ok := env.Data.Claims[uid]
+	c, ok := cp.Claims[uid]
 	return c.Record, ok
 }
 

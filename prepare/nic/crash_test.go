@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/internal/slotfile"
+	"github.com/hwdra/hwdra/internal/state"
 
 	"github.com/hwdra/hwdra/slices/device"
 )
@@ -95,7 +95,7 @@ func TestCrashDuringPrepare(t *testing.T) {
 				}
 				if lose {
 					checkpoint := filepath.Join(e.stateDir(), device.NICDriver+".checkpoint.json")
-					if err := slotfile.Replace(checkpoint, []byte("{torn")); err != nil {
+					if err := state.Replace(checkpoint, []byte("{torn")); err != nil {
 						t.Fatal(err)
 					}
 				}

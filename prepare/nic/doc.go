@@ -29,7 +29,7 @@
 // # Crash safety
 //
 // Before each VF is touched, the ledger
-// (<state dir>/sriov.hwdra.io.ledger.json, a prepare.Ledger) gets its
+// (<state dir>/sriov.hwdra.io.ledger.json, a state.Ledger) gets its
 // original settings as read from the hardware, keyed by the VF's PCI
 // address, with the claim; the claim's record gets the same when the
 // prepare completes (one checkpoint write, one fsync). Unprepare, and a

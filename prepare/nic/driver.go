@@ -16,6 +16,7 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
+	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/prepare"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -59,7 +60,7 @@ type PodNetwork interface {
 // Driver is the sriov.hwdra.io prepare.Driver.
 type Driver struct {
 	opts   Options
-	ledger *prepare.Ledger[LedgerEntry]
+	ledger *state.Ledger[LedgerEntry]
 
 	pfLocks keyedlock.Locks // by PF PCI address: plan, reserve, apply, restore
 
@@ -91,7 +92,7 @@ func New(opts Options) (*Driver, error) {
 	if opts.BootID == "" {
 		opts.BootID = prepare.BootID()
 	}
-	l, err := prepare.OpenLedger[LedgerEntry](filepath.Join(opts.StateDir, LedgerFile))
+	l, err := state.OpenLedger[LedgerEntry](filepath.Join(opts.StateDir, LedgerFile))
 	if err != nil {
 		return nil, fmt.Errorf("nic: %w", err)
 	}

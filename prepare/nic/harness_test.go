@@ -21,7 +21,7 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
-	"github.com/hwdra/hwdra/internal/slotfile"
+	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/prepare"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -232,22 +232,16 @@ func (e *env) checkPristine() {
 // readCheckpointRecord reads one claim's record from the checkpoint file
 // as an outside reader (the NRI step) would.
 func readCheckpointRecord(path string, uid types.UID) (Record, error) {
-	var env struct {
-		Data json.RawMessage `json:"data"`
-	}
 	var cp struct {
 		Claims map[types.UID]struct {
 			Record Record `json:"record"`
 		} `json:"claims"`
 	}
-	raw, err := slotfile.Read(path)
+	raw, err := state.Read(path, state.CheckpointFormat)
 	if err != nil {
 		return Record{}, err
 	}
-	if err := json.Unmarshal(raw, &env); err != nil {
-		return Record{}, err
-	}
-	if err := json.Unmarshal(env.Data, &cp); err != nil {
+	if err := json.Unmarshal(raw, &cp); err != nil {
 		return Record{}, err
 	}
 	c, ok := cp.Claims[uid]

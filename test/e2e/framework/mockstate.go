@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/diff"
 
 	"github.com/hwdra/hwdra/hw/mock"
-	"github.com/hwdra/hwdra/internal/slotfile"
+	"github.com/hwdra/hwdra/internal/state"
 )
 
 // Mock hardware that outlives the agent, as real hardware does: the agent
@@ -155,27 +155,25 @@ type AgentRecords struct {
 }
 
 // ReadAgentRecords reads a driver's checkpoint and ledger in an agent's
-// --state-dir (missing files are empty). It reads the files' JSON without
-// the prepare package, as an operator would look at them (the newer of
-// each file's two slots, internal/slotfile).
+// --state-dir (missing files are empty). It reads the files' data as an
+// operator would look at them (internal/state: the newer of each file's
+// two slots, in the current version), without the prepare package.
 func ReadAgentRecords(stateDir, driver string) (AgentRecords, error) {
 	out := AgentRecords{Claims: map[string]string{}}
-	raw, err := slotfile.Read(filepath.Join(stateDir, driver+".checkpoint.json"))
+	raw, err := state.Read(filepath.Join(stateDir, driver+".checkpoint.json"), state.CheckpointFormat)
 	if err != nil {
 		return out, err
 	}
 	if raw != nil {
-		var env struct {
-			Data struct {
-				Claims map[string]struct {
-					State string `json:"state"`
-				} `json:"claims"`
-			} `json:"data"`
+		var cp struct {
+			Claims map[string]struct {
+				State string `json:"state"`
+			} `json:"claims"`
 		}
-		if err := json.Unmarshal(raw, &env); err != nil {
+		if err := json.Unmarshal(raw, &cp); err != nil {
 			return out, fmt.Errorf("checkpoint of %s: %w", driver, err)
 		}
-		for uid, c := range env.Data.Claims {
+		for uid, c := range cp.Claims {
 			out.Claims[uid] = c.State
 		}
 	}
@@ -186,20 +184,18 @@ func ReadAgentRecords(stateDir, driver string) (AgentRecords, error) {
 	return out, err
 }
 
-// ledgerKeys are the keys of a ledger file (prepare.Ledger), sorted.
+// ledgerKeys are the keys of a ledger file (state.Ledger), sorted.
 func ledgerKeys(path string) ([]string, error) {
-	raw, err := slotfile.Read(path)
+	raw, err := state.Read(path, state.LedgerFormat)
 	if err != nil || raw == nil {
 		return nil, err
 	}
-	var l struct {
-		Entries map[string]json.RawMessage `json:"entries"`
-	}
-	if err := json.Unmarshal(raw, &l); err != nil {
+	var entries map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &entries); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	var keys []string
-	for k := range l.Entries {
+	for k := range entries {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)

@@ -1,4 +1,4 @@
-package slotfile
+package state
 
 import (
 	"errors"
@@ -8,42 +8,43 @@ import (
 	"testing"
 )
 
-func write(t *testing.T, w *Writer, data string) {
+func write(t *testing.T, w *slots, data string) {
 	t.Helper()
-	if err := w.Write([]byte(data), true); err != nil {
+	if err := w.write([]byte(data), true); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func read(t *testing.T, path string) string {
+// read is the newest valid slot's document.
+func readSlot(t *testing.T, path string) string {
 	t.Helper()
-	data, err := Read(path)
+	doc, _, _, err := scan(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(data)
+	return string(doc)
 }
 
 func TestNewestWriteWins(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
-	if data, err := Read(path); data != nil || err != nil {
-		t.Fatalf("missing file: %q %v", data, err)
+	if doc, _, _, err := scan(path); doc != nil || err != nil {
+		t.Fatalf("missing file: %q %v", doc, err)
 	}
-	w := NewWriter(path)
+	w := newSlots(path)
 	long := `{"a":"` + strings.Repeat("x", 9000) + `"}`
 	for _, d := range []string{`{"n":1}`, long, `{"n":3}`, `{"n":4}`} {
 		write(t, w, d)
-		if got := read(t, path); got != d {
+		if got := readSlot(t, path); got != d {
 			t.Fatalf("read %.40q, want %.40q", got, d)
 		}
 	}
-	w.Close()
+	w.close()
 	// A new writer (an agent restart) continues after the newest and
 	// never writes over it.
-	w = NewWriter(path)
+	w = newSlots(path)
 	write(t, w, `{"n":5}`)
-	corrupt(t, Paths(path)[1-w.next]) // damage the slot just written
-	if got := read(t, path); got != `{"n":4}` {
+	corrupt(t, slotPaths(path)[1-w.next]) // damage the slot just written
+	if got := readSlot(t, path); got != `{"n":4}` {
 		t.Fatalf("after a torn write: %q, want the previous content", got)
 	}
 }
@@ -75,20 +76,20 @@ func TestTornWriteFallsBackToTheOtherSlot(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "state.json")
-			w := NewWriter(path)
+			w := newSlots(path)
 			write(t, w, `{"n":1}`)
 			write(t, w, `{"n":2}`) // slot 1
-			tc.damage(t, Paths(path)[1])
-			if got := read(t, path); got != `{"n":1}` {
+			tc.damage(t, slotPaths(path)[1])
+			if got := readSlot(t, path); got != `{"n":1}` {
 				t.Fatalf("got %q", got)
 			}
 			// The next write goes to the damaged slot, not over n:1.
-			w2 := NewWriter(path)
+			w2 := newSlots(path)
 			write(t, w2, `{"n":3}`)
-			if raw, _ := os.ReadFile(Paths(path)[0]); !strings.Contains(string(raw), `{"n":1}`) {
+			if raw, _ := os.ReadFile(slotPaths(path)[0]); !strings.Contains(string(raw), `{"n":1}`) {
 				t.Fatalf("the valid slot was overwritten: %q", raw)
 			}
-			if got := read(t, path); got != `{"n":3}` {
+			if got := readSlot(t, path); got != `{"n":3}` {
 				t.Fatalf("got %q", got)
 			}
 		})
@@ -98,15 +99,15 @@ func TestTornWriteFallsBackToTheOtherSlot(t *testing.T) {
 func TestNoValidSlot(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
 	os.WriteFile(path, []byte("{garbage"), 0o600)
-	if _, err := Read(path); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("Read: %v, want ErrCorrupt", err)
+	if _, _, _, err := scan(path); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("scan: %v, want ErrCorrupt", err)
 	}
-	moved, err := SetAside(path, ".corrupt")
+	moved, err := setAside(path, ".corrupt")
 	if err != nil || len(moved) != 1 || moved[0] != path+".corrupt" {
-		t.Fatalf("SetAside: %v %v", moved, err)
+		t.Fatalf("setAside: %v %v", moved, err)
 	}
-	if data, err := Read(path); data != nil || err != nil {
-		t.Fatalf("after SetAside: %q %v", data, err)
+	if doc, _, _, err := scan(path); doc != nil || err != nil {
+		t.Fatalf("after setAside: %q %v", doc, err)
 	}
 }
 
@@ -114,19 +115,21 @@ func TestReadsAFileWrittenBeforeSlots(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
 	legacy := `{"version":"v1","entries":{"a":1}}`
 	os.WriteFile(path, []byte(legacy+"\n"), 0o600)
-	if got := read(t, path); got != legacy {
+	if got := readSlot(t, path); got != legacy {
 		t.Fatalf("got %q", got)
 	}
-	w := NewWriter(path)
+	w := newSlots(path)
 	write(t, w, `{"n":1}`)
 	if raw, _ := os.ReadFile(path); strings.TrimSpace(string(raw)) != legacy {
 		t.Fatal("the first write went over the only valid content")
 	}
-	if got := read(t, path); got != `{"n":1}` {
+	if got := readSlot(t, path); got != `{"n":1}` {
 		t.Fatalf("got %q", got)
 	}
 }
 
+// BenchmarkWrite is a state file write as prepare makes it (envelope and
+// slot).
 func BenchmarkWrite(b *testing.B) {
 	data := []byte(`{"claims":{"` + strings.Repeat("x", 1500) + `":{}}}`)
 	for _, durable := range []bool{true, false} {
@@ -135,7 +138,7 @@ func BenchmarkWrite(b *testing.B) {
 			name = "page-cache"
 		}
 		b.Run(name, func(b *testing.B) {
-			w := NewWriter(filepath.Join(b.TempDir(), "state.json"))
+			w := &File{format: CheckpointFormat, slots: newSlots(filepath.Join(b.TempDir(), "state.json"))}
 			defer w.Close()
 			for b.Loop() {
 				if err := w.Write(data, durable); err != nil {
