@@ -61,9 +61,6 @@ type Options struct {
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.
 	node *backend.Node
-	// featureRecheck, in tests, replaces how often a fallback model checks
-	// for the full one (10 minutes).
-	featureRecheck time.Duration
 }
 
 // Run runs the agent until ctx is cancelled. It serves the node once it
