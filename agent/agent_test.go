@@ -150,17 +150,7 @@ func (a *testAgent) stop() {
 // slices waits until the driver's pool is complete (and ok) and returns it.
 func (a *testAgent) slices(driver string, ok func([]*resourceapi.ResourceSlice) bool) []*resourceapi.ResourceSlice {
 	a.t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		out, err := publishtest.Pool(a.client, driver)
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		if out != nil && (ok == nil || ok(out)) {
-			return out
-		}
-	}
-	a.t.Fatalf("no complete pool of %s as expected within 30s", driver)
-	return nil
+	return publishtest.WaitPool(a.t, a.client, driver, ok)
 }
 
 func (a *testAgent) dial(path string) *grpc.ClientConn {

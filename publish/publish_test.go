@@ -101,17 +101,7 @@ func (r *rig) serve(drivers ...string) {
 // pool waits until the driver's stored pool is complete and ok holds.
 func (r *rig) pool(driver string, ok func([]*resourceapi.ResourceSlice) bool) []*resourceapi.ResourceSlice {
 	r.t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		ss, err := publishtest.Pool(r.client, driver)
-		if err != nil {
-			r.t.Fatal(err)
-		}
-		if ss != nil && (ok == nil || ok(ss)) {
-			return ss
-		}
-	}
-	r.t.Fatalf("no complete pool of %s as expected within 30s", driver)
-	return nil
+	return publishtest.WaitPool(r.t, r.client, driver, ok)
 }
 
 // verified waits until every served driver's publication is stored.

@@ -7,6 +7,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -88,9 +90,26 @@ func Writes(c *fake.Clientset) int {
 	return n
 }
 
-// Pool is a driver's pool as stored: the slices of its latest generation,
+// WaitPool waits until the driver's stored pool is complete and ok (if
+// set) holds for it, and returns it; after 30 s the test fails.
+func WaitPool(t testing.TB, c kubernetes.Interface, driver string, ok func([]*resourceapi.ResourceSlice) bool) []*resourceapi.ResourceSlice {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		ss, err := pool(c, driver)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ss != nil && (ok == nil || ok(ss)) {
+			return ss
+		}
+	}
+	t.Fatalf("no complete pool of %s as expected within 30s", driver)
+	return nil
+}
+
+// pool is a driver's pool as stored: the slices of its latest generation,
 // nil until that generation is complete.
-func Pool(c kubernetes.Interface, driver string) ([]*resourceapi.ResourceSlice, error) {
+func pool(c kubernetes.Interface, driver string) ([]*resourceapi.ResourceSlice, error) {
 	list, err := c.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		return nil, err
