@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,12 +20,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -36,6 +31,7 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/publish/publishtest"
 
 	"github.com/hwdra/hwdra/slices/device"
 )
@@ -87,23 +83,7 @@ func startAgentWith(t testing.TB, opts Options, before ...func(*fake.Clientset))
 		t.Fatal(err)
 	}
 	a := &testAgent{t: t, dir: dir, done: make(chan error, 1),
-		client: fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})}
-	// The fake API server does not implement generateName; the slice
-	// controller relies on it.
-	seq := 0
-	a.client.PrependReactor("create", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		create := action.(k8stesting.CreateAction)
-		if obj, ok := create.GetObject().(metav1.Object); ok && obj.GetName() == "" && obj.GetGenerateName() != "" {
-			seq++
-			obj.SetName(fmt.Sprintf("%s%05d", obj.GetGenerateName(), seq))
-		}
-		// Nor dry runs: answer with the object, store nothing.
-		if impl, ok := create.(k8stesting.CreateActionImpl); ok && len(impl.CreateOptions.DryRun) > 0 {
-			return true, create.GetObject(), nil
-		}
-		return false, nil, nil
-	})
-	honourSliceFieldSelectors(a.client)
+		client: publishtest.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})}
 	for _, f := range before {
 		f(a.client)
 	}
@@ -118,51 +98,11 @@ func startAgentWith(t testing.TB, opts Options, before ...func(*fake.Clientset))
 	if opts.Rescan == 0 {
 		opts.Rescan = 100 * time.Millisecond
 	}
-	if opts.featureRecheck == 0 {
-		opts.featureRecheck = 200 * time.Millisecond
-	}
 	opts.MetricsAddress = freeAddress(t)
 	a.opts = opts
 	go func() { a.done <- Run(ctx, opts) }()
 	t.Cleanup(a.stop)
 	return a
-}
-
-// honourSliceFieldSelectors makes the fake API server filter ResourceSlice
-// lists and watches by field selector, as the real one does: the slice
-// controller of each driver selects its own driver's slices, and without
-// the filter each would take the other's for obsolete slices of its pool.
-func honourSliceFieldSelectors(c *fake.Clientset) {
-	gvr := resourceapi.SchemeGroupVersion.WithResource("resourceslices")
-	match := func(sel fields.Selector, obj runtime.Object) bool {
-		s, ok := obj.(*resourceapi.ResourceSlice)
-		if !ok || sel == nil {
-			return true
-		}
-		set := fields.Set{resourceapi.ResourceSliceSelectorDriver: s.Spec.Driver, resourceapi.ResourceSliceSelectorPoolName: s.Spec.Pool.Name}
-		if s.Spec.NodeName != nil {
-			set[resourceapi.ResourceSliceSelectorNodeName] = *s.Spec.NodeName
-		}
-		return sel.Matches(set)
-	}
-	c.PrependReactor("list", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		sel := action.(k8stesting.ListAction).GetListRestrictions().Fields
-		obj, err := c.Tracker().List(gvr, resourceapi.SchemeGroupVersion.WithKind("ResourceSlice"), "")
-		if err != nil {
-			return true, nil, err
-		}
-		list := obj.(*resourceapi.ResourceSliceList)
-		list.Items = slices.DeleteFunc(list.Items, func(s resourceapi.ResourceSlice) bool { return !match(sel, &s) })
-		return true, list, nil
-	})
-	c.PrependWatchReactor("resourceslices", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		sel := action.(k8stesting.WatchAction).GetWatchRestrictions().Fields
-		w, err := c.Tracker().Watch(gvr, "")
-		if err != nil {
-			return true, nil, err
-		}
-		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, match(sel, e.Object) }), nil
-	})
 }
 
 // settle waits for a few of the agent's rescans, so that whatever it
@@ -207,35 +147,10 @@ func (a *testAgent) stop() {
 	}
 }
 
-// slices waits until the driver's pool is complete and returns it.
+// slices waits until the driver's pool is complete (and ok) and returns it.
 func (a *testAgent) slices(driver string, ok func([]*resourceapi.ResourceSlice) bool) []*resourceapi.ResourceSlice {
 	a.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		list, err := a.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		var out []*resourceapi.ResourceSlice
-		gen := int64(-1)
-		for i := range list.Items {
-			s := &list.Items[i]
-			if s.Spec.Driver == driver {
-				gen = max(gen, s.Spec.Pool.Generation)
-			}
-		}
-		for i := range list.Items {
-			if s := &list.Items[i]; s.Spec.Driver == driver && s.Spec.Pool.Generation == gen {
-				out = append(out, s)
-			}
-		}
-		if len(out) > 0 && int64(len(out)) == out[0].Spec.Pool.ResourceSliceCount && (ok == nil || ok(out)) {
-			return out
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	a.t.Fatalf("no complete pool of %s as expected within 30s", driver)
-	return nil
+	return publishtest.WaitPool(a.t, a.client, driver, ok)
 }
 
 func (a *testAgent) dial(path string) *grpc.ClientConn {
@@ -248,15 +163,7 @@ func (a *testAgent) dial(path string) *grpc.ClientConn {
 	return conn
 }
 
-func (a *testAgent) writes() int {
-	n := 0
-	for _, act := range a.client.Actions() {
-		if act.GetResource().Resource == "resourceslices" && slices.Contains([]string{"create", "update", "patch", "delete"}, act.GetVerb()) {
-			n++
-		}
-	}
-	return n
-}
+func (a *testAgent) writes() int { return publishtest.Writes(a.client) }
 
 func deviceNames(ss []*resourceapi.ResourceSlice) map[string]bool {
 	out := map[string]bool{}
@@ -406,68 +313,6 @@ func injectCDI(t *testing.T, dir string, ids []string) {
 	}
 	if !slices.ContainsFunc(spec.Process.Env, func(e string) bool { return strings.HasPrefix(e, "NVIDIA_VISIBLE_DEVICES=") }) {
 		t.Errorf("no NVIDIA_VISIBLE_DEVICES in %v", spec.Process.Env)
-	}
-}
-
-// TestAgentFallsBackWhenFieldsAreDropped: an API server without
-// DRADeviceCompatibilityGroups drops the groups; the agent notices and
-// republishes a model that needs none (no vGPU devices), instead of leaving
-// MIG and vGPU of one GPU co-allocatable. Once the gate is on (the server
-// keeps the groups) the agent finds out by a dry run and returns to the
-// full model.
-func TestAgentFallsBackWhenFieldsAreDropped(t *testing.T) {
-	var gateOn atomic.Bool
-	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
-		var obj runtime.Object
-		switch act := action.(type) {
-		case k8stesting.CreateAction:
-			obj = act.GetObject()
-		case k8stesting.UpdateAction:
-			obj = act.GetObject()
-		}
-		if s, ok := obj.(*resourceapi.ResourceSlice); ok && !gateOn.Load() {
-			for i := range s.Spec.Devices {
-				for j := range s.Spec.Devices[i].ConsumesCounters {
-					s.Spec.Devices[i].ConsumesCounters[j].CompatibilityGroups = nil
-				}
-			}
-		}
-		return false, nil, nil
-	}
-	a := startAgent(t, "gpus:\n- model: h100-80gb\n  count: 1\n  virtualization: host-vgpu\n", func(c *fake.Clientset) {
-		c.PrependReactor("create", "resourceslices", strip)
-		c.PrependReactor("update", "resourceslices", strip)
-	})
-	kinds := func(ss []*resourceapi.ResourceSlice) (vgpu, mig int) {
-		for _, s := range ss {
-			for _, d := range s.Spec.Devices {
-				switch *d.Attributes[device.AttrType].StringValue {
-				case device.KindVGPU:
-					vgpu++
-				case device.KindMIG:
-					mig++
-				}
-			}
-		}
-		return vgpu, mig
-	}
-	ss := a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
-		vgpu, mig := kinds(ss)
-		return vgpu == 0 && mig > 0
-	})
-	// MIG partitions still allocate.
-	a.allocated(ss, "mig", migRequest("1g.10gb"))
-	if got := a.metric(`hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`); got != "1" {
-		t.Errorf("fallback metric %q", got)
-	}
-
-	gateOn.Store(true)
-	a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
-		vgpu, _ := kinds(ss)
-		return vgpu > 0
-	})
-	if got := a.metric(`hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`); got != "0" {
-		t.Errorf("fallback metric after the gate came back: %q", got)
 	}
 }
 

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"iter"
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -16,17 +17,49 @@ import (
 	"github.com/hwdra/hwdra/prepare"
 	gpuprep "github.com/hwdra/hwdra/prepare/gpu"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
-
+	"github.com/hwdra/hwdra/publish"
 	"github.com/hwdra/hwdra/slices/device"
 )
 
-// Driver is one driver's kubelet-side implementation.
-type Driver struct {
+// Driver is one driver's kubelet-side implementation: the plugin that
+// prepares its claims (R: its record of what a prepare applied) and, once
+// the agent serves it, the kubelet plugin library's helper that serves it
+// to the kubelet.
+type Driver[R any] struct {
 	Name   string
-	Plugin kubeletplugin.DRAPlugin
-	// Unclaimed, if set, probes through the given function and returns
-	// the node without the hardware state the driver made for claims.
-	Unclaimed func(probe func() (hw.Inventory, error)) (hw.Inventory, error)
+	Plugin *prepare.Plugin[R]
+	helper *kubeletplugin.Helper
+}
+
+// GPU is the GPU driver.
+type GPU struct {
+	Driver[gpuprep.Record]
+	// Unclaimed is the node as it would be without the partitions the
+	// driver made for claims: what is published.
+	Unclaimed publish.Unclaimed
+}
+
+// NIC is the SR-IOV NIC driver.
+type NIC struct {
+	Driver[nicprep.Record]
+}
+
+// Drivers are a node's drivers; nil where it has no such hardware.
+type Drivers struct {
+	GPU *GPU
+	NIC *NIC
+}
+
+// All yields each driver's name and kubelet plugin, the GPU's first.
+func (d Drivers) All() iter.Seq2[string, kubeletplugin.DRAPlugin] {
+	return func(yield func(string, kubeletplugin.DRAPlugin) bool) {
+		if d.GPU != nil && !yield(d.GPU.Name, d.GPU.Plugin) {
+			return
+		}
+		if d.NIC != nil {
+			yield(d.NIC.Name, d.NIC.Plugin)
+		}
+	}
 }
 
 // PluginOptions say where drivers keep state and write CDI specs.
@@ -51,8 +84,8 @@ type PluginOptions struct {
 
 // NewDrivers builds a plugin for each driver that has hardware in inv. Each
 // plugin reconciles its checkpoint with the hardware on creation.
-func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts PluginOptions) ([]Driver, error) {
-	var drivers []Driver
+func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts PluginOptions) (Drivers, error) {
+	var drivers Drivers
 	if gpu := node.GPU(); len(inv.GPUs) > 0 && gpu != nil {
 		d, err := gpuprep.New(gpuprep.Options{
 			NVML: gpu,
@@ -65,15 +98,15 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			Sysfs: node.Sysfs, DriverSpecDirs: specDirs(node.DriverSpecDirs, opts.CDIDir),
 		})
 		if err != nil {
-			return nil, err
+			return Drivers{}, err
 		}
 		p, err := prepare.New(ctx, d, prepare.Options{
 			DriverName: device.GPUDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", device.GPUDriver, err)
+			return Drivers{}, fmt.Errorf("%s: %w", device.GPUDriver, err)
 		}
-		drivers = append(drivers, Driver{Name: device.GPUDriver, Plugin: p, Unclaimed: d.Unclaimed})
+		drivers.GPU = &GPU{Driver: Driver[gpuprep.Record]{Name: device.GPUDriver, Plugin: p}, Unclaimed: d.Unclaimed}
 	}
 	if len(inv.PFs) > 0 {
 		d, err := nicprep.New(nicprep.Options{
@@ -87,15 +120,15 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			StateDir: opts.StateDir, NodeName: opts.NodeName, Network: opts.Network,
 		})
 		if err != nil {
-			return nil, err
+			return Drivers{}, err
 		}
 		p, err := prepare.New(ctx, d, prepare.Options{
 			DriverName: device.NICDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", device.NICDriver, err)
+			return Drivers{}, fmt.Errorf("%s: %w", device.NICDriver, err)
 		}
-		drivers = append(drivers, Driver{Name: device.NICDriver, Plugin: p})
+		drivers.NIC = &NIC{Driver[nicprep.Record]{Name: device.NICDriver, Plugin: p}}
 	}
 	return drivers, nil
 }
@@ -111,21 +144,6 @@ func specDirs(node []string, cdiDir string) []string {
 		return node
 	}
 	return append(slices.Clone(node), cdiDir)
-}
-
-// buildDrivers builds the node's drivers for the agent.
-func buildDrivers(ctx context.Context, opts Options, node *backend.Node, pub *publisher, inv hw.Inventory,
-	claims kubernetes.Interface, network nicprep.PodNetwork) ([]Driver, error) {
-	return NewDrivers(ctx, node, inv, PluginOptions{
-		Network:   network,
-		StateDir:  opts.StateDir,
-		CDIDir:    opts.CDIDir,
-		Current:   pub.current,
-		Config:    pub.cfg,
-		NodeName:  opts.NodeName,
-		OnError:   pub.onError,
-		Allocated: allocatedTo(claims, opts.NodeName),
-	})
 }
 
 // allocatedTo lists the claims with a device allocated from a pool of the

@@ -2,13 +2,13 @@ package agent
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"time"
 
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
-	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
@@ -35,34 +35,26 @@ const (
 // republishing when faults change) and to the kubelet (one health stream
 // per driver).
 type nodeHealth struct {
-	pub     *publisher
+	cfg     *config.AgentConfig
 	policy  health.XIDPolicy
 	changed *health.Broadcast // faults or published devices changed
+	// republish wakes the publisher (publish.Publisher.Run): the faults,
+	// and so the taints, changed.
+	republish chan struct{}
 
 	mu      sync.Mutex
 	gpu     *health.GPUMonitor // nil until NVML is usable
 	nic     *health.NICMonitor
 	held    hw.Inventory               // the last probe, with what it could not tell held
 	devices map[string][]health.Device // by driver, as last published
-	served  []Driver
 }
 
-func newNodeHealth(pub *publisher, cfg *config.AgentConfig) *nodeHealth {
-	h := &nodeHealth{pub: pub, policy: health.NewXIDPolicy(cfg.HealthPolicy()),
-		changed: health.NewBroadcast(), devices: map[string][]health.Device{}}
-	pub.faults, pub.afterPublish = h.faults, h.published
-	return h
+func newNodeHealth(cfg *config.AgentConfig) *nodeHealth {
+	return &nodeHealth{cfg: cfg, policy: health.NewXIDPolicy(cfg.HealthPolicy()),
+		changed: health.NewBroadcast(), republish: make(chan struct{}, 1), devices: map[string][]health.Device{}}
 }
 
-// health is what the monitors found wrong now.
-func (p *publisher) health() hw.Health {
-	if p.faults == nil {
-		return hw.Health{}
-	}
-	return p.faults()
-}
-
-// faults merges the monitors' findings.
+// faults merges the monitors' findings: the publisher taints them.
 func (h *nodeHealth) faults() hw.Health {
 	h.mu.Lock()
 	gpu, nic := h.gpu, h.nic
@@ -82,28 +74,28 @@ func (h *nodeHealth) faults() hw.Health {
 // onChange: the faults changed. Tell the streams and republish (taints).
 func (h *nodeHealth) onChange() {
 	h.changed.Notify()
-	h.pub.Poke()
+	select {
+	case h.republish <- struct{}{}:
+	default:
+	}
 }
 
-// probing wraps the publisher's probe: what a probe could not tell is held
-// from the last one (health.Hold), and the monitors learn what it found,
-// before the slices are built from it.
-func (h *nodeHealth) probing(probe func(context.Context) (hw.Inventory, error)) func(context.Context) (hw.Inventory, error) {
-	return func(ctx context.Context) (hw.Inventory, error) {
-		inv, err := probe(ctx)
-		h.mu.Lock()
-		inv = health.Hold(h.held, inv)
-		h.held = inv
-		gpu, nic := h.gpu, h.nic
-		h.mu.Unlock()
-		if gpu != nil {
-			gpu.Probed(inv)
-		}
-		if nic != nil {
-			nic.Probed(inv)
-		}
-		return inv, err
+// probed sees each of the publisher's probes: what a probe could not tell
+// is held from the last one (health.Hold), and the monitors learn what it
+// found, before the slices are built from it.
+func (h *nodeHealth) probed(inv hw.Inventory) hw.Inventory {
+	h.mu.Lock()
+	inv = health.Hold(h.held, inv)
+	h.held = inv
+	gpu, nic := h.gpu, h.nic
+	h.mu.Unlock()
+	if gpu != nil {
+		gpu.Probed(inv)
 	}
+	if nic != nil {
+		nic.Probed(inv)
+	}
+	return inv
 }
 
 // startNIC starts the NIC monitor on the node's netdevs: the host's, or a
@@ -140,14 +132,10 @@ func (h *nodeHealth) start(ctx context.Context, m interface {
 	go m.Run(ctx)
 }
 
-// published: the publisher handed a driver's slices to the API. They are
-// what the driver's stream reports on.
-func (h *nodeHealth) published(driver string) {
-	res, ok := h.pub.lastPublished(driver)
-	if !ok {
-		return
-	}
-	devices := h.catalog(driver, res)
+// published: the publisher handed a driver's slices, built from inv with
+// features f, to the API. They are what the driver's stream reports on.
+func (h *nodeHealth) published(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features) {
+	devices := h.catalog(driver, res, inv, f)
 	h.mu.Lock()
 	h.devices[driver] = devices
 	h.mu.Unlock()
@@ -156,13 +144,12 @@ func (h *nodeHealth) published(driver string) {
 
 // catalog pairs each published device with what it stands for on the
 // hardware (the builders' catalogs, from the inventory it was built from).
-func (h *nodeHealth) catalog(driver string, res resourceslice.DriverResources) []health.Device {
-	inv, f := h.pub.current()
+func (h *nodeHealth) catalog(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features) []health.Device {
 	switch driver {
 	case device.GPUDriver:
 		return devicesOf(res, resources.GPUDevices(inv.GPUs, f))
 	case device.NICDriver:
-		offers, _ := h.pub.cfg.Resolve(inv.PFs)
+		offers, _ := h.cfg.Resolve(inv.PFs)
 		return devicesOf(res, resources.NICDevices(offers, f))
 	}
 	return nil
@@ -225,64 +212,10 @@ func (p *healthPlugin) WatchHealthStatus(ctx context.Context, reports chan<- kub
 	return p.stream.Watch(ctx, reports)
 }
 
-// addDriver makes the publisher publish a driver's pool; drivers may start
-// late (the GPU driver once NVML is there).
-func (p *publisher) addDriver(driver string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.drivers = append(slices.Clone(p.drivers), driver)
-}
-
-// served are the drivers whose pools are published.
-func (p *publisher) served() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.drivers
-}
-
-// lastPublished is what the publisher last handed to a driver's
-// controller.
-func (p *publisher) lastPublished(driver string) (resourceslice.DriverResources, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	res, ok := p.published[driver]
-	return res, ok
-}
-
-// addDrivers and drivers: the drivers that serve, whose Unclaimed the
-// publisher's probe applies.
-func (h *nodeHealth) addDrivers(ds []Driver) {
+// drivers are those whose devices were published: they have a health
+// stream to report.
+func (h *nodeHealth) drivers() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.served = append(slices.Clone(h.served), ds...)
-}
-
-func (h *nodeHealth) drivers() []Driver {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.served
-}
-
-// waitNVML retries a pending NVML with backoff, warning until it comes,
-// then starts the GPU driver (start) without an agent restart.
-func waitNVML(ctx context.Context, node *backend.Node, start func(context.Context) error) {
-	logger := klog.FromContext(ctx)
-	backoff := time.Second
-	for {
-		err := node.InitNVML()
-		if err == nil {
-			logger.Info("NVML is available now: starting the GPU driver")
-			if err := start(ctx); err != nil {
-				logger.Error(err, "Starting the GPU driver")
-			}
-			return
-		}
-		logger.Info("Warning: the PCI bus shows NVIDIA GPUs but NVML is unavailable (is the driver container ready?): no GPU driver yet", "err", err, "retryIn", backoff)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Minute)
-	}
+	return slices.Sorted(maps.Keys(h.devices))
 }

@@ -9,23 +9,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
-	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/publish"
 )
 
 // metrics are the agent's Prometheus metrics, on their own registry so
-// that tests can start several agents in one process. Every one is listed
-// in the README (Metrics), which TestMetricsAsDocumented checks against a
-// scrape.
+// that tests can start several agents in one process; the publisher adds
+// its own (publish/metrics.go). Every one is listed in the README
+// (Metrics), which TestMetricsAsDocumented checks against a scrape.
 type metrics struct {
-	registry  *prometheus.Registry
-	claims    *prometheus.HistogramVec
-	writes    *prometheus.CounterVec
-	devices   *prometheus.GaugeVec
-	fallbacks *prometheus.GaugeVec
+	registry *prometheus.Registry
+	claims   *prometheus.HistogramVec
 	// API clients (see newClients).
 	throttled    *prometheus.CounterVec
 	throttleWait *prometheus.HistogramVec
@@ -42,18 +38,6 @@ func newMetrics() *metrics {
 			Help:    "Time to prepare or unprepare one claim, by driver, operation, kind of its devices (gpu, mig, vgpu, vf-share, vf; mixed for several) and result.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}, []string{"driver", "operation", "kind", "result"}),
-		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hwdra_resource_publications_total",
-			Help: "Times a driver's ResourceSlices were republished because the devices changed.",
-		}, []string{"driver"}),
-		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "hwdra_published_devices",
-			Help: "Devices in a driver's published ResourceSlices, by kind.",
-		}, []string{"driver", "kind"}),
-		fallbacks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "hwdra_feature_disabled",
-			Help: "1 when the API server dropped fields of this DRA feature and the agent fell back to a model without it.",
-		}, []string{"feature"}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hwdra_api_client_throttled_requests_total",
 			Help: "API requests that waited for the client's rate limiter (--kube-api-qps, --kube-api-burst), by client: claims (prepare) or slices (publishing).",
@@ -79,13 +63,10 @@ func newMetrics() *metrics {
 		m.throttled.WithLabelValues(c)
 		m.throttleWait.WithLabelValues(c)
 	}
-	for _, g := range gates {
-		m.fallbacks.WithLabelValues(g.name)
-	}
 	for _, r := range []string{resultSuccess, resultError} {
 		m.statusWrites.WithLabelValues(r)
 	}
-	m.registry.MustRegister(m.claims, m.writes, m.devices, m.fallbacks, m.throttled, m.throttleWait, m.hooks, m.statusWrites,
+	m.registry.MustRegister(m.claims, m.throttled, m.throttleWait, m.hooks, m.statusWrites,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -102,31 +83,9 @@ func result(err error) string {
 	return resultSuccess
 }
 
-// Device kinds, the "kind" label.
-const (
-	kindMixed   = "mixed"
-	kindUnknown = "unknown"
-	kindVFShare = "vf-share"
-	kindVF      = "vf"
-)
-
-// deviceKind is a published device's kind: its gpu.hwdra.io/type (gpu,
-// mig, vgpu), or for a NIC a PF offered in shares (vf-share) or one VF
-// (vf).
-func deviceKind(driver string, d *resourceapi.Device) string {
-	switch driver {
-	case device.GPUDriver:
-		if a, ok := d.Attributes[device.AttrType]; ok && a.StringValue != nil {
-			return *a.StringValue
-		}
-	case device.NICDriver:
-		if d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
-			return kindVFShare
-		}
-		return kindVF
-	}
-	return kindUnknown
-}
+// kindMixed is the kind of a claim with devices of several kinds (the
+// devices' kinds are the publisher's: publish.Publisher.KindOf).
+const kindMixed = "mixed"
 
 // claimKind is the kind of a claim's devices: theirs when they share one,
 // mixed otherwise, unknown without any.
@@ -141,7 +100,7 @@ func claimKind(kinds []string) string {
 		}
 	}
 	if out == "" {
-		return kindUnknown
+		return publish.KindUnknown
 	}
 	return out
 }
@@ -164,35 +123,15 @@ func (c healthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- deviceHeal
 
 func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 	states := []kubeletplugin.HealthStatus{kubeletplugin.HealthStatusHealthy, kubeletplugin.HealthStatusUnhealthy, kubeletplugin.HealthStatusUnknown}
-	for _, d := range c.h.drivers() {
-		for _, dev := range c.h.stream(d.Name).States() {
+	for _, driver := range c.h.drivers() {
+		for _, dev := range c.h.stream(driver).States() {
 			for _, st := range states {
 				v := 0.0
 				if dev.Health == st {
 					v = 1
 				}
-				ch <- prometheus.MustNewConstMetric(deviceHealthDesc, prometheus.GaugeValue, v, d.Name, dev.Pool, dev.Name, string(st))
+				ch <- prometheus.MustNewConstMetric(deviceHealthDesc, prometheus.GaugeValue, v, driver, dev.Pool, dev.Name, string(st))
 			}
-		}
-	}
-}
-
-// sliceWrites reports the ResourceSlice controllers' API writes.
-type sliceWrites struct{ p *publisher }
-
-var sliceWritesDesc = prometheus.NewDesc("hwdra_resourceslice_writes_total",
-	"ResourceSlice creates, updates and deletes the agent sent to the API server, by driver and operation.",
-	[]string{"driver", "operation"}, nil)
-
-func (c sliceWrites) Describe(ch chan<- *prometheus.Desc) { ch <- sliceWritesDesc }
-
-func (c sliceWrites) Collect(ch chan<- prometheus.Metric) {
-	c.p.mu.Lock()
-	defer c.p.mu.Unlock()
-	for driver, ctrl := range c.p.controllers {
-		st := ctrl.GetStats()
-		for op, n := range map[string]int64{"create": st.NumCreates, "update": st.NumUpdates, "delete": st.NumDeletes} {
-			ch <- prometheus.MustNewConstMetric(sliceWritesDesc, prometheus.CounterValue, float64(n), driver, op)
 		}
 	}
 }

@@ -5,14 +5,12 @@ import (
 	"fmt"
 
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/metadata/nri"
-	"github.com/hwdra/hwdra/prepare"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -60,31 +58,20 @@ func (n *podNetwork) network() nicprep.PodNetwork {
 	return n.plugin
 }
 
-// run serves the runtime's hooks and writes claim status until ctx ends.
-// drivers and helpers are the agent's, in the same order.
-func (n *podNetwork) run(ctx context.Context, drivers []Driver, helpers []*kubeletplugin.Helper) error {
-	if n == nil {
-		return nil
+// run serves the runtime's hooks for the NIC driver's prepared claims,
+// and writes their status, until ctx ends.
+func (n *podNetwork) run(ctx context.Context, nic *NIC) {
+	if n == nil || nic == nil {
+		return
 	}
-	for i, d := range drivers {
-		if d.Name != device.NICDriver {
-			continue
-		}
-		nic, ok := d.Plugin.(*prepare.Plugin[nicprep.Record])
-		if !ok {
-			return fmt.Errorf("NRI plugin: %s has no prepared-claims view (%T)", d.Name, d.Plugin)
-		}
-		go n.status.Run(ctx)
-		n.started = true
-		go func() {
-			defer close(n.done)
-			defer n.plugin.Close()
-			_ = n.plugin.Run(ctx, nic.Claims, helpers[i])
-		}()
-		klog.FromContext(ctx).Info("NRI plugin started", "socket", n.plugin.Socket())
-		return nil
-	}
-	return nil
+	go n.status.Run(ctx)
+	n.started = true
+	go func() {
+		defer close(n.done)
+		defer n.plugin.Close()
+		_ = n.plugin.Run(ctx, nic.Plugin.Claims, nic.helper)
+	}()
+	klog.FromContext(ctx).Info("NRI plugin started", "socket", n.plugin.Socket())
 }
 
 // wait waits until the NRI plugin has stopped (its context ended), so that

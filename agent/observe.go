@@ -16,25 +16,20 @@ import (
 // labelled with the kind of the claim's devices (kindOf looks a published
 // device up). Neither triggers a rescan: what the agent makes for claims
 // never changes the published slices.
-func observed(d Driver, m *metrics, kindOf func(driver, device string) string) kubeletplugin.DRAPlugin {
-	return &observing{DRAPlugin: d.Plugin, driver: d.Name, metrics: m, kindOf: kindOf}
+func observed[R any](d *Driver[R], m *metrics, kindOf func(driver, device string) string) kubeletplugin.DRAPlugin {
+	return &observing[R]{Plugin: d.Plugin, driver: d.Name, metrics: m, kindOf: kindOf}
 }
 
-type observing struct {
-	kubeletplugin.DRAPlugin
+type observing[R any] struct {
+	*prepare.Plugin[R]
 	driver  string
 	metrics *metrics
 	kindOf  func(driver, device string) string
 }
 
-// preparedDevices is what prepare.Plugin tells of a prepared claim.
-type preparedDevices interface {
-	Devices(types.UID) []prepare.Device
-}
-
-func (p *observing) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+func (p *observing[R]) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	start := time.Now()
-	res, err := p.DRAPlugin.PrepareResourceClaims(ctx, claims)
+	res, err := p.Plugin.PrepareResourceClaims(ctx, claims)
 	for _, c := range claims {
 		var kinds []string
 		if c.Status.Allocation != nil {
@@ -49,26 +44,20 @@ func (p *observing) PrepareResourceClaims(ctx context.Context, claims []*resourc
 	return res, err
 }
 
-func (p *observing) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+func (p *observing[R]) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	// The devices are known until the claim is unprepared.
 	kinds := map[types.UID]string{}
-	if pd, ok := p.DRAPlugin.(preparedDevices); ok {
-		for _, c := range claims {
-			var ks []string
-			for _, d := range pd.Devices(c.UID) {
-				ks = append(ks, p.kindOf(p.driver, d.Device))
-			}
-			kinds[c.UID] = claimKind(ks)
+	for _, c := range claims {
+		var ks []string
+		for _, d := range p.Devices(c.UID) {
+			ks = append(ks, p.kindOf(p.driver, d.Device))
 		}
+		kinds[c.UID] = claimKind(ks)
 	}
 	start := time.Now()
-	res, err := p.DRAPlugin.UnprepareResourceClaims(ctx, claims)
+	res, err := p.Plugin.UnprepareResourceClaims(ctx, claims)
 	for _, c := range claims {
-		kind := kinds[c.UID]
-		if kind == "" {
-			kind = kindUnknown
-		}
-		p.metrics.observe(p.driver, "unprepare", kind, start, errors.Join(err, res[c.UID]))
+		p.metrics.observe(p.driver, "unprepare", kinds[c.UID], start, errors.Join(err, res[c.UID]))
 	}
 	return res, err
 }

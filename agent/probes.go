@@ -32,8 +32,11 @@ type probes struct {
 	mu      sync.Mutex
 	state   string // why not serving; "" while serving
 	plugins []startedPlugin
-	pub     *publisher
-	nri     func() error
+	// published is nil once each driver's last publication is in the API
+	// server (publish.Publisher.Verified); nri once the NRI plugin is
+	// synchronized.
+	published func() error
+	nri       func() error
 	// requested tells whether a newer agent asks for the node.
 	requested func() bool
 }
@@ -57,14 +60,14 @@ func (p *probes) setState(s string) {
 	defer p.mu.Unlock()
 	p.state = s
 	if s == stateHandedOver {
-		p.plugins, p.pub, p.nri = nil, nil, nil
+		p.plugins, p.published, p.nri = nil, nil, nil
 	}
 }
 
-func (p *probes) serving(pub *publisher, nri func() error) {
+func (p *probes) serving(published, nri func() error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.state, p.pub, p.nri = "", pub, nri
+	p.state, p.published, p.nri = "", published, nri
 }
 
 func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
@@ -76,7 +79,7 @@ func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
 // ready is nil when the agent serves the node, else every reason why not.
 func (p *probes) ready() error {
 	p.mu.Lock()
-	state, plugins, pub, nri, requested := p.state, p.plugins, p.pub, p.nri, p.requested
+	state, plugins, published, nri, requested := p.state, p.plugins, p.published, p.nri, p.requested
 	p.mu.Unlock()
 	if state != "" {
 		return errors.New(state)
@@ -94,8 +97,8 @@ func (p *probes) ready() error {
 			errs = append(errs, fmt.Errorf("kubelet plugin %s: %s", pl.driver, reason))
 		}
 	}
-	if pub != nil {
-		errs = append(errs, pub.publishState())
+	if published != nil {
+		errs = append(errs, published())
 	}
 	if nri != nil {
 		errs = append(errs, nri())

@@ -113,16 +113,16 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	for _, d := range drivers {
-		mine := claimsOf(claims, d.Name)
+	for name, plugin := range drivers.All() {
+		mine := claimsOf(claims, name)
 		if len(mine) == 0 {
 			continue
 		}
-		if d.Name == device.NICDriver {
+		if name == device.NICDriver {
 			// No container runtime here: nothing to move a VF into.
 			fmt.Fprintln(out, "note: no NRI here (as the agent with --nri-socket=): VF netdevs stay in the host network namespace, their metadata has no networkData")
 		}
-		if err := prepare(ctx, out, d, mine, opts); err != nil {
+		if err := prepare(ctx, out, name, plugin, mine, opts); err != nil {
 			return err
 		}
 	}
@@ -134,8 +134,8 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 		return nil
 	}
 	section(out, "Unprepare")
-	for _, d := range drivers {
-		mine := claimsOf(claims, d.Name)
+	for name, plugin := range drivers.All() {
+		mine := claimsOf(claims, name)
 		if len(mine) == 0 {
 			continue
 		}
@@ -143,7 +143,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 		for _, c := range mine {
 			refs = append(refs, kubeletplugin.NamespacedObject{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, UID: c.UID})
 		}
-		results, err := d.Plugin.UnprepareResourceClaims(ctx, refs)
+		results, err := plugin.UnprepareResourceClaims(ctx, refs)
 		if err != nil {
 			return err
 		}
@@ -151,7 +151,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 			if results[c.UID] != nil {
 				return fmt.Errorf("unprepare %s: %w", c.Name, results[c.UID])
 			}
-			fmt.Fprintf(out, "%s: unprepared (%s)\n", c.Name, d.Name)
+			fmt.Fprintf(out, "%s: unprepared (%s)\n", c.Name, name)
 		}
 	}
 	final, _ := node.Inventory(ctx)
@@ -159,9 +159,9 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	return nil
 }
 
-func prepare(ctx context.Context, out io.Writer, d agent.Driver, claims []*resourceapi.ResourceClaim, opts Options) error {
-	section(out, "Prepare: "+d.Name)
-	results, err := d.Plugin.PrepareResourceClaims(ctx, claims)
+func prepare(ctx context.Context, out io.Writer, driver string, plugin kubeletplugin.DRAPlugin, claims []*resourceapi.ResourceClaim, opts Options) error {
+	section(out, "Prepare: "+driver)
+	results, err := plugin.PrepareResourceClaims(ctx, claims)
 	if err != nil {
 		return err
 	}
@@ -187,7 +187,7 @@ func prepare(ctx context.Context, out io.Writer, d agent.Driver, claims []*resou
 		if err := printYAML(out, map[string]any{c.Name: devs}); err != nil {
 			return err
 		}
-		spec, err := os.ReadFile(filepath.Join(opts.CDIDir, d.Name+"_claim_"+string(c.UID)+".json"))
+		spec, err := os.ReadFile(filepath.Join(opts.CDIDir, driver+"_claim_"+string(c.UID)+".json"))
 		if err == nil {
 			fmt.Fprintf(out, "CDI spec of %s:\n", c.Name)
 			y, _ := yaml.JSONToYAML(spec)

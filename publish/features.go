@@ -1,7 +1,8 @@
-package agent
+package publish
 
 import (
 	"context"
+	"errors"
 	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,10 +35,23 @@ func without(f device.Features, off []string) device.Features {
 	return f
 }
 
+// HandleError handles the ResourceSlice controllers' background errors
+// (and the kubelet plugins', which the agent routes here): dropped fields
+// make the publisher fall back; everything else is logged (and retried by
+// the controller).
+func (p *Publisher) HandleError(ctx context.Context, err error, msg string) {
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) {
+		p.dropFeatures(ctx, dropped.DisabledFeatures())
+		return
+	}
+	klog.FromContext(ctx).Error(err, msg)
+}
+
 // dropFeatures is called when the API server dropped fields of our slices
 // because a DRA feature gate is off. It falls back to a model without those
 // features and republishes, so the pool stays usable.
-func (p *publisher) dropFeatures(ctx context.Context, dropped []string) {
+func (p *Publisher) dropFeatures(ctx context.Context, dropped []string) {
 	p.mu.Lock()
 	f := without(p.features, dropped)
 	changed := f != p.features
@@ -58,7 +72,7 @@ func (p *publisher) dropFeatures(ctx context.Context, dropped []string) {
 // server whether it keeps the full model's fields now (a gate turned on
 // after the agent started) by a server-side dry run of the full model's
 // slices, which stores nothing, and returns to the fullest model it keeps.
-func (p *publisher) recheckFeatures(ctx context.Context) {
+func (p *Publisher) recheckFeatures(ctx context.Context) {
 	p.mu.Lock()
 	current, inv := p.features, p.inv
 	p.mu.Unlock()
@@ -66,13 +80,13 @@ func (p *publisher) recheckFeatures(ctx context.Context) {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	res, _ := resources.ForNode(p.nodeName, inv, p.cfg, device.AllFeatures, p.health())
+	res, _ := resources.ForNode(p.opts.NodeName, inv, p.opts.Config, device.AllFeatures, p.faults())
 	var dropped []string
 	for _, driver := range p.served() {
-		for _, s := range resources.Objects(driver, p.nodeName, res[driver]) {
+		for _, s := range resources.Objects(driver, p.opts.NodeName, res[driver]) {
 			desired := s.DeepCopy()
 			desired.Name, desired.GenerateName = "", "hwdra-feature-check-"
-			got, err := p.client.ResourceV1().ResourceSlices().Create(ctx, desired, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			got, err := p.opts.Client.ResourceV1().ResourceSlices().Create(ctx, desired, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 			if err != nil {
 				logger.V(2).Info("Checking whether the API server keeps the full device model failed; trying later", "err", err)
 				return

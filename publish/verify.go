@@ -1,4 +1,4 @@
-package agent
+package publish
 
 import (
 	"context"
@@ -24,15 +24,9 @@ import (
 
 var errNotVerified = fmt.Errorf("not yet seen in the API server")
 
-// markPublished notes a publication to verify.
-func (p *publisher) markPublished(driver string) { p.toVerify(driver, errNotVerified) }
-
-// publishFailed notes a failed write of a driver's slices.
-func (p *publisher) publishFailed(driver string, err error) { p.toVerify(driver, err) }
-
-// toVerify marks a driver's publication unverified, for why, and wakes
-// the check.
-func (p *publisher) toVerify(driver string, why error) {
+// toVerify marks a driver's publication unverified, for why (a
+// publication not checked yet, or a failed write), and wakes the check.
+func (p *Publisher) toVerify(driver string, why error) {
 	p.mu.Lock()
 	p.verified[driver] = why
 	p.mu.Unlock()
@@ -42,9 +36,9 @@ func (p *publisher) toVerify(driver string, why error) {
 	}
 }
 
-// publishState is nil once every served driver's last publication is in
-// the API server, else why not.
-func (p *publisher) publishState() error {
+// Verified is nil once every served driver's last publication is in the
+// API server, else why not: the agent's readiness.
+func (p *Publisher) Verified() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var problems []string
@@ -65,7 +59,7 @@ func (p *publisher) publishState() error {
 
 // verifyLoop checks pending publications until ctx ends: at once, then
 // with backoff from 500 ms to 30 s while one does not hold.
-func (p *publisher) verifyLoop(ctx context.Context) {
+func (p *Publisher) verifyLoop(ctx context.Context) {
 	backoff := 500 * time.Millisecond
 	for {
 		pending := false
@@ -110,15 +104,15 @@ func (p *publisher) verifyLoop(ctx context.Context) {
 
 // verify compares the API server's slices of the driver with the last
 // publication.
-func (p *publisher) verify(ctx context.Context, driver string) error {
+func (p *Publisher) verify(ctx context.Context, driver string) error {
 	p.mu.Lock()
 	want, ok := p.published[driver]
 	p.mu.Unlock()
 	if !ok {
 		return errNotVerified
 	}
-	list, err := p.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-		FieldSelector:   resourceapi.ResourceSliceSelectorNodeName + "=" + p.nodeName + "," + resourceapi.ResourceSliceSelectorDriver + "=" + driver,
+	list, err := p.opts.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector:   resourceapi.ResourceSliceSelectorNodeName + "=" + p.opts.NodeName + "," + resourceapi.ResourceSliceSelectorDriver + "=" + driver,
 		ResourceVersion: "0",
 	})
 	if err != nil {

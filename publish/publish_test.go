@@ -1,0 +1,439 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/publish/publishtest"
+	"github.com/hwdra/hwdra/slices/device"
+)
+
+const node = "worker-1"
+
+// rig is a publisher on mock hardware against a fake API server.
+type rig struct {
+	t      *testing.T
+	ctx    context.Context
+	cancel context.CancelFunc
+	client *fake.Clientset
+	reg    *prometheus.Registry
+	pub    *Publisher
+}
+
+// newRig makes a publisher of the hardware of a mock profile (YAML);
+// opts may set the hooks. before registers API reactors first.
+func newRig(t *testing.T, profile string, opts Options, before ...func(*fake.Clientset)) *rig {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "profile.yaml")
+	if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n, err := backend.Open("mock:" + file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	r := &rig{t: t, ctx: ctx, cancel: cancel, client: publishtest.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}}), reg: prometheus.NewRegistry()}
+	for _, f := range before {
+		f(r.client)
+	}
+	opts.NodeName, opts.Client, opts.Registry = node, r.client, r.reg
+	if opts.Config == nil {
+		opts.Config = config.Default()
+	}
+	if opts.Probe == nil {
+		opts.Probe = n.Inventory
+	}
+	r.pub = New(opts)
+	t.Cleanup(r.pub.Stop)
+	return r
+}
+
+// serve has the publisher serve drivers, probe and publish once, and
+// run in the background, rescanning every 50 ms.
+func (r *rig) serve(drivers ...string) {
+	r.t.Helper()
+	for _, d := range drivers {
+		r.pub.Serve(d)
+	}
+	if !r.pub.Refresh(r.ctx) {
+		r.t.Fatal("refresh: context ended")
+	}
+	if err := r.pub.Publish(r.ctx); err != nil {
+		r.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.pub.Run(r.ctx, 50*time.Millisecond, nil)
+	}()
+	r.t.Cleanup(func() {
+		r.cancel()
+		<-done
+	})
+}
+
+// pool waits until the driver's stored pool is complete and ok holds.
+func (r *rig) pool(driver string, ok func([]*resourceapi.ResourceSlice) bool) []*resourceapi.ResourceSlice {
+	r.t.Helper()
+	return publishtest.WaitPool(r.t, r.client, driver, ok)
+}
+
+// verified waits until every served driver's publication is stored.
+func (r *rig) verified() {
+	r.t.Helper()
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if err = r.pub.Verified(); err == nil {
+			return
+		}
+	}
+	r.t.Fatalf("publication not verified within 30s: %v", err)
+}
+
+// metric is the value of a series of the publisher's metrics, and whether
+// it exists.
+func (r *rig) metric(name string, labels map[string]string) (float64, bool) {
+	r.t.Helper()
+	families, err := r.reg.Gather()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue series
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue(), true
+			case m.Gauge != nil:
+				return m.Gauge.GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+func (r *rig) wantMetric(name string, labels map[string]string, want float64) {
+	r.t.Helper()
+	if got, ok := r.metric(name, labels); !ok || got != want {
+		r.t.Errorf("%s%v = %v (present: %v), want %v", name, labels, got, ok, want)
+	}
+}
+
+const twoGPUs = "gpus:\n- model: h100-80gb\n  count: 2\n"
+
+func deviceKinds(ss []*resourceapi.ResourceSlice) map[string]int {
+	out := map[string]int{}
+	for _, s := range ss {
+		for _, d := range s.Spec.Devices {
+			out[*d.Attributes[device.AttrType].StringValue]++
+		}
+	}
+	return out
+}
+
+// TestFallsBackWhenFieldsAreDropped: an API server without
+// DRADeviceCompatibilityGroups drops the groups; the publisher notices
+// (the controller's DroppedFieldsError) and republishes a model that needs
+// none (no vGPU devices), instead of leaving MIG and vGPU of one GPU
+// co-allocatable. Once the gate is on (the server keeps the groups) it
+// finds out by a dry run and returns to the full model.
+func TestFallsBackWhenFieldsAreDropped(t *testing.T) {
+	var gateOn atomic.Bool
+	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
+		var obj runtime.Object
+		switch act := action.(type) {
+		case k8stesting.CreateAction:
+			obj = act.GetObject()
+		case k8stesting.UpdateAction:
+			obj = act.GetObject()
+		}
+		if s, ok := obj.(*resourceapi.ResourceSlice); ok && !gateOn.Load() {
+			for i := range s.Spec.Devices {
+				for j := range s.Spec.Devices[i].ConsumesCounters {
+					s.Spec.Devices[i].ConsumesCounters[j].CompatibilityGroups = nil
+				}
+			}
+		}
+		return false, nil, nil
+	}
+	r := newRig(t, "gpus:\n- model: h100-80gb\n  count: 1\n  virtualization: host-vgpu\n", Options{RecheckFeatures: 200 * time.Millisecond},
+		func(c *fake.Clientset) {
+			c.PrependReactor("create", "resourceslices", strip)
+			c.PrependReactor("update", "resourceslices", strip)
+		})
+	r.serve(device.GPUDriver)
+	ss := r.pool(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+		k := deviceKinds(ss)
+		return k[device.KindVGPU] == 0 && k[device.KindMIG] > 0
+	})
+	if _, f := r.pub.Current(); f.CompatibilityGroups || !f.PartitionableDevices {
+		t.Errorf("features in use after the drop: %+v", f)
+	}
+	// MIG partitions still allocate from the fallback model.
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := &resourceapi.ResourceClaim{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+		allocate.Request("mig", "mig.gpu.hwdra.io", 1, `device.attributes["gpu.hwdra.io"].profile == "1g.10gb"`)}}}}
+	if err := allocate.New(allocate.ClusterFeatures, node, ss, classes).Allocate(r.ctx, claim); err != nil {
+		t.Fatalf("allocating a MIG partition from the fallback model: %v", err)
+	}
+	r.wantMetric("hwdra_feature_disabled", map[string]string{"feature": "DRADeviceCompatibilityGroups"}, 1)
+	r.wantMetric("hwdra_feature_disabled", map[string]string{"feature": "DRADeviceTaints"}, 0)
+
+	gateOn.Store(true)
+	r.pool(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return deviceKinds(ss)[device.KindVGPU] > 0 })
+	if _, f := r.pub.Current(); f != device.AllFeatures {
+		t.Errorf("features in use after the gate came back: %+v", f)
+	}
+	r.wantMetric("hwdra_feature_disabled", map[string]string{"feature": "DRADeviceCompatibilityGroups"}, 0)
+}
+
+// TestPublishesWhatChanged: the first publication and each change (a fault
+// tainting a GPU's devices) are handed to the API once; a probe that finds
+// nothing new writes nothing. What was published is counted by kind,
+// looked up by KindOf, and told to the Published hook with the inventory
+// it was built from.
+func TestPublishesWhatChanged(t *testing.T) {
+	var (
+		mu        sync.Mutex
+		faults    hw.Health
+		published []string
+		builtFrom hw.Inventory
+	)
+	r := newRig(t, twoGPUs, Options{
+		Faults: func() hw.Health { mu.Lock(); defer mu.Unlock(); return faults },
+		Published: func(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features) {
+			mu.Lock()
+			defer mu.Unlock()
+			published = append(published, driver)
+			builtFrom = inv
+		},
+	})
+	r.serve(device.GPUDriver)
+	ss := r.pool(device.GPUDriver, nil)
+	r.verified()
+	gpu := device.GPUName("0000:1b:00.0")
+	gpuLabels := map[string]string{"driver": device.GPUDriver}
+	r.wantMetric("hwdra_resource_publications_total", gpuLabels, 1)
+	r.wantMetric("hwdra_published_devices", map[string]string{"driver": device.GPUDriver, "kind": device.KindGPU}, 2)
+	r.wantMetric("hwdra_published_devices", map[string]string{"driver": device.GPUDriver, "kind": device.KindMIG}, 50)
+	if n, ok := r.metric("hwdra_resourceslice_writes_total", map[string]string{"driver": device.GPUDriver, "operation": "create"}); !ok || n != float64(len(ss)) {
+		t.Errorf("slice creates %v (present: %v), want %d", n, ok, len(ss))
+	}
+	if k := r.pub.KindOf(device.GPUDriver, gpu); k != device.KindGPU {
+		t.Errorf("KindOf(%s) = %q", gpu, k)
+	}
+	if k := r.pub.KindOf(device.NICDriver, gpu); k != KindUnknown {
+		t.Errorf("KindOf of a driver not published = %q", k)
+	}
+	mu.Lock()
+	if len(published) != 1 || len(builtFrom.GPUs) != 2 {
+		t.Errorf("Published hook: %v, built from %d GPUs", published, len(builtFrom.GPUs))
+	}
+	mu.Unlock()
+
+	// Rescans of an unchanged node write nothing.
+	writes := publishtest.Writes(r.client)
+	time.Sleep(300 * time.Millisecond)
+	if n := publishtest.Writes(r.client) - writes; n != 0 {
+		t.Errorf("%d slice writes at rest", n)
+	}
+	r.wantMetric("hwdra_resource_publications_total", gpuLabels, 1)
+
+	// A fault: the GPU's devices are published tainted, once.
+	mu.Lock()
+	faults = hw.Health{GPUs: map[string]hw.Fault{"0000:1b:00.0": {Reason: "XID79", Message: "fell off the bus", Fatal: true}}}
+	mu.Unlock()
+	r.pub.Poke()
+	r.pool(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+		for _, s := range ss {
+			for _, d := range s.Spec.Devices {
+				bus := *d.Attributes["resource.kubernetes.io/pciBusID"].StringValue
+				tainted := len(d.Taints) == 1 && d.Taints[0].Key == device.GPUTaintKey && d.Taints[0].Value == "XID79"
+				if tainted != (bus == "0000:1b:00.0") {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	r.verified()
+	time.Sleep(300 * time.Millisecond)
+	r.wantMetric("hwdra_resource_publications_total", gpuLabels, 2)
+}
+
+// TestProbesThroughUnclaimedViews: each probe goes through every driver's
+// unclaimed view, then the Probed hook; Current is what came out.
+func TestProbesThroughUnclaimedViews(t *testing.T) {
+	r := newRig(t, twoGPUs, Options{
+		// The health wiring's hold: here it marks what it saw.
+		Probed: func(inv hw.Inventory) hw.Inventory {
+			inv.UnreadableGPUs = append(inv.UnreadableGPUs, hw.UnreadableGPU{Index: 9, Error: "seen"})
+			return inv
+		},
+	})
+	first, _ := r.pub.Current()
+	if len(first.GPUs) != 0 {
+		t.Fatalf("Current before any probe: %d GPUs, want the Inventory option's (none)", len(first.GPUs))
+	}
+	probes := 0
+	r.pub.AddUnclaimed(func(probe func() (hw.Inventory, error)) (hw.Inventory, error) {
+		probes++
+		inv, err := probe()
+		inv.GPUs = inv.GPUs[:1] // the other one is a claim's
+		return inv, err
+	})
+	if !r.pub.Refresh(r.ctx) {
+		t.Fatal("refresh: context ended")
+	}
+	inv, f := r.pub.Current()
+	if probes != 1 || len(inv.GPUs) != 1 || len(inv.UnreadableGPUs) != 1 || f != device.AllFeatures {
+		t.Errorf("after a refresh: %d probes through the view, %d GPUs, %d marked by Probed, features %+v", probes, len(inv.GPUs), len(inv.UnreadableGPUs), f)
+	}
+}
+
+// TestVerifiedFollowsTheAPIServer: a served driver is not ready until its
+// publication is stored; failed writes (retried by the controller) keep it
+// unready with the reason, until they succeed.
+func TestVerifiedFollowsTheAPIServer(t *testing.T) {
+	var failures atomic.Int32
+	failures.Store(3)
+	r := newRig(t, twoGPUs, Options{}, func(c *fake.Clientset) {
+		c.PrependReactor("create", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
+			if impl, ok := action.(k8stesting.CreateActionImpl); ok && len(impl.CreateOptions.DryRun) > 0 {
+				return false, nil, nil
+			}
+			if failures.Add(-1) >= 0 {
+				return true, nil, errors.New("etcd is having a bad day")
+			}
+			return false, nil, nil
+		})
+	})
+	if err := r.pub.Verified(); err != nil {
+		t.Errorf("Verified without a served driver: %v", err)
+	}
+	r.pub.Serve(device.GPUDriver)
+	if err := r.pub.Verified(); err == nil || !strings.Contains(err.Error(), "gpu.hwdra.io: not published yet") {
+		t.Errorf("Verified before publishing: %v", err)
+	}
+	r.serve()
+	sawFailure := false
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !sawFailure; time.Sleep(5 * time.Millisecond) {
+		err := r.pub.Verified()
+		sawFailure = err != nil && strings.Contains(err.Error(), device.GPUDriver+": ")
+	}
+	if !sawFailure {
+		t.Error("Verified never named the driver whose writes failed")
+	}
+	r.verified()
+	r.pool(device.GPUDriver, nil)
+}
+
+// TestSameSlices: what counts as the API server holding a publication.
+func TestSameSlices(t *testing.T) {
+	dev := func(name string, taints ...resourceapi.DeviceTaint) resourceapi.Device {
+		return resourceapi.Device{Name: name, Taints: taints}
+	}
+	taint := resourceapi.DeviceTaint{Key: device.GPUTaintKey, Value: "XID79", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	want := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+		node: {Slices: []resourceslice.Slice{{Devices: []resourceapi.Device{dev("a"), dev("b", taint)}}, {Devices: []resourceapi.Device{dev("c")}}}},
+	}}
+	stored := func(pool string, gen, count int64, devices ...resourceapi.Device) resourceapi.ResourceSlice {
+		return resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{
+			Pool: resourceapi.ResourcePool{Name: pool, Generation: gen, ResourceSliceCount: count}, Devices: devices}}
+	}
+	for _, tc := range []struct {
+		name string
+		have []resourceapi.ResourceSlice
+		err  string // "": the same
+	}{
+		{"stored", []resourceapi.ResourceSlice{stored(node, 1, 2, dev("a"), dev("b", taint)), stored(node, 1, 2, dev("c"))}, ""},
+		{"an older generation beside", []resourceapi.ResourceSlice{
+			stored(node, 1, 1, dev("x")), stored(node, 2, 2, dev("a"), dev("b", taint)), stored(node, 2, 2, dev("c"))}, ""},
+		{"nothing stored", nil, "pool worker-1 not stored"},
+		{"incomplete", []resourceapi.ResourceSlice{stored(node, 1, 2, dev("a"), dev("b", taint))}, "generation 1 incomplete: 1 of 2 slices"},
+		{"a device missing", []resourceapi.ResourceSlice{stored(node, 1, 2, dev("a"), dev("b", taint)), stored(node, 1, 2)}, "device c not stored"},
+		{"a taint missing", []resourceapi.ResourceSlice{stored(node, 1, 2, dev("a"), dev("b")), stored(node, 1, 2, dev("c"))}, "device b stored with taints []"},
+		{"a device more", []resourceapi.ResourceSlice{stored(node, 1, 2, dev("a"), dev("b", taint)), stored(node, 1, 2, dev("c"), dev("d"))}, "4 devices stored, 3 published"},
+		{"a pool more", []resourceapi.ResourceSlice{
+			stored(node, 1, 2, dev("a"), dev("b", taint)), stored(node, 1, 2, dev("c")), stored("old", 1, 1, dev("z"))}, "pool old is no longer published"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := sameSlices(want, tc.have)
+			switch {
+			case tc.err == "" && err != nil:
+				t.Errorf("want the same, got %v", err)
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+				t.Errorf("got %v, want an error with %q", err, tc.err)
+			}
+		})
+	}
+	// An empty pool needs nothing stored.
+	if err := sameSlices(resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {}}}, nil); err != nil {
+		t.Errorf("empty pool: %v", err)
+	}
+}
+
+// TestFeatureFallbackOrder: which features a dropped gate turns off, and
+// when a model is fuller than another.
+func TestFeatureFallbackOrder(t *testing.T) {
+	noGroups := without(device.AllFeatures, []string{"DRADeviceCompatibilityGroups", "DRAOptionalNodeOperations"})
+	if noGroups.CompatibilityGroups || !noGroups.PartitionableDevices || !noGroups.ConsumableCapacity || !noGroups.DeviceTaints {
+		t.Errorf("without compatibility groups: %+v", noGroups)
+	}
+	bare := without(device.AllFeatures, []string{"DRAPartitionableDevices", "DRADeviceCompatibilityGroups", "DRAConsumableCapacity", "DRADeviceTaints"})
+	if bare != (device.Features{}) {
+		t.Errorf("without every gate: %+v", bare)
+	}
+	for _, tc := range []struct {
+		a, b device.Features
+		want bool
+	}{
+		{device.AllFeatures, noGroups, true},
+		{noGroups, device.AllFeatures, false},
+		{noGroups, noGroups, false},
+		{noGroups, bare, true},
+		// Neither has all of the other's.
+		{device.Features{DeviceTaints: true}, device.Features{ConsumableCapacity: true}, false},
+	} {
+		if got := more(tc.a, tc.b); got != tc.want {
+			t.Errorf("more(%+v, %+v) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
