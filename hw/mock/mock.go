@@ -64,29 +64,37 @@ func Open(spec string) (*Hardware, error) {
 // in $HWDRA_MOCK_DIR, restoring the state an earlier process left there
 // (see persist.DirEnv).
 func New(p profile.Profile) (*Hardware, error) {
-	dir, saved, err := persist.Open(p, sysTree, procTree, devTree, fault.InboxDir)
+	dir, err := persist.Open(p, sysTree, procTree, devTree, fault.InboxDir)
 	if err != nil {
 		return nil, err
 	}
 	h := &Hardware{Profile: p, Sysfs: filepath.Join(dir.Path(), sysTree), dir: dir}
-	if err := os.MkdirAll(h.Sysfs, 0o755); err != nil {
-		return nil, errors.Join(err, h.Close())
-	}
-	dev := nodefs.NewDev(h.DevRoot())
-	if h.gpus, err = gpusim.Build(p, h.Sysfs, h.ProcRoot(), dev, dir); err != nil {
-		return nil, errors.Join(fmt.Errorf("mock profile %q: %w", p.Name, err), h.Close())
-	}
-	h.NVML = h.gpus.NVML
-	if h.nics, err = nicsim.Build(p, h.Sysfs, dev, dir.Persistent(), dir); err != nil {
-		return nil, errors.Join(fmt.Errorf("mock profile %q: %w", p.Name, err), h.Close())
-	}
-	if err := h.start(saved); err != nil {
-		return nil, errors.Join(err, h.Close())
-	}
-	if h.faults, err = fault.Serve(dir.Path(), h.Inject); err != nil {
+	if err := h.build(); err != nil {
 		return nil, errors.Join(err, h.Close())
 	}
 	return h, nil
+}
+
+// build builds the parts in the mock's directory, applies the state an
+// earlier process saved there (if any) and takes faults.
+func (h *Hardware) build() error {
+	if err := os.MkdirAll(h.Sysfs, 0o755); err != nil {
+		return err
+	}
+	dev := nodefs.NewDev(h.DevRoot())
+	var err error
+	if h.gpus, err = gpusim.Build(h.Profile, h.Sysfs, h.ProcRoot(), dev, h.dir); err != nil {
+		return fmt.Errorf("mock profile %q: %w", h.Profile.Name, err)
+	}
+	h.NVML = h.gpus.NVML
+	if h.nics, err = nicsim.Build(h.Profile, h.Sysfs, dev, h.dir.Persistent(), h.dir); err != nil {
+		return fmt.Errorf("mock profile %q: %w", h.Profile.Name, err)
+	}
+	if err := h.dir.Start(append(h.gpus.BusIDs(), h.nics.Netdevs()...), h.gpus, h.nics); err != nil {
+		return err
+	}
+	h.faults, err = fault.Serve(h.dir.Path(), h.Inject)
+	return err
 }
 
 // Close removes everything the mock created; a persistent mock

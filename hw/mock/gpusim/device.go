@@ -16,15 +16,17 @@ import (
 	"github.com/hwdra/hwdra/hw/mock/persist"
 )
 
-// uuidSpace is the namespace of the mock's name-based (SHA-1) UUIDs:
-// go-nvml's server draws random ones on every New, we derive them from the
-// profile and the PCI address so output is stable across runs.
-var uuidSpace = uuid.MustParse("6f1c0a4e-6a37-4c55-9d0e-6877647261a1")
+// nameUUID is a name-based (SHA-1) UUID in the mock's namespace: go-nvml's
+// server draws random ones on every New, we derive them from the profile
+// and the PCI address so output is stable across runs.
+func nameUUID(name []byte) string {
+	return uuid.NewSHA1(uuid.MustParse("6f1c0a4e-6a37-4c55-9d0e-6877647261a1"), name).String()
+}
 
-// gpuDevice is one mock GPU: go-nvml's server.Device, whose ...Func fields
+// gpu is one mock GPU: go-nvml's server.Device, whose ...Func fields
 // we replace so it answers and refuses like the hardware. It also offers
 // GetGpuInstanceProfileInfoV3 (see there).
-type gpuDevice struct {
+type gpu struct {
 	*server.Device
 	model *model.GPU
 	// busID is canonical ("0000:1b:00.0").
@@ -61,9 +63,9 @@ type gpuDevice struct {
 
 // newGPUDevice wraps the server's device and installs the hardware
 // behaviour.
-func newGPUDevice(sd *server.Device, m *model.GPU, profileName, busID string, numa int) *gpuDevice {
-	d := &gpuDevice{Device: sd, model: m, busID: busID, numa: numa, virt: nvml.GPU_VIRTUALIZATION_MODE_NONE}
-	sd.UUID = "GPU-" + uuid.NewSHA1(uuidSpace, []byte(profileName+"/"+busID)).String()
+func newGPUDevice(sd *server.Device, m *model.GPU, profileName, busID string, numa int) *gpu {
+	d := &gpu{Device: sd, model: m, busID: busID, numa: numa, virt: nvml.GPU_VIRTUALIZATION_MODE_NONE}
+	sd.UUID = "GPU-" + nameUUID([]byte(profileName+"/"+busID))
 	sd.PciBusID = nvmlBusID(busID)
 
 	sd.GetPciInfoFunc = d.pciInfo
@@ -100,13 +102,13 @@ func newGPUDevice(sd *server.Device, m *model.GPU, profileName, busID string, nu
 
 // changed reports a call on the GPU: ok after its change, not after a
 // refusal.
-func (d *gpuDevice) changed(call string, ok bool) { d.rep.Changed(call, d.busID, ok) }
+func (d *gpu) changed(call string, ok bool) { d.rep.Changed(call, d.busID, ok) }
 
 // GetGpuInstanceProfileInfoV3 answers what GetGpuInstanceProfileInfoV(p).V3()
 // answers on hardware (the v3 info, name included). It exists because
 // go-nvml's handler cannot be mocked; the nvml backend looks for this
 // method on devices that are not go-nvml's own.
-func (d *gpuDevice) GetGpuInstanceProfileInfoV3(profile int) (nvml.GpuInstanceProfileInfo_v3, nvml.Return) {
+func (d *gpu) GetGpuInstanceProfileInfoV3(profile int) (nvml.GpuInstanceProfileInfo_v3, nvml.Return) {
 	if profile < 0 || profile >= nvml.GPU_INSTANCE_PROFILE_COUNT {
 		return nvml.GpuInstanceProfileInfo_v3{}, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -126,7 +128,7 @@ func nvmlBusID(busID string) string {
 
 // pciInfo fills what go-nvml's server leaves empty: BusId, BusIdLegacy,
 // Domain, Bus, Device.
-func (d *gpuDevice) pciInfo() (nvml.PciInfo, nvml.Return) {
+func (d *gpu) pciInfo() (nvml.PciInfo, nvml.Return) {
 	var domain, bus, dev, fn uint32
 	if _, err := fmt.Sscanf(d.busID, "%04x:%02x:%02x.%x", &domain, &bus, &dev, &fn); err != nil {
 		return nvml.PciInfo{}, nvml.ERROR_UNKNOWN
@@ -159,7 +161,7 @@ func copyCString(dst []int8, s string) {
 //     ERROR_RESET_REQUIRED. On bare metal the driver resets an idle A100
 //     itself; a busy GPU or a pass-through VM stays pending, which is the
 //     case an agent must handle. GPUs.Reset applies it.
-func (d *gpuDevice) setMigMode(mode int) (nvml.Return, nvml.Return) {
+func (d *gpu) setMigMode(mode int) (nvml.Return, nvml.Return) {
 	if mode != nvml.DEVICE_MIG_DISABLE && mode != nvml.DEVICE_MIG_ENABLE {
 		return nvml.ERROR_INVALID_ARGUMENT, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -182,7 +184,7 @@ func (d *gpuDevice) setMigMode(mode int) (nvml.Return, nvml.Return) {
 
 // reset is a GPU reset: a pending MIG mode takes effect and MIG instances,
 // which do not survive a reset, are gone.
-func (d *gpuDevice) reset() {
+func (d *gpu) reset() {
 	d.Lock()
 	defer d.Unlock()
 	clear(d.GpuInstances)
@@ -203,7 +205,7 @@ func installServer(s *server.Server) {
 	forwardHandleFuncs(s)
 	s.DeviceGetHandleByUUIDFunc = func(id string) (nvml.Device, nvml.Return) {
 		for _, d := range s.Devices {
-			if d.(*gpuDevice).UUID == id {
+			if d.(*gpu).UUID == id {
 				return d, nvml.SUCCESS
 			}
 		}
@@ -215,7 +217,7 @@ func installServer(s *server.Server) {
 			return nil, nvml.ERROR_INVALID_ARGUMENT
 		}
 		for _, d := range s.Devices {
-			if d.(*gpuDevice).busID == want {
+			if d.(*gpu).busID == want {
 				return d, nvml.SUCCESS
 			}
 		}

@@ -11,1245 +11,355 @@ import (
 // handle method the way the real library does, by calling the method on
 // the handle (lib.DeviceGetUUID(dev) is dev.GetUUID(), lib.GpuInstanceDestroy(gi)
 // is gi.Destroy()); go-nvml's server leaves them unset (a panic). Functions
-// the server already sets are kept.
+// the server sets itself are left out.
 func forwardHandleFuncs(s *server.Server) {
-	if s.Interface.ComputeInstanceDestroyFunc == nil {
-		s.Interface.ComputeInstanceDestroyFunc = func(a0 nvml.ComputeInstance) nvml.Return { return a0.Destroy() }
-	}
-	if s.Interface.ComputeInstanceGetInfoFunc == nil {
-		s.Interface.ComputeInstanceGetInfoFunc = func(a0 nvml.ComputeInstance) (nvml.ComputeInstanceInfo, nvml.Return) { return a0.GetInfo() }
-	}
-	if s.Interface.DeviceClearAccountingPidsFunc == nil {
-		s.Interface.DeviceClearAccountingPidsFunc = func(a0 nvml.Device) nvml.Return { return a0.ClearAccountingPids() }
-	}
-	if s.Interface.DeviceClearCpuAffinityFunc == nil {
-		s.Interface.DeviceClearCpuAffinityFunc = func(a0 nvml.Device) nvml.Return { return a0.ClearCpuAffinity() }
-	}
-	if s.Interface.DeviceClearEccErrorCountsFunc == nil {
-		s.Interface.DeviceClearEccErrorCountsFunc = func(a0 nvml.Device, a1 nvml.EccCounterType) nvml.Return { return a0.ClearEccErrorCounts(a1) }
-	}
-	if s.Interface.DeviceClearFieldValuesFunc == nil {
-		s.Interface.DeviceClearFieldValuesFunc = func(a0 nvml.Device, a1 []nvml.FieldValue) nvml.Return { return a0.ClearFieldValues(a1) }
-	}
-	if s.Interface.DeviceCreateGpuInstanceFunc == nil {
-		s.Interface.DeviceCreateGpuInstanceFunc = func(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
-			return a0.CreateGpuInstance(a1)
-		}
-	}
-	if s.Interface.DeviceCreateGpuInstanceWithPlacementFunc == nil {
-		s.Interface.DeviceCreateGpuInstanceWithPlacementFunc = func(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo, a2 *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
-			return a0.CreateGpuInstanceWithPlacement(a1, a2)
-		}
-	}
-	if s.Interface.DeviceFreezeNvLinkUtilizationCounterFunc == nil {
-		s.Interface.DeviceFreezeNvLinkUtilizationCounterFunc = func(a0 nvml.Device, a1 int, a2 int, a3 nvml.EnableState) nvml.Return {
-			return a0.FreezeNvLinkUtilizationCounter(a1, a2, a3)
-		}
-	}
-	if s.Interface.DeviceGetAPIRestrictionFunc == nil {
-		s.Interface.DeviceGetAPIRestrictionFunc = func(a0 nvml.Device, a1 nvml.RestrictedAPI) (nvml.EnableState, nvml.Return) {
-			return a0.GetAPIRestriction(a1)
-		}
-	}
-	if s.Interface.DeviceGetAccountingBufferSizeFunc == nil {
-		s.Interface.DeviceGetAccountingBufferSizeFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetAccountingBufferSize() }
-	}
-	if s.Interface.DeviceGetAccountingModeFunc == nil {
-		s.Interface.DeviceGetAccountingModeFunc = func(a0 nvml.Device) (nvml.EnableState, nvml.Return) { return a0.GetAccountingMode() }
-	}
-	if s.Interface.DeviceGetAccountingPidsFunc == nil {
-		s.Interface.DeviceGetAccountingPidsFunc = func(a0 nvml.Device) ([]int, nvml.Return) { return a0.GetAccountingPids() }
-	}
-	if s.Interface.DeviceGetAccountingStatsFunc == nil {
-		s.Interface.DeviceGetAccountingStatsFunc = func(a0 nvml.Device, a1 uint32) (nvml.AccountingStats, nvml.Return) { return a0.GetAccountingStats(a1) }
-	}
-	if s.Interface.DeviceGetAccountingStats_v2Func == nil {
-		s.Interface.DeviceGetAccountingStats_v2Func = func(a0 nvml.Device, a1 uint32) (nvml.AccountingStats_v2, nvml.Return) {
-			return a0.GetAccountingStats_v2(a1)
-		}
-	}
-	if s.Interface.DeviceGetActiveVgpusFunc == nil {
-		s.Interface.DeviceGetActiveVgpusFunc = func(a0 nvml.Device) ([]nvml.VgpuInstance, nvml.Return) { return a0.GetActiveVgpus() }
-	}
-	if s.Interface.DeviceGetAdaptiveClockInfoStatusFunc == nil {
-		s.Interface.DeviceGetAdaptiveClockInfoStatusFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetAdaptiveClockInfoStatus() }
-	}
-	if s.Interface.DeviceGetAdaptiveTgpModeInfo_v1Func == nil {
-		s.Interface.DeviceGetAdaptiveTgpModeInfo_v1Func = func(a0 nvml.Device) (nvml.AdaptiveTgpModeInfo_v1, nvml.Return) { return a0.GetAdaptiveTgpModeInfo_v1() }
-	}
-	if s.Interface.DeviceGetAddressingModeFunc == nil {
-		s.Interface.DeviceGetAddressingModeFunc = func(a0 nvml.Device) (nvml.DeviceAddressingMode, nvml.Return) { return a0.GetAddressingMode() }
-	}
-	if s.Interface.DeviceGetApplicationsClockFunc == nil {
-		s.Interface.DeviceGetApplicationsClockFunc = func(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) { return a0.GetApplicationsClock(a1) }
-	}
-	if s.Interface.DeviceGetArchitectureFunc == nil {
-		s.Interface.DeviceGetArchitectureFunc = func(a0 nvml.Device) (nvml.DeviceArchitecture, nvml.Return) { return a0.GetArchitecture() }
-	}
-	if s.Interface.DeviceGetAttributesFunc == nil {
-		s.Interface.DeviceGetAttributesFunc = func(a0 nvml.Device) (nvml.DeviceAttributes, nvml.Return) { return a0.GetAttributes() }
-	}
-	if s.Interface.DeviceGetAutoBoostedClocksEnabledFunc == nil {
-		s.Interface.DeviceGetAutoBoostedClocksEnabledFunc = func(a0 nvml.Device) (nvml.EnableState, nvml.EnableState, nvml.Return) {
-			return a0.GetAutoBoostedClocksEnabled()
-		}
-	}
-	if s.Interface.DeviceGetBAR1MemoryInfoFunc == nil {
-		s.Interface.DeviceGetBAR1MemoryInfoFunc = func(a0 nvml.Device) (nvml.BAR1Memory, nvml.Return) { return a0.GetBAR1MemoryInfo() }
-	}
-	if s.Interface.DeviceGetBBXTimeData_v1Func == nil {
-		s.Interface.DeviceGetBBXTimeData_v1Func = func(a0 nvml.Device) (nvml.BBXTimeData_v1, nvml.Return) { return a0.GetBBXTimeData_v1() }
-	}
-	if s.Interface.DeviceGetBankRemapperStatus_v1Func == nil {
-		s.Interface.DeviceGetBankRemapperStatus_v1Func = func(a0 nvml.Device) (nvml.EccBankRemapperStatus_v1, nvml.Return) {
-			return a0.GetBankRemapperStatus_v1()
-		}
-	}
-	if s.Interface.DeviceGetBoardIdFunc == nil {
-		s.Interface.DeviceGetBoardIdFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetBoardId() }
-	}
-	if s.Interface.DeviceGetBoardPartNumberFunc == nil {
-		s.Interface.DeviceGetBoardPartNumberFunc = func(a0 nvml.Device) (string, nvml.Return) { return a0.GetBoardPartNumber() }
-	}
-	if s.Interface.DeviceGetBrandFunc == nil {
-		s.Interface.DeviceGetBrandFunc = func(a0 nvml.Device) (nvml.BrandType, nvml.Return) { return a0.GetBrand() }
-	}
-	if s.Interface.DeviceGetBridgeChipInfoFunc == nil {
-		s.Interface.DeviceGetBridgeChipInfoFunc = func(a0 nvml.Device) (nvml.BridgeChipHierarchy, nvml.Return) { return a0.GetBridgeChipInfo() }
-	}
-	if s.Interface.DeviceGetBusTypeFunc == nil {
-		s.Interface.DeviceGetBusTypeFunc = func(a0 nvml.Device) (nvml.BusType, nvml.Return) { return a0.GetBusType() }
-	}
-	if s.Interface.DeviceGetC2cModeInfoVFunc == nil {
-		s.Interface.DeviceGetC2cModeInfoVFunc = func(a0 nvml.Device) nvml.C2cModeInfoHandler { return a0.GetC2cModeInfoV() }
-	}
-	if s.Interface.DeviceGetCapabilitiesFunc == nil {
-		s.Interface.DeviceGetCapabilitiesFunc = func(a0 nvml.Device) (nvml.DeviceCapabilities, nvml.Return) { return a0.GetCapabilities() }
-	}
-	if s.Interface.DeviceGetClkMonStatusFunc == nil {
-		s.Interface.DeviceGetClkMonStatusFunc = func(a0 nvml.Device) (nvml.ClkMonStatus, nvml.Return) { return a0.GetClkMonStatus() }
-	}
-	if s.Interface.DeviceGetClockFunc == nil {
-		s.Interface.DeviceGetClockFunc = func(a0 nvml.Device, a1 nvml.ClockType, a2 nvml.ClockId) (uint32, nvml.Return) {
-			return a0.GetClock(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetClockInfoFunc == nil {
-		s.Interface.DeviceGetClockInfoFunc = func(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) { return a0.GetClockInfo(a1) }
-	}
-	if s.Interface.DeviceGetClockOffsetsFunc == nil {
-		s.Interface.DeviceGetClockOffsetsFunc = func(a0 nvml.Device) (nvml.ClockOffset, nvml.Return) { return a0.GetClockOffsets() }
-	}
-	if s.Interface.DeviceGetComputeInstanceIdFunc == nil {
-		s.Interface.DeviceGetComputeInstanceIdFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetComputeInstanceId() }
-	}
-	if s.Interface.DeviceGetComputeModeFunc == nil {
-		s.Interface.DeviceGetComputeModeFunc = func(a0 nvml.Device) (nvml.ComputeMode, nvml.Return) { return a0.GetComputeMode() }
-	}
-	if s.Interface.DeviceGetComputeRunningProcessesFunc == nil {
-		s.Interface.DeviceGetComputeRunningProcessesFunc = func(a0 nvml.Device) ([]nvml.ProcessInfo, nvml.Return) { return a0.GetComputeRunningProcesses() }
-	}
-	if s.Interface.DeviceGetConfComputeGpuAttestationReportFunc == nil {
-		s.Interface.DeviceGetConfComputeGpuAttestationReportFunc = func(a0 nvml.Device, a1 *nvml.ConfComputeGpuAttestationReport) nvml.Return {
-			return a0.GetConfComputeGpuAttestationReport(a1)
-		}
-	}
-	if s.Interface.DeviceGetConfComputeGpuCertificateFunc == nil {
-		s.Interface.DeviceGetConfComputeGpuCertificateFunc = func(a0 nvml.Device) (nvml.ConfComputeGpuCertificate, nvml.Return) {
-			return a0.GetConfComputeGpuCertificate()
-		}
-	}
-	if s.Interface.DeviceGetConfComputeMemSizeInfoFunc == nil {
-		s.Interface.DeviceGetConfComputeMemSizeInfoFunc = func(a0 nvml.Device) (nvml.ConfComputeMemSizeInfo, nvml.Return) { return a0.GetConfComputeMemSizeInfo() }
-	}
-	if s.Interface.DeviceGetConfComputeProtectedMemoryUsageFunc == nil {
-		s.Interface.DeviceGetConfComputeProtectedMemoryUsageFunc = func(a0 nvml.Device) (nvml.Memory, nvml.Return) { return a0.GetConfComputeProtectedMemoryUsage() }
-	}
-	if s.Interface.DeviceGetCoolerInfoFunc == nil {
-		s.Interface.DeviceGetCoolerInfoFunc = func(a0 nvml.Device) (nvml.CoolerInfo, nvml.Return) { return a0.GetCoolerInfo() }
-	}
-	if s.Interface.DeviceGetCpuAffinityFunc == nil {
-		s.Interface.DeviceGetCpuAffinityFunc = func(a0 nvml.Device, a1 int) ([]uint, nvml.Return) { return a0.GetCpuAffinity(a1) }
-	}
-	if s.Interface.DeviceGetCpuAffinityWithinScopeFunc == nil {
-		s.Interface.DeviceGetCpuAffinityWithinScopeFunc = func(a0 nvml.Device, a1 int, a2 nvml.AffinityScope) ([]uint, nvml.Return) {
-			return a0.GetCpuAffinityWithinScope(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetCreatableVgpusFunc == nil {
-		s.Interface.DeviceGetCreatableVgpusFunc = func(a0 nvml.Device) ([]nvml.VgpuTypeId, nvml.Return) { return a0.GetCreatableVgpus() }
-	}
-	if s.Interface.DeviceGetCudaComputeCapabilityFunc == nil {
-		s.Interface.DeviceGetCudaComputeCapabilityFunc = func(a0 nvml.Device) (int, int, nvml.Return) { return a0.GetCudaComputeCapability() }
-	}
-	if s.Interface.DeviceGetCurrPcieLinkGenerationFunc == nil {
-		s.Interface.DeviceGetCurrPcieLinkGenerationFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetCurrPcieLinkGeneration() }
-	}
-	if s.Interface.DeviceGetCurrPcieLinkWidthFunc == nil {
-		s.Interface.DeviceGetCurrPcieLinkWidthFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetCurrPcieLinkWidth() }
-	}
-	if s.Interface.DeviceGetCurrentClockFreqsFunc == nil {
-		s.Interface.DeviceGetCurrentClockFreqsFunc = func(a0 nvml.Device) (nvml.DeviceCurrentClockFreqs, nvml.Return) { return a0.GetCurrentClockFreqs() }
-	}
-	if s.Interface.DeviceGetCurrentClocksEventReasonsFunc == nil {
-		s.Interface.DeviceGetCurrentClocksEventReasonsFunc = func(a0 nvml.Device) (uint64, nvml.Return) { return a0.GetCurrentClocksEventReasons() }
-	}
-	if s.Interface.DeviceGetCurrentClocksThrottleReasonsFunc == nil {
-		s.Interface.DeviceGetCurrentClocksThrottleReasonsFunc = func(a0 nvml.Device) (uint64, nvml.Return) { return a0.GetCurrentClocksThrottleReasons() }
-	}
-	if s.Interface.DeviceGetDecoderUtilizationFunc == nil {
-		s.Interface.DeviceGetDecoderUtilizationFunc = func(a0 nvml.Device) (uint32, uint32, nvml.Return) { return a0.GetDecoderUtilization() }
-	}
-	if s.Interface.DeviceGetDefaultApplicationsClockFunc == nil {
-		s.Interface.DeviceGetDefaultApplicationsClockFunc = func(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) {
-			return a0.GetDefaultApplicationsClock(a1)
-		}
-	}
-	if s.Interface.DeviceGetDefaultEccModeFunc == nil {
-		s.Interface.DeviceGetDefaultEccModeFunc = func(a0 nvml.Device) (nvml.EnableState, nvml.Return) { return a0.GetDefaultEccMode() }
-	}
-	if s.Interface.DeviceGetDetailedEccErrorsFunc == nil {
-		s.Interface.DeviceGetDetailedEccErrorsFunc = func(a0 nvml.Device, a1 nvml.MemoryErrorType, a2 nvml.EccCounterType) (nvml.EccErrorCounts, nvml.Return) {
-			return a0.GetDetailedEccErrors(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetDeviceHandleFromMigDeviceHandleFunc == nil {
-		s.Interface.DeviceGetDeviceHandleFromMigDeviceHandleFunc = func(a0 nvml.Device) (nvml.Device, nvml.Return) { return a0.GetDeviceHandleFromMigDeviceHandle() }
-	}
-	if s.Interface.DeviceGetDisplayActiveFunc == nil {
-		s.Interface.DeviceGetDisplayActiveFunc = func(a0 nvml.Device) (nvml.EnableState, nvml.Return) { return a0.GetDisplayActive() }
-	}
-	if s.Interface.DeviceGetDisplayModeFunc == nil {
-		s.Interface.DeviceGetDisplayModeFunc = func(a0 nvml.Device) (nvml.EnableState, nvml.Return) { return a0.GetDisplayMode() }
-	}
-	if s.Interface.DeviceGetDramEncryptionModeFunc == nil {
-		s.Interface.DeviceGetDramEncryptionModeFunc = func(a0 nvml.Device) (nvml.DramEncryptionInfo, nvml.DramEncryptionInfo, nvml.Return) {
-			return a0.GetDramEncryptionMode()
-		}
-	}
-	if s.Interface.DeviceGetDriverModelFunc == nil {
-		s.Interface.DeviceGetDriverModelFunc = func(a0 nvml.Device) (nvml.DriverModel, nvml.DriverModel, nvml.Return) { return a0.GetDriverModel() }
-	}
-	if s.Interface.DeviceGetDriverModel_v2Func == nil {
-		s.Interface.DeviceGetDriverModel_v2Func = func(a0 nvml.Device) (nvml.DriverModel, nvml.DriverModel, nvml.Return) { return a0.GetDriverModel_v2() }
-	}
-	if s.Interface.DeviceGetDynamicPstatesInfoFunc == nil {
-		s.Interface.DeviceGetDynamicPstatesInfoFunc = func(a0 nvml.Device) (nvml.GpuDynamicPstatesInfo, nvml.Return) { return a0.GetDynamicPstatesInfo() }
-	}
-	if s.Interface.DeviceGetEccModeFunc == nil {
-		s.Interface.DeviceGetEccModeFunc = func(a0 nvml.Device) (nvml.EnableState, nvml.EnableState, nvml.Return) { return a0.GetEccMode() }
-	}
-	if s.Interface.DeviceGetEncoderCapacityFunc == nil {
-		s.Interface.DeviceGetEncoderCapacityFunc = func(a0 nvml.Device, a1 nvml.EncoderType) (int, nvml.Return) { return a0.GetEncoderCapacity(a1) }
-	}
-	if s.Interface.DeviceGetEncoderSessionsFunc == nil {
-		s.Interface.DeviceGetEncoderSessionsFunc = func(a0 nvml.Device) ([]nvml.EncoderSessionInfo, nvml.Return) { return a0.GetEncoderSessions() }
-	}
-	if s.Interface.DeviceGetEncoderStatsFunc == nil {
-		s.Interface.DeviceGetEncoderStatsFunc = func(a0 nvml.Device) (int, uint32, uint32, nvml.Return) { return a0.GetEncoderStats() }
-	}
-	if s.Interface.DeviceGetEncoderUtilizationFunc == nil {
-		s.Interface.DeviceGetEncoderUtilizationFunc = func(a0 nvml.Device) (uint32, uint32, nvml.Return) { return a0.GetEncoderUtilization() }
-	}
-	if s.Interface.DeviceGetEnforcedPowerLimitFunc == nil {
-		s.Interface.DeviceGetEnforcedPowerLimitFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetEnforcedPowerLimit() }
-	}
-	if s.Interface.DeviceGetFBCSessionsFunc == nil {
-		s.Interface.DeviceGetFBCSessionsFunc = func(a0 nvml.Device) ([]nvml.FBCSessionInfo, nvml.Return) { return a0.GetFBCSessions() }
-	}
-	if s.Interface.DeviceGetFBCStatsFunc == nil {
-		s.Interface.DeviceGetFBCStatsFunc = func(a0 nvml.Device) (nvml.FBCStats, nvml.Return) { return a0.GetFBCStats() }
-	}
-	if s.Interface.DeviceGetFanControlPolicy_v2Func == nil {
-		s.Interface.DeviceGetFanControlPolicy_v2Func = func(a0 nvml.Device, a1 int) (nvml.FanControlPolicy, nvml.Return) {
-			return a0.GetFanControlPolicy_v2(a1)
-		}
-	}
-	if s.Interface.DeviceGetFanSpeedFunc == nil {
-		s.Interface.DeviceGetFanSpeedFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetFanSpeed() }
-	}
-	if s.Interface.DeviceGetFanSpeedRPMFunc == nil {
-		s.Interface.DeviceGetFanSpeedRPMFunc = func(a0 nvml.Device) (nvml.FanSpeedInfo, nvml.Return) { return a0.GetFanSpeedRPM() }
-	}
-	if s.Interface.DeviceGetFanSpeed_v2Func == nil {
-		s.Interface.DeviceGetFanSpeed_v2Func = func(a0 nvml.Device, a1 int) (uint32, nvml.Return) { return a0.GetFanSpeed_v2(a1) }
-	}
-	if s.Interface.DeviceGetFieldValuesFunc == nil {
-		s.Interface.DeviceGetFieldValuesFunc = func(a0 nvml.Device, a1 []nvml.FieldValue) nvml.Return { return a0.GetFieldValues(a1) }
-	}
-	if s.Interface.DeviceGetGpcClkMinMaxVfOffsetFunc == nil {
-		s.Interface.DeviceGetGpcClkMinMaxVfOffsetFunc = func(a0 nvml.Device) (int, int, nvml.Return) { return a0.GetGpcClkMinMaxVfOffset() }
-	}
-	if s.Interface.DeviceGetGpcClkVfOffsetFunc == nil {
-		s.Interface.DeviceGetGpcClkVfOffsetFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetGpcClkVfOffset() }
-	}
-	if s.Interface.DeviceGetGpuFabricInfoFunc == nil {
-		s.Interface.DeviceGetGpuFabricInfoFunc = func(a0 nvml.Device) (nvml.GpuFabricInfo, nvml.Return) { return a0.GetGpuFabricInfo() }
-	}
-	if s.Interface.DeviceGetGpuFabricInfoVFunc == nil {
-		s.Interface.DeviceGetGpuFabricInfoVFunc = func(a0 nvml.Device) nvml.GpuFabricInfoHandler { return a0.GetGpuFabricInfoV() }
-	}
-	if s.Interface.DeviceGetGpuFabricInfo_v4Func == nil {
-		s.Interface.DeviceGetGpuFabricInfo_v4Func = func(a0 nvml.Device) (nvml.GpuFabricInfo_v4, nvml.Return) { return a0.GetGpuFabricInfo_v4() }
-	}
-	if s.Interface.DeviceGetGpuInstanceByIdFunc == nil {
-		s.Interface.DeviceGetGpuInstanceByIdFunc = func(a0 nvml.Device, a1 int) (nvml.GpuInstance, nvml.Return) { return a0.GetGpuInstanceById(a1) }
-	}
-	if s.Interface.DeviceGetGpuInstanceIdFunc == nil {
-		s.Interface.DeviceGetGpuInstanceIdFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetGpuInstanceId() }
-	}
-	if s.Interface.DeviceGetGpuInstancePossiblePlacementsFunc == nil {
-		s.Interface.DeviceGetGpuInstancePossiblePlacementsFunc = func(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
-			return a0.GetGpuInstancePossiblePlacements(a1)
-		}
-	}
-	if s.Interface.DeviceGetGpuInstanceProfileInfoFunc == nil {
-		s.Interface.DeviceGetGpuInstanceProfileInfoFunc = func(a0 nvml.Device, a1 int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
-			return a0.GetGpuInstanceProfileInfo(a1)
-		}
-	}
-	if s.Interface.DeviceGetGpuInstanceProfileInfoByIdVFunc == nil {
-		s.Interface.DeviceGetGpuInstanceProfileInfoByIdVFunc = func(a0 nvml.Device, a1 int) nvml.GpuInstanceProfileInfoByIdHandler {
-			return a0.GetGpuInstanceProfileInfoByIdV(a1)
-		}
-	}
-	if s.Interface.DeviceGetGpuInstanceProfileInfoVFunc == nil {
-		s.Interface.DeviceGetGpuInstanceProfileInfoVFunc = func(a0 nvml.Device, a1 int) nvml.GpuInstanceProfileInfoHandler {
-			return a0.GetGpuInstanceProfileInfoV(a1)
-		}
-	}
-	if s.Interface.DeviceGetGpuInstanceRemainingCapacityFunc == nil {
-		s.Interface.DeviceGetGpuInstanceRemainingCapacityFunc = func(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo) (int, nvml.Return) {
-			return a0.GetGpuInstanceRemainingCapacity(a1)
-		}
-	}
-	if s.Interface.DeviceGetGpuInstancesFunc == nil {
-		s.Interface.DeviceGetGpuInstancesFunc = func(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
-			return a0.GetGpuInstances(a1)
-		}
-	}
-	if s.Interface.DeviceGetGpuMaxPcieLinkGenerationFunc == nil {
-		s.Interface.DeviceGetGpuMaxPcieLinkGenerationFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetGpuMaxPcieLinkGeneration() }
-	}
-	if s.Interface.DeviceGetGpuOperationModeFunc == nil {
-		s.Interface.DeviceGetGpuOperationModeFunc = func(a0 nvml.Device) (nvml.GpuOperationMode, nvml.GpuOperationMode, nvml.Return) {
-			return a0.GetGpuOperationMode()
-		}
-	}
-	if s.Interface.DeviceGetGraphicsRunningProcessesFunc == nil {
-		s.Interface.DeviceGetGraphicsRunningProcessesFunc = func(a0 nvml.Device) ([]nvml.ProcessInfo, nvml.Return) { return a0.GetGraphicsRunningProcesses() }
-	}
-	if s.Interface.DeviceGetGridLicensableFeaturesFunc == nil {
-		s.Interface.DeviceGetGridLicensableFeaturesFunc = func(a0 nvml.Device) (nvml.GridLicensableFeatures, nvml.Return) { return a0.GetGridLicensableFeatures() }
-	}
-	if s.Interface.DeviceGetGspFirmwareModeFunc == nil {
-		s.Interface.DeviceGetGspFirmwareModeFunc = func(a0 nvml.Device) (bool, bool, nvml.Return) { return a0.GetGspFirmwareMode() }
-	}
-	if s.Interface.DeviceGetGspFirmwareVersionFunc == nil {
-		s.Interface.DeviceGetGspFirmwareVersionFunc = func(a0 nvml.Device) (string, nvml.Return) { return a0.GetGspFirmwareVersion() }
-	}
-	if s.Interface.DeviceGetHostVgpuModeFunc == nil {
-		s.Interface.DeviceGetHostVgpuModeFunc = func(a0 nvml.Device) (nvml.HostVgpuMode, nvml.Return) { return a0.GetHostVgpuMode() }
-	}
-	if s.Interface.DeviceGetHostname_v1Func == nil {
-		s.Interface.DeviceGetHostname_v1Func = func(a0 nvml.Device) (string, nvml.Return) { return a0.GetHostname_v1() }
-	}
-	if s.Interface.DeviceGetIndexFunc == nil {
-		s.Interface.DeviceGetIndexFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetIndex() }
-	}
-	if s.Interface.DeviceGetInforomConfigurationChecksumFunc == nil {
-		s.Interface.DeviceGetInforomConfigurationChecksumFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetInforomConfigurationChecksum() }
-	}
-	if s.Interface.DeviceGetInforomImageVersionFunc == nil {
-		s.Interface.DeviceGetInforomImageVersionFunc = func(a0 nvml.Device) (string, nvml.Return) { return a0.GetInforomImageVersion() }
-	}
-	if s.Interface.DeviceGetInforomVersionFunc == nil {
-		s.Interface.DeviceGetInforomVersionFunc = func(a0 nvml.Device, a1 nvml.InforomObject) (string, nvml.Return) { return a0.GetInforomVersion(a1) }
-	}
-	if s.Interface.DeviceGetIrqNumFunc == nil {
-		s.Interface.DeviceGetIrqNumFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetIrqNum() }
-	}
-	if s.Interface.DeviceGetJpgUtilizationFunc == nil {
-		s.Interface.DeviceGetJpgUtilizationFunc = func(a0 nvml.Device) (uint32, uint32, nvml.Return) { return a0.GetJpgUtilization() }
-	}
-	if s.Interface.DeviceGetLastBBXFlushTimeFunc == nil {
-		s.Interface.DeviceGetLastBBXFlushTimeFunc = func(a0 nvml.Device) (uint64, uint, nvml.Return) { return a0.GetLastBBXFlushTime() }
-	}
-	if s.Interface.DeviceGetMPSComputeRunningProcessesFunc == nil {
-		s.Interface.DeviceGetMPSComputeRunningProcessesFunc = func(a0 nvml.Device) ([]nvml.ProcessInfo, nvml.Return) { return a0.GetMPSComputeRunningProcesses() }
-	}
-	if s.Interface.DeviceGetMarginTemperatureFunc == nil {
-		s.Interface.DeviceGetMarginTemperatureFunc = func(a0 nvml.Device) (nvml.MarginTemperature, nvml.Return) { return a0.GetMarginTemperature() }
-	}
-	if s.Interface.DeviceGetMaxClockInfoFunc == nil {
-		s.Interface.DeviceGetMaxClockInfoFunc = func(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) { return a0.GetMaxClockInfo(a1) }
-	}
-	if s.Interface.DeviceGetMaxCustomerBoostClockFunc == nil {
-		s.Interface.DeviceGetMaxCustomerBoostClockFunc = func(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) { return a0.GetMaxCustomerBoostClock(a1) }
-	}
-	if s.Interface.DeviceGetMaxMigDeviceCountFunc == nil {
-		s.Interface.DeviceGetMaxMigDeviceCountFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetMaxMigDeviceCount() }
-	}
-	if s.Interface.DeviceGetMaxPcieLinkGenerationFunc == nil {
-		s.Interface.DeviceGetMaxPcieLinkGenerationFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetMaxPcieLinkGeneration() }
-	}
-	if s.Interface.DeviceGetMaxPcieLinkWidthFunc == nil {
-		s.Interface.DeviceGetMaxPcieLinkWidthFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetMaxPcieLinkWidth() }
-	}
-	if s.Interface.DeviceGetMemClkMinMaxVfOffsetFunc == nil {
-		s.Interface.DeviceGetMemClkMinMaxVfOffsetFunc = func(a0 nvml.Device) (int, int, nvml.Return) { return a0.GetMemClkMinMaxVfOffset() }
-	}
-	if s.Interface.DeviceGetMemClkVfOffsetFunc == nil {
-		s.Interface.DeviceGetMemClkVfOffsetFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetMemClkVfOffset() }
-	}
-	if s.Interface.DeviceGetMemoryAffinityFunc == nil {
-		s.Interface.DeviceGetMemoryAffinityFunc = func(a0 nvml.Device, a1 int, a2 nvml.AffinityScope) ([]uint, nvml.Return) {
-			return a0.GetMemoryAffinity(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetMemoryBusWidthFunc == nil {
-		s.Interface.DeviceGetMemoryBusWidthFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetMemoryBusWidth() }
-	}
-	if s.Interface.DeviceGetMemoryErrorCounterFunc == nil {
-		s.Interface.DeviceGetMemoryErrorCounterFunc = func(a0 nvml.Device, a1 nvml.MemoryErrorType, a2 nvml.EccCounterType, a3 nvml.MemoryLocation) (uint64, nvml.Return) {
-			return a0.GetMemoryErrorCounter(a1, a2, a3)
-		}
-	}
-	if s.Interface.DeviceGetMemoryInfoFunc == nil {
-		s.Interface.DeviceGetMemoryInfoFunc = func(a0 nvml.Device) (nvml.Memory, nvml.Return) { return a0.GetMemoryInfo() }
-	}
-	if s.Interface.DeviceGetMemoryInfo_v2Func == nil {
-		s.Interface.DeviceGetMemoryInfo_v2Func = func(a0 nvml.Device) (nvml.Memory_v2, nvml.Return) { return a0.GetMemoryInfo_v2() }
-	}
-	if s.Interface.DeviceGetMemoryLimits_v1Func == nil {
-		s.Interface.DeviceGetMemoryLimits_v1Func = func(a0 nvml.Device, a1 string) (nvml.MemoryLimits_v1, nvml.Return) { return a0.GetMemoryLimits_v1(a1) }
-	}
-	if s.Interface.DeviceGetMigDeviceHandleByIndexFunc == nil {
-		s.Interface.DeviceGetMigDeviceHandleByIndexFunc = func(a0 nvml.Device, a1 int) (nvml.Device, nvml.Return) { return a0.GetMigDeviceHandleByIndex(a1) }
-	}
-	if s.Interface.DeviceGetMigModeFunc == nil {
-		s.Interface.DeviceGetMigModeFunc = func(a0 nvml.Device) (int, int, nvml.Return) { return a0.GetMigMode() }
-	}
-	if s.Interface.DeviceGetMinMaxClockOfPStateFunc == nil {
-		s.Interface.DeviceGetMinMaxClockOfPStateFunc = func(a0 nvml.Device, a1 nvml.ClockType, a2 nvml.Pstates) (uint32, uint32, nvml.Return) {
-			return a0.GetMinMaxClockOfPState(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetMinMaxFanSpeedFunc == nil {
-		s.Interface.DeviceGetMinMaxFanSpeedFunc = func(a0 nvml.Device) (int, int, nvml.Return) { return a0.GetMinMaxFanSpeed() }
-	}
-	if s.Interface.DeviceGetMinorNumberFunc == nil {
-		s.Interface.DeviceGetMinorNumberFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetMinorNumber() }
-	}
-	if s.Interface.DeviceGetModuleIdFunc == nil {
-		s.Interface.DeviceGetModuleIdFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetModuleId() }
-	}
-	if s.Interface.DeviceGetMultiGpuBoardFunc == nil {
-		s.Interface.DeviceGetMultiGpuBoardFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetMultiGpuBoard() }
-	}
-	if s.Interface.DeviceGetNameFunc == nil {
-		s.Interface.DeviceGetNameFunc = func(a0 nvml.Device) (string, nvml.Return) { return a0.GetName() }
-	}
-	if s.Interface.DeviceGetNumFansFunc == nil {
-		s.Interface.DeviceGetNumFansFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetNumFans() }
-	}
-	if s.Interface.DeviceGetNumGpuCoresFunc == nil {
-		s.Interface.DeviceGetNumGpuCoresFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetNumGpuCores() }
-	}
-	if s.Interface.DeviceGetNumaNodeIdFunc == nil {
-		s.Interface.DeviceGetNumaNodeIdFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetNumaNodeId() }
-	}
-	if s.Interface.DeviceGetNvLinkCapabilityFunc == nil {
-		s.Interface.DeviceGetNvLinkCapabilityFunc = func(a0 nvml.Device, a1 int, a2 nvml.NvLinkCapability) (uint32, nvml.Return) {
-			return a0.GetNvLinkCapability(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetNvLinkErrorCounterFunc == nil {
-		s.Interface.DeviceGetNvLinkErrorCounterFunc = func(a0 nvml.Device, a1 int, a2 nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
-			return a0.GetNvLinkErrorCounter(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetNvLinkInfoFunc == nil {
-		s.Interface.DeviceGetNvLinkInfoFunc = func(a0 nvml.Device) nvml.NvLinkInfoHandler { return a0.GetNvLinkInfo() }
-	}
-	if s.Interface.DeviceGetNvLinkRemoteDeviceTypeFunc == nil {
-		s.Interface.DeviceGetNvLinkRemoteDeviceTypeFunc = func(a0 nvml.Device, a1 int) (nvml.IntNvLinkDeviceType, nvml.Return) {
-			return a0.GetNvLinkRemoteDeviceType(a1)
-		}
-	}
-	if s.Interface.DeviceGetNvLinkRemotePciInfoFunc == nil {
-		s.Interface.DeviceGetNvLinkRemotePciInfoFunc = func(a0 nvml.Device, a1 int) (nvml.PciInfo, nvml.Return) { return a0.GetNvLinkRemotePciInfo(a1) }
-	}
-	if s.Interface.DeviceGetNvLinkStateFunc == nil {
-		s.Interface.DeviceGetNvLinkStateFunc = func(a0 nvml.Device, a1 int) (nvml.EnableState, nvml.Return) { return a0.GetNvLinkState(a1) }
-	}
-	if s.Interface.DeviceGetNvLinkTelemetrySamples_v1Func == nil {
-		s.Interface.DeviceGetNvLinkTelemetrySamples_v1Func = func(a0 nvml.Device, a1 nvml.NvlinkTelemetrySamples_v1) (nvml.NvlinkTelemetrySamples_v1, nvml.Return) {
-			return a0.GetNvLinkTelemetrySamples_v1(a1)
-		}
-	}
-	if s.Interface.DeviceGetNvLinkUtilizationControlFunc == nil {
-		s.Interface.DeviceGetNvLinkUtilizationControlFunc = func(a0 nvml.Device, a1 int, a2 int) (nvml.NvLinkUtilizationControl, nvml.Return) {
-			return a0.GetNvLinkUtilizationControl(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetNvLinkUtilizationCounterFunc == nil {
-		s.Interface.DeviceGetNvLinkUtilizationCounterFunc = func(a0 nvml.Device, a1 int, a2 int) (uint64, uint64, nvml.Return) {
-			return a0.GetNvLinkUtilizationCounter(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetNvLinkVersionFunc == nil {
-		s.Interface.DeviceGetNvLinkVersionFunc = func(a0 nvml.Device, a1 int) (uint32, nvml.Return) { return a0.GetNvLinkVersion(a1) }
-	}
-	if s.Interface.DeviceGetNvlinkBwModeFunc == nil {
-		s.Interface.DeviceGetNvlinkBwModeFunc = func(a0 nvml.Device) (nvml.NvlinkGetBwMode, nvml.Return) { return a0.GetNvlinkBwMode() }
-	}
-	if s.Interface.DeviceGetNvlinkSupportedBwModesFunc == nil {
-		s.Interface.DeviceGetNvlinkSupportedBwModesFunc = func(a0 nvml.Device) (nvml.NvlinkSupportedBwModes, nvml.Return) { return a0.GetNvlinkSupportedBwModes() }
-	}
-	if s.Interface.DeviceGetOfaUtilizationFunc == nil {
-		s.Interface.DeviceGetOfaUtilizationFunc = func(a0 nvml.Device) (uint32, uint32, nvml.Return) { return a0.GetOfaUtilization() }
-	}
-	if s.Interface.DeviceGetP2PStatusFunc == nil {
-		s.Interface.DeviceGetP2PStatusFunc = func(a0 nvml.Device, a1 nvml.Device, a2 nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
-			return a0.GetP2PStatus(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetPciInfoFunc == nil {
-		s.Interface.DeviceGetPciInfoFunc = func(a0 nvml.Device) (nvml.PciInfo, nvml.Return) { return a0.GetPciInfo() }
-	}
-	if s.Interface.DeviceGetPciInfoExtFunc == nil {
-		s.Interface.DeviceGetPciInfoExtFunc = func(a0 nvml.Device) (nvml.PciInfoExt, nvml.Return) { return a0.GetPciInfoExt() }
-	}
-	if s.Interface.DeviceGetPcieLinkMaxSpeedFunc == nil {
-		s.Interface.DeviceGetPcieLinkMaxSpeedFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetPcieLinkMaxSpeed() }
-	}
-	if s.Interface.DeviceGetPcieReplayCounterFunc == nil {
-		s.Interface.DeviceGetPcieReplayCounterFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetPcieReplayCounter() }
-	}
-	if s.Interface.DeviceGetPcieSpeedFunc == nil {
-		s.Interface.DeviceGetPcieSpeedFunc = func(a0 nvml.Device) (int, nvml.Return) { return a0.GetPcieSpeed() }
-	}
-	if s.Interface.DeviceGetPcieThroughputFunc == nil {
-		s.Interface.DeviceGetPcieThroughputFunc = func(a0 nvml.Device, a1 nvml.PcieUtilCounter) (uint32, nvml.Return) { return a0.GetPcieThroughput(a1) }
-	}
-	if s.Interface.DeviceGetPdiFunc == nil {
-		s.Interface.DeviceGetPdiFunc = func(a0 nvml.Device) (nvml.Pdi, nvml.Return) { return a0.GetPdi() }
-	}
-	if s.Interface.DeviceGetPerformanceModesFunc == nil {
-		s.Interface.DeviceGetPerformanceModesFunc = func(a0 nvml.Device) (nvml.DevicePerfModes, nvml.Return) { return a0.GetPerformanceModes() }
-	}
-	if s.Interface.DeviceGetPerformanceStateFunc == nil {
-		s.Interface.DeviceGetPerformanceStateFunc = func(a0 nvml.Device) (nvml.Pstates, nvml.Return) { return a0.GetPerformanceState() }
-	}
-	if s.Interface.DeviceGetPersistenceModeFunc == nil {
-		s.Interface.DeviceGetPersistenceModeFunc = func(a0 nvml.Device) (nvml.EnableState, nvml.Return) { return a0.GetPersistenceMode() }
-	}
-	if s.Interface.DeviceGetPgpuMetadataStringFunc == nil {
-		s.Interface.DeviceGetPgpuMetadataStringFunc = func(a0 nvml.Device) (string, nvml.Return) { return a0.GetPgpuMetadataString() }
-	}
-	if s.Interface.DeviceGetPlatformInfoFunc == nil {
-		s.Interface.DeviceGetPlatformInfoFunc = func(a0 nvml.Device) (nvml.PlatformInfo, nvml.Return) { return a0.GetPlatformInfo() }
-	}
-	if s.Interface.DeviceGetPowerManagementDefaultLimitFunc == nil {
-		s.Interface.DeviceGetPowerManagementDefaultLimitFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetPowerManagementDefaultLimit() }
-	}
-	if s.Interface.DeviceGetPowerManagementLimitFunc == nil {
-		s.Interface.DeviceGetPowerManagementLimitFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetPowerManagementLimit() }
-	}
-	if s.Interface.DeviceGetPowerManagementLimitConstraintsFunc == nil {
-		s.Interface.DeviceGetPowerManagementLimitConstraintsFunc = func(a0 nvml.Device) (uint32, uint32, nvml.Return) { return a0.GetPowerManagementLimitConstraints() }
-	}
-	if s.Interface.DeviceGetPowerManagementModeFunc == nil {
-		s.Interface.DeviceGetPowerManagementModeFunc = func(a0 nvml.Device) (nvml.EnableState, nvml.Return) { return a0.GetPowerManagementMode() }
-	}
-	if s.Interface.DeviceGetPowerMizerMode_v1Func == nil {
-		s.Interface.DeviceGetPowerMizerMode_v1Func = func(a0 nvml.Device) (nvml.DevicePowerMizerModes_v1, nvml.Return) { return a0.GetPowerMizerMode_v1() }
-	}
-	if s.Interface.DeviceGetPowerSourceFunc == nil {
-		s.Interface.DeviceGetPowerSourceFunc = func(a0 nvml.Device) (nvml.PowerSource, nvml.Return) { return a0.GetPowerSource() }
-	}
-	if s.Interface.DeviceGetPowerStateFunc == nil {
-		s.Interface.DeviceGetPowerStateFunc = func(a0 nvml.Device) (nvml.Pstates, nvml.Return) { return a0.GetPowerState() }
-	}
-	if s.Interface.DeviceGetPowerUsageFunc == nil {
-		s.Interface.DeviceGetPowerUsageFunc = func(a0 nvml.Device) (uint32, nvml.Return) { return a0.GetPowerUsage() }
-	}
-	if s.Interface.DeviceGetProcessUtilizationFunc == nil {
-		s.Interface.DeviceGetProcessUtilizationFunc = func(a0 nvml.Device, a1 uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
-			return a0.GetProcessUtilization(a1)
-		}
-	}
-	if s.Interface.DeviceGetProcessesUtilizationInfoFunc == nil {
-		s.Interface.DeviceGetProcessesUtilizationInfoFunc = func(a0 nvml.Device) (nvml.ProcessesUtilizationInfo, nvml.Return) {
-			return a0.GetProcessesUtilizationInfo()
-		}
-	}
-	if s.Interface.DeviceGetRemappedRowsFunc == nil {
-		s.Interface.DeviceGetRemappedRowsFunc = func(a0 nvml.Device) (int, int, bool, bool, nvml.Return) { return a0.GetRemappedRows() }
-	}
-	if s.Interface.DeviceGetRemappedRows_v2Func == nil {
-		s.Interface.DeviceGetRemappedRows_v2Func = func(a0 nvml.Device) (nvml.RemappedRowsInfo_v2, nvml.Return) { return a0.GetRemappedRows_v2() }
-	}
-	if s.Interface.DeviceGetRepairStatusFunc == nil {
-		s.Interface.DeviceGetRepairStatusFunc = func(a0 nvml.Device) (nvml.RepairStatus, nvml.Return) { return a0.GetRepairStatus() }
-	}
-	if s.Interface.DeviceGetRetiredPagesFunc == nil {
-		s.Interface.DeviceGetRetiredPagesFunc = func(a0 nvml.Device, a1 nvml.PageRetirementCause) ([]uint64, nvml.Return) {
-			return a0.GetRetiredPages(a1)
-		}
-	}
-	if s.Interface.DeviceGetRetiredPagesPendingStatusFunc == nil {
-		s.Interface.DeviceGetRetiredPagesPendingStatusFunc = func(a0 nvml.Device) (nvml.EnableState, nvml.Return) { return a0.GetRetiredPagesPendingStatus() }
-	}
-	if s.Interface.DeviceGetRetiredPages_v2Func == nil {
-		s.Interface.DeviceGetRetiredPages_v2Func = func(a0 nvml.Device, a1 nvml.PageRetirementCause) ([]uint64, []uint64, nvml.Return) {
-			return a0.GetRetiredPages_v2(a1)
-		}
-	}
-	if s.Interface.DeviceGetRowRemapperHistogramFunc == nil {
-		s.Interface.DeviceGetRowRemapperHistogramFunc = func(a0 nvml.Device) (nvml.RowRemapperHistogramValues, nvml.Return) {
-			return a0.GetRowRemapperHistogram()
-		}
-	}
-	if s.Interface.DeviceGetRunningProcessDetailListFunc == nil {
-		s.Interface.DeviceGetRunningProcessDetailListFunc = func(a0 nvml.Device) (nvml.ProcessDetailList, nvml.Return) { return a0.GetRunningProcessDetailList() }
-	}
-	if s.Interface.DeviceGetSamplesFunc == nil {
-		s.Interface.DeviceGetSamplesFunc = func(a0 nvml.Device, a1 nvml.SamplingType, a2 uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
-			return a0.GetSamples(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetSerialFunc == nil {
-		s.Interface.DeviceGetSerialFunc = func(a0 nvml.Device) (string, nvml.Return) { return a0.GetSerial() }
-	}
-	if s.Interface.DeviceGetSramEccErrorStatusFunc == nil {
-		s.Interface.DeviceGetSramEccErrorStatusFunc = func(a0 nvml.Device) (nvml.EccSramErrorStatus, nvml.Return) { return a0.GetSramEccErrorStatus() }
-	}
-	if s.Interface.DeviceGetSramUniqueUncorrectedEccErrorCountsFunc == nil {
-		s.Interface.DeviceGetSramUniqueUncorrectedEccErrorCountsFunc = func(a0 nvml.Device, a1 *nvml.EccSramUniqueUncorrectedErrorCounts) nvml.Return {
-			return a0.GetSramUniqueUncorrectedEccErrorCounts(a1)
-		}
-	}
-	if s.Interface.DeviceGetSupportedClocksEventReasonsFunc == nil {
-		s.Interface.DeviceGetSupportedClocksEventReasonsFunc = func(a0 nvml.Device) (uint64, nvml.Return) { return a0.GetSupportedClocksEventReasons() }
-	}
-	if s.Interface.DeviceGetSupportedClocksThrottleReasonsFunc == nil {
-		s.Interface.DeviceGetSupportedClocksThrottleReasonsFunc = func(a0 nvml.Device) (uint64, nvml.Return) { return a0.GetSupportedClocksThrottleReasons() }
-	}
-	if s.Interface.DeviceGetSupportedEventTypesFunc == nil {
-		s.Interface.DeviceGetSupportedEventTypesFunc = func(a0 nvml.Device) (uint64, nvml.Return) { return a0.GetSupportedEventTypes() }
-	}
-	if s.Interface.DeviceGetSupportedGraphicsClocksFunc == nil {
-		s.Interface.DeviceGetSupportedGraphicsClocksFunc = func(a0 nvml.Device, a1 int) (int, uint32, nvml.Return) { return a0.GetSupportedGraphicsClocks(a1) }
-	}
-	if s.Interface.DeviceGetSupportedMemoryClocksFunc == nil {
-		s.Interface.DeviceGetSupportedMemoryClocksFunc = func(a0 nvml.Device) (int, uint32, nvml.Return) { return a0.GetSupportedMemoryClocks() }
-	}
-	if s.Interface.DeviceGetSupportedPerformanceStatesFunc == nil {
-		s.Interface.DeviceGetSupportedPerformanceStatesFunc = func(a0 nvml.Device) ([]nvml.Pstates, nvml.Return) { return a0.GetSupportedPerformanceStates() }
-	}
-	if s.Interface.DeviceGetSupportedVgpusFunc == nil {
-		s.Interface.DeviceGetSupportedVgpusFunc = func(a0 nvml.Device) ([]nvml.VgpuTypeId, nvml.Return) { return a0.GetSupportedVgpus() }
-	}
-	if s.Interface.DeviceGetTargetFanSpeedFunc == nil {
-		s.Interface.DeviceGetTargetFanSpeedFunc = func(a0 nvml.Device, a1 int) (int, nvml.Return) { return a0.GetTargetFanSpeed(a1) }
-	}
-	if s.Interface.DeviceGetTemperatureFunc == nil {
-		s.Interface.DeviceGetTemperatureFunc = func(a0 nvml.Device, a1 nvml.TemperatureSensors) (uint32, nvml.Return) { return a0.GetTemperature(a1) }
-	}
-	if s.Interface.DeviceGetTemperatureThresholdFunc == nil {
-		s.Interface.DeviceGetTemperatureThresholdFunc = func(a0 nvml.Device, a1 nvml.TemperatureThresholds) (uint32, nvml.Return) {
-			return a0.GetTemperatureThreshold(a1)
-		}
-	}
-	if s.Interface.DeviceGetTemperatureVFunc == nil {
-		s.Interface.DeviceGetTemperatureVFunc = func(a0 nvml.Device) nvml.TemperatureHandler { return a0.GetTemperatureV() }
-	}
-	if s.Interface.DeviceGetThermalSettingsFunc == nil {
-		s.Interface.DeviceGetThermalSettingsFunc = func(a0 nvml.Device, a1 uint32) (nvml.GpuThermalSettings, nvml.Return) {
-			return a0.GetThermalSettings(a1)
-		}
-	}
-	if s.Interface.DeviceGetTopologyCommonAncestorFunc == nil {
-		s.Interface.DeviceGetTopologyCommonAncestorFunc = func(a0 nvml.Device, a1 nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
-			return a0.GetTopologyCommonAncestor(a1)
-		}
-	}
-	if s.Interface.DeviceGetTopologyNearestGpusFunc == nil {
-		s.Interface.DeviceGetTopologyNearestGpusFunc = func(a0 nvml.Device, a1 nvml.GpuTopologyLevel) ([]nvml.Device, nvml.Return) {
-			return a0.GetTopologyNearestGpus(a1)
-		}
-	}
-	if s.Interface.DeviceGetTotalEccErrorsFunc == nil {
-		s.Interface.DeviceGetTotalEccErrorsFunc = func(a0 nvml.Device, a1 nvml.MemoryErrorType, a2 nvml.EccCounterType) (uint64, nvml.Return) {
-			return a0.GetTotalEccErrors(a1, a2)
-		}
-	}
-	if s.Interface.DeviceGetTotalEnergyConsumptionFunc == nil {
-		s.Interface.DeviceGetTotalEnergyConsumptionFunc = func(a0 nvml.Device) (uint64, nvml.Return) { return a0.GetTotalEnergyConsumption() }
-	}
-	if s.Interface.DeviceGetUUIDFunc == nil {
-		s.Interface.DeviceGetUUIDFunc = func(a0 nvml.Device) (string, nvml.Return) { return a0.GetUUID() }
-	}
-	if s.Interface.DeviceGetUnrepairableMemoryFlag_v1Func == nil {
-		s.Interface.DeviceGetUnrepairableMemoryFlag_v1Func = func(a0 nvml.Device) (nvml.UnrepairableMemoryStatus_v1, nvml.Return) {
-			return a0.GetUnrepairableMemoryFlag_v1()
-		}
-	}
-	if s.Interface.DeviceGetUtilizationRatesFunc == nil {
-		s.Interface.DeviceGetUtilizationRatesFunc = func(a0 nvml.Device) (nvml.Utilization, nvml.Return) { return a0.GetUtilizationRates() }
-	}
-	if s.Interface.DeviceGetVbiosVersionFunc == nil {
-		s.Interface.DeviceGetVbiosVersionFunc = func(a0 nvml.Device) (string, nvml.Return) { return a0.GetVbiosVersion() }
-	}
-	if s.Interface.DeviceGetVgpuCapabilitiesFunc == nil {
-		s.Interface.DeviceGetVgpuCapabilitiesFunc = func(a0 nvml.Device, a1 nvml.DeviceVgpuCapability) (bool, nvml.Return) {
-			return a0.GetVgpuCapabilities(a1)
-		}
-	}
-	if s.Interface.DeviceGetVgpuHeterogeneousModeFunc == nil {
-		s.Interface.DeviceGetVgpuHeterogeneousModeFunc = func(a0 nvml.Device) (nvml.VgpuHeterogeneousMode, nvml.Return) { return a0.GetVgpuHeterogeneousMode() }
-	}
-	if s.Interface.DeviceGetVgpuInstancesUtilizationInfoFunc == nil {
-		s.Interface.DeviceGetVgpuInstancesUtilizationInfoFunc = func(a0 nvml.Device) (nvml.VgpuInstancesUtilizationInfo, nvml.Return) {
-			return a0.GetVgpuInstancesUtilizationInfo()
-		}
-	}
-	if s.Interface.DeviceGetVgpuMetadataFunc == nil {
-		s.Interface.DeviceGetVgpuMetadataFunc = func(a0 nvml.Device) (nvml.VgpuPgpuMetadata, nvml.Return) { return a0.GetVgpuMetadata() }
-	}
-	if s.Interface.DeviceGetVgpuProcessUtilizationFunc == nil {
-		s.Interface.DeviceGetVgpuProcessUtilizationFunc = func(a0 nvml.Device, a1 uint64) ([]nvml.VgpuProcessUtilizationSample, nvml.Return) {
-			return a0.GetVgpuProcessUtilization(a1)
-		}
-	}
-	if s.Interface.DeviceGetVgpuProcessesUtilizationInfoFunc == nil {
-		s.Interface.DeviceGetVgpuProcessesUtilizationInfoFunc = func(a0 nvml.Device) (nvml.VgpuProcessesUtilizationInfo, nvml.Return) {
-			return a0.GetVgpuProcessesUtilizationInfo()
-		}
-	}
-	if s.Interface.DeviceGetVgpuSchedulerCapabilitiesFunc == nil {
-		s.Interface.DeviceGetVgpuSchedulerCapabilitiesFunc = func(a0 nvml.Device) (nvml.VgpuSchedulerCapabilities, nvml.Return) {
-			return a0.GetVgpuSchedulerCapabilities()
-		}
-	}
-	if s.Interface.DeviceGetVgpuSchedulerLogFunc == nil {
-		s.Interface.DeviceGetVgpuSchedulerLogFunc = func(a0 nvml.Device) (nvml.VgpuSchedulerLog, nvml.Return) { return a0.GetVgpuSchedulerLog() }
-	}
-	if s.Interface.DeviceGetVgpuSchedulerLog_v2Func == nil {
-		s.Interface.DeviceGetVgpuSchedulerLog_v2Func = func(a0 nvml.Device, a1 nvml.VgpuSchedulerLogInfo_v2) (nvml.VgpuSchedulerLogInfo_v2, nvml.Return) {
-			return a0.GetVgpuSchedulerLog_v2(a1)
-		}
-	}
-	if s.Interface.DeviceGetVgpuSchedulerStateFunc == nil {
-		s.Interface.DeviceGetVgpuSchedulerStateFunc = func(a0 nvml.Device) (nvml.VgpuSchedulerGetState, nvml.Return) { return a0.GetVgpuSchedulerState() }
-	}
-	if s.Interface.DeviceGetVgpuSchedulerState_v2Func == nil {
-		s.Interface.DeviceGetVgpuSchedulerState_v2Func = func(a0 nvml.Device, a1 nvml.VgpuSchedulerStateInfo_v2) (nvml.VgpuSchedulerStateInfo_v2, nvml.Return) {
-			return a0.GetVgpuSchedulerState_v2(a1)
-		}
-	}
-	if s.Interface.DeviceGetVgpuTypeCreatablePlacementsFunc == nil {
-		s.Interface.DeviceGetVgpuTypeCreatablePlacementsFunc = func(a0 nvml.Device, a1 nvml.VgpuTypeId) (nvml.VgpuPlacementList, nvml.Return) {
-			return a0.GetVgpuTypeCreatablePlacements(a1)
-		}
-	}
-	if s.Interface.DeviceGetVgpuTypeSupportedPlacementsFunc == nil {
-		s.Interface.DeviceGetVgpuTypeSupportedPlacementsFunc = func(a0 nvml.Device, a1 nvml.VgpuTypeId) (nvml.VgpuPlacementList, nvml.Return) {
-			return a0.GetVgpuTypeSupportedPlacements(a1)
-		}
-	}
-	if s.Interface.DeviceGetVgpuUtilizationFunc == nil {
-		s.Interface.DeviceGetVgpuUtilizationFunc = func(a0 nvml.Device, a1 uint64) (nvml.ValueType, []nvml.VgpuInstanceUtilizationSample, nvml.Return) {
-			return a0.GetVgpuUtilization(a1)
-		}
-	}
-	if s.Interface.DeviceGetViolationStatusFunc == nil {
-		s.Interface.DeviceGetViolationStatusFunc = func(a0 nvml.Device, a1 nvml.PerfPolicyType) (nvml.ViolationTime, nvml.Return) {
-			return a0.GetViolationStatus(a1)
-		}
-	}
-	if s.Interface.DeviceGetVirtualizationModeFunc == nil {
-		s.Interface.DeviceGetVirtualizationModeFunc = func(a0 nvml.Device) (nvml.GpuVirtualizationMode, nvml.Return) { return a0.GetVirtualizationMode() }
-	}
-	if s.Interface.DeviceIsMigDeviceHandleFunc == nil {
-		s.Interface.DeviceIsMigDeviceHandleFunc = func(a0 nvml.Device) (bool, nvml.Return) { return a0.IsMigDeviceHandle() }
-	}
-	if s.Interface.DeviceOnSameBoardFunc == nil {
-		s.Interface.DeviceOnSameBoardFunc = func(a0 nvml.Device, a1 nvml.Device) (int, nvml.Return) { return a0.OnSameBoard(a1) }
-	}
-	if s.Interface.DevicePerfMetricsGetSamples_v1Func == nil {
-		s.Interface.DevicePerfMetricsGetSamples_v1Func = func(a0 nvml.Device) (nvml.PerfMetricsSamples_v1, nvml.Return) { return a0.PerfMetricsGetSamples_v1() }
-	}
-	if s.Interface.DevicePowerSmoothingActivatePresetProfileFunc == nil {
-		s.Interface.DevicePowerSmoothingActivatePresetProfileFunc = func(a0 nvml.Device, a1 *nvml.PowerSmoothingProfile) nvml.Return {
-			return a0.PowerSmoothingActivatePresetProfile(a1)
-		}
-	}
-	if s.Interface.DevicePowerSmoothingSetStateFunc == nil {
-		s.Interface.DevicePowerSmoothingSetStateFunc = func(a0 nvml.Device, a1 *nvml.PowerSmoothingState) nvml.Return { return a0.PowerSmoothingSetState(a1) }
-	}
-	if s.Interface.DevicePowerSmoothingUpdatePresetProfileParamFunc == nil {
-		s.Interface.DevicePowerSmoothingUpdatePresetProfileParamFunc = func(a0 nvml.Device, a1 *nvml.PowerSmoothingProfile) nvml.Return {
-			return a0.PowerSmoothingUpdatePresetProfileParam(a1)
-		}
-	}
-	if s.Interface.DeviceReadPRMCounters_v1Func == nil {
-		s.Interface.DeviceReadPRMCounters_v1Func = func(a0 nvml.Device, a1 []nvml.PRMCounterId, a2 int) ([]nvml.PRMCounter_v1, nvml.Return) {
-			return a0.ReadPRMCounters_v1(a1, a2)
-		}
-	}
-	if s.Interface.DeviceReadWritePRM_v1Func == nil {
-		s.Interface.DeviceReadWritePRM_v1Func = func(a0 nvml.Device, a1 *nvml.PRMTLV_v1) nvml.Return { return a0.ReadWritePRM_v1(a1) }
-	}
-	if s.Interface.DeviceRegisterEventsFunc == nil {
-		s.Interface.DeviceRegisterEventsFunc = func(a0 nvml.Device, a1 uint64, a2 nvml.EventSet) nvml.Return { return a0.RegisterEvents(a1, a2) }
-	}
-	if s.Interface.DeviceResetApplicationsClocksFunc == nil {
-		s.Interface.DeviceResetApplicationsClocksFunc = func(a0 nvml.Device) nvml.Return { return a0.ResetApplicationsClocks() }
-	}
-	if s.Interface.DeviceResetGpuLockedClocksFunc == nil {
-		s.Interface.DeviceResetGpuLockedClocksFunc = func(a0 nvml.Device) nvml.Return { return a0.ResetGpuLockedClocks() }
-	}
-	if s.Interface.DeviceResetMemoryLockedClocksFunc == nil {
-		s.Interface.DeviceResetMemoryLockedClocksFunc = func(a0 nvml.Device) nvml.Return { return a0.ResetMemoryLockedClocks() }
-	}
-	if s.Interface.DeviceResetNvLinkErrorCountersFunc == nil {
-		s.Interface.DeviceResetNvLinkErrorCountersFunc = func(a0 nvml.Device, a1 int) nvml.Return { return a0.ResetNvLinkErrorCounters(a1) }
-	}
-	if s.Interface.DeviceResetNvLinkUtilizationCounterFunc == nil {
-		s.Interface.DeviceResetNvLinkUtilizationCounterFunc = func(a0 nvml.Device, a1 int, a2 int) nvml.Return { return a0.ResetNvLinkUtilizationCounter(a1, a2) }
-	}
-	if s.Interface.DeviceSetAPIRestrictionFunc == nil {
-		s.Interface.DeviceSetAPIRestrictionFunc = func(a0 nvml.Device, a1 nvml.RestrictedAPI, a2 nvml.EnableState) nvml.Return {
-			return a0.SetAPIRestriction(a1, a2)
-		}
-	}
-	if s.Interface.DeviceSetAccountingModeFunc == nil {
-		s.Interface.DeviceSetAccountingModeFunc = func(a0 nvml.Device, a1 nvml.EnableState) nvml.Return { return a0.SetAccountingMode(a1) }
-	}
-	if s.Interface.DeviceSetAdaptiveTgpMode_v1Func == nil {
-		s.Interface.DeviceSetAdaptiveTgpMode_v1Func = func(a0 nvml.Device, a1 nvml.EnableState) nvml.Return { return a0.SetAdaptiveTgpMode_v1(a1) }
-	}
-	if s.Interface.DeviceSetApplicationsClocksFunc == nil {
-		s.Interface.DeviceSetApplicationsClocksFunc = func(a0 nvml.Device, a1 uint32, a2 uint32) nvml.Return { return a0.SetApplicationsClocks(a1, a2) }
-	}
-	if s.Interface.DeviceSetAutoBoostedClocksEnabledFunc == nil {
-		s.Interface.DeviceSetAutoBoostedClocksEnabledFunc = func(a0 nvml.Device, a1 nvml.EnableState) nvml.Return { return a0.SetAutoBoostedClocksEnabled(a1) }
-	}
-	if s.Interface.DeviceSetClockOffsetsFunc == nil {
-		s.Interface.DeviceSetClockOffsetsFunc = func(a0 nvml.Device, a1 nvml.ClockOffset) nvml.Return { return a0.SetClockOffsets(a1) }
-	}
-	if s.Interface.DeviceSetComputeModeFunc == nil {
-		s.Interface.DeviceSetComputeModeFunc = func(a0 nvml.Device, a1 nvml.ComputeMode) nvml.Return { return a0.SetComputeMode(a1) }
-	}
-	if s.Interface.DeviceSetConfComputeUnprotectedMemSizeFunc == nil {
-		s.Interface.DeviceSetConfComputeUnprotectedMemSizeFunc = func(a0 nvml.Device, a1 uint64) nvml.Return { return a0.SetConfComputeUnprotectedMemSize(a1) }
-	}
-	if s.Interface.DeviceSetCpuAffinityFunc == nil {
-		s.Interface.DeviceSetCpuAffinityFunc = func(a0 nvml.Device) nvml.Return { return a0.SetCpuAffinity() }
-	}
-	if s.Interface.DeviceSetDefaultAutoBoostedClocksEnabledFunc == nil {
-		s.Interface.DeviceSetDefaultAutoBoostedClocksEnabledFunc = func(a0 nvml.Device, a1 nvml.EnableState, a2 uint32) nvml.Return {
-			return a0.SetDefaultAutoBoostedClocksEnabled(a1, a2)
-		}
-	}
-	if s.Interface.DeviceSetDefaultFanSpeed_v2Func == nil {
-		s.Interface.DeviceSetDefaultFanSpeed_v2Func = func(a0 nvml.Device, a1 int) nvml.Return { return a0.SetDefaultFanSpeed_v2(a1) }
-	}
-	if s.Interface.DeviceSetDramEncryptionModeFunc == nil {
-		s.Interface.DeviceSetDramEncryptionModeFunc = func(a0 nvml.Device, a1 *nvml.DramEncryptionInfo) nvml.Return { return a0.SetDramEncryptionMode(a1) }
-	}
-	if s.Interface.DeviceSetDriverModelFunc == nil {
-		s.Interface.DeviceSetDriverModelFunc = func(a0 nvml.Device, a1 nvml.DriverModel, a2 uint32) nvml.Return { return a0.SetDriverModel(a1, a2) }
-	}
-	if s.Interface.DeviceSetEccModeFunc == nil {
-		s.Interface.DeviceSetEccModeFunc = func(a0 nvml.Device, a1 nvml.EnableState) nvml.Return { return a0.SetEccMode(a1) }
-	}
-	if s.Interface.DeviceSetFanControlPolicyFunc == nil {
-		s.Interface.DeviceSetFanControlPolicyFunc = func(a0 nvml.Device, a1 int, a2 nvml.FanControlPolicy) nvml.Return {
-			return a0.SetFanControlPolicy(a1, a2)
-		}
-	}
-	if s.Interface.DeviceSetFanSpeed_v2Func == nil {
-		s.Interface.DeviceSetFanSpeed_v2Func = func(a0 nvml.Device, a1 int, a2 int) nvml.Return { return a0.SetFanSpeed_v2(a1, a2) }
-	}
-	if s.Interface.DeviceSetGpcClkVfOffsetFunc == nil {
-		s.Interface.DeviceSetGpcClkVfOffsetFunc = func(a0 nvml.Device, a1 int) nvml.Return { return a0.SetGpcClkVfOffset(a1) }
-	}
-	if s.Interface.DeviceSetGpuLockedClocksFunc == nil {
-		s.Interface.DeviceSetGpuLockedClocksFunc = func(a0 nvml.Device, a1 uint32, a2 uint32) nvml.Return { return a0.SetGpuLockedClocks(a1, a2) }
-	}
-	if s.Interface.DeviceSetGpuOperationModeFunc == nil {
-		s.Interface.DeviceSetGpuOperationModeFunc = func(a0 nvml.Device, a1 nvml.GpuOperationMode) nvml.Return { return a0.SetGpuOperationMode(a1) }
-	}
-	if s.Interface.DeviceSetHostname_v1Func == nil {
-		s.Interface.DeviceSetHostname_v1Func = func(a0 nvml.Device, a1 string) nvml.Return { return a0.SetHostname_v1(a1) }
-	}
-	if s.Interface.DeviceSetMemClkVfOffsetFunc == nil {
-		s.Interface.DeviceSetMemClkVfOffsetFunc = func(a0 nvml.Device, a1 int) nvml.Return { return a0.SetMemClkVfOffset(a1) }
-	}
-	if s.Interface.DeviceSetMemoryLimits_v1Func == nil {
-		s.Interface.DeviceSetMemoryLimits_v1Func = func(a0 nvml.Device, a1 string, a2 uint64, a3 uint64) nvml.Return {
-			return a0.SetMemoryLimits_v1(a1, a2, a3)
-		}
-	}
-	if s.Interface.DeviceSetMemoryLockedClocksFunc == nil {
-		s.Interface.DeviceSetMemoryLockedClocksFunc = func(a0 nvml.Device, a1 uint32, a2 uint32) nvml.Return { return a0.SetMemoryLockedClocks(a1, a2) }
-	}
-	if s.Interface.DeviceSetMigModeFunc == nil {
-		s.Interface.DeviceSetMigModeFunc = func(a0 nvml.Device, a1 int) (nvml.Return, nvml.Return) { return a0.SetMigMode(a1) }
-	}
-	if s.Interface.DeviceSetNvLinkDeviceLowPowerThresholdFunc == nil {
-		s.Interface.DeviceSetNvLinkDeviceLowPowerThresholdFunc = func(a0 nvml.Device, a1 *nvml.NvLinkPowerThres) nvml.Return {
-			return a0.SetNvLinkDeviceLowPowerThreshold(a1)
-		}
-	}
-	if s.Interface.DeviceSetNvLinkUtilizationControlFunc == nil {
-		s.Interface.DeviceSetNvLinkUtilizationControlFunc = func(a0 nvml.Device, a1 int, a2 int, a3 *nvml.NvLinkUtilizationControl, a4 bool) nvml.Return {
-			return a0.SetNvLinkUtilizationControl(a1, a2, a3, a4)
-		}
-	}
-	if s.Interface.DeviceSetNvlinkBwModeFunc == nil {
-		s.Interface.DeviceSetNvlinkBwModeFunc = func(a0 nvml.Device, a1 *nvml.NvlinkSetBwMode) nvml.Return { return a0.SetNvlinkBwMode(a1) }
-	}
-	if s.Interface.DeviceSetNvlinkBwModeAsync_v1Func == nil {
-		s.Interface.DeviceSetNvlinkBwModeAsync_v1Func = func(a0 nvml.Device, a1 *nvml.NvlinkSetBwModeAsync_v1) nvml.Return {
-			return a0.SetNvlinkBwModeAsync_v1(a1)
-		}
-	}
-	if s.Interface.DeviceSetPersistenceModeFunc == nil {
-		s.Interface.DeviceSetPersistenceModeFunc = func(a0 nvml.Device, a1 nvml.EnableState) nvml.Return { return a0.SetPersistenceMode(a1) }
-	}
-	if s.Interface.DeviceSetPowerManagementLimitFunc == nil {
-		s.Interface.DeviceSetPowerManagementLimitFunc = func(a0 nvml.Device, a1 uint32) nvml.Return { return a0.SetPowerManagementLimit(a1) }
-	}
-	if s.Interface.DeviceSetPowerManagementLimit_v2Func == nil {
-		s.Interface.DeviceSetPowerManagementLimit_v2Func = func(a0 nvml.Device, a1 *nvml.PowerValue_v2) nvml.Return { return a0.SetPowerManagementLimit_v2(a1) }
-	}
-	if s.Interface.DeviceSetRusdSettings_v1Func == nil {
-		s.Interface.DeviceSetRusdSettings_v1Func = func(a0 nvml.Device, a1 nvml.RusdSettings_v1) nvml.Return { return a0.SetRusdSettings_v1(a1) }
-	}
-	if s.Interface.DeviceSetTemperatureThresholdFunc == nil {
-		s.Interface.DeviceSetTemperatureThresholdFunc = func(a0 nvml.Device, a1 nvml.TemperatureThresholds, a2 int) nvml.Return {
-			return a0.SetTemperatureThreshold(a1, a2)
-		}
-	}
-	if s.Interface.DeviceSetVgpuCapabilitiesFunc == nil {
-		s.Interface.DeviceSetVgpuCapabilitiesFunc = func(a0 nvml.Device, a1 nvml.DeviceVgpuCapability, a2 nvml.EnableState) nvml.Return {
-			return a0.SetVgpuCapabilities(a1, a2)
-		}
-	}
-	if s.Interface.DeviceSetVgpuHeterogeneousModeFunc == nil {
-		s.Interface.DeviceSetVgpuHeterogeneousModeFunc = func(a0 nvml.Device, a1 nvml.VgpuHeterogeneousMode) nvml.Return {
-			return a0.SetVgpuHeterogeneousMode(a1)
-		}
-	}
-	if s.Interface.DeviceSetVgpuSchedulerStateFunc == nil {
-		s.Interface.DeviceSetVgpuSchedulerStateFunc = func(a0 nvml.Device, a1 *nvml.VgpuSchedulerSetState) nvml.Return { return a0.SetVgpuSchedulerState(a1) }
-	}
-	if s.Interface.DeviceSetVgpuSchedulerState_v2Func == nil {
-		s.Interface.DeviceSetVgpuSchedulerState_v2Func = func(a0 nvml.Device, a1 *nvml.VgpuSchedulerState_v2) nvml.Return {
-			return a0.SetVgpuSchedulerState_v2(a1)
-		}
-	}
-	if s.Interface.DeviceSetVirtualizationModeFunc == nil {
-		s.Interface.DeviceSetVirtualizationModeFunc = func(a0 nvml.Device, a1 nvml.GpuVirtualizationMode) nvml.Return { return a0.SetVirtualizationMode(a1) }
-	}
-	if s.Interface.DeviceValidateInforomFunc == nil {
-		s.Interface.DeviceValidateInforomFunc = func(a0 nvml.Device) nvml.Return { return a0.ValidateInforom() }
-	}
-	if s.Interface.DeviceVgpuForceGspUnloadFunc == nil {
-		s.Interface.DeviceVgpuForceGspUnloadFunc = func(a0 nvml.Device) nvml.Return { return a0.VgpuForceGspUnload() }
-	}
-	if s.Interface.DeviceWorkloadPowerProfileClearRequestedProfilesFunc == nil {
-		s.Interface.DeviceWorkloadPowerProfileClearRequestedProfilesFunc = func(a0 nvml.Device, a1 *nvml.WorkloadPowerProfileRequestedProfiles) nvml.Return {
-			return a0.WorkloadPowerProfileClearRequestedProfiles(a1)
-		}
-	}
-	if s.Interface.DeviceWorkloadPowerProfileGetCurrentProfilesFunc == nil {
-		s.Interface.DeviceWorkloadPowerProfileGetCurrentProfilesFunc = func(a0 nvml.Device) (nvml.WorkloadPowerProfileCurrentProfiles, nvml.Return) {
-			return a0.WorkloadPowerProfileGetCurrentProfiles()
-		}
-	}
-	if s.Interface.DeviceWorkloadPowerProfileGetProfilesInfoFunc == nil {
-		s.Interface.DeviceWorkloadPowerProfileGetProfilesInfoFunc = func(a0 nvml.Device) (nvml.WorkloadPowerProfileProfilesInfo, nvml.Return) {
-			return a0.WorkloadPowerProfileGetProfilesInfo()
-		}
-	}
-	if s.Interface.DeviceWorkloadPowerProfileSetRequestedProfilesFunc == nil {
-		s.Interface.DeviceWorkloadPowerProfileSetRequestedProfilesFunc = func(a0 nvml.Device, a1 *nvml.WorkloadPowerProfileRequestedProfiles) nvml.Return {
-			return a0.WorkloadPowerProfileSetRequestedProfiles(a1)
-		}
-	}
-	if s.Interface.DeviceWorkloadPowerProfileUpdateProfiles_v1Func == nil {
-		s.Interface.DeviceWorkloadPowerProfileUpdateProfiles_v1Func = func(a0 nvml.Device, a1 nvml.PowerProfileOperation, a2 []nvml.PowerProfileType) nvml.Return {
-			return a0.WorkloadPowerProfileUpdateProfiles_v1(a1, a2)
-		}
-	}
-	if s.Interface.EventSetFreeFunc == nil {
-		s.Interface.EventSetFreeFunc = func(a0 nvml.EventSet) nvml.Return { return a0.Free() }
-	}
-	if s.Interface.EventSetGetContextCount_v1Func == nil {
-		s.Interface.EventSetGetContextCount_v1Func = func(a0 nvml.EventSet) (nvml.GetContextCount_v1, nvml.Return) { return a0.GetContextCount_v1() }
-	}
-	if s.Interface.EventSetGetContextData_v1Func == nil {
-		s.Interface.EventSetGetContextData_v1Func = func(a0 nvml.EventSet, a1 nvml.GetContextData_v1) (nvml.GetContextData_v1, nvml.Return) {
-			return a0.GetContextData_v1(a1)
-		}
-	}
-	if s.Interface.EventSetGetContextInfo_v1Func == nil {
-		s.Interface.EventSetGetContextInfo_v1Func = func(a0 nvml.EventSet, a1 uint32) (nvml.GetContextInfo_v1, nvml.Return) {
-			return a0.GetContextInfo_v1(a1)
-		}
-	}
-	if s.Interface.EventSetGetGpuOperationalEventContextLegacyXid_v1Func == nil {
-		s.Interface.EventSetGetGpuOperationalEventContextLegacyXid_v1Func = func(a0 nvml.EventSet, a1 uint32) (uint32, nvml.Return) {
-			return a0.GetGpuOperationalEventContextLegacyXid_v1(a1)
-		}
-	}
-	if s.Interface.EventSetRegisterGpuOperationalEvents_v1Func == nil {
-		s.Interface.EventSetRegisterGpuOperationalEvents_v1Func = func(a0 nvml.EventSet, a1 *nvml.GpuOperationalEventConfig_v1) nvml.Return {
-			return a0.RegisterGpuOperationalEvents_v1(a1)
-		}
-	}
-	if s.Interface.EventSetWaitFunc == nil {
-		s.Interface.EventSetWaitFunc = func(a0 nvml.EventSet, a1 uint32) (nvml.EventData, nvml.Return) { return a0.Wait(a1) }
-	}
-	if s.Interface.EventSetWait_v3Func == nil {
-		s.Interface.EventSetWait_v3Func = func(a0 nvml.EventSet, a1 uint32) (nvml.EventSetWaitData_v3, nvml.Return) { return a0.Wait_v3(a1) }
-	}
-	if s.Interface.GpmSampleFreeFunc == nil {
-		s.Interface.GpmSampleFreeFunc = func(a0 nvml.GpmSample) nvml.Return { return a0.Free() }
-	}
-	if s.Interface.GpuInstanceCreateComputeInstanceFunc == nil {
-		s.Interface.GpuInstanceCreateComputeInstanceFunc = func(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
-			return a0.CreateComputeInstance(a1)
-		}
-	}
-	if s.Interface.GpuInstanceCreateComputeInstanceWithPlacementFunc == nil {
-		s.Interface.GpuInstanceCreateComputeInstanceWithPlacementFunc = func(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo, a2 *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
-			return a0.CreateComputeInstanceWithPlacement(a1, a2)
-		}
-	}
-	if s.Interface.GpuInstanceDestroyFunc == nil {
-		s.Interface.GpuInstanceDestroyFunc = func(a0 nvml.GpuInstance) nvml.Return { return a0.Destroy() }
-	}
-	if s.Interface.GpuInstanceGetActiveVgpusFunc == nil {
-		s.Interface.GpuInstanceGetActiveVgpusFunc = func(a0 nvml.GpuInstance) (nvml.ActiveVgpuInstanceInfo, nvml.Return) { return a0.GetActiveVgpus() }
-	}
-	if s.Interface.GpuInstanceGetComputeInstanceByIdFunc == nil {
-		s.Interface.GpuInstanceGetComputeInstanceByIdFunc = func(a0 nvml.GpuInstance, a1 int) (nvml.ComputeInstance, nvml.Return) {
-			return a0.GetComputeInstanceById(a1)
-		}
-	}
-	if s.Interface.GpuInstanceGetComputeInstancePossiblePlacementsFunc == nil {
-		s.Interface.GpuInstanceGetComputeInstancePossiblePlacementsFunc = func(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstancePlacement, nvml.Return) {
-			return a0.GetComputeInstancePossiblePlacements(a1)
-		}
-	}
-	if s.Interface.GpuInstanceGetComputeInstanceProfileInfoFunc == nil {
-		s.Interface.GpuInstanceGetComputeInstanceProfileInfoFunc = func(a0 nvml.GpuInstance, a1 int, a2 int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
-			return a0.GetComputeInstanceProfileInfo(a1, a2)
-		}
-	}
-	if s.Interface.GpuInstanceGetComputeInstanceProfileInfoVFunc == nil {
-		s.Interface.GpuInstanceGetComputeInstanceProfileInfoVFunc = func(a0 nvml.GpuInstance, a1 int, a2 int) nvml.ComputeInstanceProfileInfoHandler {
-			return a0.GetComputeInstanceProfileInfoV(a1, a2)
-		}
-	}
-	if s.Interface.GpuInstanceGetComputeInstanceRemainingCapacityFunc == nil {
-		s.Interface.GpuInstanceGetComputeInstanceRemainingCapacityFunc = func(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo) (int, nvml.Return) {
-			return a0.GetComputeInstanceRemainingCapacity(a1)
-		}
-	}
-	if s.Interface.GpuInstanceGetComputeInstancesFunc == nil {
-		s.Interface.GpuInstanceGetComputeInstancesFunc = func(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
-			return a0.GetComputeInstances(a1)
-		}
-	}
-	if s.Interface.GpuInstanceGetCreatableVgpusFunc == nil {
-		s.Interface.GpuInstanceGetCreatableVgpusFunc = func(a0 nvml.GpuInstance) (nvml.VgpuTypeIdInfo, nvml.Return) { return a0.GetCreatableVgpus() }
-	}
-	if s.Interface.GpuInstanceGetInfoFunc == nil {
-		s.Interface.GpuInstanceGetInfoFunc = func(a0 nvml.GpuInstance) (nvml.GpuInstanceInfo, nvml.Return) { return a0.GetInfo() }
-	}
-	if s.Interface.GpuInstanceGetVgpuHeterogeneousModeFunc == nil {
-		s.Interface.GpuInstanceGetVgpuHeterogeneousModeFunc = func(a0 nvml.GpuInstance) (nvml.VgpuHeterogeneousMode, nvml.Return) {
-			return a0.GetVgpuHeterogeneousMode()
-		}
-	}
-	if s.Interface.GpuInstanceGetVgpuSchedulerLogFunc == nil {
-		s.Interface.GpuInstanceGetVgpuSchedulerLogFunc = func(a0 nvml.GpuInstance) (nvml.VgpuSchedulerLogInfo, nvml.Return) { return a0.GetVgpuSchedulerLog() }
-	}
-	if s.Interface.GpuInstanceGetVgpuSchedulerLog_v2Func == nil {
-		s.Interface.GpuInstanceGetVgpuSchedulerLog_v2Func = func(a0 nvml.GpuInstance, a1 nvml.VgpuSchedulerLogInfo_v2) (nvml.VgpuSchedulerLogInfo_v2, nvml.Return) {
-			return a0.GetVgpuSchedulerLog_v2(a1)
-		}
-	}
-	if s.Interface.GpuInstanceGetVgpuSchedulerStateFunc == nil {
-		s.Interface.GpuInstanceGetVgpuSchedulerStateFunc = func(a0 nvml.GpuInstance) (nvml.VgpuSchedulerStateInfo, nvml.Return) {
-			return a0.GetVgpuSchedulerState()
-		}
-	}
-	if s.Interface.GpuInstanceGetVgpuSchedulerState_v2Func == nil {
-		s.Interface.GpuInstanceGetVgpuSchedulerState_v2Func = func(a0 nvml.GpuInstance, a1 nvml.VgpuSchedulerStateInfo_v2) (nvml.VgpuSchedulerStateInfo_v2, nvml.Return) {
-			return a0.GetVgpuSchedulerState_v2(a1)
-		}
-	}
-	if s.Interface.GpuInstanceGetVgpuTypeCreatablePlacementsFunc == nil {
-		s.Interface.GpuInstanceGetVgpuTypeCreatablePlacementsFunc = func(a0 nvml.GpuInstance) (nvml.VgpuCreatablePlacementInfo, nvml.Return) {
-			return a0.GetVgpuTypeCreatablePlacements()
-		}
-	}
-	if s.Interface.GpuInstanceSetVgpuHeterogeneousModeFunc == nil {
-		s.Interface.GpuInstanceSetVgpuHeterogeneousModeFunc = func(a0 nvml.GpuInstance, a1 *nvml.VgpuHeterogeneousMode) nvml.Return {
-			return a0.SetVgpuHeterogeneousMode(a1)
-		}
-	}
-	if s.Interface.GpuInstanceSetVgpuSchedulerStateFunc == nil {
-		s.Interface.GpuInstanceSetVgpuSchedulerStateFunc = func(a0 nvml.GpuInstance, a1 *nvml.VgpuSchedulerState) nvml.Return {
-			return a0.SetVgpuSchedulerState(a1)
-		}
-	}
-	if s.Interface.GpuInstanceSetVgpuSchedulerState_v2Func == nil {
-		s.Interface.GpuInstanceSetVgpuSchedulerState_v2Func = func(a0 nvml.GpuInstance, a1 *nvml.VgpuSchedulerState_v2) nvml.Return {
-			return a0.SetVgpuSchedulerState_v2(a1)
-		}
-	}
-	if s.Interface.UnitGetDevicesFunc == nil {
-		s.Interface.UnitGetDevicesFunc = func(a0 nvml.Unit) ([]nvml.Device, nvml.Return) { return a0.GetDevices() }
-	}
-	if s.Interface.UnitGetFanSpeedInfoFunc == nil {
-		s.Interface.UnitGetFanSpeedInfoFunc = func(a0 nvml.Unit) (nvml.UnitFanSpeeds, nvml.Return) { return a0.GetFanSpeedInfo() }
-	}
-	if s.Interface.UnitGetLedStateFunc == nil {
-		s.Interface.UnitGetLedStateFunc = func(a0 nvml.Unit) (nvml.LedState, nvml.Return) { return a0.GetLedState() }
-	}
-	if s.Interface.UnitGetPsuInfoFunc == nil {
-		s.Interface.UnitGetPsuInfoFunc = func(a0 nvml.Unit) (nvml.PSUInfo, nvml.Return) { return a0.GetPsuInfo() }
-	}
-	if s.Interface.UnitGetTemperatureFunc == nil {
-		s.Interface.UnitGetTemperatureFunc = func(a0 nvml.Unit, a1 int) (uint32, nvml.Return) { return a0.GetTemperature(a1) }
-	}
-	if s.Interface.UnitGetUnitInfoFunc == nil {
-		s.Interface.UnitGetUnitInfoFunc = func(a0 nvml.Unit) (nvml.UnitInfo, nvml.Return) { return a0.GetUnitInfo() }
-	}
-	if s.Interface.UnitSetLedStateFunc == nil {
-		s.Interface.UnitSetLedStateFunc = func(a0 nvml.Unit, a1 nvml.LedColor) nvml.Return { return a0.SetLedState(a1) }
-	}
-	if s.Interface.VgpuInstanceClearAccountingPidsFunc == nil {
-		s.Interface.VgpuInstanceClearAccountingPidsFunc = func(a0 nvml.VgpuInstance) nvml.Return { return a0.ClearAccountingPids() }
-	}
-	if s.Interface.VgpuInstanceGetAccountingModeFunc == nil {
-		s.Interface.VgpuInstanceGetAccountingModeFunc = func(a0 nvml.VgpuInstance) (nvml.EnableState, nvml.Return) { return a0.GetAccountingMode() }
-	}
-	if s.Interface.VgpuInstanceGetAccountingPidsFunc == nil {
-		s.Interface.VgpuInstanceGetAccountingPidsFunc = func(a0 nvml.VgpuInstance) ([]int, nvml.Return) { return a0.GetAccountingPids() }
-	}
-	if s.Interface.VgpuInstanceGetAccountingStatsFunc == nil {
-		s.Interface.VgpuInstanceGetAccountingStatsFunc = func(a0 nvml.VgpuInstance, a1 int) (nvml.AccountingStats, nvml.Return) {
-			return a0.GetAccountingStats(a1)
-		}
-	}
-	if s.Interface.VgpuInstanceGetEccModeFunc == nil {
-		s.Interface.VgpuInstanceGetEccModeFunc = func(a0 nvml.VgpuInstance) (nvml.EnableState, nvml.Return) { return a0.GetEccMode() }
-	}
-	if s.Interface.VgpuInstanceGetEncoderCapacityFunc == nil {
-		s.Interface.VgpuInstanceGetEncoderCapacityFunc = func(a0 nvml.VgpuInstance) (int, nvml.Return) { return a0.GetEncoderCapacity() }
-	}
-	if s.Interface.VgpuInstanceGetEncoderSessionsFunc == nil {
-		s.Interface.VgpuInstanceGetEncoderSessionsFunc = func(a0 nvml.VgpuInstance) (int, nvml.EncoderSessionInfo, nvml.Return) { return a0.GetEncoderSessions() }
-	}
-	if s.Interface.VgpuInstanceGetEncoderStatsFunc == nil {
-		s.Interface.VgpuInstanceGetEncoderStatsFunc = func(a0 nvml.VgpuInstance) (int, uint32, uint32, nvml.Return) { return a0.GetEncoderStats() }
-	}
-	if s.Interface.VgpuInstanceGetFBCSessionsFunc == nil {
-		s.Interface.VgpuInstanceGetFBCSessionsFunc = func(a0 nvml.VgpuInstance) (int, nvml.FBCSessionInfo, nvml.Return) { return a0.GetFBCSessions() }
-	}
-	if s.Interface.VgpuInstanceGetFBCStatsFunc == nil {
-		s.Interface.VgpuInstanceGetFBCStatsFunc = func(a0 nvml.VgpuInstance) (nvml.FBCStats, nvml.Return) { return a0.GetFBCStats() }
-	}
-	if s.Interface.VgpuInstanceGetFbUsageFunc == nil {
-		s.Interface.VgpuInstanceGetFbUsageFunc = func(a0 nvml.VgpuInstance) (uint64, nvml.Return) { return a0.GetFbUsage() }
-	}
-	if s.Interface.VgpuInstanceGetFrameRateLimitFunc == nil {
-		s.Interface.VgpuInstanceGetFrameRateLimitFunc = func(a0 nvml.VgpuInstance) (uint32, nvml.Return) { return a0.GetFrameRateLimit() }
-	}
-	if s.Interface.VgpuInstanceGetGpuInstanceIdFunc == nil {
-		s.Interface.VgpuInstanceGetGpuInstanceIdFunc = func(a0 nvml.VgpuInstance) (int, nvml.Return) { return a0.GetGpuInstanceId() }
-	}
-	if s.Interface.VgpuInstanceGetGpuPciIdFunc == nil {
-		s.Interface.VgpuInstanceGetGpuPciIdFunc = func(a0 nvml.VgpuInstance) (string, nvml.Return) { return a0.GetGpuPciId() }
-	}
-	if s.Interface.VgpuInstanceGetLicenseInfoFunc == nil {
-		s.Interface.VgpuInstanceGetLicenseInfoFunc = func(a0 nvml.VgpuInstance) (nvml.VgpuLicenseInfo, nvml.Return) { return a0.GetLicenseInfo() }
-	}
-	if s.Interface.VgpuInstanceGetLicenseStatusFunc == nil {
-		s.Interface.VgpuInstanceGetLicenseStatusFunc = func(a0 nvml.VgpuInstance) (int, nvml.Return) { return a0.GetLicenseStatus() }
-	}
-	if s.Interface.VgpuInstanceGetMdevUUIDFunc == nil {
-		s.Interface.VgpuInstanceGetMdevUUIDFunc = func(a0 nvml.VgpuInstance) (string, nvml.Return) { return a0.GetMdevUUID() }
-	}
-	if s.Interface.VgpuInstanceGetMetadataFunc == nil {
-		s.Interface.VgpuInstanceGetMetadataFunc = func(a0 nvml.VgpuInstance) (nvml.VgpuMetadata, nvml.Return) { return a0.GetMetadata() }
-	}
-	if s.Interface.VgpuInstanceGetRuntimeStateSizeFunc == nil {
-		s.Interface.VgpuInstanceGetRuntimeStateSizeFunc = func(a0 nvml.VgpuInstance) (nvml.VgpuRuntimeState, nvml.Return) { return a0.GetRuntimeStateSize() }
-	}
-	if s.Interface.VgpuInstanceGetTypeFunc == nil {
-		s.Interface.VgpuInstanceGetTypeFunc = func(a0 nvml.VgpuInstance) (nvml.VgpuTypeId, nvml.Return) { return a0.GetType() }
-	}
-	if s.Interface.VgpuInstanceGetUUIDFunc == nil {
-		s.Interface.VgpuInstanceGetUUIDFunc = func(a0 nvml.VgpuInstance) (string, nvml.Return) { return a0.GetUUID() }
-	}
-	if s.Interface.VgpuInstanceGetVmDriverVersionFunc == nil {
-		s.Interface.VgpuInstanceGetVmDriverVersionFunc = func(a0 nvml.VgpuInstance) (string, nvml.Return) { return a0.GetVmDriverVersion() }
-	}
-	if s.Interface.VgpuInstanceGetVmIDFunc == nil {
-		s.Interface.VgpuInstanceGetVmIDFunc = func(a0 nvml.VgpuInstance) (string, nvml.VgpuVmIdType, nvml.Return) { return a0.GetVmID() }
-	}
-	if s.Interface.VgpuInstanceSetEncoderCapacityFunc == nil {
-		s.Interface.VgpuInstanceSetEncoderCapacityFunc = func(a0 nvml.VgpuInstance, a1 int) nvml.Return { return a0.SetEncoderCapacity(a1) }
-	}
-	if s.Interface.VgpuTypeGetBAR1InfoFunc == nil {
-		s.Interface.VgpuTypeGetBAR1InfoFunc = func(a0 nvml.VgpuTypeId) (nvml.VgpuTypeBar1Info, nvml.Return) { return a0.GetBAR1Info() }
-	}
-	if s.Interface.VgpuTypeGetCapabilitiesFunc == nil {
-		s.Interface.VgpuTypeGetCapabilitiesFunc = func(a0 nvml.VgpuTypeId, a1 nvml.VgpuCapability) (bool, nvml.Return) { return a0.GetCapabilities(a1) }
-	}
-	if s.Interface.VgpuTypeGetClassFunc == nil {
-		s.Interface.VgpuTypeGetClassFunc = func(a0 nvml.VgpuTypeId) (string, nvml.Return) { return a0.GetClass() }
-	}
-	if s.Interface.VgpuTypeGetDeviceIDFunc == nil {
-		s.Interface.VgpuTypeGetDeviceIDFunc = func(a0 nvml.VgpuTypeId) (uint64, uint64, nvml.Return) { return a0.GetDeviceID() }
-	}
-	if s.Interface.VgpuTypeGetFrameRateLimitFunc == nil {
-		s.Interface.VgpuTypeGetFrameRateLimitFunc = func(a0 nvml.VgpuTypeId) (uint32, nvml.Return) { return a0.GetFrameRateLimit() }
-	}
-	if s.Interface.VgpuTypeGetFramebufferSizeFunc == nil {
-		s.Interface.VgpuTypeGetFramebufferSizeFunc = func(a0 nvml.VgpuTypeId) (uint64, nvml.Return) { return a0.GetFramebufferSize() }
-	}
-	if s.Interface.VgpuTypeGetGpuInstanceProfileIdFunc == nil {
-		s.Interface.VgpuTypeGetGpuInstanceProfileIdFunc = func(a0 nvml.VgpuTypeId) (uint32, nvml.Return) { return a0.GetGpuInstanceProfileId() }
-	}
-	if s.Interface.VgpuTypeGetIDFunc == nil {
-		s.Interface.VgpuTypeGetIDFunc = func(a0 nvml.VgpuTypeId) uint32 { return a0.GetID() }
-	}
-	if s.Interface.VgpuTypeGetLicenseFunc == nil {
-		s.Interface.VgpuTypeGetLicenseFunc = func(a0 nvml.VgpuTypeId) (string, nvml.Return) { return a0.GetLicense() }
-	}
-	if s.Interface.VgpuTypeGetMaxInstancesPerVmFunc == nil {
-		s.Interface.VgpuTypeGetMaxInstancesPerVmFunc = func(a0 nvml.VgpuTypeId) (int, nvml.Return) { return a0.GetMaxInstancesPerVm() }
-	}
-	if s.Interface.VgpuTypeGetNameFunc == nil {
-		s.Interface.VgpuTypeGetNameFunc = func(a0 nvml.VgpuTypeId) (string, nvml.Return) { return a0.GetName() }
-	}
-	if s.Interface.VgpuTypeGetNumDisplayHeadsFunc == nil {
-		s.Interface.VgpuTypeGetNumDisplayHeadsFunc = func(a0 nvml.VgpuTypeId) (int, nvml.Return) { return a0.GetNumDisplayHeads() }
-	}
-	if s.Interface.VgpuTypeGetResolutionFunc == nil {
-		s.Interface.VgpuTypeGetResolutionFunc = func(a0 nvml.VgpuTypeId, a1 int) (uint32, uint32, nvml.Return) { return a0.GetResolution(a1) }
-	}
+	s.Interface.ComputeInstanceDestroyFunc = nvml.ComputeInstance.Destroy
+	s.Interface.ComputeInstanceGetInfoFunc = nvml.ComputeInstance.GetInfo
+	s.Interface.DeviceClearAccountingPidsFunc = nvml.Device.ClearAccountingPids
+	s.Interface.DeviceClearCpuAffinityFunc = nvml.Device.ClearCpuAffinity
+	s.Interface.DeviceClearEccErrorCountsFunc = nvml.Device.ClearEccErrorCounts
+	s.Interface.DeviceClearFieldValuesFunc = nvml.Device.ClearFieldValues
+	s.Interface.DeviceCreateGpuInstanceFunc = nvml.Device.CreateGpuInstance
+	s.Interface.DeviceCreateGpuInstanceWithPlacementFunc = nvml.Device.CreateGpuInstanceWithPlacement
+	s.Interface.DeviceFreezeNvLinkUtilizationCounterFunc = nvml.Device.FreezeNvLinkUtilizationCounter
+	s.Interface.DeviceGetAPIRestrictionFunc = nvml.Device.GetAPIRestriction
+	s.Interface.DeviceGetAccountingBufferSizeFunc = nvml.Device.GetAccountingBufferSize
+	s.Interface.DeviceGetAccountingModeFunc = nvml.Device.GetAccountingMode
+	s.Interface.DeviceGetAccountingPidsFunc = nvml.Device.GetAccountingPids
+	s.Interface.DeviceGetAccountingStatsFunc = nvml.Device.GetAccountingStats
+	s.Interface.DeviceGetAccountingStats_v2Func = nvml.Device.GetAccountingStats_v2
+	s.Interface.DeviceGetActiveVgpusFunc = nvml.Device.GetActiveVgpus
+	s.Interface.DeviceGetAdaptiveClockInfoStatusFunc = nvml.Device.GetAdaptiveClockInfoStatus
+	s.Interface.DeviceGetAdaptiveTgpModeInfo_v1Func = nvml.Device.GetAdaptiveTgpModeInfo_v1
+	s.Interface.DeviceGetAddressingModeFunc = nvml.Device.GetAddressingMode
+	s.Interface.DeviceGetApplicationsClockFunc = nvml.Device.GetApplicationsClock
+	s.Interface.DeviceGetArchitectureFunc = nvml.Device.GetArchitecture
+	s.Interface.DeviceGetAttributesFunc = nvml.Device.GetAttributes
+	s.Interface.DeviceGetAutoBoostedClocksEnabledFunc = nvml.Device.GetAutoBoostedClocksEnabled
+	s.Interface.DeviceGetBAR1MemoryInfoFunc = nvml.Device.GetBAR1MemoryInfo
+	s.Interface.DeviceGetBBXTimeData_v1Func = nvml.Device.GetBBXTimeData_v1
+	s.Interface.DeviceGetBankRemapperStatus_v1Func = nvml.Device.GetBankRemapperStatus_v1
+	s.Interface.DeviceGetBoardIdFunc = nvml.Device.GetBoardId
+	s.Interface.DeviceGetBoardPartNumberFunc = nvml.Device.GetBoardPartNumber
+	s.Interface.DeviceGetBrandFunc = nvml.Device.GetBrand
+	s.Interface.DeviceGetBridgeChipInfoFunc = nvml.Device.GetBridgeChipInfo
+	s.Interface.DeviceGetBusTypeFunc = nvml.Device.GetBusType
+	s.Interface.DeviceGetC2cModeInfoVFunc = nvml.Device.GetC2cModeInfoV
+	s.Interface.DeviceGetCapabilitiesFunc = nvml.Device.GetCapabilities
+	s.Interface.DeviceGetClkMonStatusFunc = nvml.Device.GetClkMonStatus
+	s.Interface.DeviceGetClockFunc = nvml.Device.GetClock
+	s.Interface.DeviceGetClockInfoFunc = nvml.Device.GetClockInfo
+	s.Interface.DeviceGetClockOffsetsFunc = nvml.Device.GetClockOffsets
+	s.Interface.DeviceGetComputeInstanceIdFunc = nvml.Device.GetComputeInstanceId
+	s.Interface.DeviceGetComputeModeFunc = nvml.Device.GetComputeMode
+	s.Interface.DeviceGetComputeRunningProcessesFunc = nvml.Device.GetComputeRunningProcesses
+	s.Interface.DeviceGetConfComputeGpuAttestationReportFunc = nvml.Device.GetConfComputeGpuAttestationReport
+	s.Interface.DeviceGetConfComputeGpuCertificateFunc = nvml.Device.GetConfComputeGpuCertificate
+	s.Interface.DeviceGetConfComputeMemSizeInfoFunc = nvml.Device.GetConfComputeMemSizeInfo
+	s.Interface.DeviceGetConfComputeProtectedMemoryUsageFunc = nvml.Device.GetConfComputeProtectedMemoryUsage
+	s.Interface.DeviceGetCoolerInfoFunc = nvml.Device.GetCoolerInfo
+	s.Interface.DeviceGetCpuAffinityFunc = nvml.Device.GetCpuAffinity
+	s.Interface.DeviceGetCpuAffinityWithinScopeFunc = nvml.Device.GetCpuAffinityWithinScope
+	s.Interface.DeviceGetCreatableVgpusFunc = nvml.Device.GetCreatableVgpus
+	s.Interface.DeviceGetCudaComputeCapabilityFunc = nvml.Device.GetCudaComputeCapability
+	s.Interface.DeviceGetCurrPcieLinkGenerationFunc = nvml.Device.GetCurrPcieLinkGeneration
+	s.Interface.DeviceGetCurrPcieLinkWidthFunc = nvml.Device.GetCurrPcieLinkWidth
+	s.Interface.DeviceGetCurrentClockFreqsFunc = nvml.Device.GetCurrentClockFreqs
+	s.Interface.DeviceGetCurrentClocksEventReasonsFunc = nvml.Device.GetCurrentClocksEventReasons
+	s.Interface.DeviceGetCurrentClocksThrottleReasonsFunc = nvml.Device.GetCurrentClocksThrottleReasons
+	s.Interface.DeviceGetDecoderUtilizationFunc = nvml.Device.GetDecoderUtilization
+	s.Interface.DeviceGetDefaultApplicationsClockFunc = nvml.Device.GetDefaultApplicationsClock
+	s.Interface.DeviceGetDefaultEccModeFunc = nvml.Device.GetDefaultEccMode
+	s.Interface.DeviceGetDetailedEccErrorsFunc = nvml.Device.GetDetailedEccErrors
+	s.Interface.DeviceGetDeviceHandleFromMigDeviceHandleFunc = nvml.Device.GetDeviceHandleFromMigDeviceHandle
+	s.Interface.DeviceGetDisplayActiveFunc = nvml.Device.GetDisplayActive
+	s.Interface.DeviceGetDisplayModeFunc = nvml.Device.GetDisplayMode
+	s.Interface.DeviceGetDramEncryptionModeFunc = nvml.Device.GetDramEncryptionMode
+	s.Interface.DeviceGetDriverModelFunc = nvml.Device.GetDriverModel
+	s.Interface.DeviceGetDriverModel_v2Func = nvml.Device.GetDriverModel_v2
+	s.Interface.DeviceGetDynamicPstatesInfoFunc = nvml.Device.GetDynamicPstatesInfo
+	s.Interface.DeviceGetEccModeFunc = nvml.Device.GetEccMode
+	s.Interface.DeviceGetEncoderCapacityFunc = nvml.Device.GetEncoderCapacity
+	s.Interface.DeviceGetEncoderSessionsFunc = nvml.Device.GetEncoderSessions
+	s.Interface.DeviceGetEncoderStatsFunc = nvml.Device.GetEncoderStats
+	s.Interface.DeviceGetEncoderUtilizationFunc = nvml.Device.GetEncoderUtilization
+	s.Interface.DeviceGetEnforcedPowerLimitFunc = nvml.Device.GetEnforcedPowerLimit
+	s.Interface.DeviceGetFBCSessionsFunc = nvml.Device.GetFBCSessions
+	s.Interface.DeviceGetFBCStatsFunc = nvml.Device.GetFBCStats
+	s.Interface.DeviceGetFanControlPolicy_v2Func = nvml.Device.GetFanControlPolicy_v2
+	s.Interface.DeviceGetFanSpeedFunc = nvml.Device.GetFanSpeed
+	s.Interface.DeviceGetFanSpeedRPMFunc = nvml.Device.GetFanSpeedRPM
+	s.Interface.DeviceGetFanSpeed_v2Func = nvml.Device.GetFanSpeed_v2
+	s.Interface.DeviceGetFieldValuesFunc = nvml.Device.GetFieldValues
+	s.Interface.DeviceGetGpcClkMinMaxVfOffsetFunc = nvml.Device.GetGpcClkMinMaxVfOffset
+	s.Interface.DeviceGetGpcClkVfOffsetFunc = nvml.Device.GetGpcClkVfOffset
+	s.Interface.DeviceGetGpuFabricInfoFunc = nvml.Device.GetGpuFabricInfo
+	s.Interface.DeviceGetGpuFabricInfoVFunc = nvml.Device.GetGpuFabricInfoV
+	s.Interface.DeviceGetGpuFabricInfo_v4Func = nvml.Device.GetGpuFabricInfo_v4
+	s.Interface.DeviceGetGpuInstanceByIdFunc = nvml.Device.GetGpuInstanceById
+	s.Interface.DeviceGetGpuInstanceIdFunc = nvml.Device.GetGpuInstanceId
+	s.Interface.DeviceGetGpuInstancePossiblePlacementsFunc = nvml.Device.GetGpuInstancePossiblePlacements
+	s.Interface.DeviceGetGpuInstanceProfileInfoFunc = nvml.Device.GetGpuInstanceProfileInfo
+	s.Interface.DeviceGetGpuInstanceProfileInfoByIdVFunc = nvml.Device.GetGpuInstanceProfileInfoByIdV
+	s.Interface.DeviceGetGpuInstanceProfileInfoVFunc = nvml.Device.GetGpuInstanceProfileInfoV
+	s.Interface.DeviceGetGpuInstanceRemainingCapacityFunc = nvml.Device.GetGpuInstanceRemainingCapacity
+	s.Interface.DeviceGetGpuInstancesFunc = nvml.Device.GetGpuInstances
+	s.Interface.DeviceGetGpuMaxPcieLinkGenerationFunc = nvml.Device.GetGpuMaxPcieLinkGeneration
+	s.Interface.DeviceGetGpuOperationModeFunc = nvml.Device.GetGpuOperationMode
+	s.Interface.DeviceGetGraphicsRunningProcessesFunc = nvml.Device.GetGraphicsRunningProcesses
+	s.Interface.DeviceGetGridLicensableFeaturesFunc = nvml.Device.GetGridLicensableFeatures
+	s.Interface.DeviceGetGspFirmwareModeFunc = nvml.Device.GetGspFirmwareMode
+	s.Interface.DeviceGetGspFirmwareVersionFunc = nvml.Device.GetGspFirmwareVersion
+	s.Interface.DeviceGetHostVgpuModeFunc = nvml.Device.GetHostVgpuMode
+	s.Interface.DeviceGetHostname_v1Func = nvml.Device.GetHostname_v1
+	s.Interface.DeviceGetIndexFunc = nvml.Device.GetIndex
+	s.Interface.DeviceGetInforomConfigurationChecksumFunc = nvml.Device.GetInforomConfigurationChecksum
+	s.Interface.DeviceGetInforomImageVersionFunc = nvml.Device.GetInforomImageVersion
+	s.Interface.DeviceGetInforomVersionFunc = nvml.Device.GetInforomVersion
+	s.Interface.DeviceGetIrqNumFunc = nvml.Device.GetIrqNum
+	s.Interface.DeviceGetJpgUtilizationFunc = nvml.Device.GetJpgUtilization
+	s.Interface.DeviceGetLastBBXFlushTimeFunc = nvml.Device.GetLastBBXFlushTime
+	s.Interface.DeviceGetMPSComputeRunningProcessesFunc = nvml.Device.GetMPSComputeRunningProcesses
+	s.Interface.DeviceGetMarginTemperatureFunc = nvml.Device.GetMarginTemperature
+	s.Interface.DeviceGetMaxClockInfoFunc = nvml.Device.GetMaxClockInfo
+	s.Interface.DeviceGetMaxCustomerBoostClockFunc = nvml.Device.GetMaxCustomerBoostClock
+	s.Interface.DeviceGetMaxMigDeviceCountFunc = nvml.Device.GetMaxMigDeviceCount
+	s.Interface.DeviceGetMaxPcieLinkGenerationFunc = nvml.Device.GetMaxPcieLinkGeneration
+	s.Interface.DeviceGetMaxPcieLinkWidthFunc = nvml.Device.GetMaxPcieLinkWidth
+	s.Interface.DeviceGetMemClkMinMaxVfOffsetFunc = nvml.Device.GetMemClkMinMaxVfOffset
+	s.Interface.DeviceGetMemClkVfOffsetFunc = nvml.Device.GetMemClkVfOffset
+	s.Interface.DeviceGetMemoryAffinityFunc = nvml.Device.GetMemoryAffinity
+	s.Interface.DeviceGetMemoryBusWidthFunc = nvml.Device.GetMemoryBusWidth
+	s.Interface.DeviceGetMemoryErrorCounterFunc = nvml.Device.GetMemoryErrorCounter
+	s.Interface.DeviceGetMemoryInfoFunc = nvml.Device.GetMemoryInfo
+	s.Interface.DeviceGetMemoryInfo_v2Func = nvml.Device.GetMemoryInfo_v2
+	s.Interface.DeviceGetMemoryLimits_v1Func = nvml.Device.GetMemoryLimits_v1
+	s.Interface.DeviceGetMigDeviceHandleByIndexFunc = nvml.Device.GetMigDeviceHandleByIndex
+	s.Interface.DeviceGetMigModeFunc = nvml.Device.GetMigMode
+	s.Interface.DeviceGetMinMaxClockOfPStateFunc = nvml.Device.GetMinMaxClockOfPState
+	s.Interface.DeviceGetMinMaxFanSpeedFunc = nvml.Device.GetMinMaxFanSpeed
+	s.Interface.DeviceGetMinorNumberFunc = nvml.Device.GetMinorNumber
+	s.Interface.DeviceGetModuleIdFunc = nvml.Device.GetModuleId
+	s.Interface.DeviceGetMultiGpuBoardFunc = nvml.Device.GetMultiGpuBoard
+	s.Interface.DeviceGetNameFunc = nvml.Device.GetName
+	s.Interface.DeviceGetNumFansFunc = nvml.Device.GetNumFans
+	s.Interface.DeviceGetNumGpuCoresFunc = nvml.Device.GetNumGpuCores
+	s.Interface.DeviceGetNumaNodeIdFunc = nvml.Device.GetNumaNodeId
+	s.Interface.DeviceGetNvLinkCapabilityFunc = nvml.Device.GetNvLinkCapability
+	s.Interface.DeviceGetNvLinkErrorCounterFunc = nvml.Device.GetNvLinkErrorCounter
+	s.Interface.DeviceGetNvLinkInfoFunc = nvml.Device.GetNvLinkInfo
+	s.Interface.DeviceGetNvLinkRemoteDeviceTypeFunc = nvml.Device.GetNvLinkRemoteDeviceType
+	s.Interface.DeviceGetNvLinkRemotePciInfoFunc = nvml.Device.GetNvLinkRemotePciInfo
+	s.Interface.DeviceGetNvLinkStateFunc = nvml.Device.GetNvLinkState
+	s.Interface.DeviceGetNvLinkTelemetrySamples_v1Func = nvml.Device.GetNvLinkTelemetrySamples_v1
+	s.Interface.DeviceGetNvLinkUtilizationControlFunc = nvml.Device.GetNvLinkUtilizationControl
+	s.Interface.DeviceGetNvLinkUtilizationCounterFunc = nvml.Device.GetNvLinkUtilizationCounter
+	s.Interface.DeviceGetNvLinkVersionFunc = nvml.Device.GetNvLinkVersion
+	s.Interface.DeviceGetNvlinkBwModeFunc = nvml.Device.GetNvlinkBwMode
+	s.Interface.DeviceGetNvlinkSupportedBwModesFunc = nvml.Device.GetNvlinkSupportedBwModes
+	s.Interface.DeviceGetOfaUtilizationFunc = nvml.Device.GetOfaUtilization
+	s.Interface.DeviceGetP2PStatusFunc = nvml.Device.GetP2PStatus
+	s.Interface.DeviceGetPciInfoFunc = nvml.Device.GetPciInfo
+	s.Interface.DeviceGetPciInfoExtFunc = nvml.Device.GetPciInfoExt
+	s.Interface.DeviceGetPcieLinkMaxSpeedFunc = nvml.Device.GetPcieLinkMaxSpeed
+	s.Interface.DeviceGetPcieReplayCounterFunc = nvml.Device.GetPcieReplayCounter
+	s.Interface.DeviceGetPcieSpeedFunc = nvml.Device.GetPcieSpeed
+	s.Interface.DeviceGetPcieThroughputFunc = nvml.Device.GetPcieThroughput
+	s.Interface.DeviceGetPdiFunc = nvml.Device.GetPdi
+	s.Interface.DeviceGetPerformanceModesFunc = nvml.Device.GetPerformanceModes
+	s.Interface.DeviceGetPerformanceStateFunc = nvml.Device.GetPerformanceState
+	s.Interface.DeviceGetPersistenceModeFunc = nvml.Device.GetPersistenceMode
+	s.Interface.DeviceGetPgpuMetadataStringFunc = nvml.Device.GetPgpuMetadataString
+	s.Interface.DeviceGetPlatformInfoFunc = nvml.Device.GetPlatformInfo
+	s.Interface.DeviceGetPowerManagementDefaultLimitFunc = nvml.Device.GetPowerManagementDefaultLimit
+	s.Interface.DeviceGetPowerManagementLimitFunc = nvml.Device.GetPowerManagementLimit
+	s.Interface.DeviceGetPowerManagementLimitConstraintsFunc = nvml.Device.GetPowerManagementLimitConstraints
+	s.Interface.DeviceGetPowerManagementModeFunc = nvml.Device.GetPowerManagementMode
+	s.Interface.DeviceGetPowerMizerMode_v1Func = nvml.Device.GetPowerMizerMode_v1
+	s.Interface.DeviceGetPowerSourceFunc = nvml.Device.GetPowerSource
+	s.Interface.DeviceGetPowerStateFunc = nvml.Device.GetPowerState
+	s.Interface.DeviceGetPowerUsageFunc = nvml.Device.GetPowerUsage
+	s.Interface.DeviceGetProcessUtilizationFunc = nvml.Device.GetProcessUtilization
+	s.Interface.DeviceGetProcessesUtilizationInfoFunc = nvml.Device.GetProcessesUtilizationInfo
+	s.Interface.DeviceGetRemappedRowsFunc = nvml.Device.GetRemappedRows
+	s.Interface.DeviceGetRemappedRows_v2Func = nvml.Device.GetRemappedRows_v2
+	s.Interface.DeviceGetRepairStatusFunc = nvml.Device.GetRepairStatus
+	s.Interface.DeviceGetRetiredPagesFunc = nvml.Device.GetRetiredPages
+	s.Interface.DeviceGetRetiredPagesPendingStatusFunc = nvml.Device.GetRetiredPagesPendingStatus
+	s.Interface.DeviceGetRetiredPages_v2Func = nvml.Device.GetRetiredPages_v2
+	s.Interface.DeviceGetRowRemapperHistogramFunc = nvml.Device.GetRowRemapperHistogram
+	s.Interface.DeviceGetRunningProcessDetailListFunc = nvml.Device.GetRunningProcessDetailList
+	s.Interface.DeviceGetSamplesFunc = nvml.Device.GetSamples
+	s.Interface.DeviceGetSerialFunc = nvml.Device.GetSerial
+	s.Interface.DeviceGetSramEccErrorStatusFunc = nvml.Device.GetSramEccErrorStatus
+	s.Interface.DeviceGetSramUniqueUncorrectedEccErrorCountsFunc = nvml.Device.GetSramUniqueUncorrectedEccErrorCounts
+	s.Interface.DeviceGetSupportedClocksEventReasonsFunc = nvml.Device.GetSupportedClocksEventReasons
+	s.Interface.DeviceGetSupportedClocksThrottleReasonsFunc = nvml.Device.GetSupportedClocksThrottleReasons
+	s.Interface.DeviceGetSupportedEventTypesFunc = nvml.Device.GetSupportedEventTypes
+	s.Interface.DeviceGetSupportedGraphicsClocksFunc = nvml.Device.GetSupportedGraphicsClocks
+	s.Interface.DeviceGetSupportedMemoryClocksFunc = nvml.Device.GetSupportedMemoryClocks
+	s.Interface.DeviceGetSupportedPerformanceStatesFunc = nvml.Device.GetSupportedPerformanceStates
+	s.Interface.DeviceGetSupportedVgpusFunc = nvml.Device.GetSupportedVgpus
+	s.Interface.DeviceGetTargetFanSpeedFunc = nvml.Device.GetTargetFanSpeed
+	s.Interface.DeviceGetTemperatureFunc = nvml.Device.GetTemperature
+	s.Interface.DeviceGetTemperatureThresholdFunc = nvml.Device.GetTemperatureThreshold
+	s.Interface.DeviceGetTemperatureVFunc = nvml.Device.GetTemperatureV
+	s.Interface.DeviceGetThermalSettingsFunc = nvml.Device.GetThermalSettings
+	s.Interface.DeviceGetTopologyCommonAncestorFunc = nvml.Device.GetTopologyCommonAncestor
+	s.Interface.DeviceGetTopologyNearestGpusFunc = nvml.Device.GetTopologyNearestGpus
+	s.Interface.DeviceGetTotalEccErrorsFunc = nvml.Device.GetTotalEccErrors
+	s.Interface.DeviceGetTotalEnergyConsumptionFunc = nvml.Device.GetTotalEnergyConsumption
+	s.Interface.DeviceGetUUIDFunc = nvml.Device.GetUUID
+	s.Interface.DeviceGetUnrepairableMemoryFlag_v1Func = nvml.Device.GetUnrepairableMemoryFlag_v1
+	s.Interface.DeviceGetUtilizationRatesFunc = nvml.Device.GetUtilizationRates
+	s.Interface.DeviceGetVbiosVersionFunc = nvml.Device.GetVbiosVersion
+	s.Interface.DeviceGetVgpuCapabilitiesFunc = nvml.Device.GetVgpuCapabilities
+	s.Interface.DeviceGetVgpuHeterogeneousModeFunc = nvml.Device.GetVgpuHeterogeneousMode
+	s.Interface.DeviceGetVgpuInstancesUtilizationInfoFunc = nvml.Device.GetVgpuInstancesUtilizationInfo
+	s.Interface.DeviceGetVgpuMetadataFunc = nvml.Device.GetVgpuMetadata
+	s.Interface.DeviceGetVgpuProcessUtilizationFunc = nvml.Device.GetVgpuProcessUtilization
+	s.Interface.DeviceGetVgpuProcessesUtilizationInfoFunc = nvml.Device.GetVgpuProcessesUtilizationInfo
+	s.Interface.DeviceGetVgpuSchedulerCapabilitiesFunc = nvml.Device.GetVgpuSchedulerCapabilities
+	s.Interface.DeviceGetVgpuSchedulerLogFunc = nvml.Device.GetVgpuSchedulerLog
+	s.Interface.DeviceGetVgpuSchedulerLog_v2Func = nvml.Device.GetVgpuSchedulerLog_v2
+	s.Interface.DeviceGetVgpuSchedulerStateFunc = nvml.Device.GetVgpuSchedulerState
+	s.Interface.DeviceGetVgpuSchedulerState_v2Func = nvml.Device.GetVgpuSchedulerState_v2
+	s.Interface.DeviceGetVgpuTypeCreatablePlacementsFunc = nvml.Device.GetVgpuTypeCreatablePlacements
+	s.Interface.DeviceGetVgpuTypeSupportedPlacementsFunc = nvml.Device.GetVgpuTypeSupportedPlacements
+	s.Interface.DeviceGetVgpuUtilizationFunc = nvml.Device.GetVgpuUtilization
+	s.Interface.DeviceGetViolationStatusFunc = nvml.Device.GetViolationStatus
+	s.Interface.DeviceGetVirtualizationModeFunc = nvml.Device.GetVirtualizationMode
+	s.Interface.DeviceIsMigDeviceHandleFunc = nvml.Device.IsMigDeviceHandle
+	s.Interface.DeviceOnSameBoardFunc = nvml.Device.OnSameBoard
+	s.Interface.DevicePerfMetricsGetSamples_v1Func = nvml.Device.PerfMetricsGetSamples_v1
+	s.Interface.DevicePowerSmoothingActivatePresetProfileFunc = nvml.Device.PowerSmoothingActivatePresetProfile
+	s.Interface.DevicePowerSmoothingSetStateFunc = nvml.Device.PowerSmoothingSetState
+	s.Interface.DevicePowerSmoothingUpdatePresetProfileParamFunc = nvml.Device.PowerSmoothingUpdatePresetProfileParam
+	s.Interface.DeviceReadPRMCounters_v1Func = nvml.Device.ReadPRMCounters_v1
+	s.Interface.DeviceReadWritePRM_v1Func = nvml.Device.ReadWritePRM_v1
+	s.Interface.DeviceRegisterEventsFunc = nvml.Device.RegisterEvents
+	s.Interface.DeviceResetApplicationsClocksFunc = nvml.Device.ResetApplicationsClocks
+	s.Interface.DeviceResetGpuLockedClocksFunc = nvml.Device.ResetGpuLockedClocks
+	s.Interface.DeviceResetMemoryLockedClocksFunc = nvml.Device.ResetMemoryLockedClocks
+	s.Interface.DeviceResetNvLinkErrorCountersFunc = nvml.Device.ResetNvLinkErrorCounters
+	s.Interface.DeviceResetNvLinkUtilizationCounterFunc = nvml.Device.ResetNvLinkUtilizationCounter
+	s.Interface.DeviceSetAPIRestrictionFunc = nvml.Device.SetAPIRestriction
+	s.Interface.DeviceSetAccountingModeFunc = nvml.Device.SetAccountingMode
+	s.Interface.DeviceSetAdaptiveTgpMode_v1Func = nvml.Device.SetAdaptiveTgpMode_v1
+	s.Interface.DeviceSetApplicationsClocksFunc = nvml.Device.SetApplicationsClocks
+	s.Interface.DeviceSetAutoBoostedClocksEnabledFunc = nvml.Device.SetAutoBoostedClocksEnabled
+	s.Interface.DeviceSetClockOffsetsFunc = nvml.Device.SetClockOffsets
+	s.Interface.DeviceSetComputeModeFunc = nvml.Device.SetComputeMode
+	s.Interface.DeviceSetConfComputeUnprotectedMemSizeFunc = nvml.Device.SetConfComputeUnprotectedMemSize
+	s.Interface.DeviceSetCpuAffinityFunc = nvml.Device.SetCpuAffinity
+	s.Interface.DeviceSetDefaultAutoBoostedClocksEnabledFunc = nvml.Device.SetDefaultAutoBoostedClocksEnabled
+	s.Interface.DeviceSetDefaultFanSpeed_v2Func = nvml.Device.SetDefaultFanSpeed_v2
+	s.Interface.DeviceSetDramEncryptionModeFunc = nvml.Device.SetDramEncryptionMode
+	s.Interface.DeviceSetDriverModelFunc = nvml.Device.SetDriverModel
+	s.Interface.DeviceSetEccModeFunc = nvml.Device.SetEccMode
+	s.Interface.DeviceSetFanControlPolicyFunc = nvml.Device.SetFanControlPolicy
+	s.Interface.DeviceSetFanSpeed_v2Func = nvml.Device.SetFanSpeed_v2
+	s.Interface.DeviceSetGpcClkVfOffsetFunc = nvml.Device.SetGpcClkVfOffset
+	s.Interface.DeviceSetGpuLockedClocksFunc = nvml.Device.SetGpuLockedClocks
+	s.Interface.DeviceSetGpuOperationModeFunc = nvml.Device.SetGpuOperationMode
+	s.Interface.DeviceSetHostname_v1Func = nvml.Device.SetHostname_v1
+	s.Interface.DeviceSetMemClkVfOffsetFunc = nvml.Device.SetMemClkVfOffset
+	s.Interface.DeviceSetMemoryLimits_v1Func = nvml.Device.SetMemoryLimits_v1
+	s.Interface.DeviceSetMemoryLockedClocksFunc = nvml.Device.SetMemoryLockedClocks
+	s.Interface.DeviceSetMigModeFunc = nvml.Device.SetMigMode
+	s.Interface.DeviceSetNvLinkDeviceLowPowerThresholdFunc = nvml.Device.SetNvLinkDeviceLowPowerThreshold
+	s.Interface.DeviceSetNvLinkUtilizationControlFunc = nvml.Device.SetNvLinkUtilizationControl
+	s.Interface.DeviceSetNvlinkBwModeFunc = nvml.Device.SetNvlinkBwMode
+	s.Interface.DeviceSetNvlinkBwModeAsync_v1Func = nvml.Device.SetNvlinkBwModeAsync_v1
+	s.Interface.DeviceSetPersistenceModeFunc = nvml.Device.SetPersistenceMode
+	s.Interface.DeviceSetPowerManagementLimitFunc = nvml.Device.SetPowerManagementLimit
+	s.Interface.DeviceSetPowerManagementLimit_v2Func = nvml.Device.SetPowerManagementLimit_v2
+	s.Interface.DeviceSetRusdSettings_v1Func = nvml.Device.SetRusdSettings_v1
+	s.Interface.DeviceSetTemperatureThresholdFunc = nvml.Device.SetTemperatureThreshold
+	s.Interface.DeviceSetVgpuCapabilitiesFunc = nvml.Device.SetVgpuCapabilities
+	s.Interface.DeviceSetVgpuHeterogeneousModeFunc = nvml.Device.SetVgpuHeterogeneousMode
+	s.Interface.DeviceSetVgpuSchedulerStateFunc = nvml.Device.SetVgpuSchedulerState
+	s.Interface.DeviceSetVgpuSchedulerState_v2Func = nvml.Device.SetVgpuSchedulerState_v2
+	s.Interface.DeviceSetVirtualizationModeFunc = nvml.Device.SetVirtualizationMode
+	s.Interface.DeviceValidateInforomFunc = nvml.Device.ValidateInforom
+	s.Interface.DeviceVgpuForceGspUnloadFunc = nvml.Device.VgpuForceGspUnload
+	s.Interface.DeviceWorkloadPowerProfileClearRequestedProfilesFunc = nvml.Device.WorkloadPowerProfileClearRequestedProfiles
+	s.Interface.DeviceWorkloadPowerProfileGetCurrentProfilesFunc = nvml.Device.WorkloadPowerProfileGetCurrentProfiles
+	s.Interface.DeviceWorkloadPowerProfileGetProfilesInfoFunc = nvml.Device.WorkloadPowerProfileGetProfilesInfo
+	s.Interface.DeviceWorkloadPowerProfileSetRequestedProfilesFunc = nvml.Device.WorkloadPowerProfileSetRequestedProfiles
+	s.Interface.DeviceWorkloadPowerProfileUpdateProfiles_v1Func = nvml.Device.WorkloadPowerProfileUpdateProfiles_v1
+	s.Interface.EventSetFreeFunc = nvml.EventSet.Free
+	s.Interface.EventSetGetContextCount_v1Func = nvml.EventSet.GetContextCount_v1
+	s.Interface.EventSetGetContextData_v1Func = nvml.EventSet.GetContextData_v1
+	s.Interface.EventSetGetContextInfo_v1Func = nvml.EventSet.GetContextInfo_v1
+	s.Interface.EventSetGetGpuOperationalEventContextLegacyXid_v1Func = nvml.EventSet.GetGpuOperationalEventContextLegacyXid_v1
+	s.Interface.EventSetRegisterGpuOperationalEvents_v1Func = nvml.EventSet.RegisterGpuOperationalEvents_v1
+	s.Interface.EventSetWaitFunc = nvml.EventSet.Wait
+	s.Interface.EventSetWait_v3Func = nvml.EventSet.Wait_v3
+	s.Interface.GpmSampleFreeFunc = nvml.GpmSample.Free
+	s.Interface.GpuInstanceCreateComputeInstanceFunc = nvml.GpuInstance.CreateComputeInstance
+	s.Interface.GpuInstanceCreateComputeInstanceWithPlacementFunc = nvml.GpuInstance.CreateComputeInstanceWithPlacement
+	s.Interface.GpuInstanceDestroyFunc = nvml.GpuInstance.Destroy
+	s.Interface.GpuInstanceGetActiveVgpusFunc = nvml.GpuInstance.GetActiveVgpus
+	s.Interface.GpuInstanceGetComputeInstanceByIdFunc = nvml.GpuInstance.GetComputeInstanceById
+	s.Interface.GpuInstanceGetComputeInstancePossiblePlacementsFunc = nvml.GpuInstance.GetComputeInstancePossiblePlacements
+	s.Interface.GpuInstanceGetComputeInstanceProfileInfoFunc = nvml.GpuInstance.GetComputeInstanceProfileInfo
+	s.Interface.GpuInstanceGetComputeInstanceProfileInfoVFunc = nvml.GpuInstance.GetComputeInstanceProfileInfoV
+	s.Interface.GpuInstanceGetComputeInstanceRemainingCapacityFunc = nvml.GpuInstance.GetComputeInstanceRemainingCapacity
+	s.Interface.GpuInstanceGetComputeInstancesFunc = nvml.GpuInstance.GetComputeInstances
+	s.Interface.GpuInstanceGetCreatableVgpusFunc = nvml.GpuInstance.GetCreatableVgpus
+	s.Interface.GpuInstanceGetInfoFunc = nvml.GpuInstance.GetInfo
+	s.Interface.GpuInstanceGetVgpuHeterogeneousModeFunc = nvml.GpuInstance.GetVgpuHeterogeneousMode
+	s.Interface.GpuInstanceGetVgpuSchedulerLogFunc = nvml.GpuInstance.GetVgpuSchedulerLog
+	s.Interface.GpuInstanceGetVgpuSchedulerLog_v2Func = nvml.GpuInstance.GetVgpuSchedulerLog_v2
+	s.Interface.GpuInstanceGetVgpuSchedulerStateFunc = nvml.GpuInstance.GetVgpuSchedulerState
+	s.Interface.GpuInstanceGetVgpuSchedulerState_v2Func = nvml.GpuInstance.GetVgpuSchedulerState_v2
+	s.Interface.GpuInstanceGetVgpuTypeCreatablePlacementsFunc = nvml.GpuInstance.GetVgpuTypeCreatablePlacements
+	s.Interface.GpuInstanceSetVgpuHeterogeneousModeFunc = nvml.GpuInstance.SetVgpuHeterogeneousMode
+	s.Interface.GpuInstanceSetVgpuSchedulerStateFunc = nvml.GpuInstance.SetVgpuSchedulerState
+	s.Interface.GpuInstanceSetVgpuSchedulerState_v2Func = nvml.GpuInstance.SetVgpuSchedulerState_v2
+	s.Interface.UnitGetDevicesFunc = nvml.Unit.GetDevices
+	s.Interface.UnitGetFanSpeedInfoFunc = nvml.Unit.GetFanSpeedInfo
+	s.Interface.UnitGetLedStateFunc = nvml.Unit.GetLedState
+	s.Interface.UnitGetPsuInfoFunc = nvml.Unit.GetPsuInfo
+	s.Interface.UnitGetTemperatureFunc = nvml.Unit.GetTemperature
+	s.Interface.UnitGetUnitInfoFunc = nvml.Unit.GetUnitInfo
+	s.Interface.UnitSetLedStateFunc = nvml.Unit.SetLedState
+	s.Interface.VgpuInstanceClearAccountingPidsFunc = nvml.VgpuInstance.ClearAccountingPids
+	s.Interface.VgpuInstanceGetAccountingModeFunc = nvml.VgpuInstance.GetAccountingMode
+	s.Interface.VgpuInstanceGetAccountingPidsFunc = nvml.VgpuInstance.GetAccountingPids
+	s.Interface.VgpuInstanceGetAccountingStatsFunc = nvml.VgpuInstance.GetAccountingStats
+	s.Interface.VgpuInstanceGetEccModeFunc = nvml.VgpuInstance.GetEccMode
+	s.Interface.VgpuInstanceGetEncoderCapacityFunc = nvml.VgpuInstance.GetEncoderCapacity
+	s.Interface.VgpuInstanceGetEncoderSessionsFunc = nvml.VgpuInstance.GetEncoderSessions
+	s.Interface.VgpuInstanceGetEncoderStatsFunc = nvml.VgpuInstance.GetEncoderStats
+	s.Interface.VgpuInstanceGetFBCSessionsFunc = nvml.VgpuInstance.GetFBCSessions
+	s.Interface.VgpuInstanceGetFBCStatsFunc = nvml.VgpuInstance.GetFBCStats
+	s.Interface.VgpuInstanceGetFbUsageFunc = nvml.VgpuInstance.GetFbUsage
+	s.Interface.VgpuInstanceGetFrameRateLimitFunc = nvml.VgpuInstance.GetFrameRateLimit
+	s.Interface.VgpuInstanceGetGpuInstanceIdFunc = nvml.VgpuInstance.GetGpuInstanceId
+	s.Interface.VgpuInstanceGetGpuPciIdFunc = nvml.VgpuInstance.GetGpuPciId
+	s.Interface.VgpuInstanceGetLicenseInfoFunc = nvml.VgpuInstance.GetLicenseInfo
+	s.Interface.VgpuInstanceGetLicenseStatusFunc = nvml.VgpuInstance.GetLicenseStatus
+	s.Interface.VgpuInstanceGetMdevUUIDFunc = nvml.VgpuInstance.GetMdevUUID
+	s.Interface.VgpuInstanceGetMetadataFunc = nvml.VgpuInstance.GetMetadata
+	s.Interface.VgpuInstanceGetRuntimeStateSizeFunc = nvml.VgpuInstance.GetRuntimeStateSize
+	s.Interface.VgpuInstanceGetTypeFunc = nvml.VgpuInstance.GetType
+	s.Interface.VgpuInstanceGetUUIDFunc = nvml.VgpuInstance.GetUUID
+	s.Interface.VgpuInstanceGetVmDriverVersionFunc = nvml.VgpuInstance.GetVmDriverVersion
+	s.Interface.VgpuInstanceGetVmIDFunc = nvml.VgpuInstance.GetVmID
+	s.Interface.VgpuInstanceSetEncoderCapacityFunc = nvml.VgpuInstance.SetEncoderCapacity
+	s.Interface.VgpuTypeGetBAR1InfoFunc = nvml.VgpuTypeId.GetBAR1Info
+	s.Interface.VgpuTypeGetCapabilitiesFunc = nvml.VgpuTypeId.GetCapabilities
+	s.Interface.VgpuTypeGetClassFunc = nvml.VgpuTypeId.GetClass
+	s.Interface.VgpuTypeGetDeviceIDFunc = nvml.VgpuTypeId.GetDeviceID
+	s.Interface.VgpuTypeGetFrameRateLimitFunc = nvml.VgpuTypeId.GetFrameRateLimit
+	s.Interface.VgpuTypeGetFramebufferSizeFunc = nvml.VgpuTypeId.GetFramebufferSize
+	s.Interface.VgpuTypeGetGpuInstanceProfileIdFunc = nvml.VgpuTypeId.GetGpuInstanceProfileId
+	s.Interface.VgpuTypeGetIDFunc = nvml.VgpuTypeId.GetID
+	s.Interface.VgpuTypeGetLicenseFunc = nvml.VgpuTypeId.GetLicense
+	s.Interface.VgpuTypeGetMaxInstancesPerVmFunc = nvml.VgpuTypeId.GetMaxInstancesPerVm
+	s.Interface.VgpuTypeGetNameFunc = nvml.VgpuTypeId.GetName
+	s.Interface.VgpuTypeGetNumDisplayHeadsFunc = nvml.VgpuTypeId.GetNumDisplayHeads
+	s.Interface.VgpuTypeGetResolutionFunc = nvml.VgpuTypeId.GetResolution
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	nvmlmock "github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
 var updateForwarders = flag.Bool("update", false, "rewrite "+forwardFile)
@@ -85,15 +85,17 @@ import (
 // handle method the way the real library does, by calling the method on
 // the handle (lib.DeviceGetUUID(dev) is dev.GetUUID(), lib.GpuInstanceDestroy(gi)
 // is gi.Destroy()); go-nvml's server leaves them unset (a panic). Functions
-// the server already sets are kept.
+// the server sets itself are left out.
 func forwardHandleFuncs(s *server.Server) {
 `)
-	it := reflect.TypeOf(nvmlmock.Interface{})
+	// What go-nvml's server sets (SetMockFuncs) it answers itself.
+	set := reflect.ValueOf(&server.NewServerWithGPUs("", "", 0).Interface).Elem()
+	it := set.Type()
 	n := 0
 	for i := 0; i < it.NumField(); i++ {
 		field := it.Field(i)
 		ft := field.Type
-		if ft.Kind() != reflect.Func || ft.NumIn() == 0 || ft.In(0).Kind() != reflect.Interface {
+		if ft.Kind() != reflect.Func || ft.NumIn() == 0 || ft.In(0).Kind() != reflect.Interface || !set.Field(i).IsNil() {
 			continue
 		}
 		name := strings.TrimSuffix(field.Name, "Func")
@@ -102,33 +104,18 @@ func forwardHandleFuncs(s *server.Server) {
 			if !ok || method == "" {
 				continue
 			}
-			if _, ok := ft.In(0).MethodByName(method); !ok {
+			m, ok := ft.In(0).MethodByName(method)
+			if !ok {
 				continue
 			}
-			var params, args, results []string
-			for a := 0; a < ft.NumIn(); a++ {
-				typ := ft.In(a).String()
-				if a == ft.NumIn()-1 && ft.IsVariadic() {
-					typ = "..." + ft.In(a).Elem().String()
-				}
-				params = append(params, fmt.Sprintf("a%d %s", a, typ))
-				if a > 0 {
-					arg := fmt.Sprintf("a%d", a)
-					if a == ft.NumIn()-1 && ft.IsVariadic() {
-						arg += "..."
-					}
-					args = append(args, arg)
-				}
+			// The method expression (nvml.Device.GetUUID) is the function
+			// itself when the types agree, as they do throughout go-nvml:
+			// no closure of ours per function.
+			if sameSignature(ft, m.Type) {
+				fmt.Fprintf(&b, "\ts.Interface.%s = %s.%s\n", field.Name, ft.In(0).String(), method)
+			} else {
+				fmt.Fprintf(&b, "\ts.Interface.%s = %s\n", field.Name, forwarder(ft, method))
 			}
-			for r := 0; r < ft.NumOut(); r++ {
-				results = append(results, ft.Out(r).String())
-			}
-			ret := ""
-			if len(results) > 0 {
-				ret = "return "
-			}
-			fmt.Fprintf(&b, "\tif s.Interface.%s == nil {\n\t\ts.Interface.%s = func(%s) (%s) { %sa0.%s(%s) }\n\t}\n",
-				field.Name, field.Name, strings.Join(params, ", "), strings.Join(results, ", "), ret, method, strings.Join(args, ", "))
 			n++
 			break
 		}
@@ -138,4 +125,50 @@ func forwardHandleFuncs(s *server.Server) {
 		return nil, fmt.Errorf("no handle function found in go-nvml's mock Interface")
 	}
 	return format.Source([]byte(b.String()))
+}
+
+// sameSignature: fn is method's type with the receiver as first argument.
+func sameSignature(fn, method reflect.Type) bool {
+	if fn.NumIn() != method.NumIn()+1 || fn.NumOut() != method.NumOut() || fn.IsVariadic() != method.IsVariadic() {
+		return false
+	}
+	for a := 1; a < fn.NumIn(); a++ {
+		if fn.In(a) != method.In(a-1) {
+			return false
+		}
+	}
+	for r := 0; r < fn.NumOut(); r++ {
+		if fn.Out(r) != method.Out(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// forwarder is a function literal of type fn calling method on its first
+// argument, for a method whose types only convert to fn's.
+func forwarder(fn reflect.Type, method string) string {
+	var params, args, results []string
+	for a := 0; a < fn.NumIn(); a++ {
+		typ := fn.In(a).String()
+		if a == fn.NumIn()-1 && fn.IsVariadic() {
+			typ = "..." + fn.In(a).Elem().String()
+		}
+		params = append(params, fmt.Sprintf("a%d %s", a, typ))
+		if a > 0 {
+			arg := fmt.Sprintf("a%d", a)
+			if a == fn.NumIn()-1 && fn.IsVariadic() {
+				arg += "..."
+			}
+			args = append(args, arg)
+		}
+	}
+	for r := 0; r < fn.NumOut(); r++ {
+		results = append(results, fn.Out(r).String())
+	}
+	ret := ""
+	if len(results) > 0 {
+		ret = "return "
+	}
+	return fmt.Sprintf("func(%s) (%s) { %sa0.%s(%s) }", strings.Join(params, ", "), strings.Join(results, ", "), ret, method, strings.Join(args, ", "))
 }

@@ -46,8 +46,8 @@ var dgxBusIDs = []string{
 	"0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0",
 }
 
-// mockGPU is one GPU of the profile, with its place on the node.
-type mockGPU struct {
+// slot is one GPU of the profile, with its place on the node.
+type slot struct {
 	group        int
 	model        *model.GPU
 	busID        string
@@ -58,32 +58,32 @@ type mockGPU struct {
 // layoutGPUs assigns PCI addresses, NUMA nodes and PCIe roots. Every pair
 // of GPUs (in index order) shares a PCIe root complex, distinct per pair,
 // as the GPU pairs behind one PCIe switch do in a DGX.
-func layoutGPUs(p profile.Profile) ([]mockGPU, error) {
-	var out []mockGPU
+func layoutGPUs(p profile.Profile) ([]slot, error) {
+	var out []slot
 	used := map[string]int{}
 	next := 0
 	for gi, g := range p.GPUs {
 		for i := 0; i < g.Count; i++ {
 			m, _ := model.LookupGPU(g.Model) // validated with the profile
-			gpu := mockGPU{group: gi, model: m}
+			at := slot{group: gi, model: m}
 			switch {
 			case g.PCIBusIDs != nil:
-				gpu.busID = g.PCIBusIDs[i]
+				at.busID = g.PCIBusIDs[i]
 			case next < len(dgxBusIDs):
-				gpu.busID = dgxBusIDs[next]
-				gpu.numa = next / 4
+				at.busID = dgxBusIDs[next]
+				at.numa = next / 4
 				next++
 			default:
-				gpu.busID = fmt.Sprintf("0000:%02x:00.0", 0xe0+len(out)) // after the DGX slots
+				at.busID = fmt.Sprintf("0000:%02x:00.0", 0xe0+len(out)) // after the DGX slots
 			}
 			if g.NUMANodes != nil {
-				gpu.numa = g.NUMANodes[i]
+				at.numa = g.NUMANodes[i]
 			}
-			if j, dup := used[gpu.busID]; dup {
-				return nil, fmt.Errorf("gpus[%d]: PCI address %s is already used by gpus[%d]", gi, gpu.busID, j)
+			if j, dup := used[at.busID]; dup {
+				return nil, fmt.Errorf("gpus[%d]: PCI address %s is already used by gpus[%d]", gi, at.busID, j)
 			}
-			used[gpu.busID] = gi
-			out = append(out, gpu)
+			used[at.busID] = gi
+			out = append(out, at)
 		}
 	}
 	roots := map[int]bool{}
@@ -171,7 +171,7 @@ func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.R
 // setupGPU puts one GPU in the group's start state: virtualization, vGPU
 // types, MIG mode and pre-existing instances (each with one full-size
 // compute instance), created through the mock's own refusing calls.
-func setupGPU(d *gpuDevice, g profile.GPUGroup, vgpuIDs map[string]uint32) error {
+func setupGPU(d *gpu, g profile.GPUGroup, vgpuIDs map[string]uint32) error {
 	if g.Virtualization == "host-vgpu" {
 		d.virt = nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU
 		d.heterogeneous = g.VGPUHeterogeneous
@@ -214,7 +214,7 @@ func setupGPU(d *gpuDevice, g profile.GPUGroup, vgpuIDs map[string]uint32) error
 // profile's order of groups and GPUs.
 func (g *GPUs) BusIDs() []string {
 	var out []string
-	for _, d := range g.devices() {
+	for _, d := range g.all() {
 		out = append(out, d.busID)
 	}
 	return out
@@ -224,7 +224,7 @@ func (g *GPUs) BusIDs() []string {
 // `nvidia-smi --gpu-reset`: a pending MIG mode takes effect and MIG
 // instances, which do not survive a reset, are gone.
 func (g *GPUs) Reset(busID string) error {
-	d, err := g.device(busID)
+	d, err := g.find(busID)
 	if err != nil {
 		return fmt.Errorf("reset GPU %s: %w", busID, err)
 	}
@@ -237,7 +237,7 @@ func (g *GPUs) Reset(busID string) error {
 // IDs as running compute work on it (none: idle). The hardware refuses to
 // switch MIG mode while any run.
 func (g *GPUs) SetRunningProcesses(busID string, pids ...uint32) error {
-	d, err := g.device(busID)
+	d, err := g.find(busID)
 	if err != nil {
 		return err
 	}
@@ -251,22 +251,22 @@ func (g *GPUs) SetRunningProcesses(busID string, pids ...uint32) error {
 	return nil
 }
 
-// devices are the GPUs in NVML index order (none without GPUs).
-func (g *GPUs) devices() []*gpuDevice {
+// all are the GPUs in NVML index order (none without GPUs).
+func (g *GPUs) all() []*gpu {
 	if g.srv == nil {
 		return nil
 	}
-	out := make([]*gpuDevice, len(g.srv.Devices))
+	out := make([]*gpu, len(g.srv.Devices))
 	for i, d := range g.srv.Devices {
-		out[i] = d.(*gpuDevice)
+		out[i] = d.(*gpu)
 	}
 	return out
 }
 
-// device returns the mock GPU at a PCI address (any form NVML accepts),
+// find returns the mock GPU at a PCI address (any form NVML accepts),
 // lost or not, without asking NVML: the mock's own calls work while the
 // driver is not loaded.
-func (g *GPUs) device(busID string) (*gpuDevice, error) {
+func (g *GPUs) find(busID string) (*gpu, error) {
 	if g.srv == nil {
 		return nil, fmt.Errorf("mock profile %q has no GPUs", g.profile)
 	}
@@ -275,7 +275,7 @@ func (g *GPUs) device(busID string) (*gpuDevice, error) {
 		return nil, fmt.Errorf("GPU %q: not a PCI address like 0000:1b:00.0", busID)
 	}
 	var have []string
-	for _, d := range g.devices() {
+	for _, d := range g.all() {
 		if d.busID == want {
 			return d, nil
 		}

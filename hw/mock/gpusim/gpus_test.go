@@ -104,13 +104,7 @@ type testGPUs struct {
 // by its colon) in a directory removed with the test.
 func build(t *testing.T, spec string) *testGPUs {
 	t.Helper()
-	var p profile.Profile
-	var err error
-	if strings.Contains(spec, ":") {
-		p, err = profile.Parse(t.Name(), []byte(spec))
-	} else {
-		p, err = profile.Load(spec)
-	}
+	p, err := profile.ParseOrLoad(t.Name(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +121,7 @@ func build(t *testing.T, spec string) *testGPUs {
 }
 
 // device is the test's handle on the i-th mock GPU.
-func device(t *testing.T, h *testGPUs, i int) *gpuDevice {
+func device(t *testing.T, h *testGPUs, i int) *gpu {
 	t.Helper()
-	return h.devices()[i]
+	return h.all()[i]
 }

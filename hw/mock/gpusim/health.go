@@ -112,7 +112,7 @@ func (s *eventSet) push(ev setEvent) {
 
 // installHealth installs the event, lost-GPU and recovery-action
 // behaviour of one GPU.
-func (d *gpuDevice) installHealth(noRecoveryField bool) {
+func (d *gpu) installHealth(noRecoveryField bool) {
 	d.health.noRecoveryField = noRecoveryField
 	sd := d.Device
 	sd.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
@@ -183,7 +183,7 @@ func (d *gpuDevice) installHealth(noRecoveryField bool) {
 	}
 }
 
-func (d *gpuDevice) isLost() bool {
+func (d *gpu) isLost() bool {
 	d.health.mu.Lock()
 	defer d.health.mu.Unlock()
 	return d.health.lost
@@ -191,7 +191,7 @@ func (d *gpuDevice) isLost() bool {
 
 // emit delivers an event to every set the GPU is registered on for its
 // type.
-func (d *gpuDevice) emit(ev setEvent) {
+func (d *gpu) emit(ev setEvent) {
 	h := &d.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -205,7 +205,7 @@ func (d *gpuDevice) emit(ev setEvent) {
 // xid raises an XID on the GPU, confined to a GPU instance (and compute
 // instance) when gi (ci) is not noInstance. The driver asks for a GPU
 // reset after any XID that is not the application's.
-func (d *gpuDevice) xid(code uint64, gi, ci uint32) error {
+func (d *gpu) xid(code uint64, gi, ci uint32) error {
 	h := &d.health
 	h.mu.Lock()
 	lost := h.lost
@@ -229,7 +229,7 @@ func (d *gpuDevice) xid(code uint64, gi, ci uint32) error {
 
 // fallOffTheBus loses the GPU: XID 79, then every lookup of it and every
 // event wait answers ERROR_GPU_IS_LOST until clear.
-func (d *gpuDevice) fallOffTheBus() {
+func (d *gpu) fallOffTheBus() {
 	d.emit(setEvent{data: nvml.EventData{Device: d, EventType: nvml.EventTypeXidCriticalError, EventData: xidFallenOffTheBus,
 		GpuInstanceId: noInstance, ComputeInstanceId: noInstance}})
 	h := &d.health
@@ -243,7 +243,7 @@ func (d *gpuDevice) fallOffTheBus() {
 
 // recover brings the GPU back as a reset would: on the bus, no recovery
 // action asked for. The driver says so with a recovery-action event.
-func (d *gpuDevice) recover() {
+func (d *gpu) recover() {
 	h := &d.health
 	h.mu.Lock()
 	h.lost = false
@@ -256,14 +256,14 @@ func (d *gpuDevice) recover() {
 
 // healthState and restoreHealth save and restore the fault state
 // (persist.go).
-func (d *gpuDevice) healthState() (lost bool, recovery uint32) {
+func (d *gpu) healthState() (lost bool, recovery uint32) {
 	h := &d.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lost, h.recovery
 }
 
-func (d *gpuDevice) restoreHealth(lost bool, recovery uint32) {
+func (d *gpu) restoreHealth(lost bool, recovery uint32) {
 	h := &d.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -275,7 +275,7 @@ func (d *gpuDevice) restoreHealth(lost bool, recovery uint32) {
 // computeInstance) are set. The driver asks for a GPU reset after any XID
 // that is not the application's.
 func (g *GPUs) XID(busID string, code uint64, gpuInstance, computeInstance *int) error {
-	d, err := g.device(busID)
+	d, err := g.find(busID)
 	if err != nil {
 		return err
 	}
@@ -295,7 +295,7 @@ func (g *GPUs) XID(busID string, code uint64, gpuInstance, computeInstance *int)
 // Lose makes the GPU at a PCI address fall off the bus: XID 79, then every
 // NVML lookup of it answers ERROR_GPU_IS_LOST until Recover.
 func (g *GPUs) Lose(busID string) error {
-	d, err := g.device(busID)
+	d, err := g.find(busID)
 	if err != nil {
 		return err
 	}
@@ -306,7 +306,7 @@ func (g *GPUs) Lose(busID string) error {
 // Recover brings the GPU at a PCI address back as a reset would: on the
 // bus, no recovery action asked for.
 func (g *GPUs) Recover(busID string) error {
-	d, err := g.device(busID)
+	d, err := g.find(busID)
 	if err != nil {
 		return err
 	}
@@ -318,7 +318,7 @@ func (g *GPUs) Recover(busID string) error {
 // for a lost GPU, as nvmlDeviceGetHandleBy* do.
 func installLostLookups(s *server.Server) {
 	lost := func(dev nvml.Device, ret nvml.Return) (nvml.Device, nvml.Return) {
-		if ret == nvml.SUCCESS && dev.(*gpuDevice).isLost() {
+		if ret == nvml.SUCCESS && dev.(*gpu).isLost() {
 			return nil, nvml.ERROR_GPU_IS_LOST
 		}
 		return dev, ret

@@ -55,7 +55,7 @@ type mdevKernel struct {
 type mdevParent struct {
 	addr   string
 	dir    string // absolute device directory
-	gpu    *gpuDevice
+	gpu    *gpu
 	hosted *vgpuInstance
 	// avail is each type's available_instances as last written.
 	avail map[uint32]int
@@ -68,7 +68,7 @@ const firstIOMMUGroup = 128
 func buildMdevs(s *server.Server, sysfs string, tree *nodeTree, rep persist.Reporter) (*mdevKernel, error) {
 	k := &mdevKernel{sysfs: sysfs, tree: tree, parents: map[string]*mdevParent{}, groups: map[int]bool{}, rep: rep}
 	for _, dev := range s.Devices {
-		d := dev.(*gpuDevice)
+		d := dev.(*gpu)
 		if d.virt != nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU {
 			continue
 		}
@@ -83,7 +83,7 @@ func buildMdevs(s *server.Server, sysfs string, tree *nodeTree, rep persist.Repo
 
 // addVFs creates a GPU's VFs: as many as its largest vGPU type has
 // instances (an H100 has 32, of which at most 20 can host a 4C vGPU).
-func (k *mdevKernel) addVFs(d *gpuDevice) error {
+func (k *mdevKernel) addVFs(d *gpu) error {
 	n := 0
 	for _, t := range d.vgpus {
 		m, _ := t.GetMaxInstances(d)
@@ -135,7 +135,7 @@ func (k *mdevKernel) addVFs(d *gpuDevice) error {
 
 func typeDirName(id uint32) string { return fmt.Sprintf("nvidia-%d", id) }
 
-func (k *mdevKernel) writeType(vfDir string, d *gpuDevice, t nvml.VgpuTypeId) error {
+func (k *mdevKernel) writeType(vfDir string, d *gpu, t nvml.VgpuTypeId) error {
 	dir := filepath.Join(vfDir, "mdev_supported_types", typeDirName(t.GetID()))
 	name, _ := t.GetName()
 	fb, _ := t.GetFramebufferSize()
@@ -170,13 +170,13 @@ func (k *mdevKernel) link(name, target string) error {
 
 // refresh rewrites available_instances of the GPU's VFs from the
 // hardware's state, as the vendor driver computes them on each read.
-func (k *mdevKernel) refresh(d *gpuDevice) {
+func (k *mdevKernel) refresh(d *gpu) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.refreshLocked(d)
 }
 
-func (k *mdevKernel) refreshLocked(d *gpuDevice) {
+func (k *mdevKernel) refreshLocked(d *gpu) {
 	fits := map[uint32]bool{}
 	for _, t := range d.vgpus {
 		fits[t.GetID()] = k.available(d, t)
@@ -205,7 +205,7 @@ func (k *mdevKernel) refreshLocked(d *gpuDevice) {
 //     and, without heterogeneous mode, no time-sliced vGPU of another type;
 //   - MIG-backed types need MIG mode on and a GPU instance of their
 //     profile that hosts no vGPU yet.
-func (k *mdevKernel) available(d *gpuDevice, t nvml.VgpuTypeId) bool {
+func (k *mdevKernel) available(d *gpu, t nvml.VgpuTypeId) bool {
 	giProfile, _ := t.GetGpuInstanceProfileId()
 	d.RLock()
 	defer d.RUnlock()
@@ -227,7 +227,7 @@ func (k *mdevKernel) available(d *gpuDevice, t nvml.VgpuTypeId) bool {
 
 // freeGILocked is the lowest-ID GPU instance of a driver profile ID that
 // hosts no vGPU, or -1.
-func (d *gpuDevice) freeGILocked(profileID uint32) int {
+func (d *gpu) freeGILocked(profileID uint32) int {
 	for _, gi := range d.instancesLocked() {
 		if gi.Info.ProfileId == profileID && !d.hostsVGPULocked(int(gi.Info.Id)) {
 			return int(gi.Info.Id)
@@ -237,20 +237,20 @@ func (d *gpuDevice) freeGILocked(profileID uint32) int {
 }
 
 // hostsVGPULocked: a vGPU runs on GPU instance gi.
-func (d *gpuDevice) hostsVGPULocked(gi int) bool {
+func (d *gpu) hostsVGPULocked(gi int) bool {
 	return slices.ContainsFunc(d.active, func(v *vgpuInstance) bool { return v.gi == gi })
 }
 
 // notify tells the mdev emulation that MIG state changed; the caller
 // holds no device lock.
-func (d *gpuDevice) notify() {
+func (d *gpu) notify() {
 	if d.onChange != nil {
 		d.onChange()
 	}
 }
 
 // activeVGPUs answers nvmlDeviceGetActiveVgpus.
-func (d *gpuDevice) activeVGPUs() ([]nvml.VgpuInstance, nvml.Return) {
+func (d *gpu) activeVGPUs() ([]nvml.VgpuInstance, nvml.Return) {
 	if d.virt != nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU {
 		return nil, nvml.ERROR_NOT_SUPPORTED
 	}

@@ -7,7 +7,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-	"github.com/google/uuid"
 
 	"github.com/hwdra/hwdra/hw/mock/model"
 	"github.com/hwdra/hwdra/hw/mock/persist"
@@ -16,7 +15,7 @@ import (
 // installMIG replaces the server's MIG functions, which validate nothing,
 // with ones that refuse what the hardware refuses. Lock order: device,
 // then GPU instance.
-func (d *gpuDevice) installMIG() {
+func (d *gpu) installMIG() {
 	sd := d.Device
 	sd.GetGpuInstancePossiblePlacementsFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
 		if info == nil {
@@ -94,7 +93,7 @@ func (d *gpuDevice) installMIG() {
 }
 
 // instancesLocked returns the GPU instances sorted by ID.
-func (d *gpuDevice) instancesLocked() []*server.GpuInstance {
+func (d *gpu) instancesLocked() []*server.GpuInstance {
 	out := make([]*server.GpuInstance, 0, len(d.GpuInstances))
 	for gi := range d.GpuInstances {
 		out = append(out, gi)
@@ -104,7 +103,7 @@ func (d *gpuDevice) instancesLocked() []*server.GpuInstance {
 }
 
 // placedLocked lists the GPU's instances as the model's rules see them.
-func (d *gpuDevice) placedLocked() []model.Placed {
+func (d *gpu) placedLocked() []model.Placed {
 	var out []model.Placed
 	for gi := range d.GpuInstances {
 		q, _ := d.model.ProfileByID(gi.Info.ProfileId)
@@ -115,7 +114,7 @@ func (d *gpuDevice) placedLocked() []model.Placed {
 
 // remainingLocked is how many more instances of p fit, placing them
 // greedily on the first free placements.
-func (d *gpuDevice) remainingLocked(p model.MIGProfile) int {
+func (d *gpu) remainingLocked(p model.MIGProfile) int {
 	existing := d.placedLocked()
 	n := 0
 	for _, pl := range p.Placements() {
@@ -137,7 +136,7 @@ func (d *gpuDevice) remainingLocked(p model.MIGProfile) int {
 //     ERROR_INSUFFICIENT_RESOURCES.
 //
 // Without a placement the first free one in the profile's list is taken.
-func (d *gpuDevice) createGI(info *nvml.GpuInstanceProfileInfo, want *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+func (d *gpu) createGI(info *nvml.GpuInstanceProfileInfo, want *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
 	if info == nil {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -187,7 +186,7 @@ func (d *gpuDevice) createGI(info *nvml.GpuInstanceProfileInfo, want *nvml.GpuIn
 
 // addGILocked makes GPU instance id of profile p at pl exist, checking
 // nothing: createGI after its checks, and restoring saved state.
-func (d *gpuDevice) addGILocked(id int, p model.MIGProfile, pl nvml.GpuInstancePlacement) (*server.GpuInstance, error) {
+func (d *gpu) addGILocked(id int, p model.MIGProfile, pl nvml.GpuInstancePlacement) (*server.GpuInstance, error) {
 	if err := d.tree.addInstance(d.Minor, id, -1); err != nil {
 		return nil, err
 	}
@@ -203,7 +202,7 @@ func (d *gpuDevice) addGILocked(id int, p model.MIGProfile, pl nvml.GpuInstanceP
 // installGI gives a new GPU instance the hardware's refusals: destroy with
 // compute instances inside or a vGPU on it is ERROR_IN_USE; compute
 // instances respect their profile's placements and instance count.
-func (d *gpuDevice) installGI(gi *server.GpuInstance, p model.MIGProfile) {
+func (d *gpu) installGI(gi *server.GpuInstance, p model.MIGProfile) {
 	gi.DestroyFunc = func() nvml.Return {
 		ret := d.destroyGI(gi)
 		d.notify()
@@ -227,7 +226,7 @@ func (d *gpuDevice) installGI(gi *server.GpuInstance, p model.MIGProfile) {
 }
 
 // destroyGI: ERROR_IN_USE while compute instances or a vGPU use it.
-func (d *gpuDevice) destroyGI(gi *server.GpuInstance) nvml.Return {
+func (d *gpu) destroyGI(gi *server.GpuInstance) nvml.Return {
 	d.Lock()
 	defer d.Unlock()
 	if _, ok := d.GpuInstances[gi]; !ok {
@@ -245,7 +244,7 @@ func (d *gpuDevice) destroyGI(gi *server.GpuInstance) nvml.Return {
 }
 
 // installGIQueries answers a GPU instance's compute-instance lookups.
-func (d *gpuDevice) installGIQueries(gi *server.GpuInstance) {
+func (d *gpu) installGIQueries(gi *server.GpuInstance) {
 	gi.GetComputeInstancesFunc = func(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
 		if info == nil {
 			return nil, nvml.ERROR_INVALID_ARGUMENT
@@ -286,7 +285,7 @@ func computeInstancesLocked(gi *server.GpuInstance) []*server.ComputeInstance {
 // one of the profile's (else ERROR_INVALID_ARGUMENT), and the instance
 // count, the GI's compute slices and overlaps are enforced
 // (ERROR_INSUFFICIENT_RESOURCES).
-func (d *gpuDevice) createCI(gi *server.GpuInstance, p model.MIGProfile, info *nvml.ComputeInstanceProfileInfo, want *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
+func (d *gpu) createCI(gi *server.GpuInstance, p model.MIGProfile, info *nvml.ComputeInstanceProfileInfo, want *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
 	if info == nil {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -351,7 +350,7 @@ func (d *gpuDevice) createCI(gi *server.GpuInstance, p model.MIGProfile, info *n
 // addCILocked makes compute instance id exist in gi (whose lock the caller
 // holds), checking nothing: createCI after its checks, and restoring saved
 // state. serial is its creation number (for its MIG UUID).
-func (d *gpuDevice) addCILocked(gi *server.GpuInstance, id int, profileID uint32, pl nvml.ComputeInstancePlacement, serial uint64) (*server.ComputeInstance, error) {
+func (d *gpu) addCILocked(gi *server.GpuInstance, id int, profileID uint32, pl nvml.ComputeInstancePlacement, serial uint64) (*server.ComputeInstance, error) {
 	if err := d.tree.addInstance(d.Minor, int(gi.Info.Id), id); err != nil {
 		return nil, err
 	}
@@ -369,7 +368,7 @@ func (d *gpuDevice) addCILocked(gi *server.GpuInstance, id int, profileID uint32
 	return ci, nil
 }
 
-func (d *gpuDevice) destroyCI(gi *server.GpuInstance, ci *server.ComputeInstance) nvml.Return {
+func (d *gpu) destroyCI(gi *server.GpuInstance, ci *server.ComputeInstance) nvml.Return {
 	gi.Lock()
 	defer gi.Unlock()
 	if _, ok := gi.ComputeInstances[ci]; !ok {
@@ -386,7 +385,7 @@ func (d *gpuDevice) destroyCI(gi *server.GpuInstance, ci *server.ComputeInstance
 // Its UUID is name-based on the parent UUID, the GI and CI IDs and the
 // compute instance's creation number: IDs are reused slots, yet a
 // re-created instance gets a new UUID as on hardware.
-func (d *gpuDevice) migDeviceByIndex(index int) (nvml.Device, nvml.Return) {
+func (d *gpu) migDeviceByIndex(index int) (nvml.Device, nvml.Return) {
 	if index < 0 || index >= d.model.ComputeSlices {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -410,10 +409,10 @@ func (d *gpuDevice) migDeviceByIndex(index int) (nvml.Device, nvml.Return) {
 	return nil, nvml.ERROR_NOT_FOUND
 }
 
-func (d *gpuDevice) migDevice(gi *server.GpuInstance, ci *server.ComputeInstance) nvml.Device {
+func (d *gpu) migDevice(gi *server.GpuInstance, ci *server.ComputeInstance) nvml.Device {
 	giID, ciID := int(gi.Info.Id), int(ci.Info.Id)
 	serial, _ := d.serials.Load(ci)
-	id := "MIG-" + uuid.NewSHA1(uuidSpace, fmt.Appendf(nil, "%s/gi/%d/ci/%d/%v", d.UUID, giID, ciID, serial)).String()
+	id := "MIG-" + nameUUID(fmt.Appendf(nil, "%s/gi/%d/ci/%d/%v", d.UUID, giID, ciID, serial))
 	p, _ := d.model.ProfileByID(gi.Info.ProfileId)
 	return &mock.Device{
 		GetUUIDFunc:                            func() (string, nvml.Return) { return id, nvml.SUCCESS },

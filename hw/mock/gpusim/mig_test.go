@@ -11,7 +11,7 @@ import (
 func giProfile(t *testing.T, dev nvml.Device, name string) nvml.GpuInstanceProfileInfo {
 	t.Helper()
 	for i := 0; i < nvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
-		v3, ret := dev.(*gpuDevice).GetGpuInstanceProfileInfoV3(i)
+		v3, ret := dev.(*gpu).GetGpuInstanceProfileInfoV3(i)
 		if ret == nvml.SUCCESS && strings.TrimPrefix(cStr(v3.Name[:]), "MIG ") == name {
 			info, ret := dev.GetGpuInstanceProfileInfo(i)
 			if ret != nvml.SUCCESS || info.Id != v3.Id {

@@ -14,7 +14,7 @@ import (
 // Snapshot puts the GPUs' state in s: each GPU's, in PCI order, the
 // mediated devices and whether the driver is loaded.
 func (g *GPUs) Snapshot(s *persist.State) {
-	for _, d := range g.devices() {
+	for _, d := range g.all() {
 		s.GPUs = append(s.GPUs, d.snapshot())
 	}
 	sort.Slice(s.GPUs, func(i, j int) bool { return s.GPUs[i].BusID < s.GPUs[j].BusID })
@@ -32,7 +32,7 @@ func (g *GPUs) Restore(s persist.State) error {
 		if g.srv == nil {
 			return fmt.Errorf("GPU %s: the profile has no GPUs", gs.BusID)
 		}
-		d, err := g.device(gs.BusID)
+		d, err := g.find(gs.BusID)
 		if err != nil {
 			return err
 		}
@@ -54,7 +54,7 @@ func (g *GPUs) Restore(s persist.State) error {
 
 // snapshot is the GPU's saved state. Lock order: device, then GPU
 // instance, as the NVML calls take them.
-func (d *gpuDevice) snapshot() persist.GPUState {
+func (d *gpu) snapshot() persist.GPUState {
 	d.RLock()
 	defer d.RUnlock()
 	s := persist.GPUState{
@@ -92,7 +92,7 @@ func (d *gpuDevice) snapshot() persist.GPUState {
 // restore puts the freshly built GPU in a saved state: the instances the
 // profile created at start give way to the saved ones, recreated with
 // their IDs and creation numbers (so their MIG UUIDs are the same).
-func (d *gpuDevice) restore(s persist.GPUState) error {
+func (d *gpu) restore(s persist.GPUState) error {
 	d.Lock()
 	defer d.Unlock()
 	if s.UUID != "" && s.UUID != d.UUID {
@@ -172,7 +172,7 @@ func (k *mdevKernel) snapshot() []persist.MdevState {
 func (k *mdevKernel) restore(saved []persist.MdevState) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var touched []*gpuDevice
+	var touched []*gpu
 	for _, m := range saved {
 		p := k.parents[m.Parent]
 		if p == nil {

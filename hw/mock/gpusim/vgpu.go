@@ -54,7 +54,7 @@ func defaultVGPUTypes(m *model.GPU) []profile.VGPUType {
 
 // vgpuTypeID builds the nvml.VgpuTypeId of a type. The profile was
 // validated: a MIGProfile names a profile of the model.
-func (d *gpuDevice) vgpuTypeID(id uint32, t profile.VGPUType) nvml.VgpuTypeId {
+func (d *gpu) vgpuTypeID(id uint32, t profile.VGPUType) nvml.VgpuTypeId {
 	class := t.Class
 	if class == "" {
 		class = "Compute"
@@ -83,7 +83,7 @@ func (d *gpuDevice) vgpuTypeID(id uint32, t profile.VGPUType) nvml.VgpuTypeId {
 // Creatable types: with MIG mode on, MIG-backed vGPUs are created on GPU
 // instances, so the GPU itself offers none; with it off, the time-sliced
 // types.
-func (d *gpuDevice) installVGPU() {
+func (d *gpu) installVGPU() {
 	sd := d.Device
 	sd.GetSupportedVgpusFunc = func() ([]nvml.VgpuTypeId, nvml.Return) {
 		if d.virt != nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU {

@@ -2,7 +2,6 @@
 package mocktest
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/hwdra/hwdra/hw/mock"
@@ -15,18 +14,11 @@ import (
 // "test". Like mock.Open it honours persist.DirEnv and nicsim.VethEnv.
 func Open(t testing.TB, spec string) *mock.Hardware {
 	t.Helper()
-	var (
-		h   *mock.Hardware
-		err error
-	)
-	if strings.Contains(spec, ":") {
-		var p profile.Profile
-		if p, err = profile.Parse("test", []byte(spec)); err == nil {
-			h, err = mock.New(p)
-		}
-	} else {
-		h, err = mock.Open(spec)
+	p, err := profile.ParseOrLoad("test", spec)
+	if err != nil {
+		t.Fatal(err)
 	}
+	h, err := mock.New(p)
 	if err != nil {
 		t.Fatal(err)
 	}

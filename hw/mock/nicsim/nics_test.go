@@ -39,13 +39,7 @@ type testNICs struct {
 // by its colon) in a directory removed with the test.
 func build(t *testing.T, spec string) *testNICs {
 	t.Helper()
-	var p profile.Profile
-	var err error
-	if strings.Contains(spec, ":") {
-		p, err = profile.Parse(t.Name(), []byte(spec))
-	} else {
-		p, err = profile.Load(spec)
-	}
+	p, err := profile.ParseOrLoad(t.Name(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,13 @@ type Reporter interface {
 	Changed(call, device string, ok bool)
 }
 
+// Part is a part of the node whose state is saved: it adds its own to a
+// State, and takes it back from one.
+type Part interface {
+	Snapshot(s *State)
+	Restore(s State) error
+}
+
 // Discard is the Reporter of hardware that neither saves nor paces (the
 // parts tested alone).
 var Discard Reporter = discard{}
@@ -43,10 +50,12 @@ type Dir struct {
 	path       string
 	persistent bool
 	lock       *os.File // flock held while the directory is open
-	profile    string   // the profile's name
+	profile    profile.Profile
 	spec       json.RawMessage
-	// snapshot collects the node's state (Start).
-	snapshot func() State
+	// saved is the state an earlier process left (nil: none); parts
+	// are what the state is collected from (Start).
+	saved *State
+	parts []Part
 	// timings by device (GPU PCI address, PF netdev), then call; env
 	// overrides them for every device.
 	timings map[string]map[string]time.Duration
@@ -62,46 +71,45 @@ type Dir struct {
 
 // Open gives a node built from p its directory. With DirEnv set it is that
 // directory, locked for this process, with the trees an earlier process
-// left removed (the node rebuilds them, then applies the state that
-// process saved, which Open returns; nil if none). Otherwise it is a fresh
-// temp directory. The Dir stays quiet until Start.
-func Open(p profile.Profile, trees ...string) (*Dir, *State, error) {
-	d := &Dir{profile: p.Name}
+// left removed (the node rebuilds them, and Start applies the state that
+// process saved). Otherwise it is a fresh temp directory. The Dir stays
+// quiet until Start.
+func Open(p profile.Profile, trees ...string) (*Dir, error) {
+	d := &Dir{profile: p}
 	d.quiet.Store(true)
 	path := os.Getenv(DirEnv)
 	if path == "" {
 		var err error
 		if d.path, err = TempDir(); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		return d, nil, nil
+		return d, nil
 	}
 	path, err := filepath.Abs(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	d.path, d.persistent = path, true
 	if d.spec, err = profileSpec(p); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := os.MkdirAll(path, 0o755); err != nil {
-		return nil, nil, fmt.Errorf("%s=%s: %w", DirEnv, path, err)
+		return nil, fmt.Errorf("%s=%s: %w", DirEnv, path, err)
 	}
 	if err := d.lockDir(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	saved, err := d.loadSaved()
-	if err != nil {
-		return nil, nil, errors.Join(err, d.Close())
+	if d.saved, err = d.loadSaved(); err != nil {
+		return nil, errors.Join(err, d.Close())
 	}
 	var errs []error
 	for _, tree := range append(trees, busyDir) {
 		errs = append(errs, os.RemoveAll(filepath.Join(path, tree)))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("mock hardware in %s: clearing the trees of an earlier process: %w", path, err), d.Close())
+		return nil, errors.Join(fmt.Errorf("mock hardware in %s: clearing the trees of an earlier process: %w", path, err), d.Close())
 	}
-	return d, saved, nil
+	return d, nil
 }
 
 // TempDir makes a fresh directory where mock trees go. The kernel keeps
@@ -123,15 +131,38 @@ func (d *Dir) Path() string { return d.path }
 // processes (DirEnv).
 func (d *Dir) Persistent() bool { return d.persistent }
 
-// Start ends the quiet: from now on each change is saved (persistent) and
-// paced. snapshot collects the node's state; timings are each device's
-// (GPU PCI address, PF netdev) by call, which TimingsEnv overrides.
-func (d *Dir) Start(snapshot func() State, timings map[string]map[string]time.Duration) error {
+// Start applies the state an earlier process saved to the freshly built
+// parts, in order (GPUs before the vGPUs on them, ...), and ends the
+// quiet: from now on each change is saved (persistent), collected from
+// the parts, and paced by the profile's timings, which TimingsEnv
+// overrides. devices are the node's GPUs (PCI addresses) and PFs
+// (netdevs) in the profile's order, to which its groups' timings apply.
+func (d *Dir) Start(devices []string, parts ...Part) error {
+	if d.saved != nil {
+		for _, p := range parts {
+			if err := p.Restore(*d.saved); err != nil {
+				return fmt.Errorf("mock hardware in %s: restoring its saved state: %w", d.path, err)
+			}
+		}
+	}
 	env, err := envTimings()
 	if err != nil {
 		return err
 	}
-	d.snapshot, d.timings, d.env = snapshot, timings, env
+	d.parts, d.env = parts, env
+	d.timings = map[string]map[string]time.Duration{}
+	for _, g := range d.profile.GPUs {
+		m, _ := g.Timings.Durations() // validated with the profile
+		for range g.Count {
+			d.timings[devices[0]], devices = m, devices[1:]
+		}
+	}
+	for _, g := range d.profile.NICs {
+		m, _ := g.Timings.Durations()
+		for range g.Count {
+			d.timings[devices[0]], devices = m, devices[1:]
+		}
+	}
 	d.quiet.Store(false)
 	if d.persistent {
 		return d.save()
@@ -175,8 +206,11 @@ func (d *Dir) save() error {
 	if d.closed {
 		return nil
 	}
-	s := d.snapshot()
-	s.Version, s.Profile, s.Spec, s.Interrupted = stateVersion, d.profile, d.spec, d.interrupted
+	var s State
+	for _, p := range d.parts {
+		p.Snapshot(&s)
+	}
+	s.Version, s.Profile, s.Spec, s.Interrupted = stateVersion, d.profile.Name, d.spec, d.interrupted
 	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
@@ -302,11 +336,11 @@ func (d *Dir) loadSaved() (*State, error) {
 	}
 	if !bytes.Equal(compactJSON(s.Spec), compactJSON(d.spec)) {
 		what := fmt.Sprintf("profile %q", s.Profile)
-		if s.Profile == d.profile {
+		if s.Profile == d.profile.Name {
 			what += " as it was then"
 		}
 		return nil, fmt.Errorf("mock hardware in %s was built from %s, not from this profile %q: remove the directory or set %s to another one",
-			d.path, what, d.profile, DirEnv)
+			d.path, what, d.profile.Name, DirEnv)
 	}
 	busy, _ := readBusy(d.path)
 	d.interrupted = append(s.Interrupted, busy...)

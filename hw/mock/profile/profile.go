@@ -126,6 +126,15 @@ func Load(nameOrPath string) (Profile, error) {
 	return Parse(name, data)
 }
 
+// ParseOrLoad reads a profile given as its YAML (anything with a colon,
+// named name) or, like Load, as a built-in name or a file.
+func ParseOrLoad(name, spec string) (Profile, error) {
+	if strings.Contains(spec, ":") {
+		return Parse(name, []byte(spec))
+	}
+	return Load(spec)
+}
+
 // Parse decodes and validates a profile strictly: unknown fields are errors.
 func Parse(name string, data []byte) (Profile, error) {
 	var p Profile

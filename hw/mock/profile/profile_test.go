@@ -128,3 +128,22 @@ func TestBuiltins(t *testing.T) {
 		t.Errorf("unknown profile: %v", err)
 	}
 }
+
+// TestParseOrLoad: YAML is parsed under the given name, anything else is
+// loaded as a built-in name or a file.
+func TestParseOrLoad(t *testing.T) {
+	for _, tc := range []struct{ spec, name, err string }{
+		{"nics: [{model: cx7, count: 1}]", "inline", ""},
+		{"cx7", "cx7", ""},
+		{"nics: [{model: cx9, count: 1}]", "", `mock profile "inline": nics[0].model`},
+		{"/nonexistent/p.yaml", "", "no such file"},
+	} {
+		p, err := ParseOrLoad("inline", tc.spec)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v, want an error containing %q", tc.spec, err, tc.err)
+		case tc.err == "" && (err != nil || p.Name != tc.name):
+			t.Errorf("%s: profile %q, %v; want %q", tc.spec, p.Name, err, tc.name)
+		}
+	}
+}
