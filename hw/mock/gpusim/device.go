@@ -61,9 +61,9 @@ type gpu struct {
 	health gpuHealth
 }
 
-// newGPUDevice wraps the server's device and installs the hardware
+// newGPU wraps the server's device and installs the hardware
 // behaviour.
-func newGPUDevice(sd *server.Device, m *model.GPU, profileName, busID string, numa int) *gpu {
+func newGPU(sd *server.Device, m *model.GPU, profileName, busID string, numa int) *gpu {
 	d := &gpu{Device: sd, model: m, busID: busID, numa: numa, virt: nvml.GPU_VIRTUALIZATION_MODE_NONE}
 	sd.UUID = "GPU-" + nameUUID([]byte(profileName+"/"+busID))
 	sd.PciBusID = nvmlBusID(busID)

@@ -105,9 +105,9 @@ func layoutGPUs(p profile.Profile) ([]slot, error) {
 
 // Build creates the GPUs of a profile: their NVML, their PCI functions in
 // the sysfs tree at sysfs, the driver's files under proc and its device
-// nodes in dev. rep is told of every change (persist.Discard: none). A profile
-// without GPUs gets an NVML whose Init fails as on a node without the
-// driver.
+// nodes in dev. rep is told of every change (persist.Discard: none). A
+// profile without GPUs gets an NVML whose Init fails as on a node without
+// the driver.
 func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.Reporter) (*GPUs, error) {
 	g := &GPUs{profile: p.Name, sysfs: sysfs, rep: rep}
 	if len(p.GPUs) == 0 {
@@ -140,7 +140,7 @@ func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.R
 	vfio := false
 	for i, l := range layout {
 		group := p.GPUs[l.group]
-		d := newGPUDevice(s.Devices[i].(*server.Device), l.model, p.Name, l.busID, l.numa)
+		d := newGPU(s.Devices[i].(*server.Device), l.model, p.Name, l.busID, l.numa)
 		d.installHealth(group.NoRecoveryAction)
 		d.tree = tree
 		d.rep = rep

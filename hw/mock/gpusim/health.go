@@ -294,24 +294,19 @@ func (g *GPUs) XID(busID string, code uint64, gpuInstance, computeInstance *int)
 
 // Lose makes the GPU at a PCI address fall off the bus: XID 79, then every
 // NVML lookup of it answers ERROR_GPU_IS_LOST until Recover.
-func (g *GPUs) Lose(busID string) error {
-	d, err := g.find(busID)
-	if err != nil {
-		return err
-	}
-	d.fallOffTheBus()
-	return nil
-}
+func (g *GPUs) Lose(busID string) error { return g.on(busID, (*gpu).fallOffTheBus) }
 
 // Recover brings the GPU at a PCI address back as a reset would: on the
 // bus, no recovery action asked for.
-func (g *GPUs) Recover(busID string) error {
+func (g *GPUs) Recover(busID string) error { return g.on(busID, (*gpu).recover) }
+
+// on applies f to the GPU at a PCI address.
+func (g *GPUs) on(busID string, f func(*gpu)) error {
 	d, err := g.find(busID)
-	if err != nil {
-		return err
+	if err == nil {
+		f(d)
 	}
-	d.recover()
-	return nil
+	return err
 }
 
 // installLostLookups makes the server's lookups answer ERROR_GPU_IS_LOST
