@@ -16,6 +16,7 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/profile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/sriov"
 )
@@ -99,7 +100,7 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 		return n, nil
 	default:
 		return nil, fmt.Errorf("--hardware %q: want %q or %q<profile> (built-in profiles: %s)",
-			spec, Host, MockPrefix, strings.Join(mock.Builtins(), ", "))
+			spec, Host, MockPrefix, strings.Join(profile.Builtins(), ", "))
 	}
 }
 

@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 )
 
 func TestOpenRejectsUnknownHardware(t *testing.T) {
@@ -31,15 +32,12 @@ func TestNVMLPending(t *testing.T) {
 	}
 	n.Close()
 
-	t.Setenv(mock.DirEnv, t.TempDir())
+	t.Setenv(persist.DirEnv, t.TempDir())
 	spec := filepath.Join(t.TempDir(), "p.yaml")
 	if err := os.WriteFile(spec, []byte("gpus: [{model: h100-80gb, count: 2}]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h, err := mock.Open(spec) // the hardware before the agent: driver not loaded
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := mocktest.Open(t, spec) // the hardware before the agent: driver not loaded
 	if err := h.SetDriverLoaded(false); err != nil {
 		t.Fatal(err)
 	}

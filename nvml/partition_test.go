@@ -12,11 +12,12 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
 )
 
 func backend(t *testing.T, profile string) (*Backend, *mock.Hardware) {
 	t.Helper()
-	h := openMock(t, profile)
+	h := mocktest.Open(t, profile)
 	b := New(h.NVML, WithSysfs(h.Sysfs))
 	if err := b.Init(); err != nil {
 		t.Fatal(err)

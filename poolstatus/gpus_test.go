@@ -18,8 +18,7 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
-
+	"github.com/hwdra/hwdra/hw/mock/model"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 )
@@ -101,7 +100,7 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 		steps = 4
 	}
 	checked, nonzero := 0, 0
-	for _, model := range mock.Models() {
+	for _, model := range model.GPUNames() {
 		for mi, m := range modes {
 			for _, tainted := range []bool{false, true} {
 				name := fmt.Sprintf("%s/%s/tainted=%v", model, m.name, tainted)

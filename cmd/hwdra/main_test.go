@@ -12,7 +12,8 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -97,12 +98,8 @@ func TestBadInputFails(t *testing.T) {
 // which applies the fault; bad invocations say what is wrong.
 func TestMockInject(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(mock.DirEnv, dir)
-	h, err := mock.Open("dgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	t.Setenv(persist.DirEnv, dir)
+	mocktest.Open(t, "dgx-h100")
 	for _, tc := range []struct {
 		args    []string
 		wantErr string
@@ -142,9 +139,9 @@ func TestMockInject(t *testing.T) {
 	}
 }
 
-func mustState(t *testing.T, dir string) mock.State {
+func mustState(t *testing.T, dir string) persist.State {
 	t.Helper()
-	s, err := mock.ReadState(dir)
+	s, err := persist.ReadState(dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,11 +27,11 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
 	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/metadata/nritest"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/prepare/nic"
-
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 	"github.com/hwdra/hwdra/sriov"
@@ -84,15 +84,7 @@ func (e *env) removeNetns(sb *api.PodSandbox) {
 func newEnv(t *testing.T, profile string) *env {
 	t.Helper()
 	host := nritest.HostNetns(t)
-	p, err := mock.Parse("test", []byte(profile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := mock.New(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Close() })
+	h := mocktest.Open(t, profile)
 	_, ctx := ktesting.NewTestContext(t)
 	e := &env{t: t, ctx: ctx, hw: h, host: host, dir: t.TempDir(), meta: &fakeMetadata{}, pods: map[types.UID]*api.PodSandbox{}, netns: map[string]func() error{}}
 	e.sock = filepath.Join(e.dir, "nri.sock")

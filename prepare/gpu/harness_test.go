@@ -23,10 +23,10 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
-
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 )
@@ -62,20 +62,7 @@ func newEnv(t testing.TB, profile string, driverSpec bool) *env {
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && unix.Access("/dev/shm", unix.W_OK) == nil {
 		t.Setenv("TMPDIR", "/dev/shm")
 	}
-	var h *mock.Hardware
-	var err error
-	if strings.HasPrefix(profile, "gpus:") {
-		var p mock.Profile
-		if p, err = mock.Parse("test", []byte(profile)); err == nil {
-			h, err = mock.New(p)
-		}
-	} else {
-		h, err = mock.Open(profile)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
+	h := mocktest.Open(t, profile)
 	b := nvml.New(h.NVML, nvml.WithSysfs(h.Sysfs))
 	if err := b.Init(); err != nil {
 		t.Fatal(err)

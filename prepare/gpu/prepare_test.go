@@ -15,7 +15,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/gpusim"
+	"github.com/hwdra/hwdra/hw/mock/nodefs"
 )
 
 // wantNumbers is the major:minor a container must get for a device node
@@ -33,21 +34,21 @@ func wantNumbers(t *testing.T, path string) (int64, int64) {
 	}
 	switch {
 	case name == "nvidiactl":
-		return mock.NVIDIAMajor, 255
+		return gpusim.NVIDIAMajor, 255
 	case name == "nvidia-modeset":
-		return mock.NVIDIAMajor, 254
+		return gpusim.NVIDIAMajor, 254
 	case name == "nvidia-uvm":
-		return mock.NVIDIAUVMMajor, 0
+		return gpusim.NVIDIAUVMMajor, 0
 	case name == "nvidia-uvm-tools":
-		return mock.NVIDIAUVMMajor, 1
+		return gpusim.NVIDIAUVMMajor, 1
 	case name == "vfio/vfio":
 		return 10, 196
 	case strings.HasPrefix(name, "vfio/"):
-		return mock.VFIOMajor, num(strings.TrimPrefix(name, "vfio/")) - 128
+		return nodefs.VFIOMajor, num(strings.TrimPrefix(name, "vfio/")) - 128
 	case strings.HasPrefix(name, "nvidia-caps/nvidia-cap"):
-		return mock.NVIDIACapsMajor, num(strings.TrimPrefix(name, "nvidia-caps/nvidia-cap"))
+		return gpusim.NVIDIACapsMajor, num(strings.TrimPrefix(name, "nvidia-caps/nvidia-cap"))
 	case strings.HasPrefix(name, "nvidia"):
-		return mock.NVIDIAMajor, num(strings.TrimPrefix(name, "nvidia"))
+		return gpusim.NVIDIAMajor, num(strings.TrimPrefix(name, "nvidia"))
 	}
 	t.Fatalf("unexpected device node %s", path)
 	return 0, 0

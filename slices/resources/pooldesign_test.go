@@ -8,12 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hwdra/hwdra/hw/mock/model"
 	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
-
-	"github.com/hwdra/hwdra/hw/mock"
 )
 
 // The GPU pool declares no partitionTypeAttribute (README, "Device
@@ -92,7 +91,7 @@ func costKey(d resourceapi.Device) string {
 //	go test -run TestPartitionTypeAlternatives -v ./slices/
 func TestPartitionTypeAlternatives(t *testing.T) {
 	overCap := map[string]bool{}
-	for _, model := range mock.Models() {
+	for _, model := range model.GPUNames() {
 		for _, mode := range []struct{ name, yaml string }{
 			{"mig-off", ""},
 			{"mig-on", "\n  mig: true"},
