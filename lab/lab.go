@@ -191,7 +191,7 @@ func prepare(ctx context.Context, out io.Writer, driver string, plugin kubeletpl
 		if err == nil {
 			fmt.Fprintf(out, "CDI spec of %s:\n", c.Name)
 			y, _ := yaml.JSONToYAML(spec)
-			out.Write(y)
+			_, _ = out.Write(y) // a terminal: as fmt.Fprintf above
 		}
 	}
 	return nil

@@ -175,10 +175,8 @@ func TestFallsBackWhenFieldsAreDropped(t *testing.T) {
 	var gateOn atomic.Bool
 	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
 		var obj runtime.Object
-		switch act := action.(type) {
-		case k8stesting.CreateAction:
-			obj = act.GetObject()
-		case k8stesting.UpdateAction:
+		// Creates and updates both carry the object.
+		if act, ok := action.(interface{ GetObject() runtime.Object }); ok {
 			obj = act.GetObject()
 		}
 		if s, ok := obj.(*resourceapi.ResourceSlice); ok && !gateOn.Load() {

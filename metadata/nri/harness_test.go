@@ -3,7 +3,6 @@ package nri
 import (
 	"context"
 	"fmt"
-	"net"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -410,14 +409,6 @@ func condition(d resourceapi.AllocatedDeviceStatus, typ string) *metav1.Conditio
 
 // placements lists the placements file's keys.
 func (e *env) placements() []string { return e.net.ledger.Keys() }
-
-func macOf(s string) string {
-	m, err := net.ParseMAC(s)
-	if err != nil {
-		return s
-	}
-	return strings.ToLower(m.String())
-}
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()

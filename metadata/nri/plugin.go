@@ -177,7 +177,7 @@ func (p *Plugin) Run(ctx context.Context, claims Claims, meta MetadataWriter) er
 		err := p.serve(klog.NewContext(ctx, logger))
 		if ctx.Err() != nil {
 			p.setSynced(false, ctx.Err())
-			return nil
+			return nil //nolint:nilerr // stopped, as asked: no error
 		}
 		if err == nil {
 			err = errors.New("connection closed")

@@ -213,7 +213,8 @@ func (in *Inbox) drain() {
 			r.Error = err.Error()
 		}
 		out, _ := json.Marshal(r)
-		persist.WriteAtomic(strings.TrimSuffix(path, ".json")+".result", out)
+		// Unwritten, the injector times out waiting and says so.
+		_ = persist.WriteAtomic(strings.TrimSuffix(path, ".json")+".result", out)
 	}
 }
 

@@ -89,7 +89,7 @@ func layoutGPUs(p profile.Profile) ([]slot, error) {
 	roots := map[int]bool{}
 	for k := 0; k < len(out); k += 2 {
 		var domain, bus int
-		fmt.Sscanf(out[k].busID, "%04x:%02x", &domain, &bus)
+		_, _ = fmt.Sscanf(out[k].busID, "%04x:%02x", &domain, &bus) // built above: always parses
 		root := bus &^ 0xf
 		for roots[root] && root < bus {
 			root++

@@ -94,7 +94,7 @@ func (k *mdevKernel) addVFs(d *gpu) error {
 		return err
 	}
 	var domain, bus, dev, fn int
-	fmt.Sscanf(d.busID, "%04x:%02x:%02x.%x", &domain, &bus, &dev, &fn)
+	_, _ = fmt.Sscanf(d.busID, "%04x:%02x:%02x.%x", &domain, &bus, &dev, &fn) // the model's own address: always parses
 	for name, v := range map[string]string{"sriov_totalvfs": fmt.Sprint(n), "sriov_numvfs": fmt.Sprint(n)} {
 		if err := writeFile(filepath.Join(pfDir, name), v+"\n"); err != nil {
 			return err
@@ -193,9 +193,12 @@ func (k *mdevKernel) refreshLocked(d *gpu) {
 			if n == p.avail[t.GetID()] {
 				continue // files start at 0
 			}
-			p.avail[t.GetID()] = n
 			path := filepath.Join(p.dir, "mdev_supported_types", typeDirName(t.GetID()), "available_instances")
-			os.WriteFile(path, []byte(fmt.Sprintf("%d\n", n)), 0o644)
+			// Remembered only once written: a failed write is tried again
+			// at the next change.
+			if os.WriteFile(path, []byte(fmt.Sprintf("%d\n", n)), 0o644) == nil {
+				p.avail[t.GetID()] = n
+			}
 		}
 	}
 }

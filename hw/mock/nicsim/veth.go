@@ -375,7 +375,7 @@ func (v *vethSet) apply(name string, mtu int, up *bool) error {
 func (v *vethSet) delete(name string) error {
 	l, err := v.handle.LinkByName(name)
 	if err != nil {
-		return nil
+		return nil //nolint:nilerr // already gone: nothing to delete
 	}
 	if err := v.handle.LinkDel(l); err != nil {
 		return fmt.Errorf("mock: deleting %s: %w", name, err)

@@ -307,7 +307,7 @@ func Held(dir string) (persistent, held bool, err error) {
 	}
 	defer lock.Close()
 	if unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
-		unix.Flock(int(lock.Fd()), unix.LOCK_UN)
+		_ = unix.Flock(int(lock.Fd()), unix.LOCK_UN) // closing the file below unlocks it anyway
 		return true, false, nil
 	}
 	return true, true, nil
