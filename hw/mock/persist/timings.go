@@ -35,6 +35,8 @@ const (
 	CallClearGPU               = "clearGpu"
 	CallSetLink                = "setLink"
 	CallLoadDriver             = "loadDriver"
+	CallSetComputeMode         = "setComputeMode"
+	CallSetTimeSlice           = "setTimeSlice"
 )
 
 // envTimings parses TimingsEnv.
