@@ -16,6 +16,7 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/drivertools"
 	"github.com/hwdra/hwdra/hw/mock/profile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/sriov"
@@ -61,6 +62,10 @@ type Node struct {
 	// spec (nil: the defaults). Set once NVML is up.
 	GPUDevRoot, GPUDevNodeRoot string
 	DriverSpecDirs             []string
+	// Programs are the NVIDIA driver's programs (nvidia-smi, the MPS
+	// control daemon): the driver root's, the mock's stand-ins on mock
+	// hardware. Set once NVML is up.
+	Programs nvml.Programs
 
 	// driverRoot is the host's NVIDIA driver (nil on mock hardware): a
 	// pending NVML is made anew from it at each retry, as the library may
@@ -91,6 +96,7 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 		n := &Node{
 			Mock: m, DevRoot: m.DevRoot(), ProcRoot: m.ProcRoot(), SysfsRoot: m.Sysfs,
 			GPUDevRoot: m.DevRoot(), GPUDevNodeRoot: m.DevRoot(),
+			Programs: nvml.Programs{Bin: filepath.Join(m.DriverRoot(), drivertools.BinDir)},
 			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
 			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		}
@@ -172,6 +178,7 @@ func (n *Node) InitNVML() error {
 func (n *Node) nvmlUp() {
 	if n.driverRoot != nil {
 		n.GPUDevRoot, n.GPUDevNodeRoot = n.driverRoot.devRoot()
+		n.Programs = n.driverRoot.programs()
 	}
 }
 
