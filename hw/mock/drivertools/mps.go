@@ -210,7 +210,8 @@ type daemon struct {
 // runDaemon is the control daemon: it takes commands until quit or a
 // signal.
 func runDaemon(pipe, logDir string) error {
-	if pid, err := readPID(pipe); err == nil && syscall.Kill(pid, 0) == nil {
+	if _, _, err := ask(pipe, "get_server_list"); err == nil {
+		pid, _ := readPID(pipe)
 		return fmt.Errorf("an instance of this daemon is already running (pid %d) with pipe directory %s", pid, pipe)
 	}
 	for _, dir := range []string{pipe, logDir} {

@@ -1,0 +1,249 @@
+package mps
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The daemon is started through this binary, run again under the name
+// launcherName: in a mount namespace of its own it puts the daemon's
+// shared-memory directory at /dev/shm, leaves the agent's pod cgroup if
+// asked, and then becomes nvidia-cuda-mps-control -d. Go cannot mount or
+// move cgroups between fork and exec, so a process of its own does it.
+const launcherName = "hwdra-mps-launch"
+
+func init() {
+	if len(os.Args) > 0 && os.Args[0] == launcherName {
+		if err := launch(os.Args[1:]); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", launcherName, err)
+			os.Exit(1)
+		}
+	}
+}
+
+// Cgroup says where a daemon's processes live.
+type Cgroup string
+
+const (
+	// CgroupSame: in the agent's cgroups. Right where the agent runs as a
+	// plain process: a daemon in a session of its own outlives it.
+	CgroupSame Cgroup = ""
+	// CgroupBesidePod: in a cgroup "hwdra-mps" beside the agent's pod's
+	// (the pod's parent, the QoS class's cgroup), in every hierarchy
+	// where the agent is in a container of a pod: the container runtime
+	// kills what is left in a container's cgroup when it stops, the
+	// kubelet what is left in a pod's, so an MPS server in them would end
+	// with the agent's pod at every rolling update.
+	CgroupBesidePod Cgroup = "beside-pod"
+)
+
+// besidePodName is the cgroup the daemons move to.
+const besidePodName = "hwdra-mps"
+
+// launch runs in the launcher: args are the shared-memory directory ("":
+// leave /dev/shm), the Cgroup and the program with its arguments.
+func launch(args []string) error {
+	if len(args) < 3 {
+		return errors.New("usage: <shm dir> <cgroup> <program> [args...]")
+	}
+	shm, cgroup, prog := args[0], Cgroup(args[1]), args[2:]
+	// Namespaces are per thread, and exec keeps the calling thread's.
+	runtime.LockOSThread()
+	if shm != "" {
+		// The agent started this process in a mount namespace of its own
+		// (its mounts private): the bind stays in here.
+		if err := unix.Mount(shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s on /dev/shm: %w", shm, err)
+		}
+	}
+	if cgroup == CgroupBesidePod {
+		if err := leavePod(); err != nil {
+			return err
+		}
+	}
+	return syscall.Exec(prog[0], prog, os.Environ())
+}
+
+// leavePod moves this process into a cgroup beside its pod's, in every
+// hierarchy where it is in a pod's container (two levels below where
+// the kubelet keeps the pod's QoS class). The cgroups are seen as the
+// node sees them, through PID 1's root (the agent's pod shares the
+// node's PID namespace), from the node's cgroup namespace where the
+// container has one of its own: a cgroup outside a namespace is out of
+// reach from inside it.
+func leavePod() error {
+	if err := enterNodeCgroupNamespace(); err != nil {
+		return err
+	}
+	mounts, err := cgroupMounts("/proc/1/mountinfo")
+	if err != nil {
+		return err
+	}
+	own, err := os.ReadFile("/proc/thread-self/cgroup")
+	if err != nil {
+		return err
+	}
+	moved := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(own)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		m, ok := mounts[parts[1]]
+		if !ok {
+			continue // a hierarchy the node does not mount
+		}
+		dir, ok := besidePod(parts[2], m)
+		if !ok {
+			continue // not in a pod's container in this hierarchy
+		}
+		if err := join(dir); err != nil {
+			return fmt.Errorf("cgroup %s: %w", dir, err)
+		}
+		moved++
+	}
+	if moved == 0 {
+		return errors.New("the agent is in no pod's container cgroup: nothing to leave (run it with the same cgroup as the daemons instead)")
+	}
+	return nil
+}
+
+// enterNodeCgroupNamespace moves this thread into PID 1's cgroup
+// namespace, if it is in another one.
+func enterNodeCgroupNamespace() error {
+	var mine, node unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/cgroup", &mine); err != nil {
+		return err
+	}
+	if err := unix.Stat("/proc/1/ns/cgroup", &node); err != nil {
+		return err
+	}
+	if mine.Ino == node.Ino && mine.Dev == node.Dev {
+		return nil
+	}
+	f, err := os.Open("/proc/1/ns/cgroup")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("entering the node's cgroup namespace: %w", err)
+	}
+	return nil
+}
+
+// cgroupMount is where a hierarchy is mounted, as this process reaches it.
+type cgroupMount struct {
+	dir  string // mount point, under /proc/1/root
+	root string // the cgroup at the mount point
+}
+
+// cgroupMounts reads a mountinfo's cgroup mounts by the controller field
+// of /proc/<pid>/cgroup they serve: "cpu,cpuacct", "name=systemd", ""
+// (the unified hierarchy).
+func cgroupMounts(mountinfo string) (map[string]cgroupMount, error) {
+	f, err := os.Open(mountinfo)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]cgroupMount{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent maj:min root mountpoint options [optional...] - fstype source superoptions
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		fields, tail := strings.Fields(pre), strings.Fields(post)
+		if len(fields) < 5 || len(tail) < 3 {
+			continue
+		}
+		m := cgroupMount{dir: filepath.Join("/proc/1/root", unescape(fields[4])), root: unescape(fields[3])}
+		switch tail[0] {
+		case "cgroup2":
+			if _, seen := out[""]; !seen {
+				out[""] = m
+			}
+		case "cgroup":
+			var ctrls []string
+			for _, o := range strings.Split(tail[2], ",") {
+				if o != "rw" && o != "ro" && !strings.HasPrefix(o, "release_agent=") && o != "clone_children" && o != "xattr" && o != "noprefix" && o != "cpuset_v2_mode" {
+					ctrls = append(ctrls, o)
+				}
+			}
+			key := strings.Join(ctrls, ",")
+			if _, seen := out[key]; !seen {
+				out[key] = m
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+// unescape undoes mountinfo's octal escapes of spaces and the like.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// besidePod is the directory of the cgroup beside the pod of a container
+// cgroup path (…/<QoS class>/<pod>/<container>), in mount m; false where
+// the path is not that deep or the cgroup is not under the mount.
+func besidePod(path string, m cgroupMount) (string, bool) {
+	parts := strings.FieldsFunc(path, func(r rune) bool { return r == '/' })
+	if len(parts) < 3 {
+		return "", false
+	}
+	target := "/" + filepath.Join(append(parts[:len(parts)-2:len(parts)-2], besidePodName)...)
+	rel, err := filepath.Rel(m.root, target)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", false
+	}
+	return filepath.Join(m.dir, rel), true
+}
+
+// join makes the cgroup and moves this process into it. A new cpuset
+// (cgroup v1) has no CPUs or memory nodes until given its parent's.
+func join(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+		cur, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil || strings.TrimSpace(string(cur)) != "" {
+			continue
+		}
+		parent, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), parent, 0o644); err != nil {
+			return err
+		}
+	}
+	// "0" is the writing process, whatever its PID is where.
+	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte("0"), 0o644)
+}
