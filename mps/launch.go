@@ -57,6 +57,12 @@ func launch(args []string) error {
 	shm, cgroup, prog := args[0], Cgroup(args[1]), args[2:]
 	// Namespaces are per thread, and exec keeps the calling thread's.
 	runtime.LockOSThread()
+	// The program is opened before /dev/shm is covered: it may be there
+	// (a mock driver root in a test's temp directory).
+	bin, err := os.Open(prog[0])
+	if err != nil {
+		return err
+	}
 	if shm != "" {
 		// The agent started this process in a mount namespace of its own
 		// (its mounts private): the bind stays in here.
@@ -69,7 +75,7 @@ func launch(args []string) error {
 			return err
 		}
 	}
-	return syscall.Exec(prog[0], prog, os.Environ())
+	return syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", bin.Fd()), prog, os.Environ())
 }
 
 // leavePod moves this process into a cgroup beside its pod's, in every

@@ -18,6 +18,9 @@ import (
 type Spec struct {
 	// ID names the daemon and its directories.
 	ID string `json:"id"`
+	// Owner is what the daemon is for: a claim's UID, or "share" for a
+	// GPU's shares.
+	Owner string `json:"owner"`
 	// Devices are the UUIDs of the GPUs or MIG devices it serves, its
 	// CUDA_VISIBLE_DEVICES: its clients see them as devices 0, 1, ...
 	Devices []string `json:"devices"`

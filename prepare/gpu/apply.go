@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -29,10 +30,16 @@ type applier struct {
 	claim types.UID
 	rec   *Record
 	save  func() error
+	// records is the index in rec.Devices of each applied plan's record
+	// (-1: an adminAccess device, not recorded); uuids its GPU's or MIG
+	// device's UUID.
+	records []int
+	uuids   []string
 }
 
-func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
+func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
 	if p.admin {
+		a.records, a.uuids = append(a.records, -1), append(a.uuids, "")
 		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
 		edits, md, err := a.asItIs(p, libs)
 		md.Published = p.dev.Attributes
@@ -40,9 +47,13 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 		return out, err
 	}
 	a.rec.Devices = append(a.rec.Devices, DeviceRecord{Request: p.request, Device: p.device, GPU: p.dev.GPU.PCIBusID})
+	a.records, a.uuids = append(a.records, len(a.rec.Devices)-1), append(a.uuids, p.dev.GPU.UUID)
 	r := &a.rec.Devices[len(a.rec.Devices)-1]
 	a.d.use(r.GPU, a.claim)
 	if err := a.migMode(r, p.wantMIG); err != nil {
+		return prepare.Device{}, err
+	}
+	if err := a.share(ctx, r, p); err != nil {
 		return prepare.Device{}, err
 	}
 	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
@@ -58,9 +69,29 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 	case device.KindVGPU:
 		out.Edits, md, err = a.vgpu(r, p)
 	}
+	if md.UUID != "" {
+		a.uuids[len(a.uuids)-1] = md.UUID
+	}
 	md.Published = p.dev.Attributes
 	out.Attributes = md.Attributes()
 	return out, err
+}
+
+// share makes a whole GPU's settings what its sharing needs: time slicing
+// sets its time slice, MPS makes it exclusive to the MPS server (the
+// daemon itself starts once all of the claim's devices are there).
+func (a *applier) share(ctx context.Context, r *DeviceRecord, p devicePlan) error {
+	if p.sharing == nil {
+		return nil
+	}
+	r.Sharing = &SharingRecord{}
+	if p.dev.Kind != device.KindGPU {
+		return nil // a MIG partition's GPU is others' too
+	}
+	if p.usesMPS() {
+		return a.computeMode(r, nvml.ComputeExclusiveProcess)
+	}
+	return a.timeSlice(ctx, r, p)
 }
 
 // migMode switches the GPU's MIG mode where the device needs the other

@@ -23,8 +23,10 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/drivertools"
 	"github.com/hwdra/hwdra/hw/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/slices/device"
@@ -110,6 +112,7 @@ func (e *env) restart(hook func(string) error) {
 		SysfsRoot:      e.hw.Sysfs,
 		Sysfs:          e.hw.SysfsWriter(),
 		DriverSpecDirs: []string{filepath.Join(e.dir, "etc-cdi"), filepath.Join(e.dir, "cdi")},
+		Programs:       nvml.Programs{Bin: filepath.Join(e.hw.DriverRoot(), drivertools.BinDir)},
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -201,7 +204,8 @@ func (e *env) unprepare(c *resourceapi.ResourceClaim) {
 }
 
 // hwState is what a test compares before and after: GPU instances, MIG
-// modes and mediated devices of the node.
+// modes, compute modes and time slices, mediated devices and MPS control
+// daemons (recorded or running) of the node.
 func (e *env) hwState() string {
 	e.t.Helper()
 	var b strings.Builder
@@ -214,14 +218,45 @@ func (e *env) hwState() string {
 		if err != nil {
 			e.t.Fatal(err)
 		}
+		mode, err := e.nvml.ComputeMode(g.PCIBusID)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		slice, err := e.hw.TimeSlice(g.PCIBusID)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s compute=%s slice=%d\n", g.PCIBusID, mode, slice)
 		fmt.Fprintf(&b, "%s mig=%v", g.PCIBusID, on)
 		for _, gi := range list {
 			fmt.Fprintf(&b, " gi(profile %d at %d, %d CIs)", gi.ProfileID, gi.Placement.Start, len(gi.ComputeInstances))
 		}
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, "mdevs %v", e.hw.MdevUUIDs())
+	fmt.Fprintf(&b, "mdevs %v\nMPS daemons recorded %v, running %v", e.hw.MdevUUIDs(), e.driver.MPS().IDs(), e.mpsProcesses())
 	return b.String()
+}
+
+// mpsProcesses are the running MPS control daemons of this env (by their
+// pipe directory under its state directory), by pipe directory.
+func (e *env) mpsProcesses() []string {
+	e.t.Helper()
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, p := range procs {
+		cmdline, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))
+		if !strings.HasPrefix(string(cmdline), drivertools.MPSControl+"\x00-f") {
+			continue
+		}
+		environ, _ := os.ReadFile(p)
+		for _, v := range strings.Split(string(environ), "\x00") {
+			if pipe, ok := strings.CutPrefix(v, mps.PipeDirEnv+"="); ok && strings.HasPrefix(pipe, e.dir) {
+				out = append(out, strings.TrimPrefix(pipe, e.dir))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // inject loads the CDI directory into a fresh cache and injects the
@@ -329,4 +364,9 @@ containerEdits:
 	if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// sharingConfig is a GpuConfig with a sharing strategy, JSON.
+func sharingConfig(sharing string) string {
+	return `{"apiVersion": "gpu.hwdra.io/v1alpha1", "kind": "GpuConfig", "sharing": ` + sharing + `}`
 }

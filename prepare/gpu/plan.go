@@ -30,6 +30,9 @@ type devicePlan struct {
 	computeSlices int
 	// admin: an adminAccess request, given the device as it is.
 	admin bool
+	// sharing is how the claim's processes share the device (nil: as
+	// the driver leaves it).
+	sharing *gpuv1alpha1.Sharing
 }
 
 // plan is pure: the claim's allocation, its configuration and the catalog
@@ -85,11 +88,17 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 		default:
 			return nil, fmt.Errorf("request %q: device %q is of unknown kind %q", r.Request, r.Device, dev.Kind)
 		}
+		if err := sharingPlan(&p, cfg.Sharing); err != nil {
+			return nil, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err)
+		}
 		if g := dev.GPU.MIG; g.Enabled != p.wantMIG && !g.SwitchWithoutReset {
 			return nil, fmt.Errorf("request %q: device %q needs MIG mode %s on GPU %s, which cannot switch without a GPU reset",
 				r.Request, r.Device, onOff(p.wantMIG), dev.GPU.PCIBusID)
 		}
 		out = append(out, p)
+	}
+	if err := claimMPS(out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

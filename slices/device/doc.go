@@ -35,6 +35,10 @@ const (
 	KindGPU  = "gpu"
 	KindMIG  = "mig"
 	KindVGPU = "vgpu"
+	// KindShare is a GPU's shareable device: independent claims each take
+	// a share of its memory and compute, and run under the GPU's MPS
+	// server held to them.
+	KindShare = "share"
 )
 
 // ProfileFull is AttrProfile of a whole GPU.

@@ -92,7 +92,7 @@ func mpsControl(args []string) int {
 	case len(args) == 0:
 		err = mpsClient(pipe, os.Stdin, os.Stdout)
 	case args[0] == "-d":
-		err = startDaemon(pipe)
+		err = startDaemon(pipe, logDir)
 	case args[0] == "-f":
 		err = runDaemon(pipe, logDir)
 	default:
@@ -139,7 +139,12 @@ func mpsClient(pipe string, in io.Reader, out io.Writer) error {
 // ask sends one command: one connection, the command, then the answer,
 // whose first line is "OK" or "ERR".
 func ask(pipe, command string) (reply string, ok bool, err error) {
-	conn, err := net.DialTimeout("unix", filepath.Join(pipe, controlSocket), 5*time.Second)
+	sock, done, err := socketPath(pipe)
+	if err != nil {
+		return "", false, fmt.Errorf("cannot find MPS control daemon process (pipe directory %s): %w", pipe, err)
+	}
+	defer done()
+	conn, err := net.DialTimeout("unix", sock, 5*time.Second)
 	if err != nil {
 		return "", false, fmt.Errorf("cannot find MPS control daemon process (pipe directory %s): %w", pipe, err)
 	}
@@ -159,13 +164,21 @@ func ask(pipe, command string) (reply string, ok bool, err error) {
 
 // startDaemon starts this program as the daemon (-f) in a session of its
 // own and waits until it answers; the daemon outlives this process.
-func startDaemon(pipe string) error {
-	exe, err := os.Executable()
+func startDaemon(pipe, logDir string) error {
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return err
+	}
+	// What the daemon says outside its log goes to a file of its own: it
+	// outlives this process's stderr.
+	stderrPath := filepath.Join(logDir, "stderr.log")
+	stderr, err := os.OpenFile(stderrPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	cmd := &exec.Cmd{Path: exe, Args: []string{MPSControl, "-f"}, Env: os.Environ(),
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
+	defer stderr.Close()
+	// The running binary itself, wherever this process's mounts put it.
+	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{MPSControl, "-f"}, Env: os.Environ(),
+		Stderr: stderr, SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -180,12 +193,24 @@ func startDaemon(pipe string) error {
 		}
 		select {
 		case err := <-exited:
-			return fmt.Errorf("the daemon exited at start: %v", err)
+			said, _ := os.ReadFile(stderrPath)
+			return fmt.Errorf("the daemon exited at start: %v: %s", err, strings.TrimSpace(string(said)))
 		case <-deadline:
 			return errors.New("the daemon did not answer within 10s")
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// socketPath is the control socket's address through an open descriptor
+// of the pipe directory: a Unix socket's path has at most 107 bytes, a
+// pipe directory's need not (a test's temp directory).
+func socketPath(pipe string) (string, func(), error) {
+	dir, err := os.Open(pipe)
+	if err != nil {
+		return "", nil, err
+	}
+	return fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), controlSocket), func() { dir.Close() }, nil
 }
 
 func readPID(pipe string) (int, error) {
@@ -226,7 +251,12 @@ func runDaemon(pipe, logDir string) error {
 	defer logFile.Close()
 	sock := filepath.Join(pipe, controlSocket)
 	os.Remove(sock)
-	ln, err := net.Listen("unix", sock)
+	short, done, err := socketPath(pipe)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("unix", short)
+	done()
 	if err != nil {
 		return err
 	}
