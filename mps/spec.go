@@ -33,6 +33,9 @@ type Spec struct {
 	PinnedMemoryLimit      *uint64 `json:"pinnedMemoryLimit,omitempty"`
 }
 
+// OwnerShares owns the daemon of a GPU's shares.
+const OwnerShares = "share"
+
 // ID is the name of the daemon of owner (a claim's UID, or "share" for a
 // GPU's shares) serving devices: short, so its pipe paths stay well
 // within a Unix socket's 108 bytes, and the same every time.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hwdra/hwdra/agent"
 	"github.com/hwdra/hwdra/metadata/nri"
+	"github.com/hwdra/hwdra/mps"
 )
 
 func agentCommand() *cobra.Command {
@@ -23,6 +24,9 @@ func agentCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.NodeName == "" {
 				return fmt.Errorf("--node-name (or NODE_NAME) is required")
+			}
+			if opts.MPSCgroup != mps.CgroupSame && opts.MPSCgroup != mps.CgroupBesidePod {
+				return fmt.Errorf("--mps-daemon-cgroup: %q is none of \"\" and %q", opts.MPSCgroup, mps.CgroupBesidePod)
 			}
 			if opts.KubeAPIQPS <= 0 || opts.KubeAPIBurst < 1 {
 				return fmt.Errorf("--kube-api-qps must be above 0 and --kube-api-burst at least 1 (have %v and %d)", opts.KubeAPIQPS, opts.KubeAPIBurst)
@@ -55,5 +59,7 @@ func agentCommand() *cobra.Command {
 	f.DurationVar(&opts.Rescan, "rescan-interval", time.Minute, "how often to probe the hardware for changes")
 	f.StringVar(&opts.MetricsAddress, "metrics-address", ":9464", "address for /metrics (Prometheus) and /healthz; empty: off")
 	f.StringVar(&opts.NRISocket, "nri-socket", nri.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
+	f.StringVar((*string)(&opts.MPSCgroup), "mps-daemon-cgroup", string(mps.CgroupSame),
+		`where the MPS control daemons of shared GPUs run: "" in the agent's cgroup (an agent run as a process: they outlive it in sessions of their own), "`+string(mps.CgroupBesidePod)+`" in a cgroup beside the agent's pod, which the runtime and the kubelet leave alone when the pod goes (the DaemonSet, with hostPID)`)
 	return cmd
 }

@@ -31,9 +31,6 @@ import (
 // A GPU's settings before the agent first changed them are in the ledger
 // (settingsKey) and come back when no claim uses the GPU.
 
-// mpsOwnerShare owns the MPS daemon of a GPU's shares.
-const mpsOwnerShare = "share"
-
 // sharingPlan checks a device's sharing configuration against what the
 // device can take (pure).
 func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing) error {
@@ -334,7 +331,7 @@ func (d *Driver) reclaimMPS(ctx context.Context, known bool, mayUse map[string]b
 		used := len(d.mpsUsers[id]) > 0
 		d.mu.Unlock()
 		may := mayUse[mpsClaimKey(s.Owner)]
-		if s.Owner == mpsOwnerShare && len(gpus) > 0 {
+		if s.Owner == mps.OwnerShares && len(gpus) > 0 {
 			may = mayUse[mpsShareKey(gpus[0])]
 		}
 		switch {
