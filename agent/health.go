@@ -49,7 +49,7 @@ type nodeHealth struct {
 	mu      sync.Mutex
 	gpu     *health.GPUMonitor // nil until NVML is usable
 	nic     *health.NICMonitor
-	mps     *health.MPSMonitor // nil without a GPU driver
+	mps     *health.MPSMonitor         // nil without a GPU driver
 	held    hw.Inventory               // the last probe, with what it could not tell held
 	devices map[string][]health.Device // by driver, as last published
 }

@@ -189,7 +189,9 @@ func TestReclaimMPS(t *testing.T) {
 	e := newEnv(t, "gpus: [{model: h100-80gb, count: 1}]", true)
 	c := e.claim(request{name: "gpu", cel: `profile == "full"`, config: sharingConfig(`{"strategy": "MPS"}`)})
 	e.mustPrepare(c)
-	e.allocated = func(context.Context) ([]*resourceapi.ResourceClaim, error) { return []*resourceapi.ResourceClaim{c}, nil }
+	e.allocated = func(context.Context) ([]*resourceapi.ResourceClaim, error) {
+		return []*resourceapi.ResourceClaim{c}, nil
+	}
 	for _, f := range []string{"state/" + DriverName + ".checkpoint.json", "state/" + DriverName + ".checkpoint.json.1"} {
 		os.Remove(filepath.Join(e.dir, f))
 	}
