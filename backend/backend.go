@@ -96,9 +96,9 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 		n := &Node{
 			Mock: m, DevRoot: m.DevRoot(), ProcRoot: m.ProcRoot(), SysfsRoot: m.Sysfs,
 			GPUDevRoot: m.DevRoot(), GPUDevNodeRoot: m.DevRoot(),
+			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
+			NIC:      sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 			Programs: nvml.Programs{Bin: filepath.Join(m.DriverRoot(), drivertools.BinDir)},
-			Sysfs:    m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
-			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		}
 		if len(m.Profile.GPUs) > 0 {
 			n.openNVML(nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs)))
