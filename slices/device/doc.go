@@ -41,8 +41,20 @@ const (
 	KindShare = "share"
 )
 
-// ProfileFull is AttrProfile of a whole GPU.
-const ProfileFull = "full"
+// ProfileFull is AttrProfile of a whole GPU; ProfileShare of a GPU's
+// shareable device.
+const (
+	ProfileFull  = "full"
+	ProfileShare = "share"
+)
+
+// GPU capacities a claim asks for: a GPU share's memory (bytes) and
+// compute (percent of the GPU's multiprocessors), each with a request
+// policy. What a share consumed is what its MPS client is held to.
+const (
+	GPUCapMemory  resourceapi.QualifiedName = GPUDriver + "/memory"
+	GPUCapCompute resourceapi.QualifiedName = GPUDriver + "/compute"
+)
 
 // NIC attribute and capacity names, qualified with the driver name as the
 // GPU ones are (CEL: device.attributes["sriov.hwdra.io"].pfName; constraints

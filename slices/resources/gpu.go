@@ -28,7 +28,7 @@ const (
 	attrVGPUClass    = device.GPUDriver + "/vgpuClass"
 	attrMIGBacked    = device.GPUDriver + "/migBacked"
 	attrMIGProfile   = device.GPUDriver + "/migProfile" // of a MIG-backed vGPU's GPU instance
-	capMemory        = device.GPUDriver + "/memory"
+	capMemory        = device.GPUCapMemory
 	capSMs           = device.GPUDriver + "/multiprocessors"
 )
 
@@ -145,6 +145,7 @@ func (b *gpuDevices) build() {
 	b.usesCounters = true
 	if !hostVGPU && migOff {
 		b.add(b.full(true), GPUDevice{Kind: device.KindGPU})
+		b.addShare()
 	}
 	if migOn {
 		for _, p := range g.MIG.Profiles {
