@@ -49,7 +49,7 @@ func (b *gpuDevices) share() resourceapi.Device {
 	maxMemory := int64(g.MemoryBytes) / shareMemoryStep * shareMemoryStep // on the step grid
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 		device.GPUCapMemory: {
-			Value: *resource.NewQuantity(int64(g.MemoryBytes), resource.BinarySI),
+			Value:         *resource.NewQuantity(int64(g.MemoryBytes), resource.BinarySI),
 			RequestPolicy: stepPolicy(min(shareMemoryDefault, maxMemory), shareMemoryStep, maxMemory, shareMemoryStep, resource.BinarySI),
 		},
 		device.GPUCapCompute: {
