@@ -64,6 +64,10 @@ func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.Contain
 	switch p.dev.Kind {
 	case device.KindGPU:
 		out.Edits, err = a.fullGPU(p, libs)
+	case device.KindShare:
+		// A share's container gets the GPU; MPS holds it to its share.
+		out.Edits, err = a.fullGPU(p, libs)
+		out.ShareID = p.shareID
 	case device.KindMIG:
 		out.Edits, md, err = a.mig(r, p, libs)
 	case device.KindVGPU:
@@ -85,7 +89,7 @@ func (a *applier) share(ctx context.Context, r *DeviceRecord, p devicePlan) erro
 		return nil
 	}
 	r.Sharing = &SharingRecord{}
-	if p.dev.Kind != device.KindGPU {
+	if p.dev.Kind != device.KindGPU && p.dev.Kind != device.KindShare {
 		return nil // a MIG partition's GPU is others' too
 	}
 	if p.usesMPS() {

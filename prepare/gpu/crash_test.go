@@ -81,6 +81,7 @@ func TestFailureAfterEachSideEffect(t *testing.T) {
 		{"MPS", "gpus: [{model: h100-80gb, count: 1}]",
 			request{name: "gpu", cel: `profile == "full"`, config: sharingConfig(`{"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}`)},
 			[]string{"compute-mode", "mps"}, nil},
+		{"GPU share", "gpus: [{model: h100-80gb, count: 1}]", shareOf("s", "10Gi", "40"), []string{"compute-mode", "mps"}, nil},
 		{"MPS on a dynamic MIG partition", "gpus: [{model: h100-80gb, count: 1}]",
 			request{name: "mig", cel: `profile == "1g.10gb"`, config: sharingConfig(`{"strategy": "MPS"}`)},
 			[]string{"mig-mode", "gpu-instance", "compute-instance", "mps"}, nil},

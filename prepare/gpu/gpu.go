@@ -193,8 +193,13 @@ func (a *applier) claimMPS(ctx context.Context, plans []devicePlan, devices []pr
 	for k, i := range idx {
 		records[k], edits[k] = a.records[i], devices[i].Edits
 	}
-	limits := mps.Limits{ActiveThreadPercentage: s.ActiveThreadPercentage, PinnedMemoryLimit: s.PinnedMemoryLimit}
-	if err := a.startMPS(ctx, s, records, func(int) mps.Limits { return limits }, edits); err != nil {
+	limits := func(k int) mps.Limits {
+		if sh := plans[idx[k]].share; sh != nil {
+			return mps.Limits{ActiveThreadPercentage: &sh.compute, PinnedMemoryLimit: &sh.memory}
+		}
+		return mps.Limits{ActiveThreadPercentage: s.ActiveThreadPercentage, PinnedMemoryLimit: s.PinnedMemoryLimit}
+	}
+	if err := a.startMPS(ctx, s, records, limits, edits); err != nil {
 		return fmt.Errorf("the claim's MPS daemon: %w", err)
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -136,6 +137,8 @@ type request struct {
 	name, cel string
 	config    string // opaque GpuConfig parameters, JSON
 	admin     bool   // adminAccess
+	// capacity requests, by name ("gpu.hwdra.io/compute": "40")
+	capacity map[resourceapi.QualifiedName]string
 }
 
 // claim allocates a claim of the requests with the scheduler's allocator.
@@ -156,6 +159,12 @@ func (e *env) claim(reqs ...request) *resourceapi.ResourceClaim {
 		}
 		if r.admin {
 			dr.Exactly.AdminAccess = &r.admin
+		}
+		if len(r.capacity) > 0 {
+			dr.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
+			for name, v := range r.capacity {
+				dr.Exactly.Capacity.Requests[name] = resource.MustParse(v)
+			}
 		}
 		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, dr)
 		if r.config != "" {
@@ -364,6 +373,13 @@ containerEdits:
 	if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// shareOf asks for a GPU share of memory and compute ("10Gi", "40").
+func shareOf(name, memory, compute string) request {
+	return request{name: name, cel: `type == "share"`, capacity: map[resourceapi.QualifiedName]string{
+		device.GPUCapMemory: memory, device.GPUCapCompute: compute,
+	}}
 }
 
 // sharingConfig is a GpuConfig with a sharing strategy, JSON.

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/hwdra/hwdra/api"
@@ -33,6 +34,9 @@ type devicePlan struct {
 	// sharing is how the claim's processes share the device (nil: as
 	// the driver leaves it).
 	sharing *gpuv1alpha1.Sharing
+	// share is what a GPU share consumed, its shareID the allocation's.
+	share   *shareLimits
+	shareID *types.UID
 }
 
 // plan is pure: the claim's allocation, its configuration and the catalog
@@ -85,6 +89,10 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 		case device.KindVGPU:
 			// A MIG-backed vGPU's compute instances belong to its VM.
 			p.wantMIG = dev.VGPUType.GPUInstanceProfileID != nil
+		case device.KindShare:
+			if err := sharePlan(&p, r); err != nil {
+				return nil, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err)
+			}
 		default:
 			return nil, fmt.Errorf("request %q: device %q is of unknown kind %q", r.Request, r.Device, dev.Kind)
 		}

@@ -2,10 +2,12 @@ package gpu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/klog/v2"
@@ -41,6 +43,8 @@ func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing) error {
 	switch p.dev.Kind {
 	case device.KindVGPU:
 		return field.Invalid(strategy, s.Strategy, "a vGPU takes no sharing strategy: the VM that runs it owns it")
+	case device.KindShare:
+		return field.Invalid(strategy, s.Strategy, "a GPU share takes no sharing strategy: it runs under its GPU's MPS server, held to the memory and compute the scheduler counted")
 	case device.KindMIG:
 		if s.Strategy == gpuv1alpha1.TimeSlicing {
 			return field.Invalid(strategy, s.Strategy, "the time slice is a setting of the whole GPU: a MIG partition takes MPS")
@@ -53,6 +57,38 @@ func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing) error {
 		}
 	}
 	p.sharing = s
+	return nil
+}
+
+// shareLimits are what a GPU share consumed: its MPS client is held to
+// them.
+type shareLimits struct {
+	memory  uint64 // bytes
+	compute int    // percent of the GPU's multiprocessors
+}
+
+// sharePlan takes a GPU share's consumed capacity from its allocation
+// and checks it against the GPU (the request policy keeps the scheduler
+// within it; a share larger than the GPU is refused all the same).
+func sharePlan(p *devicePlan, r resourceapi.DeviceRequestAllocationResult) error {
+	if r.ShareID == nil {
+		return errors.New("a GPU share allocated without a share ID (is DRAConsumableCapacity on in the scheduler?)")
+	}
+	path := field.NewPath("consumedCapacity")
+	memory, compute := r.ConsumedCapacity[device.GPUCapMemory], r.ConsumedCapacity[device.GPUCapCompute]
+	var errs field.ErrorList
+	if v := compute.Value(); v < 1 || v > 100 {
+		errs = append(errs, field.Invalid(path.Key(string(device.GPUCapCompute)), compute.String(), "must be 1 to 100 (percent of the GPU's multiprocessors)"))
+	}
+	if v := memory.Value(); v < 1 || uint64(v) > p.dev.GPU.MemoryBytes {
+		errs = append(errs, field.Invalid(path.Key(string(device.GPUCapMemory)), memory.String(), fmt.Sprintf("must be at least 1 byte and at most the GPU's %d", p.dev.GPU.MemoryBytes)))
+	}
+	if len(errs) > 0 {
+		return errs.ToAggregate()
+	}
+	p.share = &shareLimits{memory: uint64(memory.Value()), compute: int(compute.Value())}
+	p.shareID = r.ShareID
+	p.sharing = &gpuv1alpha1.Sharing{Strategy: gpuv1alpha1.MPS}
 	return nil
 }
 
@@ -75,6 +111,11 @@ func (p *devicePlan) usesMPS() bool {
 // GPU devices beside them (their processes would go through the daemon,
 // which does not serve them).
 func claimMPS(plans []devicePlan) error {
+	for _, p := range plans {
+		if p.share != nil && len(plans) > 1 {
+			return fmt.Errorf("request %q: a claim with a GPU share has no other device (its containers reach one MPS daemon, held to the share's limits)", p.request)
+		}
+	}
 	var first *devicePlan
 	for i := range plans {
 		p := &plans[i]
@@ -104,6 +145,14 @@ func claimMPS(plans []devicePlan) error {
 // claimDaemon is the MPS daemon of a claim's MPS devices, their UUIDs
 // given (the MIG devices' are known once applied).
 func claimDaemon(claim types.UID, plans []devicePlan, uuids []string) (mps.Spec, []int) {
+	if len(plans) == 1 && plans[0].share != nil {
+		// A GPU's shares run under the GPU's daemon, which gives no
+		// defaults: each client is held to its own share.
+		p := plans[0]
+		s := mps.Spec{Owner: mps.OwnerShares, Devices: []string{uuids[0]}, Serves: []hw.PartitionRef{p.serves()}}
+		s.ID = mps.ID(s.Owner, s.Devices)
+		return s, []int{0}
+	}
 	var s mps.Spec
 	var idx []int
 	for i, p := range plans {

@@ -10,11 +10,14 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/hw/mock/drivertools"
 	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 func envOf(spec *oci.Spec) map[string]string {
@@ -264,6 +267,106 @@ func TestSharingRefused(t *testing.T) {
 			}
 			if keys := e.ledgerKeys(); len(keys) != 0 {
 				t.Errorf("ledger %v", keys)
+			}
+		})
+	}
+}
+
+// Independent claims share one GPU: each runs under the GPU's one MPS
+// daemon, held to what it consumed; the GPU is exclusive to the daemon
+// while a share is prepared; the daemon stops, and the GPU comes back,
+// with the last share.
+func TestGPUShares(t *testing.T) {
+	e := newEnv(t, "gpus: [{model: h100-80gb, count: 1}]", true)
+	before := e.hwState()
+	small, large := e.claim(shareOf("s", "10Gi", "40")), e.claim(shareOf("s", "20Gi", "40"))
+	devs := map[*resourceapi.ResourceClaim][]kubeletplugin.Device{}
+	for _, c := range []*resourceapi.ResourceClaim{small, large} {
+		devs[c] = e.mustPrepare(c)
+		if d, r := devs[c][0], c.Status.Allocation.Devices.Results[0]; d.ShareID == nil || *d.ShareID != *r.ShareID {
+			t.Errorf("%s: share %v, allocated %v", c.Name, d.ShareID, r.ShareID)
+		}
+	}
+	id := e.onlyDaemon()
+	g := e.gpus[0]
+	starts, told := e.daemonLog(id)
+	if !slices.Equal(starts, []string{g.UUID}) || len(told) != 0 {
+		t.Errorf("the GPU's daemon started %q, told %q; want one start on %s and no defaults", starts, told, g.UUID)
+	}
+	if mode, _ := e.nvml.ComputeMode(g.PCIBusID); mode != nvml.ComputeExclusiveProcess {
+		t.Errorf("compute mode %s under shares", mode)
+	}
+	dirs := e.driver.MPS().Dirs(id)
+	for c, limit := range map[*resourceapi.ResourceClaim]string{small: "0=10240M", large: "0=20480M"} {
+		spec := e.inject(devs[c])
+		env := envOf(spec)
+		if env[mps.ActiveThreadPercentageEnv] != "40" || env[mps.PinnedMemoryLimitEnv] != limit || env[mps.PipeDirEnv] != mps.ContainerPipeDir {
+			t.Errorf("%s: container env %v, want 40%% and %s", c.Name, env, limit)
+		}
+		if !slices.ContainsFunc(spec.Mounts, func(m oci.Mount) bool { return m.Source == dirs.Pipe && m.Destination == mps.ContainerPipeDir }) {
+			t.Errorf("%s: the GPU's pipe directory is not mounted: %+v", c.Name, spec.Mounts)
+		}
+	}
+	e.unprepare(small)
+	if err := e.driver.MPS().Check(context.Background(), id); err != nil {
+		t.Fatalf("the daemon after one of two shares went: %v", err)
+	}
+	if mode, _ := e.nvml.ComputeMode(g.PCIBusID); mode != nvml.ComputeExclusiveProcess {
+		t.Errorf("compute mode %s with a share left", mode)
+	}
+	e.unprepare(large)
+	if after := e.hwState(); after != before {
+		t.Errorf("after the last share:\n%s\nwant\n%s", after, before)
+	}
+}
+
+// What a share consumed is checked against the GPU, and a share takes no
+// sharing strategy and nothing beside it in its claim.
+func TestGPUShareRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		reqs   []request
+		tamper func(*resourceapi.ResourceClaim)
+		want   []string
+	}{
+		{"a sharing strategy", []request{func() request {
+			r := shareOf("s", "1Gi", "10")
+			r.config = sharingConfig(`{"strategy": "TimeSlicing"}`)
+			return r
+		}()}, nil, []string{`sharing.strategy: Invalid value: "TimeSlicing": a GPU share takes no sharing strategy`}},
+		{"compute 0", []request{shareOf("s", "1Gi", "10")}, func(c *resourceapi.ResourceClaim) {
+			c.Status.Allocation.Devices.Results[0].ConsumedCapacity[device.GPUCapCompute] = resource.MustParse("0")
+		}, []string{`consumedCapacity[gpu.hwdra.io/compute]: Invalid value: "0": must be 1 to 100`}},
+		{"compute above 100", []request{shareOf("s", "1Gi", "10")}, func(c *resourceapi.ResourceClaim) {
+			c.Status.Allocation.Devices.Results[0].ConsumedCapacity[device.GPUCapCompute] = resource.MustParse("150")
+		}, []string{`consumedCapacity[gpu.hwdra.io/compute]: Invalid value: "150"`}},
+		{"more memory than the GPU", []request{shareOf("s", "1Gi", "10")}, func(c *resourceapi.ResourceClaim) {
+			c.Status.Allocation.Devices.Results[0].ConsumedCapacity[device.GPUCapMemory] = resource.MustParse("100Gi")
+		}, []string{`consumedCapacity[gpu.hwdra.io/memory]: Invalid value: "100Gi": must be at least 1 byte and at most the GPU's`}},
+		{"no share ID", []request{shareOf("s", "1Gi", "10")}, func(c *resourceapi.ResourceClaim) {
+			c.Status.Allocation.Devices.Results[0].ShareID = nil
+		}, []string{"without a share ID"}},
+		{"a GPU beside the share", []request{shareOf("s", "1Gi", "10"), {name: "g", cel: `profile == "full"`}}, nil,
+			[]string{`a claim with a GPU share has no other device`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, "gpus: [{model: h100-80gb, count: 2}]", false)
+			before := e.hwState()
+			c := e.claim(tc.reqs...)
+			if tc.tamper != nil {
+				tc.tamper(c)
+			}
+			_, err := e.prepare(c)
+			if err == nil {
+				t.Fatal("prepare succeeded")
+			}
+			for _, want := range append(tc.want, "default/"+c.Name) {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not say %q", err, want)
+				}
+			}
+			if got := e.hwState(); got != before {
+				t.Errorf("hardware touched:\n%s\nwas\n%s", got, before)
 			}
 		})
 	}
