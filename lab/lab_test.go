@@ -28,7 +28,7 @@ func TestLabRunsTheExamples(t *testing.T) {
 	}
 	got := out.String()
 	for _, want := range []string{
-		"gpu.hwdra.io: 208 devices",
+		"gpu.hwdra.io: 216 devices",
 		"== Allocation (the scheduler's allocator) ==",
 		"request: gpu/small", // first-available picked its first subrequest
 		"gpu.hwdra.io/claim=lab-default-mig-1g-10gb-",
@@ -38,6 +38,39 @@ func TestLabRunsTheExamples(t *testing.T) {
 		"MIG on, 2 GPU instance(s) [1g.10gb at slice 5] [1g.10gb at slice 6]",
 		"mig-1g-10gb: unprepared",
 		"no GPU instances or MIG modes differ from the start",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(got)
+	}
+}
+
+// TestLabRunsTheSharingExamples: a GPU share, a claim shared through MPS
+// and one time-sliced, prepared for real on mock GPUs: the containers'
+// MPS environment in their CDI specs, and everything undone.
+func TestLabRunsTheSharingExamples(t *testing.T) {
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{
+		Hardware:   "mock:dgx-h100",
+		ClaimFiles: examples("gpu-share.yaml", "gpu-mps.yaml", "gpu-timeslicing.yaml"),
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	got := out.String()
+	for _, want := range []string{
+		"device: gpu-0000-1b-00-0-share",
+		"MPS control daemon ",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40",
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=16384M",
+		"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+		"gpu-share: unprepared", "gpu-mps: unprepared", "gpu-timeslicing: unprepared",
+		"no MPS control daemons",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q", want)
