@@ -107,6 +107,7 @@ func (s *server) startPublisher() {
 		NodeName: s.opts.NodeName, Client: s.slices, Config: s.cfg, Registry: s.m.registry,
 		Probe: s.node.Inventory, Inventory: s.inv,
 		Faults: s.health.faults, Probed: s.health.probed, Published: s.health.published,
+		RecheckFeatures: s.opts.FeatureCheck,
 	})
 	s.onStop(s.pub.Stop)
 	collector := healthCollector{s.health}
