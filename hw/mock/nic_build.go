@@ -61,6 +61,7 @@ type mockPF struct {
 	mtu          int
 	rdma         bool
 	eswitch      string
+	noMinRate    bool // the driver refuses VF minimum rates
 	defaultRoute bool
 	totalVFs     int
 	vfDriver     string // "" for unbound
@@ -197,6 +198,7 @@ func newMockPF(g NICGroup, m nicModel, i int, used map[string]bool, nextBus *int
 	if g.EswitchMode != "" {
 		pf.eswitch = g.EswitchMode
 	}
+	pf.noMinRate = g.VFMinTxRate != nil && !*g.VFMinTxRate
 	switch g.VFDriver {
 	case "none":
 		pf.vfDriver = ""

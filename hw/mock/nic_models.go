@@ -24,6 +24,9 @@ type nicModel struct {
 	eswitch            string // devlink eswitch mode at boot
 	vfSpoofChkDefault  bool
 	vfRateNeedsLinkMax bool // the driver refuses a VF rate above link speed
+	// vfMinRateFitsLink: the driver refuses (EINVAL) a VF minimum rate
+	// that makes its VFs' minimums add up beyond the link speed (ice).
+	vfMinRateFitsLink bool
 }
 
 // nicModels: IDs from the PCI IDs database and the drivers' defaults.
@@ -56,7 +59,7 @@ var nicModels = map[string]nicModel{
 		linkTypes: []hw.LinkType{hw.LinkEthernet},
 		rdmaName:  "irdma", rdmaAux: "ice.roce",
 		macPrefix: "b4:96:91", maxMTU: 9702, eswitch: "legacy",
-		vfSpoofChkDefault: true, vfRateNeedsLinkMax: true,
+		vfSpoofChkDefault: true, vfRateNeedsLinkMax: true, vfMinRateFitsLink: true,
 	},
 }
 
