@@ -29,7 +29,7 @@ type podNetwork struct {
 	plugin *nri.Plugin
 	status *metadata.StatusWriter
 	pods   coreinformers.PodInformer // the node's pods
-	done   chan struct{} // closed when the plugin has stopped
+	done   chan struct{}             // closed when the plugin has stopped
 	// started: run started the plugin.
 	started bool
 }

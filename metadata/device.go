@@ -22,12 +22,12 @@ const (
 
 	// VFs, besides resource.kubernetes.io/pciBusID (the VF's) and the
 	// published mode, pfName, pfPciAddress and vfIndex.
-	AttrBandwidth  = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
+	AttrBandwidth = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
 	// A share's VF transmit rates as set, in Mb/s: the cap (max_tx_rate)
 	// and the guaranteed minimum (min_tx_rate, 0 where the PF's driver
 	// sets none).
-	AttrMaxTxRate = device.NICDriver + "/maxTxRateMbps"
-	AttrMinTxRate = device.NICDriver + "/minTxRateMbps"
+	AttrMaxTxRate  = device.NICDriver + "/maxTxRateMbps"
+	AttrMinTxRate  = device.NICDriver + "/minTxRateMbps"
 	AttrRDMADevice = device.NICDriver + "/rdmaDevice"
 	AttrMAC        = device.NICDriver + "/mac"
 	AttrVLAN       = device.NICDriver + "/vlan"

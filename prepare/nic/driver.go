@@ -9,8 +9,8 @@ import (
 	"sort"
 	"sync"
 
-	resourceapi "k8s.io/api/resource/v1"
 	"golang.org/x/sys/unix"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
