@@ -193,14 +193,14 @@ func (p *Publisher) useFeatures(ctx context.Context, f device.Features) {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	if missing := missingGates(f); !more(f, old) && len(missing) > 0 {
+	if names, lost := missing(f); !more(f, old) && len(names) > 0 {
 		logger.Error(nil, "The API server drops fields of our ResourceSlices: a DRA feature gate is off in this cluster. "+
 			"Publishing a device model without it (a pool with those fields would be ignored by the scheduler); "+
 			"enable the gate in kube-apiserver and kube-scheduler for the full model",
-			"missingGates", missing, "features", f, "withoutThem", strings.Join(lostWithout(f), "; "))
+			"missingGates", names, "features", f, "withoutThem", strings.Join(lost, "; "))
 	} else {
 		logger.Info("The API server keeps the fields of more DRA features now: publishing the fuller device model",
-			"features", f, "stillMissingGates", missing)
+			"features", f, "stillMissingGates", names)
 	}
 	p.Poke()
 }
@@ -215,30 +215,19 @@ func (p *Publisher) Degraded() error {
 	if f == device.AllFeatures {
 		return nil
 	}
-	return fmt.Errorf("publishing without DRA features the API server drops (%s): %s",
-		strings.Join(missingGates(f), ", "), strings.Join(lostWithout(f), "; "))
+	names, lost := missing(f)
+	return fmt.Errorf("publishing without DRA features the API server drops (%s): %s", strings.Join(names, ", "), strings.Join(lost, "; "))
 }
 
-// missingGates are the gates of the features f lacks.
-func missingGates(f device.Features) []string {
-	var out []string
+// missing are the gates of the features f lacks, and what the model
+// leaves out without each.
+func missing(f device.Features) (gateNames, lost []string) {
 	for _, g := range gates {
 		if !*g.flag(&f) {
-			out = append(out, g.name)
+			gateNames, lost = append(gateNames, g.name), append(lost, g.lost)
 		}
 	}
-	return out
-}
-
-// lostWithout is what the model leaves out for the features f lacks.
-func lostWithout(f device.Features) []string {
-	var out []string
-	for _, g := range gates {
-		if !*g.flag(&f) {
-			out = append(out, g.lost)
-		}
-	}
-	return out
+	return gateNames, lost
 }
 
 // more reports whether a has every feature b has, and one more.
