@@ -45,6 +45,9 @@ type Options struct {
 	StateDir string
 	// Rescan is how often hardware is probed again.
 	Rescan time.Duration
+	// FeatureCheck is how often the publisher checks which DRA features'
+	// fields the API server keeps (one dry-run create each); 0: 10 min.
+	FeatureCheck time.Duration
 	// MetricsAddress serves /metrics and /healthz; empty: off.
 	MetricsAddress string
 	// NRISocket is the container runtime's NRI socket, where the NRI

@@ -22,7 +22,9 @@ import (
 // the kubelet has registered each of its kubelet plugins, each driver's
 // last publication is in the API server, and the NRI plugin (on a node
 // with NICs) is synchronized with the runtime. In a rolling update the
-// old pod is deleted once the new one is ready.
+// old pod is deleted once the new one is ready. A ready agent that
+// publishes a reduced device model (a DRA feature gate off in the API
+// server) says so under "ok": the node serves, with less.
 //
 // Alive (/healthz): the registration socket of every plugin this agent
 // started accepts connections (the kubelet finds the plugins through
@@ -37,6 +39,9 @@ type probes struct {
 	// synchronized.
 	published func() error
 	nri       func() error
+	// degraded is nil while the full device model is published
+	// (publish.Publisher.Degraded).
+	degraded func() error
 	// requested tells whether a newer agent asks for the node.
 	requested func() bool
 }
@@ -60,14 +65,14 @@ func (p *probes) setState(s string) {
 	defer p.mu.Unlock()
 	p.state = s
 	if s == stateHandedOver {
-		p.plugins, p.published, p.nri = nil, nil, nil
+		p.plugins, p.published, p.nri, p.degraded = nil, nil, nil, nil
 	}
 }
 
-func (p *probes) serving(published, nri func() error) {
+func (p *probes) serving(published, nri, degraded func() error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.state, p.published, p.nri = "", published, nri
+	p.state, p.published, p.nri, p.degraded = "", published, nri, degraded
 }
 
 func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
@@ -133,13 +138,32 @@ func registrarSocket(dir, driver, podUID string) string {
 	return filepath.Join(dir, driver+"-reg.sock")
 }
 
-func (p *probes) handler(check func() error) http.HandlerFunc {
+// warnings is what a ready agent adds to its "ok": nil for none.
+func (p *probes) warnings() error {
+	p.mu.Lock()
+	degraded := p.degraded
+	p.mu.Unlock()
+	if degraded == nil {
+		return nil
+	}
+	return degraded()
+}
+
+// handler answers a probe: 503 with every reason check gives, else 200
+// "ok", then what warn (nil: nothing) says on a line "warning: ...".
+func (p *probes) handler(check, warn func() error) http.HandlerFunc {
 	return func(w http.ResponseWriter, _ *http.Request) {
 		if err := check(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n")) // a prober that hung up learns nothing more
+		if warn == nil {
+			return
+		}
+		if err := warn(); err != nil {
+			fmt.Fprintf(w, "warning: %v\n", err)
+		}
 	}
 }
 

@@ -107,6 +107,7 @@ func (s *server) startPublisher() {
 		NodeName: s.opts.NodeName, Client: s.slices, Config: s.cfg, Registry: s.m.registry,
 		Probe: s.node.Inventory, Inventory: s.inv,
 		Faults: s.health.faults, Probed: s.health.probed, Published: s.health.published,
+		RecheckFeatures: s.opts.FeatureCheck,
 	})
 	s.onStop(s.pub.Stop)
 	collector := healthCollector{s.health}
@@ -227,13 +228,20 @@ func (s *server) startLateGPU(ctx context.Context) error {
 
 // publish publishes the served drivers' pools now that their plugins
 // serve (a pod the scheduler places here right away finds its driver),
-// says the agent serves, and keeps publishing until ctx ends.
+// says the agent serves, and keeps publishing until ctx ends. First it
+// checks which DRA features the API server keeps: slices stored while a
+// gate was on keep that gate's fields through updates, and a scheduler
+// with the gate off ignores the whole pool, so the first publication must
+// already be without them.
 func (s *server) publish(ctx context.Context) {
 	logger := klog.FromContext(ctx)
+	if err := s.pub.CheckFeatures(ctx); err != nil {
+		logger.Info("Warning: publishing the full device model unchecked; checking again in 30s", "err", err)
+	}
 	if err := s.pub.Publish(ctx); err != nil {
 		logger.Error(err, "Publishing devices")
 	}
-	s.pr.serving(s.pub.Verified, s.pods.ready())
+	s.pr.serving(s.pub.Verified, s.pods.ready(), s.pub.Degraded)
 	s.pub.Run(ctx, s.opts.Rescan, s.health.republish)
 	logger.Info("Shutting down")
 }

@@ -22,7 +22,12 @@ const (
 
 	// VFs, besides resource.kubernetes.io/pciBusID (the VF's) and the
 	// published mode, pfName, pfPciAddress and vfIndex.
-	AttrBandwidth  = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
+	AttrBandwidth = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
+	// A share's VF transmit rates as set, in Mb/s: the cap (max_tx_rate)
+	// and the guaranteed minimum (min_tx_rate, 0 where the PF's driver
+	// sets none).
+	AttrMaxTxRate  = device.NICDriver + "/maxTxRateMbps"
+	AttrMinTxRate  = device.NICDriver + "/minTxRateMbps"
 	AttrRDMADevice = device.NICDriver + "/rdmaDevice"
 	AttrMAC        = device.NICDriver + "/mac"
 	AttrVLAN       = device.NICDriver + "/vlan"
@@ -73,14 +78,18 @@ type NIC struct {
 type VF struct {
 	PCIAddress string
 	Index      int
-	// Bandwidth is a share's.
+	// Bandwidth is a share's, and Rates its VF's transmit rates as set.
 	Bandwidth *resource.Quantity
+	Rates     *TxRates
 	MAC       string
 	// VLAN and its QoS, where set (0: none).
 	VLAN, VLANQoS int
 	// RDMADevice is the VF's own RDMA device, where it has one.
 	RDMADevice string
 }
+
+// TxRates are a VF's transmit rate limits in Mb/s (0: none).
+type TxRates struct{ MinMbps, MaxMbps int }
 
 // Attributes are the device's immediate metadata. The interface the pod
 // sees comes later (Network).
@@ -97,6 +106,10 @@ func (n NIC) Attributes() map[string]resourceapi.DeviceAttribute {
 	setInt(out, string(device.NICAttrVFIndex), &vf.Index)
 	if vf.Bandwidth != nil {
 		setString(out, AttrBandwidth, vf.Bandwidth.String())
+	}
+	if r := vf.Rates; r != nil {
+		setInt(out, AttrMaxTxRate, &r.MaxMbps)
+		setInt(out, AttrMinTxRate, &r.MinMbps)
 	}
 	setString(out, AttrMAC, vf.MAC)
 	if vf.VLAN != 0 {

@@ -4,8 +4,8 @@
 // publishes) and hands them to a ResourceSlice controller per driver
 // (k8s.io/dynamic-resource-allocation/resourceslice) only when they
 // differ, so a node at rest makes no API writes. Around that: the fallback
-// to a device model the API server keeps when a DRA feature gate is off
-// (features.go), the check that each publication reached the API server
+// to a device model the API server keeps when a DRA feature gate is off,
+// checked at start and periodically (features.go), the check that each publication reached the API server
 // (verify.go) and the publisher's own metrics (metrics.go).
 package publish
 
@@ -60,8 +60,9 @@ type Options struct {
 	// from.
 	Published func(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features)
 
-	// RecheckFeatures is how often a fallback model checks whether the
-	// API server keeps the full model's fields again; 0: 10 minutes.
+	// RecheckFeatures is how often Run checks which DRA features' fields
+	// the API server keeps (features.go: one dry-run create each time);
+	// 0: 10 minutes.
 	RecheckFeatures time.Duration
 }
 
@@ -83,13 +84,15 @@ type Publisher struct {
 	unclaimed []Unclaimed // applied to every probe, in order
 	drivers   []string    // served: a pool is published for each
 
-	updateMu    sync.Mutex // serialises update
-	mu          sync.Mutex
-	inv         hw.Inventory
-	features    device.Features
-	published   map[string]resourceslice.DriverResources
-	controllers map[string]*resourceslice.Controller
-	skipped     map[string]bool // PFs already logged as not offered
+	updateMu sync.Mutex // serialises update
+	mu       sync.Mutex
+	inv      hw.Inventory
+	features device.Features
+	// featuresChecked: a feature check has succeeded (features.go).
+	featuresChecked bool
+	published       map[string]resourceslice.DriverResources
+	controllers     map[string]*resourceslice.Controller
+	skipped         map[string]bool // PFs already logged as not offered
 	// kinds are the published devices' kinds, by driver and device name.
 	kinds map[string]map[string]string
 	// verified is, by driver, nil once the last publication is in the API
@@ -158,14 +161,13 @@ func (p *Publisher) Poke() {
 
 // Run rescans and publishes what changed until ctx ends: every interval,
 // when poked, and at each signal on changes. It checks each publication
-// against the API server, and while a fallback model is published, whether
-// the full one is kept again.
+// against the API server, and every RecheckFeatures which DRA features'
+// fields the API server keeps (a gate turned off or on since).
 func (p *Publisher) Run(ctx context.Context, interval time.Duration, changes <-chan struct{}) {
 	go p.verifyLoop(ctx)
+	go p.checkFeaturesEvery(ctx, p.opts.RecheckFeatures)
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	recheck := time.NewTicker(p.opts.RecheckFeatures)
-	defer recheck.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -173,9 +175,6 @@ func (p *Publisher) Run(ctx context.Context, interval time.Duration, changes <-c
 		case <-t.C:
 		case <-p.poke:
 		case <-changes:
-		case <-recheck.C:
-			p.recheckFeatures(ctx)
-			continue
 		}
 		if !p.Refresh(ctx) {
 			return

@@ -114,6 +114,7 @@ type mockPF struct {
 	mtu          int
 	rdma         bool
 	eswitch      string
+	noMinRate    bool // the driver refuses VF minimum rates
 	defaultRoute bool
 	totalVFs     int
 	vfDriver     string // "" for unbound
@@ -250,6 +251,7 @@ func newMockPF(g profile.NICGroup, m model.NIC, i int, used map[string]bool, nex
 	if g.EswitchMode != "" {
 		pf.eswitch = g.EswitchMode
 	}
+	pf.noMinRate = g.VFMinTxRate != nil && !*g.VFMinTxRate
 	switch g.VFDriver {
 	case "none":
 		pf.vfDriver = ""

@@ -278,6 +278,46 @@ func TestVFRecorderSwitchdevVLAN(t *testing.T) {
 	}
 }
 
+// TestVFRecorderMinRate: VF minimum transmit rates as the drivers take
+// them. mlx5 sets one (eswitch bandwidth share) unless its firmware lacks
+// the capability (vfMinTxRate: false): EOPNOTSUPP. ice sets one unless DCB
+// is on (vfMinTxRate: false): EOPNOTSUPP; and refuses with EINVAL one that
+// makes its VFs' minimums add up beyond the link speed (100G here), which
+// mlx5 does not check. A minimum above the maximum is EINVAL everywhere.
+func TestVFRecorderMinRate(t *testing.T) {
+	h := build(t, `nics: [{model: cx7, count: 1, vfs: 3, netdevs: [mlx0]},
+                          {model: cx7, count: 1, vfs: 1, netdevs: [mlxnoqos0], vfMinTxRate: false},
+                          {model: e810, count: 1, vfs: 3, netdevs: [ice0]},
+                          {model: e810, count: 1, vfs: 1, netdevs: [icedcb0], vfMinTxRate: false}]`)
+	r := h.VFConfigurator()
+	for _, tc := range []struct {
+		pf    string
+		index int
+		cfg   hw.VFConfig
+		want  error
+	}{
+		{"mlx0", 0, hw.VFConfig{MinTxRateMbps: 300000, MaxTxRateMbps: 300000}, nil},
+		{"mlx0", 1, hw.VFConfig{MinTxRateMbps: 300000, MaxTxRateMbps: 300000}, nil}, // mlx5: weights, no sum check
+		{"mlx0", 2, hw.VFConfig{MinTxRateMbps: 2000, MaxTxRateMbps: 1000}, unix.EINVAL},
+		{"mlxnoqos0", 0, hw.VFConfig{MinTxRateMbps: 1000, MaxTxRateMbps: 1000}, unix.EOPNOTSUPP},
+		{"mlxnoqos0", 0, hw.VFConfig{MaxTxRateMbps: 1000}, nil},
+		{"ice0", 0, hw.VFConfig{MinTxRateMbps: 60000, MaxTxRateMbps: 60000}, nil},
+		{"ice0", 1, hw.VFConfig{MinTxRateMbps: 50000, MaxTxRateMbps: 50000}, unix.EINVAL}, // 110G of 100G
+		{"ice0", 1, hw.VFConfig{MinTxRateMbps: 40000, MaxTxRateMbps: 40000}, nil},
+		{"ice0", 0, hw.VFConfig{MinTxRateMbps: 60000, MaxTxRateMbps: 60000}, nil}, // its own minimum again
+		{"ice0", 2, hw.VFConfig{MaxTxRateMbps: 10000}, nil},
+		{"icedcb0", 0, hw.VFConfig{MinTxRateMbps: 1000, MaxTxRateMbps: 1000}, unix.EOPNOTSUPP},
+		{"icedcb0", 0, hw.VFConfig{MaxTxRateMbps: 1000}, nil},
+	} {
+		if err := r.SetVF(hw.VFRef{PF: tc.pf, Index: tc.index}, tc.cfg); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("%s VF %d %+v: %v, want %v", tc.pf, tc.index, tc.cfg, err, tc.want)
+		}
+	}
+	if got := r.Snapshot()["ice0/1"]; got.MinTxRateMbps != 40000 {
+		t.Errorf("ice0 VF 1 after a refused and an accepted minimum: %+v", got)
+	}
+}
+
 // TestVFRecorderFault: the fault hook is asked field by field, in order,
 // and its error stops SetVF there; Snapshot shows what was applied.
 func TestVFRecorderFault(t *testing.T) {
