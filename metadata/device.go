@@ -19,6 +19,9 @@ const (
 	AttrComputeInstanceID = device.GPUDriver + "/computeInstanceID"
 	AttrMdevUUID          = device.GPUDriver + "/mdevUUID"
 	AttrMdevParent        = device.GPUDriver + "/mdevParent"
+	// AttrVFPCIBusID is the PCI address of the VF a vGPU of the
+	// vendor-specific VFIO framework is: what a VM launcher opens.
+	AttrVFPCIBusID = device.GPUDriver + "/vfPciBusID"
 
 	// VFs, besides resource.kubernetes.io/pciBusID (the VF's) and the
 	// published mode, pfName, pfPciAddress and vfIndex.
@@ -41,13 +44,15 @@ type GPU struct {
 	GPUInstance, ComputeInstance *int
 	// MdevUUID and MdevParent are a vGPU's mediated device.
 	MdevUUID, MdevParent string
+	// VF is the VF a vGPU of the VFIO framework is.
+	VF string
 }
 
 // Attributes are the device's immediate metadata: every attribute the
 // ResourceSlice publishes for it, under the same names with the same
 // values, plus what exists only once it is prepared.
 func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
-	out := make(map[string]resourceapi.DeviceAttribute, len(g.Published)+5)
+	out := make(map[string]resourceapi.DeviceAttribute, len(g.Published)+6)
 	for k, v := range g.Published {
 		out[string(k)] = v
 	}
@@ -56,6 +61,7 @@ func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
 	setInt(out, AttrComputeInstanceID, g.ComputeInstance)
 	setString(out, AttrMdevUUID, g.MdevUUID)
 	setString(out, AttrMdevParent, g.MdevParent)
+	setString(out, AttrVFPCIBusID, g.VF)
 	return out
 }
 

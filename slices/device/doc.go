@@ -19,7 +19,7 @@ const (
 	// AttrProfile is what a device is: "full", a MIG profile ("1g.10gb")
 	// or a vGPU type ("H100-10C").
 	AttrProfile = GPUDriver + "/profile"
-	// AttrType is "gpu", "mig" or "vgpu".
+	// AttrType is "gpu", "mig", "vgpu" or "passthrough".
 	AttrType = GPUDriver + "/type"
 	// AttrPlacementStart and AttrPlacementSize are the memory slices a MIG
 	// partition (or a MIG-backed vGPU's GPU instance) occupies.
@@ -35,6 +35,9 @@ const (
 	KindGPU  = "gpu"
 	KindMIG  = "mig"
 	KindVGPU = "vgpu"
+	// KindPassthrough is a whole GPU bound to vfio-pci, for a VM: NVML
+	// does not see it, so it is never also a device of the other kinds.
+	KindPassthrough = "passthrough"
 )
 
 // ProfileFull is AttrProfile of a whole GPU.

@@ -268,7 +268,7 @@ func TestLongNamesStayUniqueLabels(t *testing.T) {
 func TestGPUDevicesMatchPublishedDevices(t *testing.T) {
 	gpus := append(dgx(2), h100VGPU("0000:f0:00.0"))
 	published := names(GPU(testNode, gpus, device.AllFeatures))
-	catalog := GPUDevices(gpus, device.AllFeatures)
+	catalog := GPUDevices(gpus, nil, device.AllFeatures)
 	if len(catalog) != len(published) {
 		t.Fatalf("catalog has %d devices, slices %d", len(catalog), len(published))
 	}

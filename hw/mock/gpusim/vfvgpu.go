@@ -210,3 +210,12 @@ func writePassthrough(sysfs string, dev *nodefs.Dev, slots []slot) error {
 	}
 	return dev.Node("vfio/vfio", nodefs.MiscMajor, nodefs.VFIOMiscMinor)
 }
+
+// VGPUVFs lists the VFs that are vGPUs, "<VF address>=<type ID>", sorted.
+func (g *GPUs) VGPUVFs() []string {
+	var out []string
+	for _, s := range g.kernel.snapshotVFs() {
+		out = append(out, fmt.Sprintf("%s=%d", s.VF, s.TypeID))
+	}
+	return out
+}
