@@ -114,8 +114,8 @@ func openHost(root DriverRoot) *Node {
 	passthrough, _ := vfiopci.New(sriov.DefaultSysfsRoot) // "/sys": always valid
 	n := &Node{
 		Passthrough: passthrough,
-		NIC:     sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
-		DevRoot: "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
+		NIC:         sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
+		DevRoot:     "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
 		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{}, RDMA: sriov.NetlinkRDMA{},
 		DriverSpecDirs: root.specDirs(), driverRoot: &root,
 	}

@@ -77,7 +77,7 @@ type Driver struct {
 		gpus        []hw.GPU
 		passthrough []hw.PassthroughGPU
 		features    device.Features
-		devices  map[string]resources.GPUDevice
+		devices     map[string]resources.GPUDevice
 	}
 	// owners maps the ledger key of each GPU instance a prepared claim
 	// uses (created or static) to that claim.

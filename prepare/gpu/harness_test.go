@@ -37,17 +37,17 @@ const testNode = "worker-1"
 // env is one node: mock hardware driven through the real nvml backend,
 // a state directory, a CDI directory, and the agent's plugin over them.
 type env struct {
-	t      testing.TB
-	hw     *mock.Hardware
-	nvml   *nvml.Backend
-	dir    string
-	gpus   []hw.GPU // the inventory the agent scanned
+	t    testing.TB
+	hw   *mock.Hardware
+	nvml *nvml.Backend
+	dir  string
+	gpus []hw.GPU // the inventory the agent scanned
 	// passthrough are the GPUs bound to vfio-pci it scanned.
 	passthrough []hw.PassthroughGPU
-	alloc  *allocate.Allocator
-	driver *Driver
-	plugin *prepare.Plugin[Record]
-	seq    int
+	alloc       *allocate.Allocator
+	driver      *Driver
+	plugin      *prepare.Plugin[Record]
+	seq         int
 	// allocated, when set, is what the API server says is allocated
 	// (prepare.Options.Allocated); nil: no API server.
 	allocated func(context.Context) ([]*resourceapi.ResourceClaim, error)
@@ -112,7 +112,7 @@ func (e *env) rescan() {
 func (e *env) restart(hook func(string) error) {
 	e.t.Helper()
 	d, err := New(Options{
-		NVML:           e.nvml,
+		NVML: e.nvml,
 		Inventory: func(context.Context) (hw.Inventory, device.Features, error) {
 			return hw.Inventory{GPUs: e.gpus, PassthroughGPUs: e.passthrough}, device.AllFeatures, nil
 		},

@@ -35,9 +35,9 @@ type GPUs struct {
 	// busIDs are every GPU's address in the profile's order, those
 	// bound to vfio-pci (not in NVML) too.
 	busIDs []string
-	driver  *driverGate    // nil without GPUs
-	kernel  *mdevKernel    // nil without GPUs
-	rep     persist.Reporter
+	driver *driverGate // nil without GPUs
+	kernel *mdevKernel // nil without GPUs
+	rep    persist.Reporter
 }
 
 // dgxBusIDs are the GPUs' PCI addresses in a DGX H100, in NVML index
