@@ -24,7 +24,7 @@ func TestMetadataIsWhatTheSlicePublishes(t *testing.T) {
 		{"vGPU", "h100-vgpu", request{name: "vgpu", cel: `type == "vgpu" && device.attributes["gpu.hwdra.io"].migBacked`},
 			[]string{"gpu.hwdra.io/mdevUUID", "gpu.hwdra.io/mdevParent", "gpu.hwdra.io/gpuInstanceID"}},
 		{"vGPU of the VFIO framework", vfioHost, request{name: "vgpu", cel: `type == "vgpu" && device.attributes["gpu.hwdra.io"].migBacked`},
-			[]string{"gpu.hwdra.io/vfPciBusID", "gpu.hwdra.io/gpuInstanceID"}},
+			[]string{"gpu.hwdra.io/parentPciBusID", "gpu.hwdra.io/gpuInstanceID"}},
 		{"passthrough", passthroughNode, request{name: "gpu", cel: `type == "passthrough"`}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -37,6 +37,10 @@ func TestMetadataIsWhatTheSlicePublishes(t *testing.T) {
 			}
 			got := dev.Metadata.Attributes
 			for name, want := range published {
+				if name == "resource.kubernetes.io/pciBusID" && got["gpu.hwdra.io/parentPciBusID"].StringValue != nil {
+					// A VF's vGPU: the VF's address, the GPU's as the parent's.
+					name = "gpu.hwdra.io/parentPciBusID"
+				}
 				if v, ok := got[string(name)]; !ok || !equality.Semantic.DeepEqual(v, want) {
 					t.Errorf("metadata %s = %v, the slice publishes %v", name, v, want)
 				}

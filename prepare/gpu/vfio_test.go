@@ -49,7 +49,8 @@ func TestPrepareForVMs(t *testing.T) {
 			}
 			checkInjected(t, e, spec, []string{"/dev/vfio/vfio", fmt.Sprintf("/dev/vfio/%d", group)},
 				map[string]string{envName(d.DeviceName, "PCI"): vf, "NVIDIA_VISIBLE_DEVICES": "void"})
-			if attr(d, "vfPciBusID") != vf || attr(d, "vgpuFramework") != "vfio" || attr(d, "mdevUUID") != "<unset>" {
+			if attr(d, "resource.kubernetes.io/pciBusID") != vf || attr(d, "parentPciBusID") != e.gpuOf(d.DeviceName).PCIBusID ||
+				attr(d, "vgpuFramework") != "vfio" || attr(d, "mdevUUID") != "<unset>" {
 				t.Errorf("metadata %v", d.Metadata.Attributes)
 			}
 			if len(e.hw.MdevUUIDs()) != 0 {

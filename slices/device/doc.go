@@ -40,8 +40,13 @@ const (
 	KindPassthrough = "passthrough"
 )
 
-// ProfileFull is AttrProfile of a whole GPU.
-const ProfileFull = "full"
+// ProfileFull is AttrProfile of a whole GPU; ProfilePassthrough of a
+// whole GPU bound to vfio-pci, kept apart so that a selector of whole GPUs
+// for containers (profile "full") never picks one a container cannot use.
+const (
+	ProfileFull        = "full"
+	ProfilePassthrough = "passthrough"
+)
 
 // NIC attribute and capacity names, qualified with the driver name as the
 // GPU ones are (CEL: device.attributes["sriov.hwdra.io"].pfName; constraints

@@ -214,7 +214,7 @@ func passthroughDevices(gpus []hw.PassthroughGPU, catalog map[string]GPUDevice) 
 	for _, g := range gpus {
 		a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 			device.AttrType:    str(device.KindPassthrough),
-			device.AttrProfile: str(device.ProfileFull),
+			device.AttrProfile: str(device.ProfilePassthrough),
 			attrProductName:    str(g.ProductName),
 			attrPCIDeviceID:    str(g.DeviceID),
 			deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
