@@ -317,8 +317,13 @@ func (d *gpu) activeVGPUs() ([]nvml.VgpuInstance, nvml.Return) {
 				typ = t
 			}
 		}
+		mdev := func() (string, nvml.Return) { return v.uuid, nvml.SUCCESS }
+		if v.parent.vfio {
+			// A VF of the VFIO framework is no mediated device.
+			mdev = func() (string, nvml.Return) { return "", nvml.ERROR_NOT_SUPPORTED }
+		}
 		out = append(out, &mock.VgpuInstance{
-			GetMdevUUIDFunc:      func() (string, nvml.Return) { return v.uuid, nvml.SUCCESS },
+			GetMdevUUIDFunc:      mdev,
 			GetUUIDFunc:          func() (string, nvml.Return) { return v.uuid, nvml.SUCCESS },
 			GetGpuInstanceIdFunc: func() (int, nvml.Return) { return gi, nvml.SUCCESS },
 			GetTypeFunc:          func() (nvml.VgpuTypeId, nvml.Return) { return typ, nvml.SUCCESS },
