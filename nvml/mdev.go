@@ -57,22 +57,28 @@ func (root SysfsFiles) WriteFile(path string, data []byte) error {
 	return errors.Join(err, f.Close())
 }
 
-// Mdevs creates and removes vGPU mediated devices. Reads go to the sysfs
-// root; writes, whose side effects are the kernel's, go through a
-// SysfsWriter.
-type Mdevs struct {
+// sysfs reads attributes under a sysfs root and writes them, whose side
+// effects are the kernel's or a driver's, through a SysfsWriter.
+type sysfs struct {
 	root string
 	w    SysfsWriter
 }
 
-// NewMdevs reads sysfs under root ("/sys" on a host) and writes through w
-// (nil: SysfsFiles(root)).
-func NewMdevs(root string, w SysfsWriter) *Mdevs {
+// newSysfs reads under root ("/sys" on a host) and writes through w (nil:
+// SysfsFiles(root)).
+func newSysfs(root string, w SysfsWriter) sysfs {
 	if w == nil {
 		w = SysfsFiles(root)
 	}
-	return &Mdevs{root: root, w: w}
+	return sysfs{root: root, w: w}
 }
+
+// Mdevs creates and removes vGPU mediated devices.
+type Mdevs struct{ sysfs }
+
+// NewMdevs reads sysfs under root ("/sys" on a host) and writes through w
+// (nil: SysfsFiles(root)).
+func NewMdevs(root string, w SysfsWriter) *Mdevs { return &Mdevs{newSysfs(root, w)} }
 
 // MdevTypeDir is the mdev type directory name of an NVIDIA vGPU type.
 func MdevTypeDir(typeID uint) string { return "nvidia-" + strconv.FormatUint(uint64(typeID), 10) }

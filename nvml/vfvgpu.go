@@ -96,21 +96,11 @@ func mdevTypes(root, fn string) (map[uint]bool, bool) {
 }
 
 // VFVGPUs makes VFs vGPUs through the vendor-specific VFIO framework.
-// Reads go to the sysfs root; writes, whose side effects are the
-// driver's, go through a SysfsWriter.
-type VFVGPUs struct {
-	root string
-	w    SysfsWriter
-}
+type VFVGPUs struct{ sysfs }
 
 // NewVFVGPUs reads sysfs under root ("/sys" on a host) and writes through
 // w (nil: SysfsFiles(root)).
-func NewVFVGPUs(root string, w SysfsWriter) *VFVGPUs {
-	if w == nil {
-		w = SysfsFiles(root)
-	}
-	return &VFVGPUs{root: root, w: w}
-}
+func NewVFVGPUs(root string, w SysfsWriter) *VFVGPUs { return &VFVGPUs{newSysfs(root, w)} }
 
 func (v *VFVGPUs) path(vf, file string) string { return filepath.Join("bus/pci/devices", vf, file) }
 

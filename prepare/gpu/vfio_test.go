@@ -9,11 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
@@ -26,84 +24,6 @@ const (
 	vfioHost        = "gpus: [{model: h100-80gb, count: 1, virtualization: host-vgpu, vgpuFramework: vfio}]"
 	passthroughNode = "gpus: [{model: h100-80gb, count: 1}, {model: h100-80gb, count: 2, virtualization: passthrough}]"
 )
-
-// TestPrepareForVMs: a vGPU of the VFIO framework is a VF made one (its
-// group node and /dev/vfio/vfio, its address in the environment and the
-// metadata), undone at unprepare; a passthrough GPU is its group node.
-func TestPrepareForVMs(t *testing.T) {
-	for _, tc := range []struct {
-		name, profile string
-		req           request
-		check         func(t *testing.T, e *env, d kubeletplugin.Device, spec *oci.Spec)
-	}{{
-		name: "time-sliced vGPU", profile: vfioHost, req: request{name: "vgpu", cel: `profile == "H100-10C"`},
-		check: func(t *testing.T, e *env, d kubeletplugin.Device, spec *oci.Spec) {
-			vfs := e.hw.VGPUVFs()
-			if len(vfs) != 1 {
-				t.Fatalf("vGPU VFs %v", vfs)
-			}
-			vf, _, _ := strings.Cut(vfs[0], "=")
-			group, err := e.driver.vfs.IOMMUGroup(vf)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkInjected(t, e, spec, []string{"/dev/vfio/vfio", fmt.Sprintf("/dev/vfio/%d", group)},
-				map[string]string{envName(d.DeviceName, "PCI"): vf, "NVIDIA_VISIBLE_DEVICES": "void"})
-			if attr(d, "resource.kubernetes.io/pciBusID") != vf || attr(d, "parentPciBusID") != e.gpuOf(d.DeviceName).PCIBusID ||
-				attr(d, "vgpuFramework") != "vfio" || attr(d, "mdevUUID") != "<unset>" {
-				t.Errorf("metadata %v", d.Metadata.Attributes)
-			}
-			if len(e.hw.MdevUUIDs()) != 0 {
-				t.Errorf("mediated devices %v on a VFIO framework host", e.hw.MdevUUIDs())
-			}
-		},
-	}, {
-		name: "MIG-backed vGPU", profile: vfioHost, req: request{name: "vgpu", cel: `profile == "H100-3-40C"`},
-		check: func(t *testing.T, e *env, d kubeletplugin.Device, spec *oci.Spec) {
-			g := e.gpuOf(d.DeviceName)
-			list, _ := e.nvml.GPUInstances(g.PCIBusID)
-			if len(list) != 1 || len(e.hw.VGPUVFs()) != 1 || attr(d, "gpuInstanceID") != fmt.Sprint(list[0].ID) ||
-				attr(d, "placementStart") != fmt.Sprint(list[0].Placement.Start) {
-				t.Errorf("instances %+v, VFs %v, metadata %v", list, e.hw.VGPUVFs(), d.Metadata.Attributes)
-			}
-		},
-	}, {
-		name: "passthrough GPU", profile: passthroughNode, req: request{name: "gpu", cel: `type == "passthrough"`},
-		check: func(t *testing.T, e *env, d kubeletplugin.Device, spec *oci.Spec) {
-			var g = e.passthrough[0]
-			if d.DeviceName != device.PassthroughName(g.PCIBusID) {
-				g = e.passthrough[1]
-			}
-			checkInjected(t, e, spec, []string{"/dev/vfio/vfio", fmt.Sprintf("/dev/vfio/%d", g.IOMMUGroup)},
-				map[string]string{envName(d.DeviceName, "PCI"): g.PCIBusID, "NVIDIA_VISIBLE_DEVICES": "void"})
-			if attr(d, "resource.kubernetes.io/pciBusID") != g.PCIBusID || attr(d, "productName") != g.ProductName || attr(d, "type") != "passthrough" {
-				t.Errorf("metadata %v", d.Metadata.Attributes)
-			}
-		},
-	}} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, tc.profile, false)
-			before := e.hwState()
-			c := e.claim(tc.req)
-			devs := e.mustPrepare(c)
-			if len(devs) != 1 {
-				t.Fatalf("devices %+v", devs)
-			}
-			during := e.hwState()
-			tc.check(t, e, devs[0], e.inject(devs))
-			if again := e.mustPrepare(c); !slices.Equal(again[0].CDIDeviceIDs, devs[0].CDIDeviceIDs) || e.hwState() != during {
-				t.Errorf("second prepare: %v, hardware\n%s", again[0].CDIDeviceIDs, e.hwState())
-			}
-			e.unprepare(c)
-			if after := e.hwState(); after != before {
-				t.Errorf("after unprepare:\n%s\nwant\n%s", after, before)
-			}
-			if keys := e.ledgerKeys(); len(keys) != 0 {
-				t.Errorf("ledger after unprepare: %v", keys)
-			}
-		})
-	}
-}
 
 // TestEveryPublishedDevicePrepares: what the slices publish is what
 // prepare can deliver. Each device of a node is prepared alone (as the

@@ -212,19 +212,11 @@ func creatableVGPUTypes(v hw.VGPU) []hw.VGPUType {
 func passthroughDevices(gpus []hw.PassthroughGPU, catalog map[string]GPUDevice) []resourceapi.Device {
 	out := make([]resourceapi.Device, 0, len(gpus))
 	for _, g := range gpus {
-		a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-			device.AttrType:    str(device.KindPassthrough),
-			device.AttrProfile: str(device.ProfilePassthrough),
-			attrProductName:    str(g.ProductName),
-			attrPCIDeviceID:    str(g.DeviceID),
-			deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
-		}
-		if g.PCIeRoot != "" {
-			a[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
-		}
-		if g.NUMANode >= 0 {
-			a[deviceattribute.StandardDeviceAttributeNUMANode] = integer(g.NUMANode)
-		}
+		a := placeAttributes(g.PCIBusID, g.PCIeRoot, g.NUMANode)
+		a[device.AttrType] = str(device.KindPassthrough)
+		a[device.AttrProfile] = str(device.ProfilePassthrough)
+		a[attrProductName] = str(g.ProductName)
+		a[attrPCIDeviceID] = str(g.DeviceID)
 		d := resourceapi.Device{Name: device.PassthroughName(g.PCIBusID), Attributes: a}
 		out = append(out, d)
 		if catalog != nil {
@@ -354,17 +346,9 @@ func (b *gpuDevices) base(name, kind, profile string) resourceapi.Device {
 }
 
 func gpuAttributes(g hw.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
-	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		attrProductName:  str(g.ProductName),
-		attrArchitecture: str(g.Architecture),
-		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
-	}
-	if g.PCIeRoot != "" {
-		a[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
-	}
-	if g.NUMANode >= 0 {
-		a[deviceattribute.StandardDeviceAttributeNUMANode] = integer(g.NUMANode)
-	}
+	a := placeAttributes(g.PCIBusID, g.PCIeRoot, g.NUMANode)
+	a[attrProductName] = str(g.ProductName)
+	a[attrArchitecture] = str(g.Architecture)
 	for name, v := range map[resourceapi.QualifiedName]string{
 		attrCUDACompute: g.CUDAComputeCapability,
 		attrDriver:      g.DriverVersion,
@@ -373,6 +357,22 @@ func gpuAttributes(g hw.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAtt
 		if s := semver(v); s != "" {
 			a[name] = resourceapi.DeviceAttribute{VersionValue: &s}
 		}
+	}
+	return a
+}
+
+// placeAttributes are the standard attributes of where a GPU sits (PCI
+// address, PCIe root and NUMA node where known), which constraints match
+// across kinds and drivers.
+func placeAttributes(pciBusID, pcieRoot string, numa int) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		deviceattribute.StandardDeviceAttributePCIBusID: str(pciBusID),
+	}
+	if pcieRoot != "" {
+		a[deviceattribute.StandardDeviceAttributePCIeRoot] = str(pcieRoot)
+	}
+	if numa >= 0 {
+		a[deviceattribute.StandardDeviceAttributeNUMANode] = integer(numa)
 	}
 	return a
 }

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	resourceapi "k8s.io/api/resource/v1"
+
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -73,19 +75,11 @@ func TestPodGPUsForVMs(t *testing.T) {
 // on a GPU whose vGPUs are VFs of the VFIO framework: a MIG pod runs, a
 // vGPU pod waits until it is gone, then gets a VF.
 func TestPodsCompeteCompatibilityGroupsVFIO(t *testing.T) {
-	s := startScenario(t, "compete-groups-vfio", framework.MockProfile(t, "one-vfio-vgpu-host", vfioVGPUHost), gpuDriver)
-	mig := s.template(exampleClaim(t, "mig-1g.10gb.yaml"))
-	vgpu := s.template(exampleClaim(t, "vgpu.yaml"))
-	s.compete("compat-groups-vfio", []string{mig}, vgpu, func(r ran) {
-		if r.pod.Name != "loser" {
-			return
-		}
-		res := result(t, r.claim, "vgpu")
-		attrs := metadataDevice(t, r, res)
+	competeGroups(t, "compat-groups-vfio", framework.MockProfile(t, "one-vfio-vgpu-host", vfioVGPUHost), func(res resourceapi.DeviceRequestAllocationResult, attrs map[string]map[string]any) {
 		vf, _ := attrValue(attrs, "resource.kubernetes.io", "pciBusID").(string)
 		if parent, _ := attrValue(attrs, gpuDriver, "parentPciBusID").(string); vf == "" || parent == "" || vf == parent {
 			t.Errorf("the vGPU pod's metadata names no VF: %v", attrs)
 		}
 		t.Logf("the vGPU pod got %s, VF %s", res.Device, vf)
-	}, framework.MetadataPath("devices", "vgpu", gpuDriver))
+	})
 }
