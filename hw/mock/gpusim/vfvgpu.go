@@ -80,8 +80,11 @@ func (k *mdevKernel) writeCreatable(p *mdevParent, fits map[uint32]bool) {
 	if b.String() == p.creatable {
 		return
 	}
-	p.creatable = b.String()
-	os.WriteFile(filepath.Join(p.dir, "nvidia", "creatable_vgpu_types"), []byte(p.creatable), 0o644)
+	// Remembered only once written: a failed write is tried again at the
+	// next change.
+	if os.WriteFile(filepath.Join(p.dir, "nvidia", "creatable_vgpu_types"), []byte(b.String()), 0o644) == nil {
+		p.creatable = b.String()
+	}
 }
 
 // setType is a write to <vf>/nvidia/current_vgpu_type.
@@ -98,8 +101,8 @@ func (k *mdevKernel) setType(path, vf string, data []byte) error {
 	}
 	d := p.gpu
 	if id == 0 {
-		if v := p.hosted; v != nil {
-			k.unassign(p)
+		if p.hosted != nil {
+			return k.unassign(p)
 		}
 		return nil
 	}
@@ -116,30 +119,36 @@ func (k *mdevKernel) setType(path, vf string, data []byte) error {
 		v.gi = d.freeGILocked(giProfile)
 		d.RUnlock()
 	}
-	k.assign(v)
-	return nil
+	return k.assign(v)
 }
 
-// assign makes a VF the vGPU v (its parent).
-func (k *mdevKernel) assign(v *vgpuInstance) {
+// assign makes a VF the vGPU v (its parent); a failure to show it in
+// sysfs leaves the VF as it was.
+func (k *mdevKernel) assign(v *vgpuInstance) error {
 	p, d := v.parent, v.parent.gpu
+	if err := os.WriteFile(filepath.Join(p.dir, "nvidia", "current_vgpu_type"), []byte(fmt.Sprintf("%d\n", v.typeID)), 0o644); err != nil {
+		return fmt.Errorf("mock kernel: %w", err)
+	}
 	p.hosted = v
 	d.Lock()
 	d.active = append(d.active, v)
 	d.Unlock()
-	os.WriteFile(filepath.Join(p.dir, "nvidia", "current_vgpu_type"), []byte(fmt.Sprintf("%d\n", v.typeID)), 0o644)
 	k.refreshLocked(d)
+	return nil
 }
 
 // unassign makes a VF a vGPU no more.
-func (k *mdevKernel) unassign(p *mdevParent) {
+func (k *mdevKernel) unassign(p *mdevParent) error {
+	if err := os.WriteFile(filepath.Join(p.dir, "nvidia", "current_vgpu_type"), []byte("0\n"), 0o644); err != nil {
+		return fmt.Errorf("mock kernel: %w", err)
+	}
 	v, d := p.hosted, p.gpu
 	p.hosted = nil
 	d.Lock()
 	d.active = slices.DeleteFunc(d.active, func(o *vgpuInstance) bool { return o == v })
 	d.Unlock()
-	os.WriteFile(filepath.Join(p.dir, "nvidia", "current_vgpu_type"), []byte("0\n"), 0o644)
 	k.refreshLocked(d)
+	return nil
 }
 
 // snapshotVFs lists the VFs that are vGPUs, by VF address.
@@ -181,7 +190,9 @@ func (k *mdevKernel) restoreVFs(saved []persist.VFVGPUState) error {
 		case !slices.ContainsFunc(p.gpu.vgpus, func(t nvml.VgpuTypeId) bool { return t.GetID() == s.TypeID }):
 			return fmt.Errorf("vGPU VF %s: GPU %s has no vGPU type %d", s.VF, p.gpu.busID, s.TypeID)
 		}
-		k.assign(&vgpuInstance{uuid: s.UUID, typeID: s.TypeID, gi: s.GPUInstance, parent: p, group: p.group})
+		if err := k.assign(&vgpuInstance{uuid: s.UUID, typeID: s.TypeID, gi: s.GPUInstance, parent: p, group: p.group}); err != nil {
+			return fmt.Errorf("vGPU VF %s: %w", s.VF, err)
+		}
 	}
 	return nil
 }

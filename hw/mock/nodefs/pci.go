@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -41,8 +42,7 @@ func (d PCIDevice) Path() string {
 // vendor and no subsystem device.
 func (d PCIDevice) Modalias() string {
 	hex := func(s string) uint64 {
-		var v uint64
-		fmt.Sscanf(strings.TrimPrefix(s, "0x"), "%x", &v)
+		v, _ := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 32) // the mock's own IDs: always hex
 		return v
 	}
 	vendor, class := hex(d.Vendor), hex(d.Class)
