@@ -86,7 +86,11 @@ type PluginOptions struct {
 // plugin reconciles its checkpoint with the hardware on creation.
 func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts PluginOptions) (Drivers, error) {
 	var drivers Drivers
-	if gpu := node.GPU(); len(inv.GPUs) > 0 && gpu != nil || len(inv.PassthroughGPUs) > 0 {
+	// GPUs bound to vfio-pci need no NVML; while NVML is pending (a
+	// driver container starting) the GPU driver waits for it all the same,
+	// to start once with both kinds (startLateGPU).
+	gpu := node.GPU()
+	if len(inv.GPUs) > 0 && gpu != nil || len(inv.PassthroughGPUs) > 0 && !node.NVMLPending() {
 		d, err := gpuprep.New(gpuprep.Options{
 			NVML: gpu, // nil where only GPUs bound to vfio-pci are there
 			Inventory: func(context.Context) (hw.Inventory, device.Features, error) {
