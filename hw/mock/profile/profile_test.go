@@ -125,7 +125,7 @@ nics: [{model: cx7, count: 1}]`)); err == nil {
 // lists them.
 func TestBuiltins(t *testing.T) {
 	names := Builtins()
-	want := []string{"cx7", "dgx-a100", "dgx-h100", "dgx-h200", "h100-mig", "h100-vgpu"}
+	want := []string{"cx7", "dgx-a100", "dgx-h100", "dgx-h200", "h100-mig", "h100-vgpu", "h100-vm"}
 	if strings.Join(names, " ") != strings.Join(want, " ") {
 		t.Errorf("built-in profiles %v, want %v", names, want)
 	}
