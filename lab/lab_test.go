@@ -74,6 +74,19 @@ func TestLabGPUsForVMs(t *testing.T) {
 	if t.Failed() {
 		t.Log(got)
 	}
+
+	// A node of GPUs bound to vfio-pci only: no NVIDIA driver, no NVML.
+	spec := filepath.Join(t.TempDir(), "vfio-only.yaml")
+	if err := os.WriteFile(spec, []byte("gpus: [{model: h100-80gb, count: 1, virtualization: passthrough}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := Run(context.Background(), &out, Options{Hardware: "mock:" + spec, ClaimFiles: examples("passthrough.yaml")}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "HWDRA_GPU_0000_1B_00_0_PASSTHROUGH_PCI=0000:1b:00.0") {
+		t.Errorf("vfio-pci GPUs only:\n%s", out.String())
+	}
 }
 
 func TestLabBadInput(t *testing.T) {
