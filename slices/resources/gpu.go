@@ -192,7 +192,11 @@ func (b *gpuDevices) build() {
 // creatableVGPUTypes are the vGPU types the GPU's framework can create
 // (none where no framework is set up: NVML lists what the vGPU manager
 // supports either way), each with at most as many instances as there are
-// VFs to host them, one each.
+// VFs to host them, one each. Across types the memory counter binds
+// first: the vGPU manager enables as many VFs as the GPU can host vGPUs
+// (an H100 has 32 VFs and hosts at most 20, of 4 GB each), so the cap
+// matters only where fewer VFs are enabled, and there a prepare that
+// finds no free VF says so.
 func creatableVGPUTypes(v hw.VGPU) []hw.VGPUType {
 	var out []hw.VGPUType
 	for _, t := range v.Types {
