@@ -211,7 +211,7 @@ func (s *server) startLateGPU(ctx context.Context) error {
 	if len(inv.GPUs) == 0 {
 		return errors.New("NVML is up but shows no GPU")
 	}
-	d, err := s.newDrivers(ctx, hw.Inventory{GPUs: inv.GPUs}, nil)
+	d, err := s.newDrivers(ctx, hw.Inventory{GPUs: inv.GPUs, PassthroughGPUs: inv.PassthroughGPUs}, nil)
 	if err != nil {
 		return err
 	}

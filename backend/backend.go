@@ -19,6 +19,7 @@ import (
 	"github.com/hwdra/hwdra/hw/mock/profile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/sriov"
+	"github.com/hwdra/hwdra/vfiopci"
 )
 
 // Host is the --hardware value for the machine's real devices.
@@ -36,6 +37,8 @@ type Node struct {
 	nvmlPending *nvml.Backend
 	// NIC is how to discover SR-IOV NICs.
 	NIC sriov.Options
+	// Passthrough finds the GPUs bound to vfio-pci.
+	Passthrough *vfiopci.Scanner
 	// DevRoot, ProcRoot and SysfsRoot are where the host's device nodes,
 	// procfs and sysfs are ("/dev", "/proc", "/sys"); the mock's trees on
 	// mock hardware.
@@ -94,6 +97,9 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
 			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		}
+		if n.Passthrough, err = vfiopci.New(m.Sysfs); err != nil {
+			return nil, errors.Join(err, m.Close())
+		}
 		if len(m.Profile.GPUs) > 0 {
 			n.openNVML(nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs)))
 		}
@@ -105,9 +111,11 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 }
 
 func openHost(root DriverRoot) *Node {
+	passthrough, _ := vfiopci.New(sriov.DefaultSysfsRoot) // "/sys": always valid
 	n := &Node{
-		NIC:     sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
-		DevRoot: "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
+		Passthrough: passthrough,
+		NIC:         sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
+		DevRoot:     "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
 		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{}, RDMA: sriov.NetlinkRDMA{},
 		DriverSpecDirs: root.specDirs(), driverRoot: &root,
 	}
@@ -176,7 +184,8 @@ func (n *Node) nvmlUp() {
 }
 
 // nvidiaGPUsOnBus reports whether sysfs lists an NVIDIA display or 3D
-// controller (vendor 0x10de, class 0x03xxxx).
+// controller (vendor 0x10de, class 0x03xxxx) for the NVIDIA driver: one
+// bound to vfio-pci needs none.
 func nvidiaGPUsOnBus(sysfs string) bool {
 	dir := filepath.Join(sysfs, "bus", "pci", "devices")
 	entries, err := os.ReadDir(dir)
@@ -186,7 +195,9 @@ func nvidiaGPUsOnBus(sysfs string) bool {
 	for _, e := range entries {
 		vendor, _ := os.ReadFile(filepath.Join(dir, e.Name(), "vendor"))
 		class, _ := os.ReadFile(filepath.Join(dir, e.Name(), "class"))
-		if strings.TrimSpace(string(vendor)) == "0x10de" && strings.HasPrefix(strings.TrimSpace(string(class)), "0x03") {
+		driver, _ := os.Readlink(filepath.Join(dir, e.Name(), "driver"))
+		if strings.TrimSpace(string(vendor)) == "0x10de" && strings.HasPrefix(strings.TrimSpace(string(class)), "0x03") &&
+			filepath.Base(driver) != vfiopci.Driver {
 			return true
 		}
 	}
@@ -207,6 +218,13 @@ func (n *Node) Inventory(ctx context.Context) (hw.Inventory, error) {
 		}
 		inv.GPUs = gpus
 		inv.UnreadableGPUs = nvml.Unreadable(err)
+	}
+	if n.Passthrough != nil {
+		gpus, err := n.Passthrough.GPUs()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("passthrough GPUs: %w", err))
+		}
+		inv.PassthroughGPUs = gpus
 	}
 	pfs, err := sriov.Discover(n.NIC)
 	if err != nil {

@@ -81,7 +81,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	res, skipped := resources.ForNode(NodeName, inv, cfg, device.AllFeatures, hw.Health{})
 	var objs []*resourceapi.ResourceSlice
 	section(out, "Hardware and slices")
-	fmt.Fprintf(out, "%d GPU(s), %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PFs))
+	fmt.Fprintf(out, "%d GPU(s), %d bound to vfio-pci, %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PassthroughGPUs), len(inv.PFs))
 	for _, driver := range sortedKeys(res) {
 		n := 0
 		for _, s := range resources.Objects(driver, NodeName, res[driver]) {

@@ -48,6 +48,47 @@ func TestLabRunsTheExamples(t *testing.T) {
 	}
 }
 
+// TestLabGPUsForVMs: on a node of a current vGPU driver with a GPU bound
+// to vfio-pci, a vGPU claim gets a VF of the VFIO framework and a
+// passthrough claim the GPU's VFIO group.
+func TestLabGPUsForVMs(t *testing.T) {
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{
+		Hardware:   "mock:h100-vm",
+		ClaimFiles: examples("vgpu.yaml", "passthrough.yaml"),
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	got := out.String()
+	for _, want := range []string{
+		"HWDRA_GPU_0000_52_00_0_PASSTHROUGH_PCI=0000:52:00.0",
+		"gpu.hwdra.io/parentPciBusID",
+		"/dev/vfio/vfio",
+		"passthrough: unprepared",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(got)
+	}
+
+	// A node of GPUs bound to vfio-pci only: no NVIDIA driver, no NVML.
+	spec := filepath.Join(t.TempDir(), "vfio-only.yaml")
+	if err := os.WriteFile(spec, []byte("gpus: [{model: h100-80gb, count: 1, virtualization: passthrough}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := Run(context.Background(), &out, Options{Hardware: "mock:" + spec, ClaimFiles: examples("passthrough.yaml")}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "HWDRA_GPU_0000_1B_00_0_PASSTHROUGH_PCI=0000:1b:00.0") {
+		t.Errorf("vfio-pci GPUs only:\n%s", out.String())
+	}
+}
+
 func TestLabBadInput(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, content string) string {

@@ -19,6 +19,11 @@ const (
 	AttrComputeInstanceID = device.GPUDriver + "/computeInstanceID"
 	AttrMdevUUID          = device.GPUDriver + "/mdevUUID"
 	AttrMdevParent        = device.GPUDriver + "/mdevParent"
+	// AttrParentPCIBusID is, for a vGPU of the vendor-specific VFIO
+	// framework, the PCI address of its GPU: the metadata's
+	// resource.kubernetes.io/pciBusID is the VF's, which the VM opens
+	// (KubeVirt's virt-launcher reads that attribute from this metadata).
+	AttrParentPCIBusID = device.GPUDriver + "/parentPciBusID"
 
 	// VFs, besides resource.kubernetes.io/pciBusID (the VF's) and the
 	// published mode, pfName, pfPciAddress and vfIndex.
@@ -46,13 +51,17 @@ type GPU struct {
 	GPUInstance, ComputeInstance *int
 	// MdevUUID and MdevParent are a vGPU's mediated device.
 	MdevUUID, MdevParent string
+	// VF is the PCI address of the VF a vGPU of the VFIO framework is.
+	VF string
 }
 
 // Attributes are the device's immediate metadata: every attribute the
 // ResourceSlice publishes for it, under the same names with the same
-// values, plus what exists only once it is prepared.
+// values, plus what exists only once it is prepared. One exception: a
+// vGPU of the VFIO framework is a VF, and its PCI address is the VF's
+// (the GPU's moves to AttrParentPCIBusID), as a VM launcher needs it.
 func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
-	out := make(map[string]resourceapi.DeviceAttribute, len(g.Published)+5)
+	out := make(map[string]resourceapi.DeviceAttribute, len(g.Published)+6)
 	for k, v := range g.Published {
 		out[string(k)] = v
 	}
@@ -61,6 +70,12 @@ func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
 	setInt(out, AttrComputeInstanceID, g.ComputeInstance)
 	setString(out, AttrMdevUUID, g.MdevUUID)
 	setString(out, AttrMdevParent, g.MdevParent)
+	if g.VF != "" {
+		if parent, ok := out[string(deviceattribute.StandardDeviceAttributePCIBusID)]; ok {
+			out[AttrParentPCIBusID] = parent
+		}
+		setString(out, string(deviceattribute.StandardDeviceAttributePCIBusID), g.VF)
+	}
 	return out
 }
 

@@ -117,7 +117,7 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 						health = partitionFault(gpus[0])
 					}
 					objs := resources.Objects(device.GPUDriver, node,
-						resources.TaintedGPU(node, gpus, device.AllFeatures, resources.Health{Faults: health}))
+						resources.TaintedGPU(node, gpus, nil, device.AllFeatures, resources.Health{Faults: health}))
 					ptrs := make([]*resourceapi.ResourceSlice, len(objs))
 					for i := range objs {
 						ptrs[i] = &objs[i]

@@ -29,6 +29,15 @@ type Profile struct {
 	RDMANetns string `json:"rdmaNetns,omitempty"`
 }
 
+// GPU virtualization modes and vGPU frameworks of a profile.
+const (
+	VirtualizationNone        = "none"
+	VirtualizationHostVGPU    = "host-vgpu"
+	VirtualizationPassthrough = "passthrough"
+	VGPUFrameworkMdev         = "mdev"
+	VGPUFrameworkVFIO         = "vfio"
+)
+
 // RDMA network-namespace modes.
 const (
 	RDMANetnsShared    = "shared"
@@ -51,8 +60,16 @@ type GPUGroup struct {
 	// MIGInstances are GPU instances (each with one full-size compute
 	// instance) that exist at start on every GPU of the group. Needs MIG.
 	MIGInstances []MIGInstance `json:"migInstances,omitempty"`
-	// Virtualization is "none" (default) or "host-vgpu".
+	// Virtualization is "none" (default), "host-vgpu" (the vGPU manager
+	// runs the GPUs) or "passthrough" (the GPUs are bound to vfio-pci:
+	// NVML does not see them, a VM takes each whole through its VFIO
+	// group).
 	Virtualization string `json:"virtualization,omitempty"`
+	// VGPUFramework is how a host-vgpu GPU's vGPUs are created: "mdev"
+	// (default: mediated devices on its VFs) or "vfio" (NVIDIA's
+	// vendor-specific VFIO framework of R550+ drivers on Ada, Hopper and
+	// Blackwell: a type ID written to a VF's nvidia/current_vgpu_type).
+	VGPUFramework string `json:"vgpuFramework,omitempty"`
 	// VGPUTypes overrides the model's vGPU types in host-vgpu mode.
 	VGPUTypes []VGPUType `json:"vgpuTypes,omitempty"`
 	// VGPUHeterogeneous lets time-sliced vGPU types of different sizes mix.

@@ -31,7 +31,17 @@ func TestGPUGroupValidate(t *testing.T) {
 		{"instance count", "gpus: [{model: h100-80gb, count: 1, mig: true, migInstances: [{profile: 1g.10gb+me}, {profile: 1g.10gb+me, start: 1}]}]",
 			"gpus[0].migInstances[1]: no room for 1g.10gb+me on h100-80gb (at most 1 instances"},
 		{"bad virtualization", "gpus: [{model: h100-80gb, count: 1, virtualization: vgpu}]",
-			`gpus[0].virtualization: unknown mode "vgpu" (known: none, host-vgpu)`},
+			`gpus[0].virtualization: unknown mode "vgpu" (known: none, host-vgpu, passthrough)`},
+		{"framework without vGPU", "gpus: [{model: h100-80gb, count: 1, vgpuFramework: vfio}]",
+			"gpus[0].vgpuFramework: needs virtualization: host-vgpu"},
+		{"unknown framework", "gpus: [{model: h100-80gb, count: 1, virtualization: host-vgpu, vgpuFramework: iommufd}]",
+			`gpus[0].vgpuFramework: unknown framework "iommufd" (known: mdev, vfio)`},
+		{"VFIO framework on Ampere", "gpus: [{model: a100-80gb, count: 1, virtualization: host-vgpu, vgpuFramework: vfio}]",
+			"gpus[0].vgpuFramework: a100-80gb has no vendor-specific VFIO framework"},
+		{"passthrough with MIG", "gpus: [{model: h100-80gb, count: 1, virtualization: passthrough, mig: true}]",
+			"gpus[0].mig: a GPU bound to vfio-pci (virtualization: passthrough) has no MIG mode"},
+		{"passthrough with vGPU types", "gpus: [{model: h100-80gb, count: 1, virtualization: passthrough, vgpuTypes: [{name: x, framebufferMB: 1, maxInstances: 1}]}]",
+			"gpus[0].vgpuTypes: need virtualization: host-vgpu"},
 		{"types without vGPU", "gpus: [{model: h100-80gb, count: 1, vgpuTypes: [{name: x, framebufferMB: 1, maxInstances: 1}]}]",
 			"gpus[0].vgpuTypes: need virtualization: host-vgpu"},
 		{"heterogeneous on Ampere", "gpus: [{model: a100-40gb, count: 1, virtualization: host-vgpu, vgpuHeterogeneous: true}]",
@@ -115,7 +125,7 @@ nics: [{model: cx7, count: 1}]`)); err == nil {
 // lists them.
 func TestBuiltins(t *testing.T) {
 	names := Builtins()
-	want := []string{"cx7", "dgx-a100", "dgx-h100", "dgx-h200", "h100-mig", "h100-vgpu"}
+	want := []string{"cx7", "dgx-a100", "dgx-h100", "dgx-h200", "h100-mig", "h100-vgpu", "h100-vm"}
 	if strings.Join(names, " ") != strings.Join(want, " ") {
 		t.Errorf("built-in profiles %v, want %v", names, want)
 	}
