@@ -22,7 +22,9 @@ import (
 // the kubelet has registered each of its kubelet plugins, each driver's
 // last publication is in the API server, and the NRI plugin (on a node
 // with NICs) is synchronized with the runtime. In a rolling update the
-// old pod is deleted once the new one is ready.
+// old pod is deleted once the new one is ready. GPUs left to NVIDIA's
+// device plugin keep it ready (that is serving the node as configured)
+// and are named after the "ok".
 //
 // Alive (/healthz): the registration socket of every plugin this agent
 // started accepts connections (the kubelet finds the plugins through
@@ -37,6 +39,10 @@ type probes struct {
 	// synchronized.
 	published func() error
 	nri       func() error
+	// withheld says why GPUs are not published, "" if all are: ready
+	// all the same (the agent serves the node as it should), but /readyz
+	// says so.
+	withheld func() string
 	// requested tells whether a newer agent asks for the node.
 	requested func() bool
 }
@@ -60,14 +66,28 @@ func (p *probes) setState(s string) {
 	defer p.mu.Unlock()
 	p.state = s
 	if s == stateHandedOver {
-		p.plugins, p.published, p.nri = nil, nil, nil
+		p.plugins, p.published, p.nri, p.withheld = nil, nil, nil, nil
 	}
 }
 
-func (p *probes) serving(published, nri func() error) {
+func (p *probes) serving(published, nri func() error, withheld func() string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.state, p.published, p.nri = "", published, nri
+	p.state, p.published, p.nri, p.withheld = "", published, nri, withheld
+}
+
+// notes are what /readyz says besides "ok".
+func (p *probes) notes() []string {
+	p.mu.Lock()
+	withheld := p.withheld
+	p.mu.Unlock()
+	if withheld == nil {
+		return nil
+	}
+	if w := withheld(); w != "" {
+		return []string{w}
+	}
+	return nil
 }
 
 func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
@@ -133,13 +153,21 @@ func registrarSocket(dir, driver, podUID string) string {
 	return filepath.Join(dir, driver+"-reg.sock")
 }
 
-func (p *probes) handler(check func() error) http.HandlerFunc {
+// handler answers a probe: 503 and why when check fails, else "ok" and
+// the notes (nil: none), one a line.
+func (p *probes) handler(check func() error, notes func() []string) http.HandlerFunc {
 	return func(w http.ResponseWriter, _ *http.Request) {
 		if err := check(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		w.Write([]byte("ok\n"))
+		body := "ok\n"
+		if notes != nil {
+			for _, n := range notes() {
+				body += n + "\n"
+			}
+		}
+		w.Write([]byte(body))
 	}
 }
 

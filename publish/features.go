@@ -80,6 +80,7 @@ func (p *Publisher) recheckFeatures(ctx context.Context) {
 		return
 	}
 	logger := klog.FromContext(ctx)
+	inv, _ = p.owned(inv)
 	res, _ := resources.ForNode(p.opts.NodeName, inv, p.opts.Config, device.AllFeatures, p.faults())
 	var dropped []string
 	for _, driver := range p.served() {
