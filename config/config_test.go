@@ -204,6 +204,9 @@ func TestExample(t *testing.T) {
 	if h := c.HealthPolicy(); !h.FatalNoExecute || len(h.IgnoreXIDs) != 1 || h.IgnoreXIDs[0] != 63 || len(h.ReportXIDs) != 1 || h.ReportXIDs[0] != 43 {
 		t.Errorf("health %+v", h)
 	}
+	if !c.DevicePluginResource("nvidia.com/mig-1g.10gb") || c.devicePlugin.owned != nil {
+		t.Errorf("devicePlugin %+v", c.devicePlugin)
+	}
 }
 
 // TestDevicePluginResources: the default names and prefixes, and a
