@@ -233,13 +233,7 @@ func TestDevicePluginResources(t *testing.T) {
 		no:   []string{"nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "example.com/part"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := Default()
-			if tc.yaml != "" {
-				var err error
-				if c, err = Parse([]byte(tc.yaml)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			c := parseOrDefault(t, tc.yaml)
 			for _, r := range tc.yes {
 				if !c.DevicePluginResource(r) {
 					t.Errorf("%s is not taken for the device plugin's", r)
@@ -288,13 +282,7 @@ func TestOwnGPUs(t *testing.T) {
 			left: []string{"0000:1b:00.0", "0000:43:00.0", "0000:52:00.0"}, why: "devicePlugin.ownedGPUs leaves them to NVIDIA's device plugin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := Default()
-			if tc.yaml != "" {
-				var err error
-				if c, err = Parse([]byte(tc.yaml)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			c := parseOrDefault(t, tc.yaml)
 			own, left, why := c.OwnGPUs(gpus, tc.serves)
 			addrs := func(gs []hw.GPU) []string {
 				var out []string
@@ -314,4 +302,17 @@ func TestOwnGPUs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// parseOrDefault parses a file's content; none: Default.
+func parseOrDefault(t *testing.T, yaml string) *AgentConfig {
+	t.Helper()
+	if yaml == "" {
+		return Default()
+	}
+	c, err := Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
