@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 
@@ -125,5 +124,5 @@ func describe(signals []Signal) []string {
 	for _, s := range signals {
 		out = append(out, s.String())
 	}
-	return slices.Clip(out)
+	return out
 }

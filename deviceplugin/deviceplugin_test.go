@@ -174,8 +174,8 @@ func TestWatcher(t *testing.T) {
 	waitFor("nothing on the node")
 
 	sock := filepath.Join(dir, "nvidia-gpu.sock")
-	l := listen(t, sock)
 	before := changes.Load()
+	l := listen(t, sock)
 	waitFor("socket made", "its socket "+sock)
 	if changes.Load() == before {
 		t.Error("the socket's appearance was not told")
