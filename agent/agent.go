@@ -60,6 +60,10 @@ type Options struct {
 	PodUID string
 	// DriverRoot is the NVIDIA driver's root on "host" hardware.
 	DriverRoot backend.DriverRoot
+	// DevicePluginDir is the kubelet's device-plugin directory, where
+	// NVIDIA's device plugin has its socket while it serves GPUs (the
+	// agent then leaves them to it); empty: not watched.
+	DevicePluginDir string
 
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.

@@ -146,7 +146,7 @@ func (m *metrics) serve(ctx context.Context, addr string, pr *probes) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", pr.handler(pr.alive, nil))
-	mux.HandleFunc("/readyz", pr.handler(pr.ready, pr.warnings))
+	mux.HandleFunc("/readyz", pr.handler(pr.ready, pr.notes))
 	ln, err := listenShared(ctx, addr)
 	if err != nil {
 		return err

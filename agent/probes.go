@@ -24,7 +24,8 @@ import (
 // with NICs) is synchronized with the runtime. In a rolling update the
 // old pod is deleted once the new one is ready. A ready agent that
 // publishes a reduced device model (a DRA feature gate off in the API
-// server) says so under "ok": the node serves, with less.
+// server), or leaves GPUs to NVIDIA's device plugin, says so after its
+// "ok": the node serves as it can or as configured.
 //
 // Alive (/healthz): the registration socket of every plugin this agent
 // started accepts connections (the kubelet finds the plugins through
@@ -42,6 +43,10 @@ type probes struct {
 	// degraded is nil while the full device model is published
 	// (publish.Publisher.Degraded).
 	degraded func() error
+	// withheld says why GPUs are not published, "" if all are: ready
+	// all the same (the agent serves the node as it should), but /readyz
+	// says so.
+	withheld func() string
 	// requested tells whether a newer agent asks for the node.
 	requested func() bool
 }
@@ -65,14 +70,34 @@ func (p *probes) setState(s string) {
 	defer p.mu.Unlock()
 	p.state = s
 	if s == stateHandedOver {
-		p.plugins, p.published, p.nri, p.degraded = nil, nil, nil, nil
+		p.plugins, p.published, p.nri, p.degraded, p.withheld = nil, nil, nil, nil, nil
 	}
 }
 
-func (p *probes) serving(published, nri, degraded func() error) {
+func (p *probes) serving(published, nri, degraded func() error, withheld func() string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.state, p.published, p.nri, p.degraded = "", published, nri, degraded
+	p.state, p.published, p.nri, p.degraded, p.withheld = "", published, nri, degraded, withheld
+}
+
+// notes are what /readyz says besides "ok": GPUs left to the device
+// plugin, and a reduced device model as a "warning: " line.
+func (p *probes) notes() []string {
+	p.mu.Lock()
+	degraded, withheld := p.degraded, p.withheld
+	p.mu.Unlock()
+	var out []string
+	if withheld != nil {
+		if w := withheld(); w != "" {
+			out = append(out, w)
+		}
+	}
+	if degraded != nil {
+		if err := degraded(); err != nil {
+			out = append(out, "warning: "+err.Error())
+		}
+	}
+	return out
 }
 
 func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
@@ -138,32 +163,21 @@ func registrarSocket(dir, driver, podUID string) string {
 	return filepath.Join(dir, driver+"-reg.sock")
 }
 
-// warnings is what a ready agent adds to its "ok": nil for none.
-func (p *probes) warnings() error {
-	p.mu.Lock()
-	degraded := p.degraded
-	p.mu.Unlock()
-	if degraded == nil {
-		return nil
-	}
-	return degraded()
-}
-
-// handler answers a probe: 503 with every reason check gives, else 200
-// "ok", then what warn (nil: nothing) says on a line "warning: ...".
-func (p *probes) handler(check, warn func() error) http.HandlerFunc {
+// handler answers a probe: 503 and why when check fails, else "ok" and
+// the notes (nil: none), one a line.
+func (p *probes) handler(check func() error, notes func() []string) http.HandlerFunc {
 	return func(w http.ResponseWriter, _ *http.Request) {
 		if err := check(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = w.Write([]byte("ok\n")) // a prober that hung up learns nothing more
-		if warn == nil {
-			return
+		body := "ok\n"
+		if notes != nil {
+			for _, n := range notes() {
+				body += n + "\n"
+			}
 		}
-		if err := warn(); err != nil {
-			fmt.Fprintf(w, "warning: %v\n", err)
-		}
+		_, _ = w.Write([]byte(body)) // a prober that hung up learns nothing more
 	}
 }
 

@@ -2,8 +2,9 @@
 // config.hwdra.io/v1alpha1 (package api/config/v1alpha1 says what each
 // field means; config/example.yaml is an example), and resolves it on a
 // node: which SR-IOV PFs the agent offers, in which mode and under which
-// bandwidth policy (Resolve: NICOffer, Skip), and how device faults are
-// judged and tainted (HealthPolicy).
+// bandwidth policy (Resolve: NICOffer, Skip), how device faults are
+// judged and tainted (HealthPolicy), and which GPUs the agent publishes
+// beside NVIDIA's device plugin (DevicePluginResource, OwnGPUs).
 //
 // Decoding is strict and all-or-nothing (api.Decode): unknown fields,
 // wrong types and bad values are errors that name the file and the field

@@ -60,9 +60,10 @@ type rule struct {
 	bandwidth BandwidthPolicy
 }
 
-// compile turns a defaulted, valid file into rules and a health policy.
+// compile turns a defaulted, valid file into rules, a health policy and
+// the device plugin's share of the node.
 func compile(file *configv1alpha1.AgentConfig) *AgentConfig {
-	c := &AgentConfig{health: healthPolicy(file.Health)}
+	c := &AgentConfig{health: healthPolicy(file.Health), devicePlugin: compileDevicePlugin(file.DevicePlugin)}
 	for i, n := range file.NICs {
 		r := rule{index: i, sel: n.Select, mode: n.Mode, bandwidth: DefaultBandwidth}
 		if n.Mode == ModeShared {

@@ -19,6 +19,16 @@ if out=$("$helm" template hwdra "$chart" --set hardware=gpu 2>&1); then
   echo "check-chart: hardware=gpu was accepted"; exit 1
 fi
 grep -q 'hardware: "gpu": want host or mock:<profile>' <<<"$out" || { echo "check-chart: unclear error for hardware=gpu: $out"; exit 1; }
+# An extended resource name the API server would refuse is a render error
+# that names the value, not an object the apply refuses.
+for bad in "extendedResources.gpu=gpu|extendedResources.gpu: \"gpu\" is no extended resource name" \
+  "extendedResources.gpu=kubernetes.io/gpu|extendedResources.gpu: \"kubernetes.io/gpu\" is no extended resource name" \
+  "extendedResources.migProfiles={1g.10gb+me}|extendedResources.migProfiles: \"1g.10gb+me\" is no MIG profile name"; do
+  if out=$("$helm" template hwdra "$chart" --set "${bad%%|*}" 2>&1); then
+    echo "check-chart: ${bad%%|*} was accepted"; exit 1
+  fi
+  grep -qF "${bad#*|}" <<<"$out" || { echo "check-chart: unclear error for ${bad%%|*}: $out"; exit 1; }
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp deploy/hwdra.yaml "$tmp/committed.yaml"

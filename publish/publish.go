@@ -1,5 +1,6 @@
 // Package publish keeps a node's ResourceSlices equal to what its hardware
-// can deliver: it probes the node, builds each driver's slices
+// can deliver: it probes the node, leaves out the GPUs that are NVIDIA's
+// device plugin's (owned), builds each driver's slices
 // (slices/resources.ForNode: the one place that decides what a node
 // publishes) and hands them to a ResourceSlice controller per driver
 // (k8s.io/dynamic-resource-allocation/resourceslice) only when they
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,6 +62,12 @@ type Options struct {
 	// from.
 	Published func(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features)
 
+	// DevicePlugin, if set, says why NVIDIA's device plugin is taken to
+	// serve GPUs on the node now (deviceplugin.Watcher.Why); nothing: it
+	// is not. The GPUs the configuration does not give the agent then are
+	// left out of the slices (config.AgentConfig.OwnGPUs).
+	DevicePlugin func() []string
+
 	// RecheckFeatures is how often Run checks which DRA features' fields
 	// the API server keeps (features.go: one dry-run create each time);
 	// 0: 10 minutes.
@@ -93,6 +101,7 @@ type Publisher struct {
 	published       map[string]resourceslice.DriverResources
 	controllers     map[string]*resourceslice.Controller
 	skipped         map[string]bool // PFs already logged as not offered
+	withheld        string          // why GPUs are left to the device plugin, "" if none
 	// kinds are the published devices' kinds, by driver and device name.
 	kinds map[string]map[string]string
 	// verified is, by driver, nil once the last publication is in the API
@@ -243,6 +252,8 @@ func (p *Publisher) Publish(ctx context.Context) error {
 	p.mu.Lock()
 	inv, features := p.inv, p.features
 	p.mu.Unlock()
+	inv, withheld := p.owned(inv)
+	p.logWithheld(logger, withheld)
 	res, skipped := resources.ForNode(p.opts.NodeName, inv, p.opts.Config, features, p.faults())
 	p.logSkipped(logger, skipped)
 	var errs []error
@@ -332,6 +343,64 @@ func (p *Publisher) logSkipped(logger klog.Logger, skipped []config.Skip) {
 		}
 	}
 	p.skipped = now
+}
+
+// withholding is the GPUs a publication leaves to NVIDIA's device
+// plugin, and why.
+type withholding struct {
+	gpus []hw.GPU
+	of   int // the node's GPUs
+	why  string
+}
+
+// owned is the inventory with only the GPUs the agent owns now: the one
+// place where the device plugin's share is taken out of what is
+// published.
+func (p *Publisher) owned(inv hw.Inventory) (hw.Inventory, withholding) {
+	var signals []string
+	if p.opts.DevicePlugin != nil {
+		signals = p.opts.DevicePlugin()
+	}
+	own, left, why := p.opts.Config.OwnGPUs(inv.GPUs, len(signals) > 0)
+	if len(signals) > 0 && len(left) > 0 {
+		why += ": " + strings.Join(signals, ", ")
+	}
+	inv.GPUs = own
+	return inv, withholding{gpus: left, of: len(own) + len(left), why: why}
+}
+
+// logWithheld says, when it changes, which GPUs are left to the device
+// plugin and why, and keeps it for Withheld and the metric.
+func (p *Publisher) logWithheld(logger klog.Logger, w withholding) {
+	now := ""
+	if len(w.gpus) > 0 {
+		now = fmt.Sprintf("%d of %d GPUs not published: %s", len(w.gpus), w.of, w.why)
+	}
+	p.mu.Lock()
+	before := p.withheld
+	p.withheld = now
+	p.mu.Unlock()
+	p.metrics.withheld.Set(float64(len(w.gpus)))
+	switch {
+	case now == before:
+	case now != "":
+		var addrs []string
+		for _, g := range w.gpus {
+			addrs = append(addrs, g.PCIBusID)
+		}
+		logger.Info("Leaving GPUs to NVIDIA's device plugin: not publishing them, so that no GPU is offered twice", "gpus", addrs, "reason", w.why)
+	default:
+		logger.Info("Publishing every GPU again: NVIDIA's device plugin no longer serves GPUs on this node", "was", before)
+	}
+}
+
+// Withheld says why GPUs are left out of the slices for NVIDIA's device
+// plugin ("8 of 8 GPUs not published: NVIDIA's device plugin serves GPUs
+// on this node: its socket ..."), "" when none are.
+func (p *Publisher) Withheld() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.withheld
 }
 
 func countDevices(res resourceslice.DriverResources) int {

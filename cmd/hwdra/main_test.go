@@ -58,6 +58,35 @@ func TestSlicesPrintsApplicableResourceSlices(t *testing.T) {
 	}
 }
 
+// TestSlicesLeavesTheDevicePluginItsGPUs: with devicePlugin.ownedGPUs the
+// slices hold only the agent's GPUs, as the agent publishes them.
+func TestSlicesLeavesTheDevicePluginItsGPUs(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\ndevicePlugin:\n  ownedGPUs: {pciAddresses: [\"0000:1b:00.0\"]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, "slices", "--hardware", "mock:dgx-h100", "--node-name", "worker-1", "--config", cfg, "-o", "yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+	gpus := map[string]bool{}
+	for {
+		var s resourceapi.ResourceSlice
+		if err := dec.Decode(&s); err != nil {
+			break
+		}
+		for _, d := range s.Spec.Devices {
+			if a, ok := d.Attributes["resource.kubernetes.io/pciBusID"]; ok && s.Spec.Driver == "gpu.hwdra.io" {
+				gpus[*a.StringValue] = true
+			}
+		}
+	}
+	if len(gpus) != 1 || !gpus["0000:1b:00.0"] {
+		t.Fatalf("GPUs in the slices: %v, want 0000:1b:00.0 alone", gpus)
+	}
+}
+
 func TestProbeJSON(t *testing.T) {
 	out, err := run(t, "probe", "--hardware", "mock:dgx-h100", "-o", "json")
 	if err != nil {

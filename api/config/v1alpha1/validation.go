@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -21,12 +22,16 @@ func (c *AgentConfig) Validate() field.ErrorList {
 	if c.Health != nil {
 		errs = append(errs, c.Health.validate(field.NewPath("health"))...)
 	}
+	if c.DevicePlugin != nil {
+		errs = append(errs, c.DevicePlugin.validate(field.NewPath("devicePlugin"))...)
+	}
 	return errs
 }
 
 var (
 	pciAddressRE = regexp.MustCompile(`^([0-9a-f]{4}:)?[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$`)
 	hexIDRE      = regexp.MustCompile(`^[0-9a-f]{4}$`)
+	gpuUUIDRE    = regexp.MustCompile(`^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 )
 
 func (r *NICRule) validate(p *field.Path) field.ErrorList {
@@ -110,6 +115,63 @@ func (h *HealthConfig) validate(p *field.Path) field.ErrorList {
 		errs = append(errs, field.NotSupported(p.Child("fatalEffect"), h.FatalEffect, []string{EffectNoSchedule, EffectNoExecute}))
 	}
 	return errs
+}
+
+func (d *DevicePluginConfig) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, r := range d.Resources {
+		if err := resourcePattern(r); err != nil {
+			errs = append(errs, field.Invalid(p.Child("resources").Index(i), r, err.Error()))
+		}
+	}
+	if g := d.OwnedGPUs; g != nil {
+		sel := p.Child("ownedGPUs")
+		for i, a := range g.PCIAddresses {
+			if !pciAddressRE.MatchString(a) {
+				errs = append(errs, field.Invalid(sel.Child("pciAddresses").Index(i), a, "must be a PCI address like 0000:1b:00.0"))
+			}
+		}
+		for i, u := range g.UUIDs {
+			if !gpuUUIDRE.MatchString(u) {
+				errs = append(errs, field.Invalid(sel.Child("uuids").Index(i), u, "must be a GPU UUID as NVML reports it, like GPU-3ae1f2c4-0b6d-4e1a-9c2f-5d7e8f901234"))
+			}
+		}
+	}
+	return errs
+}
+
+// resourcePattern checks an extended resource name, or a prefix of one
+// ending in "*".
+func resourcePattern(s string) error {
+	name, prefix := strings.CutSuffix(s, "*")
+	if strings.Contains(name, "*") {
+		return errors.New(`"*" may only end a prefix`)
+	}
+	if prefix {
+		// Any name the prefix starts is to be valid: test the shortest.
+		name += "x"
+	}
+	return extendedResourceName(name)
+}
+
+// extendedResourceName checks a name as the API server checks extended
+// resource names (k8s.io/kubernetes pkg/apis/core/v1/helper
+// IsExtendedResourceName, which apiserver validation and the scheduler
+// use): a domain-prefixed name outside kubernetes.io, that prefixed with
+// "requests." is a qualified name.
+func extendedResourceName(s string) error {
+	switch {
+	case !strings.Contains(s, "/"):
+		return errors.New("must be a domain-prefixed name like nvidia.com/gpu")
+	case strings.Contains(s, "kubernetes.io/"):
+		return errors.New("must not be in the kubernetes.io domain")
+	case strings.HasPrefix(s, "requests."):
+		return errors.New(`must not start with "requests."`)
+	}
+	if msgs := validation.IsQualifiedName("requests." + s); len(msgs) > 0 {
+		return errors.New("must be an extended resource name like nvidia.com/gpu: " + strings.Join(msgs, "; "))
+	}
+	return nil
 }
 
 // maxBandwidthMbps bounds values (100 Tb/s) far above any link, and far
