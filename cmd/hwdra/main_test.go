@@ -78,7 +78,7 @@ func TestBadInputFails(t *testing.T) {
 		want string
 	}{
 		"unknown profile": {[]string{"slices", "--hardware", "mock:nope", "--node-name", "n"}, `unknown mock profile "nope"`},
-		"bad yaml field":  {[]string{"probe", "--hardware", "mock:" + bad}, `gpus[0].colour: unknown field`},
+		"bad yaml field":  {[]string{"probe", "--hardware", "mock:" + bad}, `unknown field "gpus[0].colour"`},
 		"bad hardware":    {[]string{"probe", "--hardware", "gpu"}, `--hardware "gpu"`},
 		"no node name":    {[]string{"slices", "--hardware", "mock:cx7"}, "--node-name is required"},
 		"bad output":      {[]string{"probe", "--hardware", "mock:cx7", "-o", "xml"}, `--output "xml"`},
