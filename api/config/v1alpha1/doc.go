@@ -23,8 +23,10 @@
 //	    report: [43]          # a device failure here after all
 //	  fatalEffect: NoExecute  # NoSchedule (default) | NoExecute
 //
-// What the fields mean is on the types; package config resolves a
-// validated file against the node's PFs.
+// A section left out keeps its defaults: a file with only health offers
+// the PFs as no file does. Bandwidth values are quantities, quoted ("10G")
+// or bare numbers of bits per second. What the fields mean is on the
+// types; package config resolves a validated file against the node's PFs.
 //
 // +k8s:deepcopy-gen=package
 package v1alpha1
