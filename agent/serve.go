@@ -68,7 +68,7 @@ func serve(ctx context.Context, opts Options, cfg *config.AgentConfig, m *metric
 func (s *server) openHardware(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	if s.node = s.opts.node; s.node == nil {
-		node, err := backend.OpenWith(s.opts.Hardware, backend.Options{DriverRoot: s.opts.DriverRoot})
+		node, err := backend.OpenWith(s.opts.Hardware, backend.Options{DriverRoot: s.opts.DriverRoot, Logger: logger})
 		if err != nil {
 			return err
 		}
