@@ -17,6 +17,9 @@ func labCommand() *cobra.Command {
 			// "--claim a.yaml b.yaml": the shell's glob expands after one flag.
 			opts.ClaimFiles = append(opts.ClaimFiles, args...)
 			opts.Stdin = cmd.InOrStdin()
+			if err := makeDirs(cmd.Flags(), "state-dir", "cdi-dir"); err != nil {
+				return err
+			}
 			return lab.Run(cmd.Context(), cmd.OutOrStdout(), opts)
 		},
 	}
