@@ -81,17 +81,19 @@ func (a *apiServer) unreachable() error {
 	if a == nil {
 		return nil
 	}
-	err, since := a.state()
+	since, err := a.state()
 	if err == nil {
 		return nil
 	}
 	return fmt.Errorf("the API server %s (%s) is unreachable for %v: %w", a.host, a.source, time.Since(since).Round(time.Second), err)
 }
 
-func (a *apiServer) state() (error, time.Time) {
+// state is when the failures began and the last one (nil while the
+// server answers).
+func (a *apiServer) state() (time.Time, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.err, a.since
+	return a.since, a.err
 }
 
 // report logs, at the default verbosity, when the server stops answering
@@ -108,7 +110,7 @@ func (a *apiServer) report(ctx context.Context, check func(context.Context) erro
 		retry     = checkFirstRetry
 	)
 	for {
-		err, since := a.state()
+		since, err := a.state()
 		if err == nil {
 			if down {
 				logger.Info("The API server answers again", "server", a.host, "after", time.Since(since).Round(time.Second))

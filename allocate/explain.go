@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -55,8 +56,8 @@ func (a *Allocator) Explain(ctx context.Context, claims ...*resourceapi.Resource
 		for _, r := range e.requests(c) {
 			if probe(ctx, a, r.alone(c)) != nil {
 				matching, _ := e.matching(ctx, r)
-				lines = append(lines, fmt.Sprintf("    claim %s, request %s: what matches it (%s) is taken by those claims, or their counters are",
-					c.Name, r.name, plural(len(matching), "device")))
+				lines = append(lines, fmt.Sprintf("    claim %s, request %s: those claims hold every device that matches it (%d), or their counters",
+					c.Name, r.name, len(matching)))
 			}
 		}
 	}
@@ -84,16 +85,11 @@ type explainer struct {
 }
 
 // request is one request of a claim, or one subrequest of a firstAvailable
-// request, as the allocator sees it.
+// request, as an exact request of its own.
 type request struct {
-	name      string // "gpu", or "gpu/small"
-	class     string
-	selectors []resourceapi.DeviceSelector
-	mode      resourceapi.DeviceAllocationMode
-	count     int64
-	capacity  *resourceapi.CapacityRequirements
-	exact     resourceapi.ExactDeviceRequest
-	parent    string
+	name   string // "gpu", or "gpu/small"
+	parent string // the claim's request: "gpu"
+	exact  resourceapi.ExactDeviceRequest
 }
 
 // alone is claim c with only this request: no constraints, no config.
@@ -106,17 +102,15 @@ func (r request) alone(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaim 
 func (e *explainer) requests(c *resourceapi.ResourceClaim) []request {
 	var out []request
 	for _, r := range c.Spec.Devices.Requests {
-		if x := r.Exactly; x != nil {
-			out = append(out, request{name: r.Name, parent: r.Name, class: x.DeviceClassName, selectors: x.Selectors,
-				mode: x.AllocationMode, count: x.Count, capacity: x.Capacity, exact: *x})
+		if r.Exactly != nil {
+			out = append(out, request{name: r.Name, parent: r.Name, exact: *r.Exactly})
 			continue
 		}
 		for _, s := range r.FirstAvailable {
-			out = append(out, request{name: r.Name + "/" + s.Name, parent: r.Name, class: s.DeviceClassName, selectors: s.Selectors,
-				mode: s.AllocationMode, count: s.Count, capacity: s.Capacity, exact: resourceapi.ExactDeviceRequest{
-					DeviceClassName: s.DeviceClassName, Selectors: s.Selectors, AllocationMode: s.AllocationMode, Count: s.Count,
-					Tolerations: s.Tolerations, Capacity: s.Capacity, DerivedAttributes: s.DerivedAttributes,
-				}})
+			out = append(out, request{name: r.Name + "/" + s.Name, parent: r.Name, exact: resourceapi.ExactDeviceRequest{
+				DeviceClassName: s.DeviceClassName, Selectors: s.Selectors, AllocationMode: s.AllocationMode, Count: s.Count,
+				Tolerations: s.Tolerations, Capacity: s.Capacity, DerivedAttributes: s.DerivedAttributes,
+			}})
 		}
 	}
 	return out
@@ -171,47 +165,38 @@ func describeConstraint(c resourceapi.DeviceConstraint) string {
 // request explains one request on the empty node: the first cause found,
 // or that it fits alone.
 func (e *explainer) request(ctx context.Context, c *resourceapi.ResourceClaim, r request) (string, bool) {
-	inClass, err := e.classDevices(ctx, r.class)
+	x := r.exact
+	class := x.DeviceClassName
+	inClass, err := e.classDevices(ctx, class)
 	if err != nil {
 		return err.Error(), false
 	}
 	if len(inClass) == 0 {
-		return fmt.Sprintf("class %s has no device on this node", r.class), false
+		return fmt.Sprintf("class %s has no device on this node", class), false
 	}
-	matching, err := e.filter(ctx, inClass, r.selectors)
+	matching, err := e.filter(ctx, inClass, x.Selectors)
 	if err != nil {
 		return "selectors: " + err.Error(), false
 	}
 	if len(matching) == 0 {
-		return fmt.Sprintf("the selectors exclude all %s of class %s", plural(len(inClass), "device"), r.class), false
+		return fmt.Sprintf("the selectors exclude all %s of class %s", plural(len(inClass), "device"), class), false
 	}
-	if r.capacity != nil {
-		names := make([]string, 0, len(r.capacity.Requests))
-		for name := range r.capacity.Requests {
-			names = append(names, string(name))
-		}
-		slices.Sort(names)
-		for _, name := range names {
-			want := r.capacity.Requests[resourceapi.QualifiedName(name)]
-			var (
-				have []device
-				most *resource.Quantity
-			)
+	if x.Capacity != nil {
+		for _, name := range slices.Sorted(maps.Keys(x.Capacity.Requests)) {
+			want := x.Capacity.Requests[name]
+			var most *resource.Quantity
 			for _, d := range matching {
-				cap, ok := d.Capacity[resourceapi.QualifiedName(name)]
-				if !ok {
-					continue
-				}
-				have = append(have, d)
-				if m := mostPerAllocation(cap); most == nil || m.Cmp(*most) > 0 {
-					most = &m
+				if c, ok := d.Capacity[name]; ok {
+					if m := mostPerAllocation(c); most == nil || m.Cmp(*most) > 0 {
+						most = &m
+					}
 				}
 			}
-			if len(have) == 0 {
-				return fmt.Sprintf("capacity %s: no matching device of class %s has it (they have: %s)", name, r.class, capacityNames(matching)), false
-			}
-			if want.Cmp(*most) > 0 {
-				return fmt.Sprintf("capacity %s: asks for %s, but a matching device of class %s gives at most %s to one allocation", name, want.String(), r.class, most.String()), false
+			switch {
+			case most == nil:
+				return fmt.Sprintf("capacity %s: no matching device of class %s has it (they have: %s)", name, class, capacityNames(matching)), false
+			case want.Cmp(*most) > 0:
+				return fmt.Sprintf("capacity %s: asks for %s, but a matching device of class %s gives at most %s to one allocation", name, want.String(), class, most.String()), false
 			}
 		}
 	}
@@ -219,21 +204,22 @@ func (e *explainer) request(ctx context.Context, c *resourceapi.ResourceClaim, r
 	for _, d := range matching {
 		shared = shared && d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations
 	}
-	if r.mode == resourceapi.DeviceAllocationModeExactCount && int64(len(matching)) < r.count && !shared {
-		return fmt.Sprintf("%s of class %s requested, %d match", plural(int(r.count), "device"), r.class, len(matching)), false
+	exact := x.AllocationMode == resourceapi.DeviceAllocationModeExactCount
+	if exact && int64(len(matching)) < x.Count && !shared {
+		return fmt.Sprintf("%s of class %s requested, %d match", plural(int(x.Count), "device"), class, len(matching)), false
 	}
 	if err := probe(ctx, e.empty, r.alone(c)); err != nil {
 		if !errors.Is(err, ErrUnsatisfiable) {
 			return err.Error(), false
 		}
-		if r.mode == resourceapi.DeviceAllocationModeExactCount && r.count > 1 {
+		if exact && x.Count > 1 {
 			return fmt.Sprintf("%s of class %s match, but no %d of them can be allocated together: they use the same counters (MIG placements of one GPU, a GPU and its partitions) or the same PF's bandwidth and VFs",
-				plural(len(matching), "device"), r.class, r.count), false
+				plural(len(matching), "device"), class, x.Count), false
 		}
 		return fmt.Sprintf("%s of class %s match, but the allocator takes none of them (tainted, or the request's capacity is outside their request policy)",
-			plural(len(matching), "device"), r.class), false
+			plural(len(matching), "device"), class), false
 	}
-	return fmt.Sprintf("fits alone (%s of class %s match)", plural(len(matching), "device"), r.class), true
+	return fmt.Sprintf("fits alone (%s of class %s match)", plural(len(matching), "device"), class), true
 }
 
 // device is a published device with its driver.
@@ -291,11 +277,11 @@ next:
 
 // matching are the devices of r's class that r's selectors select.
 func (e *explainer) matching(ctx context.Context, r request) ([]device, error) {
-	inClass, err := e.classDevices(ctx, r.class)
+	inClass, err := e.classDevices(ctx, r.exact.DeviceClassName)
 	if err != nil {
 		return nil, err
 	}
-	return e.filter(ctx, inClass, r.selectors)
+	return e.filter(ctx, inClass, r.exact.Selectors)
 }
 
 // mostPerAllocation is the most of a capacity one allocation may take:

@@ -79,9 +79,10 @@ func TestLabBadInput(t *testing.T) {
 		"a share larger than the PF": {[]string{write("big.yaml", claimYAML("big",
 			"exactly: {deviceClassName: vf-share.sriov.hwdra.io, capacity: {requests: {sriov.hwdra.io/bandwidth: 1000G}}}"))},
 			"request gpu: capacity sriov.hwdra.io/bandwidth: asks for 1T, but a matching device of class vf-share.sriov.hwdra.io gives at most 400G to one allocation"},
-		"a misspelled capacity": {[]string{write("bandwith.yaml", claimYAML("bandwith",
-			"exactly: {deviceClassName: vf-share.sriov.hwdra.io, capacity: {requests: {sriov.hwdra.io/bandwith: 10G}}}"))},
-			"request gpu: capacity sriov.hwdra.io/bandwith: no matching device of class vf-share.sriov.hwdra.io has it (they have: sriov.hwdra.io/bandwidth, sriov.hwdra.io/vfs)"},
+		//nolint:misspell // the claim's misspelled capacity name is the test
+		"a misspelled capacity": {[]string{write("bandwdith.yaml", claimYAML("bandwdith",
+			"exactly: {deviceClassName: vf-share.sriov.hwdra.io, capacity: {requests: {sriov.hwdra.io/bandwdith: 10G}}}"))},
+			"request gpu: capacity sriov.hwdra.io/bandwdith: no matching device of class vf-share.sriov.hwdra.io has it (they have: sriov.hwdra.io/bandwidth, sriov.hwdra.io/vfs)"},
 		"a partner request matches nothing": {[]string{write("pair.yaml", claimYAML("pair", "exactly: {deviceClassName: gpu.hwdra.io}\n"+
 			`    - name: nic
       exactly: {deviceClassName: vf-share.sriov.hwdra.io, selectors: [{cel: {expression: 'device.attributes["resource.kubernetes.io"].numaNode == 7'}}]}

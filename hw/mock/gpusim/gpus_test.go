@@ -84,7 +84,7 @@ func TestDefaultAddressesToTheLimit(t *testing.T) {
 		if ret != nvml.SUCCESS {
 			t.Fatalf("GPU %d: GetPciInfo: %v", i, ret)
 		}
-		id := nvmlString(info.BusId[:])
+		id := cStr(info.BusId[:])
 		if seen[id] {
 			t.Errorf("GPU %d: bus ID %s twice", i, id)
 		}
@@ -93,17 +93,6 @@ func TestDefaultAddressesToTheLimit(t *testing.T) {
 	if !seen["00000000:FF:00.0"] {
 		t.Errorf("the last default address is not bus ff: %v", seen)
 	}
-}
-
-func nvmlString(b []int8) string {
-	var s []byte
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		s = append(s, byte(c))
-	}
-	return string(s)
 }
 
 func TestDeterministicUUIDs(t *testing.T) {
