@@ -31,9 +31,13 @@ type Options struct {
 	// KubeConfig reaches the API server; each of the agent's two clients
 	// (claims, slices) may send KubeAPIQPS requests a second, in bursts of
 	// KubeAPIBurst.
-	KubeConfig   *rest.Config
-	KubeAPIQPS   float32
-	KubeAPIBurst int
+	KubeConfig *rest.Config
+	// KubeConfigSource says where KubeConfig came from ("--kubeconfig
+	// F", "in-cluster service account"), for the messages that say the
+	// API server is unreachable.
+	KubeConfigSource string
+	KubeAPIQPS       float32
+	KubeAPIBurst     int
 	// KubeClient, when set, serves as both clients instead (tests).
 	KubeClient kubernetes.Interface
 	// RegistrarDir is the kubelet's plugin registration directory;

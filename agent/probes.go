@@ -49,6 +49,8 @@ type probes struct {
 	withheld func() string
 	// requested tells whether a newer agent asks for the node.
 	requested func() bool
+	// api is nil while the API server answers, else what is unreachable.
+	api func() error
 }
 
 type startedPlugin struct {
@@ -100,6 +102,12 @@ func (p *probes) notes() []string {
 	return out
 }
 
+func (p *probes) setAPIServer(unreachable func() error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.api = unreachable
+}
+
 func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -109,15 +117,19 @@ func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
 // ready is nil when the agent serves the node, else every reason why not.
 func (p *probes) ready() error {
 	p.mu.Lock()
-	state, plugins, published, nri, requested := p.state, p.plugins, p.published, p.nri, p.requested
+	state, plugins, published, nri, requested, api := p.state, p.plugins, p.published, p.nri, p.requested, p.api
 	p.mu.Unlock()
+	var unreachable error
+	if api != nil {
+		unreachable = api()
+	}
 	if state != "" {
-		return errors.New(state)
+		return errors.Join(errors.New(state), unreachable)
 	}
 	if requested != nil && requested() {
 		return errors.New(stateHandingOver)
 	}
-	var errs []error
+	errs := []error{unreachable}
 	for _, pl := range plugins {
 		if st := pl.helper.RegistrationStatus(); st == nil || !st.PluginRegistered {
 			reason := "the kubelet has not registered it yet"

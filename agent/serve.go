@@ -48,7 +48,7 @@ func serve(ctx context.Context, opts Options, cfg *config.AgentConfig, m *metric
 	if err := s.openHardware(ctx); err != nil {
 		return err
 	}
-	if err := s.connect(); err != nil {
+	if err := s.connect(ctx); err != nil {
 		return err
 	}
 	if err := s.startPublisher(ctx); err != nil {
@@ -72,7 +72,7 @@ func serve(ctx context.Context, opts Options, cfg *config.AgentConfig, m *metric
 func (s *server) openHardware(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	if s.node = s.opts.node; s.node == nil {
-		node, err := backend.OpenWith(s.opts.Hardware, backend.Options{DriverRoot: s.opts.DriverRoot})
+		node, err := backend.OpenWith(s.opts.Hardware, backend.Options{DriverRoot: s.opts.DriverRoot, Logger: logger})
 		if err != nil {
 			return err
 		}
@@ -91,15 +91,29 @@ func (s *server) openHardware(ctx context.Context) error {
 	return nil
 }
 
-// connect makes the agent's two API clients.
-func (s *server) connect() error {
+// connect makes the agent's two API clients, and watches through them
+// whether the API server answers: the log and /readyz say so when not.
+func (s *server) connect(ctx context.Context) error {
 	if s.opts.KubeClient != nil {
 		s.claims, s.slices = s.opts.KubeClient, s.opts.KubeClient
 		return nil
 	}
+	api := newAPIServer(s.opts.KubeConfig, s.opts.KubeConfigSource)
 	var err error
-	s.claims, s.slices, err = newClients(s.opts.KubeConfig, s.opts.KubeAPIQPS, s.opts.KubeAPIBurst, s.m)
-	return err
+	if s.claims, s.slices, err = newClients(s.opts.KubeConfig, s.opts.KubeAPIQPS, s.opts.KubeAPIBurst, s.m, api.wrap); err != nil {
+		return err
+	}
+	s.pr.setAPIServer(api.unreachable)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		api.report(ctx, func(ctx context.Context) error {
+			return s.claims.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
+		})
+	}()
+	s.onStop(func() { cancel(); <-done; s.pr.setAPIServer(nil) })
+	return nil
 }
 
 // startPublisher makes the publisher, the health wiring that sees its

@@ -75,6 +75,8 @@ type Node struct {
 type Options struct {
 	// DriverRoot is the NVIDIA driver's root ("host" hardware only).
 	DriverRoot DriverRoot
+	// Logger says what opening found (NVML missing); default klog's.
+	Logger klog.Logger
 }
 
 // Open opens "host" or "mock:<profile>" (a built-in name or a YAML file).
@@ -82,9 +84,13 @@ func Open(spec string) (*Node, error) { return OpenWith(spec, Options{}) }
 
 // OpenWith is Open with options.
 func OpenWith(spec string, opts Options) (*Node, error) {
+	logger := opts.Logger
+	if logger.GetSink() == nil {
+		logger = klog.Background()
+	}
 	switch {
 	case spec == Host:
-		return openHost(opts.DriverRoot), nil
+		return openHost(opts.DriverRoot, logger), nil
 	case strings.HasPrefix(spec, MockPrefix):
 		m, err := mock.Open(strings.TrimPrefix(spec, MockPrefix))
 		if err != nil {
@@ -101,7 +107,7 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 			return nil, errors.Join(err, m.Close())
 		}
 		if len(m.Profile.GPUs) > 0 {
-			n.openNVML(nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs)))
+			n.openNVML(nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs)), logger)
 		}
 		return n, nil
 	default:
@@ -110,7 +116,7 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 	}
 }
 
-func openHost(root DriverRoot) *Node {
+func openHost(root DriverRoot, logger klog.Logger) *Node {
 	passthrough, _ := vfiopci.New(sriov.DefaultSysfsRoot) // "/sys": always valid
 	n := &Node{
 		Passthrough: passthrough,
@@ -119,13 +125,13 @@ func openHost(root DriverRoot) *Node {
 		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{}, RDMA: sriov.NetlinkRDMA{},
 		DriverSpecDirs: root.specDirs(), driverRoot: &root,
 	}
-	n.openNVML(root.newNVML(sriov.DefaultSysfsRoot))
+	n.openNVML(root.newNVML(sriov.DefaultSysfsRoot), logger)
 	return n
 }
 
 // openNVML initialises NVML. Where that fails but the PCI bus shows NVIDIA
 // GPUs, the driver is not ready yet: NVML stays pending (InitNVML).
-func (n *Node) openNVML(b *nvml.Backend) {
+func (n *Node) openNVML(b *nvml.Backend, logger klog.Logger) {
 	err := b.Init()
 	switch {
 	case err == nil:
@@ -133,10 +139,10 @@ func (n *Node) openNVML(b *nvml.Backend) {
 		n.nvmlUp()
 	case nvidiaGPUsOnBus(n.SysfsRoot):
 		n.nvmlPending = b
-		klog.InfoS("NVML unavailable, but the PCI bus shows NVIDIA GPUs: waiting for the driver", "err", err, "driverRoot", n.driverRootPath())
+		logger.Info("NVML unavailable, but the PCI bus shows NVIDIA GPUs: waiting for the driver", "err", err, "driverRoot", n.driverRootPath())
 	default:
 		// A NIC-only node has no NVIDIA driver: not an error.
-		klog.InfoS("No GPUs: NVML unavailable", "err", err, "driverRoot", n.driverRootPath())
+		logger.Info("No GPUs: NVML unavailable", "err", err, "driverRoot", n.driverRootPath())
 	}
 }
 

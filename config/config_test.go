@@ -19,9 +19,17 @@ func TestParseValid(t *testing.T) {
 		yaml string
 		want []rule
 	}{{
-		name: "no nics: nothing selected",
+		name: "no nics: the built-in rule, as without a file",
 		yaml: header,
-		want: nil,
+		want: []rule{{index: -1, mode: ModeShared, bandwidth: DefaultBandwidth}},
+	}, {
+		name: "only health: nics keeps its default",
+		yaml: header + "health: {fatalEffect: NoExecute}\n",
+		want: []rule{{index: -1, mode: ModeShared, bandwidth: DefaultBandwidth}},
+	}, {
+		name: "bandwidth as bare numbers, as Kubernetes takes quantities",
+		yaml: header + "nics:\n- bandwidth: {default: 25000000000, minimum: 5e9, step: 5000000000}\n",
+		want: []rule{{index: 0, mode: ModeShared, bandwidth: BandwidthPolicy{DefaultMbps: 25000, MinimumMbps: 5000, StepMbps: 5000}}},
 	}, {
 		name: "catch-all with the built-in policy",
 		yaml: header + "nics:\n- {}\n",
@@ -124,7 +132,10 @@ func TestParseInvalid(t *testing.T) {
 		{"step zero", header + "nics:\n- {}\n- bandwidth: {step: \"0\"}\n", `nics[1].bandwidth.step: Invalid value: "0": must be > 0`},
 		{"negative minimum", header + "nics:\n- bandwidth: {minimum: -1G}\n", `nics[0].bandwidth.minimum: Invalid value: "-1G": must be > 0`},
 		{"not a quantity", header + "nics:\n- bandwidth: {default: 10Gbps}\n", `nics[0].bandwidth.default: Invalid value: "10Gbps": must be a quantity in bits per second`},
-		{"number, not a quantity string", header + "nics:\n- bandwidth: {default: 10}\n", "nics[0].bandwidth.default: Invalid value: 10: must be a string (quote it)"},
+		{"empty nics", header + "nics: []\n", "nics: Invalid value: an empty list would offer no PF: leave nics out"},
+		{"step 0 as a number", header + "nics:\n- bandwidth: {step: 0}\n", `nics[0].bandwidth.step: Invalid value: "0": must be > 0`},
+		{"a number of bits", header + "nics:\n- bandwidth: {default: 10}\n", `nics[0].bandwidth.default: Invalid value: "10": must be a whole number of Mb/s`},
+		{"a list for a quantity", header + "nics:\n- bandwidth: {minimum: [1G]}\n", `nics[0].bandwidth.minimum: Invalid value: "[\"1G\"]": must be a quantity in bits per second`},
 		{"binary suffix", header + "nics:\n- bandwidth: {step: 1Gi}\n", `nics[0].bandwidth.step: Invalid value: "1Gi": must be a whole number of Mb/s`},
 		{"below 1 Mb/s", header + "nics:\n- bandwidth: {minimum: 100k}\n", `nics[0].bandwidth.minimum: Invalid value: "100k": must be a whole number of Mb/s`},
 		{"absurd", header + "nics:\n- bandwidth: {default: 1E}\n", `nics[0].bandwidth.default: Invalid value: "1E": must be at most 100T`},

@@ -11,7 +11,9 @@
 // ("config /etc/hwdra/config.yaml: nics[1].bandwidth.step: Invalid value:
 // "0": must be > 0"), and a file with any error yields no configuration.
 //
-// Without a file (no --config) every PF with VFs is offered in shared mode
-// with the built-in bandwidth policy (default 10G, minimum 1G, step 1G),
-// except the PFs that carry a default route.
+// Without a file (no --config), or a file without nics, every PF with VFs
+// is offered in shared mode with the built-in bandwidth policy (default
+// 10G, minimum 1G, step 1G), except the PFs that carry a default route. A
+// file's section left out keeps its defaults; an empty nics list is
+// refused (it would offer no PF: [{mode: disabled}] says so on purpose).
 package config

@@ -111,7 +111,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		if err := d.opts.Network.Ready(); err != nil {
 			// A warning, not an error: the kubelet retries, and the
 			// runtime's NRI usually comes back.
-			klog.Warningf("Refusing to prepare claim %s: %v", klog.KObj(claim), err)
+			klog.FromContext(ctx).Info("Warning: refusing to prepare the claim", "claim", klog.KObj(claim), "err", err)
 			return nil, rec, err
 		}
 	}

@@ -59,7 +59,7 @@ func (r *NICRule) defaults() {
 // defaults completes the policy from its valid values; an invalid one
 // leaves what depends on it empty (Validate names the invalid one).
 func (b *Bandwidth) defaults() {
-	valid := func(s string) bool { _, err := Mbps(s); return err == nil }
+	valid := func(q Quantity) bool { _, err := Mbps(q); return err == nil }
 	switch {
 	case b.Minimum == "" && b.Step == "":
 		b.Minimum, b.Step = FormatMbps(DefaultMinimumMbps), FormatMbps(DefaultStepMbps)

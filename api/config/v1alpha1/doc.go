@@ -29,8 +29,10 @@
 //	    pciAddresses: ["0000:1b:00.0"]
 //	    uuids: [GPU-3ae1f2c4-0b6d-4e1a-9c2f-5d7e8f901234]
 //
-// What the fields mean is on the types; package config resolves a
-// validated file against the node's PFs.
+// A section left out keeps its defaults: a file with only health offers
+// the PFs as no file does. Bandwidth values are quantities, quoted ("10G")
+// or bare numbers of bits per second. What the fields mean is on the
+// types; package config resolves a validated file against the node's PFs.
 //
 // +k8s:deepcopy-gen=package
 package v1alpha1

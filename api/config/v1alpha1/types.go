@@ -1,6 +1,10 @@
 package v1alpha1
 
-import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+import (
+	"encoding/json"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
 // AgentConfig is the agent's configuration file.
 //
@@ -12,10 +16,11 @@ type AgentConfig struct {
 	// offered. A PF that carries one of the node's default routes is only
 	// offered by an entry that names it (select.names or
 	// select.pciAddresses): handing the management link to pods must be a
-	// deliberate act. Without a file every PF with VFs is offered in shared
-	// mode with the default bandwidth policy, except those.
+	// deliberate act. Left out (or without a file) every PF with VFs is
+	// offered in shared mode with the default bandwidth policy, except
+	// those. An empty list is refused: [{mode: disabled}] offers none.
 	NICs []NICRule `json:"nics,omitempty"`
-	// Health tunes device health reporting.
+	// Health tunes device health reporting. Left out: the defaults.
 	Health *HealthConfig `json:"health,omitempty"`
 	// DevicePlugin says how the agent shares a node with NVIDIA's
 	// Kubernetes device plugin. Without it the agent recognises the device
@@ -73,11 +78,32 @@ const (
 type Bandwidth struct {
 	// Default is what a claim that names no bandwidth gets. Default: 10G,
 	// rounded up to a valid share.
-	Default string `json:"default,omitempty"`
+	Default Quantity `json:"default,omitempty"`
 	// Minimum share. Default: Step, or 1G.
-	Minimum string `json:"minimum,omitempty"`
+	Minimum Quantity `json:"minimum,omitempty"`
 	// Step between shares. Default: Minimum, or 1G.
-	Step string `json:"step,omitempty"`
+	Step Quantity `json:"step,omitempty"`
+}
+
+// Quantity is a Kubernetes quantity as written: a string ("10G") or, as
+// Kubernetes takes quantities, a bare number (bits per second). Any other
+// JSON value is kept as its text, for validation to refuse with the
+// field's path.
+type Quantity string
+
+// UnmarshalJSON takes a string as it is and any other value as its JSON
+// text; null leaves the quantity unset.
+func (q *Quantity) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var s string
+	if json.Unmarshal(data, &s) == nil {
+		*q = Quantity(s)
+		return nil
+	}
+	*q = Quantity(data)
+	return nil
 }
 
 // HealthConfig tunes device health reporting. A GPU XID is a device

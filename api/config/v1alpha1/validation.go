@@ -16,6 +16,12 @@ import (
 // with its field path ("nics[1].bandwidth.step").
 func (c *AgentConfig) Validate() field.ErrorList {
 	var errs field.ErrorList
+	if c.NICs != nil && len(c.NICs) == 0 {
+		// Left out, nics keeps its default; an empty list would offer no
+		// PF at all, which is too easy to write by mistake to take.
+		errs = append(errs, field.Invalid(field.NewPath("nics"), field.OmitValueType{},
+			"an empty list would offer no PF: leave nics out to offer every PF with VFs in shared mode, or write [{mode: disabled}] to offer none"))
+	}
 	for i := range c.NICs {
 		errs = append(errs, c.NICs[i].validate(field.NewPath("nics").Index(i))...)
 	}
@@ -77,13 +83,16 @@ func (r *NICRule) validate(p *field.Path) field.ErrorList {
 func (b *Bandwidth) validate(p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	values := map[string]int{}
-	for _, f := range []struct{ name, value string }{{"default", b.Default}, {"minimum", b.Minimum}, {"step", b.Step}} {
+	for _, f := range []struct {
+		name  string
+		value Quantity
+	}{{"default", b.Default}, {"minimum", b.Minimum}, {"step", b.Step}} {
 		if f.value == "" {
 			continue // left empty by defaulting where another value is invalid
 		}
 		v, err := Mbps(f.value)
 		if err != nil {
-			errs = append(errs, field.Invalid(p.Child(f.name), f.value, err.Error()))
+			errs = append(errs, field.Invalid(p.Child(f.name), string(f.value), err.Error()))
 			continue
 		}
 		values[f.name] = v
@@ -94,9 +103,9 @@ func (b *Bandwidth) validate(p *field.Path) field.ErrorList {
 	def, minimum, step := values["default"], values["minimum"], values["step"]
 	switch {
 	case def < minimum:
-		errs = append(errs, field.Invalid(p.Child("default"), b.Default, fmt.Sprintf("must be at least the minimum (%s)", FormatMbps(minimum))))
+		errs = append(errs, field.Invalid(p.Child("default"), string(b.Default), fmt.Sprintf("must be at least the minimum (%s)", FormatMbps(minimum))))
 	case (def-minimum)%step != 0:
-		errs = append(errs, field.Invalid(p.Child("default"), b.Default,
+		errs = append(errs, field.Invalid(p.Child("default"), string(b.Default),
 			fmt.Sprintf("must be the minimum (%s) plus a multiple of the step (%s)", FormatMbps(minimum), FormatMbps(step))))
 	}
 	return errs
@@ -180,8 +189,8 @@ const maxBandwidthMbps = 100_000_000
 
 // Mbps reads a bandwidth value (a quantity in bits per second, "10G") in
 // Mb/s, the VF rate limit's unit. The error says what is wrong with it.
-func Mbps(s string) (int, error) {
-	q, err := resource.ParseQuantity(s)
+func Mbps(s Quantity) (int, error) {
+	q, err := resource.ParseQuantity(string(s))
 	switch {
 	case err != nil:
 		return 0, errors.New("must be a quantity in bits per second, like 10G")
@@ -196,6 +205,6 @@ func Mbps(s string) (int, error) {
 }
 
 // FormatMbps writes Mb/s as a bit-rate quantity ("10G").
-func FormatMbps(v int) string {
-	return resource.NewScaledQuantity(int64(v), resource.Mega).String()
+func FormatMbps(v int) Quantity {
+	return Quantity(resource.NewScaledQuantity(int64(v), resource.Mega).String())
 }

@@ -43,11 +43,16 @@ type GPUs struct {
 // dgxBusIDs are the GPUs' PCI addresses in a DGX H100, in NVML index
 // order; GPUs without pciBusIDs get them in turn across the profile's
 // groups, the first four on NUMA node 0 and the rest on node 1 as in a
-// DGX.
+// DGX, and then buses up to ff (extraBus), as many as
+// profile.MaxDefaultGPUAddresses allows.
 var dgxBusIDs = []string{
 	"0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
 	"0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0",
 }
+
+// extraBus+n is the bus of the n-th GPU without pciBusIDs past the DGX
+// addresses: the last one allowed gets bus ff.
+const extraBus = 0x100 - profile.MaxDefaultGPUAddresses
 
 // slot is one GPU of the profile, with its place on the node.
 type slot struct {
@@ -77,7 +82,8 @@ func layoutGPUs(p profile.Profile) ([]slot, error) {
 				at.numa = next / 4
 				next++
 			default:
-				at.busID = fmt.Sprintf("0000:%02x:00.0", 0xe0+len(out)) // after the DGX slots
+				at.busID = fmt.Sprintf("0000:%02x:00.0", extraBus+next) // after the DGX slots
+				next++
 			}
 			if g.NUMANodes != nil {
 				at.numa = g.NUMANodes[i]

@@ -124,8 +124,41 @@ func TestNICAddressesNeverCollide(t *testing.T) {
 		{Model: "cx7", Count: 1, PCIAddresses: []string{"0000:40:00.0"}},
 		{Model: "e810", Count: 1, PCIAddresses: []string{"0000:40:00.0"}},
 	}})
-	if err == nil || !strings.Contains(err.Error(), "PCI address 0000:40:00.0 is used twice") {
+	if err == nil || !strings.Contains(err.Error(), `nics[1]: PCI address "0000:40:00.0" of nics[1] PF 0 (0000:40:00.0) is also the PCI address of nics[0] PF 0 (0000:40:00.0)`) {
 		t.Errorf("duplicate address across groups: %v", err)
+	}
+}
+
+// TestNetdevNamesUnique: a netdev name taken twice, given or by default,
+// PF or VF, is refused naming both owners, not as a sysfs error.
+func TestNetdevNamesUnique(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"nics: [{model: cx7, count: 2, netdevs: [ab, ab]}]",
+			`nics[0]: netdev "ab" of nics[0] PF 1 (0000:31:00.0) is also the netdev of nics[0] PF 0 (0000:30:00.0): netdev names must be unique`},
+		{"nics: [{model: cx7, count: 1, netdevs: [enp49s0f0]}, {model: cx7, count: 2}]",
+			`nics[1]: netdev "enp49s0f0" of nics[1] PF 0 (0000:31:00.0) is also the netdev of nics[0] PF 0 (0000:30:00.0)`},
+		{"nics: [{model: cx7, count: 1, vfs: 2, netdevs: [a]}, {model: cx7, count: 1, netdevs: [av1]}]",
+			`netdev "av1" of nics[1] PF 0 (0000:31:00.0) is also the netdev of VF 1 of nics[0] PF 0 (0000:30:00.0)`},
+	} {
+		p, err := profile.Parse("t", []byte(tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := buildProfile(t, p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v\nwant %s", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// TestOutOfBuses: PFs without addresses beyond the free buses are
+// refused with the limit.
+func TestOutOfBuses(t *testing.T) {
+	p, err := profile.Parse("t", []byte("nics: [{model: cx7, count: 300}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := buildProfile(t, p); err == nil || !strings.Contains(err.Error(), "nics[0]: count: no free PCI bus left for PF 208: PFs without pciAddresses get the buses 30 to ff") {
+		t.Errorf("300 PFs: %v", err)
 	}
 }
 
