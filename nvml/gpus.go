@@ -192,6 +192,9 @@ func (b *Backend) gpu(ref gpuRef, dev nvml.Device) (g hw.GPU, err error) {
 		if g.VGPU, err = b.vgpu(ref, dev, byDriverID); err != nil {
 			return hw.GPU{}, err
 		}
+		if err := b.vgpuFramework(&g); err != nil {
+			return hw.GPU{}, fmt.Errorf("%s: vGPU framework: %w", ref, err)
+		}
 	}
 	return g, nil
 }

@@ -2,12 +2,14 @@ package poolstatus
 
 import (
 	"cmp"
+	"math"
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/utils/ptr"
 
 	"github.com/hwdra/hwdra/slices/device"
 )
@@ -54,7 +56,18 @@ func gpus(p *pool, u *usage) []GPU {
 		g := GPU{PCIBusID: bus}
 		for _, prof := range profiles[bus] {
 			devs := byKey[key{bus, prof}]
-			pr := Profile{Profile: prof, Devices: int32(len(devs)), Allocatable: base.clone().pack(devs, u)}
+			pr := Profile{Profile: prof, Devices: int32(len(devs))}
+			if len(devs) == 1 && ptr.Deref(devs[0].AllowMultipleAllocations, false) {
+				// A GPU's shares: one device, taken many times.
+				d := devs[0]
+				pr.Allocated, pr.Allocatable = u.count(d.Name), base.shares(d, u)
+				if d.unavailable {
+					pr.Unavailable = 1
+				}
+				g.Profiles = append(g.Profiles, pr)
+				continue
+			}
+			pr.Allocatable = base.clone().pack(devs, u)
 			for _, d := range devs {
 				if u.inUse(d.Name) {
 					pr.Allocated++
@@ -172,6 +185,35 @@ func (b *budget) take(d *resourceapi.Device) {
 			}
 		}
 	}
+}
+
+// shares counts how many more shares of the request policy's default
+// size fit on a shareable device: none while it is tainted or, before its
+// first share, while other devices hold the counters it consumes (the
+// allocator charges them at the first share, once); then as many as its
+// capacities have left, the least over them.
+func (b *budget) shares(d poolDevice, u *usage) int32 {
+	if d.unavailable || !u.inUse(d.Name) && !b.fits(d.Device) {
+		return 0
+	}
+	var consumed map[resourceapi.QualifiedName]resource.Quantity
+	if u != nil {
+		consumed = u.deviceConsumed[d.Name]
+	}
+	n := int64(math.MaxInt32)
+	for name, c := range d.Capacity {
+		size := c.Value // no policy: a share takes it all
+		if c.RequestPolicy != nil && c.RequestPolicy.Default != nil {
+			size = *c.RequestPolicy.Default
+		}
+		left := c.Value.DeepCopy()
+		left.Sub(consumed[name])
+		if size.Sign() <= 0 {
+			continue
+		}
+		n = min(n, max(0, left.MilliValue()/size.MilliValue()))
+	}
+	return int32(n)
 }
 
 // pack counts how many of devs (one profile on one GPU) can be added to

@@ -117,7 +117,7 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 						health = partitionFault(gpus[0])
 					}
 					objs := resources.Objects(device.GPUDriver, node,
-						resources.TaintedGPU(node, gpus, device.AllFeatures, resources.Health{Faults: health}))
+						resources.TaintedGPU(node, gpus, nil, device.AllFeatures, resources.Health{Faults: health}))
 					ptrs := make([]*resourceapi.ResourceSlice, len(objs))
 					for i := range objs {
 						ptrs[i] = &objs[i]
@@ -186,6 +186,28 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 // picks.
 func stillAllocatable(t *testing.T, a *allocate.Allocator, objs []resourceapi.ResourceSlice, bus string, p Profile) string {
 	n := int64(p.Allocatable)
+	if p.Profile == device.ProfileShare {
+		// A GPU's shares: n more claims of one default share each fit,
+		// one more does not.
+		var taken []*resourceapi.ResourceClaim
+		defer func() {
+			for _, c := range taken {
+				a.Release(c)
+			}
+		}()
+		for range n {
+			c := claimFor(bus, p.Profile, 1)
+			if !fits(t, a, c) {
+				return "the allocator refuses that many"
+			}
+			taken = append(taken, c)
+		}
+		if one := claimFor(bus, p.Profile, 1); fits(t, a, one) {
+			a.Release(one)
+			return "the allocator allocates one more"
+		}
+		return ""
+	}
 	placed, same := candidates(objs, bus, p.Profile)
 	if placed || !same {
 		if n > 0 {

@@ -60,7 +60,15 @@ type usage struct {
 	deviceConsumed map[string]map[resourceapi.QualifiedName]resource.Quantity
 }
 
-func (u *usage) inUse(name string) bool { return u != nil && u.results[name] > 0 }
+func (u *usage) inUse(name string) bool { return u.count(name) > 0 }
+
+// count is the number of results on a device.
+func (u *usage) count(name string) int32 {
+	if u == nil {
+		return 0
+	}
+	return u.results[name]
+}
 
 // Compute reports every pool of driver in c, sorted by name.
 func Compute(c Cluster, driver string) []Pool {
@@ -223,6 +231,7 @@ func shareable(driver string, p *pool, u *usage) (*resourcealpha.ShareableSummar
 		full, partial int32
 		any           bool
 		devices       []SharedDevice
+		budget        *budget
 	)
 	total := map[resourceapi.QualifiedName]resource.Quantity{}
 	for _, d := range p.devices {
@@ -236,6 +245,15 @@ func shareable(driver string, p *pool, u *usage) (*resourcealpha.ShareableSummar
 			full++
 		}
 		sd := SharedDevice{Device: d.Name, PFName: stringAttr(d.Device, attrPFName), PCIAddress: stringAttr(d.Device, attrPFAddress), Unavailable: d.unavailable}
+		if len(d.ConsumesCounters) > 0 {
+			// A GPU's shares: held off while its other devices are
+			// allocated.
+			sd.GPU = stringAttr(d.Device, attrPCIBusID)
+			if budget == nil {
+				budget = newBudget(p, u)
+			}
+			sd.Held = !u.inUse(d.Name) && !budget.fits(d.Device)
+		}
 		var consumed map[resourceapi.QualifiedName]resource.Quantity
 		if u != nil {
 			sd.Allocations = u.results[d.Name]

@@ -159,6 +159,10 @@ func (h *Hardware) SysfsWriter() *gpusim.SysfsWriter { return h.gpus.SysfsWriter
 // MdevUUIDs lists the mediated devices that exist, sorted.
 func (h *Hardware) MdevUUIDs() []string { return h.gpus.MdevUUIDs() }
 
+// VGPUVFs lists the VFs that are vGPUs of the vendor-specific VFIO
+// framework, "<VF address>=<type ID>", sorted.
+func (h *Hardware) VGPUVFs() []string { return h.gpus.VGPUVFs() }
+
 // ResetGPU resets the GPU at a PCI address, like `nvidia-smi --gpu-reset`
 // (gpusim.GPUs.Reset).
 func (h *Hardware) ResetGPU(busID string) error { return h.gpus.Reset(busID) }

@@ -66,6 +66,14 @@ type env struct {
 	mu    sync.Mutex
 	pods  map[types.UID]*api.PodSandbox // running, as the runtime lists them
 	netns map[string]func() error       // pod namespaces' removers
+	uses  map[types.UID][]string        // the claims each pod names (PodClaims)
+}
+
+// podClaims is the plugin's PodClaims: the claim names env.uses has.
+func (e *env) podClaims(_, _ string, uid types.UID) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.uses[uid]
 }
 
 // removeNetns deletes a pod's network namespace.
@@ -85,7 +93,7 @@ func newEnv(t *testing.T, profile string) *env {
 	host := nritest.HostNetns(t)
 	h := mocktest.Open(t, profile)
 	_, ctx := ktesting.NewTestContext(t)
-	e := &env{t: t, ctx: ctx, hw: h, host: host, dir: t.TempDir(), meta: &fakeMetadata{}, pods: map[types.UID]*api.PodSandbox{}, netns: map[string]func() error{}}
+	e := &env{t: t, ctx: ctx, hw: h, host: host, dir: t.TempDir(), meta: &fakeMetadata{}, pods: map[types.UID]*api.PodSandbox{}, netns: map[string]func() error{}, uses: map[types.UID][]string{}}
 	e.sock = filepath.Join(e.dir, "nri.sock")
 	e.alloc = e.allocator()
 	e.client = fake.NewClientset()
@@ -123,7 +131,8 @@ func (e *env) startAgent() {
 	state := filepath.Join(e.dir, "state")
 	var err error
 	e.net, err = New(Options{DriverName: device.NICDriver, Socket: e.sock, StateDir: state, SysfsRoot: e.hw.Sysfs,
-		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Settle: e.hw.NICs().Settle})
+		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Settle: e.hw.NICs().Settle,
+		PodClaims: e.podClaims})
 	if err != nil {
 		e.t.Fatal(err)
 	}

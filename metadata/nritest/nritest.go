@@ -101,6 +101,13 @@ func (r *Runtime) RemovePodSandbox(ctx context.Context, sb *api.PodSandbox) erro
 	return r.rt.RemovePodSandbox(ctx, &adaptation.RemovePodSandboxRequest{Pod: sb})
 }
 
+// CreateContainer relays the CRI call to the plugins (and its validators).
+func (r *Runtime) CreateContainer(ctx context.Context, sb *api.PodSandbox, ctr *api.Container) error {
+	defer r.rt.BlockPluginSync().Unblock()
+	_, err := r.rt.CreateContainer(ctx, &adaptation.CreateContainerRequest{Pod: sb, Container: ctr})
+	return err
+}
+
 // NewPod makes a sandbox with a network namespace of its own (deleted
 // when t ends); remove deletes the namespace earlier, as the runtime does
 // after StopPodSandbox.

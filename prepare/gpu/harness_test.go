@@ -32,6 +32,7 @@ import (
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
+	"github.com/hwdra/hwdra/vfiopci"
 )
 
 const testNode = "worker-1"
@@ -39,15 +40,17 @@ const testNode = "worker-1"
 // env is one node: mock hardware driven through the real nvml backend,
 // a state directory, a CDI directory, and the agent's plugin over them.
 type env struct {
-	t      testing.TB
-	hw     *mock.Hardware
-	nvml   *nvml.Backend
-	dir    string
-	gpus   []hw.GPU // the inventory the agent scanned
-	alloc  *allocate.Allocator
-	driver *Driver
-	plugin *prepare.Plugin[Record]
-	seq    int
+	t    testing.TB
+	hw   *mock.Hardware
+	nvml *nvml.Backend
+	dir  string
+	gpus []hw.GPU // the inventory the agent scanned
+	// passthrough are the GPUs bound to vfio-pci it scanned.
+	passthrough []hw.PassthroughGPU
+	alloc       *allocate.Allocator
+	driver      *Driver
+	plugin      *prepare.Plugin[Record]
+	seq         int
 	// allocated, when set, is what the API server says is allocated
 	// (prepare.Options.Allocated); nil: no API server.
 	allocated func(context.Context) ([]*resourceapi.ResourceClaim, error)
@@ -83,7 +86,7 @@ func newEnv(t testing.TB, profile string, driverSpec bool) *env {
 		}}},
 	}}
 	var objs []*resourceapi.ResourceSlice
-	for _, s := range resources.Objects(DriverName, testNode, resources.GPU(testNode, e.gpus, device.AllFeatures)) {
+	for _, s := range resources.Objects(DriverName, testNode, resources.TaintedGPU(testNode, e.gpus, e.passthrough, device.AllFeatures, resources.Health{})) {
 		objs = append(objs, &s)
 	}
 	e.alloc = allocate.New(allocate.ClusterFeatures, testNode, objs, classes)
@@ -98,6 +101,13 @@ func (e *env) rescan() {
 		e.t.Fatal(err)
 	}
 	e.gpus = gpus
+	scanner, err := vfiopci.New(e.hw.Sysfs)
+	if err == nil {
+		e.passthrough, err = scanner.GPUs()
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // restart builds a fresh driver and plugin on the same state directory and
@@ -105,8 +115,10 @@ func (e *env) rescan() {
 func (e *env) restart(hook func(string) error) {
 	e.t.Helper()
 	d, err := New(Options{
-		NVML:           e.nvml,
-		Inventory:      func(context.Context) ([]hw.GPU, device.Features, error) { return e.gpus, device.AllFeatures, nil },
+		NVML: e.nvml,
+		Inventory: func(context.Context) (hw.Inventory, device.Features, error) {
+			return hw.Inventory{GPUs: e.gpus, PassthroughGPUs: e.passthrough}, device.AllFeatures, nil
+		},
 		StateDir:       filepath.Join(e.dir, "state"),
 		DevRoot:        e.hw.DevRoot(),
 		ProcRoot:       e.hw.ProcRoot(),
@@ -242,7 +254,7 @@ func (e *env) hwState() string {
 		}
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, "mdevs %v\nMPS daemons recorded %v, running %v", e.hw.MdevUUIDs(), e.driver.MPS().IDs(), e.mpsProcesses())
+	fmt.Fprintf(&b, "mdevs %v\nvGPU VFs %v\nMPS daemons recorded %v, running %v", e.hw.MdevUUIDs(), e.hw.VGPUVFs(), e.driver.MPS().IDs(), e.mpsProcesses())
 	return b.String()
 }
 

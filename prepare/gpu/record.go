@@ -38,6 +38,8 @@ type DeviceRecord struct {
 	Mdev *MdevRecord `json:"mdev,omitempty"`
 	// Sharing is what prepare set up for the device to be shared.
 	Sharing *SharingRecord `json:"sharing,omitempty"`
+	// VF is a vGPU of the vendor-specific VFIO framework: the VF made one.
+	VF *VFRecord `json:"vf,omitempty"`
 }
 
 // SharingRecord is what a device's sharing changed. The GPU's settings
@@ -96,6 +98,14 @@ type MdevRecord struct {
 	Type   uint   `json:"type"`
 }
 
+// VFRecord is a VF made a vGPU of a type (its current_vgpu_type). The VF
+// is chosen before the write, so the intent names it exactly; Unprepare
+// writes 0 back only while the VF is still of this type.
+type VFRecord struct {
+	Address string `json:"address"`
+	Type    uint   `json:"type"`
+}
+
 // clone deep-copies the record: the checkpoint keeps what save was given
 // while prepare goes on changing its own copy.
 func (r Record) clone() Record {
@@ -120,6 +130,7 @@ func (r Record) clone() Record {
 			s.TimeSlice = clonePtr(s.TimeSlice)
 			c.Sharing = &s
 		}
+		c.VF = clonePtr(d.VF)
 		out.Devices[i] = c
 	}
 	return out
@@ -150,6 +161,8 @@ func giKey(gpu string, profile int, at hw.Placement) string {
 
 func mdevKey(uuid string) string { return "mdev/" + uuid }
 
+func vfKey(vf string) string { return "vf/" + vf }
+
 func migKey(gpu string) string { return "migmode/" + gpu }
 
 // ledgerEntry describes a GPU instance or mediated device the agent made,
@@ -163,6 +176,9 @@ type ledgerEntry struct {
 	Placement *hw.Placement `json:"placement,omitempty"`
 	// Mediated device.
 	Mdev string `json:"mdev,omitempty"`
+	// VF made a vGPU of VFType (the vendor-specific VFIO framework).
+	VF     string `json:"vf,omitempty"`
+	VFType uint   `json:"vfType,omitempty"`
 	// MIGEnabled is the GPU's MIG mode before the agent first switched it.
 	MIGEnabled *bool `json:"migEnabled,omitempty"`
 	// ComputeMode and TimeSlice are a GPU's compute mode and time slice

@@ -43,6 +43,8 @@ func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing) error {
 	switch p.dev.Kind {
 	case device.KindVGPU:
 		return field.Invalid(strategy, s.Strategy, "a vGPU takes no sharing strategy: the VM that runs it owns it")
+	case device.KindPassthrough:
+		return field.Invalid(strategy, s.Strategy, "a passthrough GPU takes no sharing strategy: the VM it is passed to owns it")
 	case device.KindShare:
 		return field.Invalid(strategy, s.Strategy, "a GPU share takes no sharing strategy: it runs under its GPU's MPS server, held to the memory and compute the scheduler counted")
 	case device.KindMIG:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"strings"
 
@@ -51,6 +52,15 @@ func (d *Driver) undo(ctx context.Context, claim types.UID, r DeviceRecord) erro
 			return err
 		}
 	}
+	if vf := r.VF; vf != nil {
+		if err := d.clearVF(vf.Address, vf.Type); err != nil {
+			return err
+		}
+		if err := d.ledger.Delete(vfKey(vf.Address)); err != nil {
+			return err
+		}
+		d.disown(vfKey(vf.Address), claim)
+	}
 	if m := r.Mdev; m != nil {
 		if err := d.mdevs.Remove(m.UUID); err != nil {
 			return err
@@ -78,6 +88,20 @@ func (d *Driver) undo(ctx context.Context, claim types.UID, r DeviceRecord) erro
 		d.disown(key, claim)
 	}
 	return nil
+}
+
+// clearVF makes a VF no vGPU if it is one of the type the agent made it:
+// a VF that is none (the write never happened, or was undone) or of
+// another type (not the agent's doing) is left alone.
+func (d *Driver) clearVF(vf string, typ uint) error {
+	cur, err := d.vfs.Current(vf)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && cur != typ {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return d.vfs.Clear(vf)
 }
 
 func (d *Driver) destroyComputeInstance(gpu string, ci *ComputeInstanceRecord) error {
@@ -194,6 +218,10 @@ func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
 				d.owners[mdevKey(r.Mdev.UUID)] = uid
 				put(mdevKey(r.Mdev.UUID), ledgerEntry{GPU: r.GPU, Mdev: r.Mdev.UUID})
 			}
+			if r.VF != nil {
+				d.owners[vfKey(r.VF.Address)] = uid
+				put(vfKey(r.VF.Address), ledgerEntry{GPU: r.GPU, VF: r.VF.Address, VFType: r.VF.Type})
+			}
 			if r.MIGMode != nil {
 				was := !r.MIGMode.Enabled
 				put(migKey(r.GPU), ledgerEntry{GPU: r.GPU, MIGEnabled: &was})
@@ -231,13 +259,13 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 	if err != nil {
 		return nil, err
 	}
-	// MPS daemons first (one may serve a MIG device), mediated devices
-	// next (a MIG-backed vGPU holds its GPU instance), MIG modes and GPU
-	// settings last (no instance or daemon may be left).
+	// MPS daemons first (one may serve a MIG device), vGPUs next (a
+	// MIG-backed vGPU holds its GPU instance), MIG modes and GPU settings
+	// last (no instance or daemon may be left).
 	kept, errs := d.reclaimMPS(ctx, allocated.Known, mayUse)
 	order := func(key string) int {
 		switch {
-		case strings.HasPrefix(key, "mdev/"):
+		case strings.HasPrefix(key, "mdev/"), strings.HasPrefix(key, "vf/"):
 			return 0
 		case strings.HasPrefix(key, "migmode/"), strings.HasPrefix(key, "settings/"):
 			return 2
@@ -259,7 +287,7 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 		var err error
 		switch {
 		case owned:
-		case !allocated.Known || mayUse[key] || (e.MIGEnabled != nil || isSettings(key)) && mayUse[gpuKey(e.GPU)] || e.Mdev != "" && mayUse[vgpuKey(e.GPU)]:
+		case !allocated.Known || mayUse[key] || (e.MIGEnabled != nil || isSettings(key)) && mayUse[gpuKey(e.GPU)] || (e.Mdev != "" || e.VF != "") && mayUse[vgpuKey(e.GPU)]:
 			kept = append(kept, key)
 		case e.MIGEnabled != nil:
 			if !inUse {
@@ -268,6 +296,11 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 		case isSettings(key):
 			if !inUse {
 				d.restoreSettings(ctx, e.GPU)
+			}
+		case e.VF != "":
+			logger.Info("Clearing the vGPU type of a VF no claim owns", "gpu", e.GPU, "vf", e.VF, "type", e.VFType)
+			if err = d.clearVF(e.VF, e.VFType); err == nil {
+				err = d.ledger.Delete(key)
 			}
 		case e.Mdev != "":
 			logger.Info("Removing a vGPU mediated device no claim owns", "gpu", e.GPU, "mdev", e.Mdev)
@@ -302,17 +335,17 @@ func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[s
 	if len(allocated.Devices) == 0 {
 		return out, nil
 	}
-	gpus, features, err := d.inventory(ctx)
+	inv, features, err := d.inventory(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("GPU inventory: %w", err)
 	}
-	catalog := d.catalog(gpus, features)
+	catalog := d.catalog(inv, features)
 	for _, a := range allocated.Devices {
 		dev, ok := catalog[a.Device]
 		if !ok {
 			continue
 		}
-		bus := dev.GPU.PCIBusID
+		bus := dev.PCIBusID()
 		out[gpuKey(bus)] = true
 		out[mpsClaimKey(string(a.Claim))] = true
 		if dev.Kind == device.KindShare {

@@ -270,7 +270,7 @@ func TestLongNamesStayUniqueLabels(t *testing.T) {
 func TestGPUDevicesMatchPublishedDevices(t *testing.T) {
 	gpus := append(dgx(2), h100VGPU("0000:f0:00.0"))
 	published := names(GPU(testNode, gpus, device.AllFeatures))
-	catalog := GPUDevices(gpus, device.AllFeatures)
+	catalog := GPUDevices(gpus, nil, device.AllFeatures)
 	if len(catalog) != len(published) {
 		t.Fatalf("catalog has %d devices, slices %d", len(catalog), len(published))
 	}
@@ -302,5 +302,40 @@ func TestPoolRefusesDuplicateNames(t *testing.T) {
 	}
 	if strings.Join(names, ",") != "a,b" {
 		t.Fatalf("devices %v, want a,b", names)
+	}
+}
+
+// TestCreatableVGPUTypes: only what the GPU's vGPU framework can create is
+// published: nothing without a framework, only types it offers, and no
+// more instances of a type than there are VFs to host them.
+func TestCreatableVGPUTypes(t *testing.T) {
+	g := h100VGPU("0000:1b:00.0")
+	count := func(g hw.GPU) map[string]int {
+		out := map[string]int{}
+		for _, d := range GPUDevices([]hw.GPU{g}, nil, device.AllFeatures) {
+			if d.Kind == device.KindVGPU {
+				out[device.ShortVGPUName(d.VGPUType.Name)]++
+			}
+		}
+		return out
+	}
+	if got := count(g); got["H100-20C"] != 4 || got["H100-1-10C"] != 7 {
+		t.Fatalf("mdev framework, 16 VFs: %v", got)
+	}
+	none := g
+	none.VGPU.Framework = ""
+	if got := count(none); len(got) != 0 {
+		t.Errorf("no framework: %v", got)
+	}
+	few := g
+	few.VGPU.VFs = 2
+	if got := count(few); got["H100-20C"] != 2 || got["H100-40C"] != 2 || got["H100-80C"] != 1 {
+		t.Errorf("2 VFs: %v", got)
+	}
+	partial := g
+	partial.VGPU.Types = append([]hw.VGPUType(nil), g.VGPU.Types...)
+	partial.VGPU.Types[2].Creatable = false // no mdev type directory for H100-20C
+	if got := count(partial); got["H100-20C"] != 0 || got["H100-40C"] != 2 {
+		t.Errorf("H100-20C not offered by the framework: %v", got)
 	}
 }

@@ -38,10 +38,10 @@ func (d GPUDevice) At() *hw.Placement {
 // Fault is the device's fault in h, if any: its GPU's, or its
 // partition's, or that of the MPS daemon it runs under.
 func (d GPUDevice) Fault(h hw.Health) (hw.Fault, bool) {
-	if f, ok := h.GPUFault(d.GPU.PCIBusID, d.At()); ok {
+	if f, ok := h.GPUFault(d.PCIBusID(), d.At()); ok {
 		return f, true
 	}
-	if d.Kind == device.KindVGPU {
+	if d.Kind == device.KindVGPU || d.Kind == device.KindPassthrough {
 		return hw.Fault{}, false
 	}
 	ref := hw.MPSRef{PartitionRef: hw.PartitionRef{GPU: d.GPU.PCIBusID}, Shares: d.Kind == device.KindShare}

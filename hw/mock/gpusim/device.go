@@ -36,6 +36,9 @@ type gpu struct {
 	vgpus []nvml.VgpuTypeId
 	// heterogeneous: vGPU heterogeneous (mixed-size time-sliced) mode.
 	heterogeneous bool
+	// vfioFramework: the vGPU manager creates vGPUs through the
+	// vendor-specific VFIO framework, not as mediated devices.
+	vfioFramework bool
 
 	// Guarded by the server.Device lock, like its GpuInstances map.
 	migCurrent, migPending int

@@ -32,19 +32,27 @@ type GPUs struct {
 	profile string // the profile's name, for errors
 	sysfs   string
 	srv     *server.Server // nil without GPUs
-	driver  *driverGate    // nil without GPUs
-	kernel  *mdevKernel    // nil without GPUs
-	rep     persist.Reporter
+	// busIDs are every GPU's address in the profile's order, those
+	// bound to vfio-pci (not in NVML) too.
+	busIDs []string
+	driver *driverGate // nil without GPUs
+	kernel *mdevKernel // nil without GPUs
+	rep    persist.Reporter
 }
 
 // dgxBusIDs are the GPUs' PCI addresses in a DGX H100, in NVML index
 // order; GPUs without pciBusIDs get them in turn across the profile's
 // groups, the first four on NUMA node 0 and the rest on node 1 as in a
-// DGX.
+// DGX, and then buses up to ff (extraBus), as many as
+// profile.MaxDefaultGPUAddresses allows.
 var dgxBusIDs = []string{
 	"0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
 	"0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0",
 }
+
+// extraBus+n is the bus of the n-th GPU without pciBusIDs past the DGX
+// addresses: the last one allowed gets bus ff.
+const extraBus = 0x100 - profile.MaxDefaultGPUAddresses
 
 // slot is one GPU of the profile, with its place on the node.
 type slot struct {
@@ -74,7 +82,8 @@ func layoutGPUs(p profile.Profile) ([]slot, error) {
 				at.numa = next / 4
 				next++
 			default:
-				at.busID = fmt.Sprintf("0000:%02x:00.0", 0xe0+len(out)) // after the DGX slots
+				at.busID = fmt.Sprintf("0000:%02x:00.0", extraBus+next) // after the DGX slots
+				next++
 			}
 			if g.NUMANodes != nil {
 				at.numa = g.NUMANodes[i]
@@ -114,9 +123,26 @@ func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.R
 		g.NVML = noNVML()
 		return g, nil
 	}
-	layout, err := layoutGPUs(p)
+	all, err := layoutGPUs(p)
 	if err != nil {
 		return nil, err
+	}
+	// GPUs bound to vfio-pci are on the bus only: NVML does not see them.
+	var layout, passthrough []slot
+	for _, l := range all {
+		g.busIDs = append(g.busIDs, l.busID)
+		if p.GPUs[l.group].Virtualization == profile.VirtualizationPassthrough {
+			passthrough = append(passthrough, l)
+		} else {
+			layout = append(layout, l)
+		}
+	}
+	if err := writePassthrough(sysfs, dev, passthrough); err != nil {
+		return nil, err
+	}
+	if len(layout) == 0 {
+		g.NVML = noNVML() // no GPU for the NVIDIA driver: not installed
+		return g, nil
 	}
 	// Driver 550 (CUDA 12.4) unless a Blackwell board needs 570 (CUDA 12.8).
 	driver, cuda := "550.54.15", 12040
@@ -146,7 +172,7 @@ func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.R
 		d.rep = rep
 		s.Devices[i] = d
 		minors = append(minors, d.Minor)
-		vfio = vfio || group.Virtualization == "host-vgpu"
+		vfio = vfio || group.Virtualization == profile.VirtualizationHostVGPU
 		if err := setupGPU(d, group, vgpuIDs); err != nil {
 			return nil, fmt.Errorf("gpus[%d] (%s): %w", l.group, l.busID, err)
 		}
@@ -172,9 +198,10 @@ func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.R
 // types, MIG mode and pre-existing instances (each with one full-size
 // compute instance), created through the mock's own refusing calls.
 func setupGPU(d *gpu, g profile.GPUGroup, vgpuIDs map[string]uint32) error {
-	if g.Virtualization == "host-vgpu" {
+	if g.Virtualization == profile.VirtualizationHostVGPU {
 		d.virt = nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU
 		d.heterogeneous = g.VGPUHeterogeneous
+		d.vfioFramework = g.VGPUFramework == profile.VGPUFrameworkVFIO
 		types := g.VGPUTypes
 		if len(types) == 0 {
 			types = defaultVGPUTypes(d.model)
@@ -210,15 +237,10 @@ func setupGPU(d *gpu, g profile.GPUGroup, vgpuIDs map[string]uint32) error {
 	return nil
 }
 
-// BusIDs are the GPUs' PCI addresses in NVML index order, which is the
-// profile's order of groups and GPUs.
-func (g *GPUs) BusIDs() []string {
-	var out []string
-	for _, d := range g.all() {
-		out = append(out, d.busID)
-	}
-	return out
-}
+// BusIDs are the GPUs' PCI addresses in the profile's order of groups
+// and GPUs, which is NVML's index order for those NVML sees (not the
+// ones bound to vfio-pci).
+func (g *GPUs) BusIDs() []string { return g.busIDs }
 
 // Reset resets the GPU at a PCI address (any form NVML accepts), like
 // `nvidia-smi --gpu-reset`: a pending MIG mode takes effect and MIG

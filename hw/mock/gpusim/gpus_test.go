@@ -1,6 +1,7 @@
 package gpusim
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -63,6 +64,34 @@ func TestLayoutAndSysfs(t *testing.T) {
 		if drv, _ := os.Readlink(filepath.Join(link, "driver")); filepath.Base(drv) != "nvidia" {
 			t.Errorf("%s: driver %q", addr, drv)
 		}
+	}
+}
+
+// TestDefaultAddressesToTheLimit: every GPU the profile's validation
+// lets go without pciBusIDs gets a valid address NVML reports, behind
+// GPUs with explicit ones.
+func TestDefaultAddressesToTheLimit(t *testing.T) {
+	h := build(t, fmt.Sprintf(`gpus: [{model: a30-24gb, count: 1, pciBusIDs: ["0000:05:00.0"]}, {model: h100-80gb, count: %d}]`,
+		profile.MaxDefaultGPUAddresses))
+	n, _ := h.NVML.DeviceGetCount()
+	if n != profile.MaxDefaultGPUAddresses+1 {
+		t.Fatalf("%d GPUs", n)
+	}
+	seen := map[string]bool{}
+	for i := range n {
+		dev, _ := h.NVML.DeviceGetHandleByIndex(i)
+		info, ret := dev.GetPciInfo()
+		if ret != nvml.SUCCESS {
+			t.Fatalf("GPU %d: GetPciInfo: %v", i, ret)
+		}
+		id := cStr(info.BusId[:])
+		if seen[id] {
+			t.Errorf("GPU %d: bus ID %s twice", i, id)
+		}
+		seen[id] = true
+	}
+	if !seen["00000000:FF:00.0"] {
+		t.Errorf("the last default address is not bus ff: %v", seen)
 	}
 }
 

@@ -32,7 +32,8 @@ import (
 // a VFIO group node, and NVML lists it as an active vGPU (on a GPU
 // instance, for MIG-backed types). Writing 1 to its remove file undoes it.
 
-// vgpuInstance is an mdev the mock's vendor driver hosts.
+// vgpuInstance is a vGPU the mock's vendor driver hosts: an mdev, or a
+// VF of the vendor-specific VFIO framework (vfvgpu.go).
 type vgpuInstance struct {
 	uuid   string
 	typeID uint32
@@ -41,14 +42,17 @@ type vgpuInstance struct {
 	group  int // IOMMU group
 }
 
-// mdevKernel is the mdev core and vendor driver of a mock node.
+// mdevKernel is the vGPU side of a mock node's kernel: the mdev core and
+// the vendor driver's VFs of both frameworks.
 type mdevKernel struct {
 	mu      sync.Mutex
 	sysfs   string
 	tree    *nodeTree
 	parents map[string]*mdevParent // by VF address
-	groups  map[int]bool           // IOMMU groups in use
-	rep     persist.Reporter
+	groups  map[int]bool           // IOMMU groups of mdevs in use
+	// nextVFGroup numbers the VFIO framework's VFs' IOMMU groups.
+	nextVFGroup int
+	rep         persist.Reporter
 }
 
 // mdevParent is one VF of a vGPU host GPU.
@@ -57,33 +61,63 @@ type mdevParent struct {
 	dir    string // absolute device directory
 	gpu    *gpu
 	hosted *vgpuInstance
-	// avail is each type's available_instances as last written.
+	// avail is each mdev type's available_instances as last written.
 	avail map[uint32]int
+	// vfio: a VF of the vendor-specific VFIO framework, in IOMMU group
+	// group; creatable is its creatable_vgpu_types as last written.
+	vfio      bool
+	group     int
+	creatable string
 }
 
-// firstIOMMUGroup is above the groups of the node's PCI devices.
-const firstIOMMUGroup = 128
+// IOMMU groups of the GPU side: mediated devices get theirs as they are
+// created, from firstIOMMUGroup (above the node's PCI devices); the VFIO
+// framework's VFs and GPUs bound to vfio-pci have theirs from the start.
+// Their VFIO group nodes' minors count from firstIOMMUGroup.
+const (
+	firstIOMMUGroup       = 128
+	firstVFIOVFGroup      = 256
+	firstPassthroughGroup = 384
+)
 
-// buildMdevs gives every host-vGPU GPU its VFs and mdev types.
+// The drivers the VFs are bound to: the vGPU manager's own (mdev
+// parents), or its VFIO variant driver (the vendor-specific VFIO
+// framework), which gives each VF its VFIO group node.
+const (
+	mdevFrameworkVFDriver = "nvidia"
+	vfioFrameworkVFDriver = "nvidia_vgpu_vfio"
+)
+
+// groupMinor is the minor of an IOMMU group's VFIO group node.
+func groupMinor(group int) uint32 { return uint32(group - firstIOMMUGroup) }
+
+// buildMdevs gives every host-vGPU GPU its VFs, each an mdev parent with
+// mdev types or, with the VFIO framework, a vGPU to be.
 func buildMdevs(s *server.Server, sysfs string, tree *nodeTree, rep persist.Reporter) (*mdevKernel, error) {
-	k := &mdevKernel{sysfs: sysfs, tree: tree, parents: map[string]*mdevParent{}, groups: map[int]bool{}, rep: rep}
+	k := &mdevKernel{sysfs: sysfs, tree: tree, parents: map[string]*mdevParent{}, groups: map[int]bool{},
+		nextVFGroup: firstVFIOVFGroup, rep: rep}
 	for _, dev := range s.Devices {
 		d := dev.(*gpu)
 		if d.virt != nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU {
 			continue
 		}
-		if err := k.addVFs(d); err != nil {
+		add := k.addMdevParent
+		if d.vfioFramework {
+			add = k.addVFIOVF
+		}
+		if err := k.addVFs(d, add); err != nil {
 			return nil, fmt.Errorf("GPU %s: %w", d.busID, err)
 		}
 		d.onChange = func() { k.refresh(d) }
 		k.refresh(d)
 	}
-	return k, nil
+	return k, os.MkdirAll(filepath.Join(k.sysfs, "bus/mdev/devices"), 0o755)
 }
 
 // addVFs creates a GPU's VFs: as many as its largest vGPU type has
-// instances (an H100 has 32, of which at most 20 can host a 4C vGPU).
-func (k *mdevKernel) addVFs(d *gpu) error {
+// instances (an H100 has 32, of which at most 20 can host a 4C vGPU),
+// each made a vGPU parent of its framework by add.
+func (k *mdevKernel) addVFs(d *gpu, add func(d *gpu, addr, vfDir string) error) error {
 	n := 0
 	for _, t := range d.vgpus {
 		m, _ := t.GetMaxInstances(d)
@@ -103,7 +137,10 @@ func (k *mdevKernel) addVFs(d *gpu) error {
 	rel, _ := filepath.Rel(k.sysfs, pfDir)
 	parts := strings.Split(rel, string(filepath.Separator)) // devices/<root>[/<bridge>]/<pf>
 	pd := nodefs.PCIDevice{Root: parts[1], NUMANode: d.numa, Vendor: "0x10de",
-		Device: fmt.Sprintf("0x%04x", d.Config.PciDeviceId>>16), Class: "0x030200", Driver: "nvidia"}
+		Device: fmt.Sprintf("0x%04x", d.Config.PciDeviceId>>16), Class: "0x030200", Driver: mdevFrameworkVFDriver}
+	if d.vfioFramework {
+		pd.Driver = vfioFrameworkVFDriver
+	}
 	if len(parts) == 4 {
 		pd.Bridge = parts[2]
 	}
@@ -120,17 +157,25 @@ func (k *mdevKernel) addVFs(d *gpu) error {
 		if err := os.Symlink("../"+pd.Address, filepath.Join(pfDir, fmt.Sprintf("virtfn%d", i))); err != nil {
 			return err
 		}
-		if err := k.link(filepath.Join("class/mdev_bus", pd.Address), vfDir); err != nil {
+		if err := add(d, pd.Address, vfDir); err != nil {
 			return err
 		}
-		for _, t := range d.vgpus {
-			if err := k.writeType(vfDir, d, t); err != nil {
-				return err
-			}
-		}
-		k.parents[pd.Address] = &mdevParent{addr: pd.Address, dir: vfDir, gpu: d, avail: map[uint32]int{}}
 	}
-	return os.MkdirAll(filepath.Join(k.sysfs, "bus/mdev/devices"), 0o755)
+	return nil
+}
+
+// addMdevParent makes a VF an mdev parent with every vGPU type.
+func (k *mdevKernel) addMdevParent(d *gpu, addr, vfDir string) error {
+	if err := k.link(filepath.Join("class/mdev_bus", addr), vfDir); err != nil {
+		return err
+	}
+	for _, t := range d.vgpus {
+		if err := k.writeType(vfDir, d, t); err != nil {
+			return err
+		}
+	}
+	k.parents[addr] = &mdevParent{addr: addr, dir: vfDir, gpu: d, avail: map[uint32]int{}}
+	return nil
 }
 
 func typeDirName(id uint32) string { return fmt.Sprintf("nvidia-%d", id) }
@@ -183,6 +228,10 @@ func (k *mdevKernel) refreshLocked(d *gpu) {
 	}
 	for _, p := range k.parents {
 		if p.gpu != d {
+			continue
+		}
+		if p.vfio {
+			k.writeCreatable(p, fits)
 			continue
 		}
 		for _, t := range d.vgpus {
@@ -271,8 +320,13 @@ func (d *gpu) activeVGPUs() ([]nvml.VgpuInstance, nvml.Return) {
 				typ = t
 			}
 		}
+		mdev := func() (string, nvml.Return) { return v.uuid, nvml.SUCCESS }
+		if v.parent.vfio {
+			// A VF of the VFIO framework is no mediated device.
+			mdev = func() (string, nvml.Return) { return "", nvml.ERROR_NOT_SUPPORTED }
+		}
 		out = append(out, &mock.VgpuInstance{
-			GetMdevUUIDFunc:      func() (string, nvml.Return) { return v.uuid, nvml.SUCCESS },
+			GetMdevUUIDFunc:      mdev,
 			GetUUIDFunc:          func() (string, nvml.Return) { return v.uuid, nvml.SUCCESS },
 			GetGpuInstanceIdFunc: func() (int, nvml.Return) { return gi, nvml.SUCCESS },
 			GetTypeFunc:          func() (nvml.VgpuTypeId, nvml.Return) { return typ, nvml.SUCCESS },

@@ -20,7 +20,9 @@ import (
 // SysfsWriter writes attributes of the mock node's sysfs the way the
 // kernel answers such writes: creating and removing mediated devices
 // through mdev_supported_types/<type>/create and <mdev>/remove, with the
-// errors the mdev core returns. Other attributes are written as they are.
+// errors the mdev core returns, and setting a VF's vGPU type through its
+// nvidia/current_vgpu_type (vfvgpu.go). Other attributes are written as
+// they are.
 // It replaces only the kernel: callers write the same paths as on a host.
 type SysfsWriter struct {
 	sysfs string
@@ -44,6 +46,11 @@ func (w *SysfsWriter) WriteFile(path string, data []byte) error {
 	case w.k != nil && filepath.Base(real) == "create" && filepath.Base(filepath.Dir(dir)) == "mdev_supported_types":
 		err := w.k.create(full, dir, data)
 		w.k.rep.Changed(persist.CallCreateMdev, w.k.gpuOf(filepath.Base(filepath.Dir(filepath.Dir(dir)))), err == nil)
+		return err
+	case w.k != nil && filepath.Base(real) == "current_vgpu_type" && filepath.Base(dir) == "nvidia":
+		vf := filepath.Base(filepath.Dir(dir))
+		err := w.k.setType(full, vf, data)
+		w.k.rep.Changed(persist.CallSetVGPUType, w.k.gpuOf(vf), err == nil)
 		return err
 	case w.k != nil && filepath.Base(real) == "remove" && exists(filepath.Join(dir, "mdev_type")):
 		err := w.k.remove(full, dir, data)
@@ -81,7 +88,7 @@ func (k *mdevKernel) create(path, typeDir string, data []byte) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	p := k.parents[filepath.Base(filepath.Dir(filepath.Dir(typeDir)))]
-	if p == nil {
+	if p == nil || p.vfio {
 		return &fs.PathError{Op: "write", Path: path, Err: syscall.ENODEV}
 	}
 	if exists(filepath.Join(k.sysfs, "bus/mdev/devices", id.String())) {
@@ -129,27 +136,20 @@ func (k *mdevKernel) publish(v *vgpuInstance, typeDir string) error {
 	if err := writeFile(filepath.Join(dir, "remove"), ""); err != nil {
 		return err
 	}
-	groupDir := filepath.Join(k.sysfs, "kernel/iommu_groups", fmt.Sprint(v.group))
-	if err := os.MkdirAll(filepath.Join(groupDir, "devices"), 0o755); err != nil {
-		return err
-	}
-	minor := uint32(v.group - firstIOMMUGroup)
-	if err := writeFile(filepath.Join(k.sysfs, "class/vfio", fmt.Sprint(v.group), "dev"), fmt.Sprintf("%d:%d\n", nodefs.VFIOMajor, minor)); err != nil {
+	if err := nodefs.LinkIOMMUGroup(k.sysfs, dir, v.uuid, v.group); err != nil {
 		return err
 	}
 	rel := func(from, to string) string { r, _ := filepath.Rel(filepath.Dir(from), to); return r }
 	for _, l := range []struct{ at, to string }{
 		{filepath.Join(dir, "mdev_type"), typeDir},
-		{filepath.Join(dir, "iommu_group"), groupDir},
 		{filepath.Join(typeDir, "devices", v.uuid), dir},
-		{filepath.Join(groupDir, "devices", v.uuid), dir},
 		{filepath.Join(k.sysfs, "bus/mdev/devices", v.uuid), dir},
 	} {
 		if err := os.Symlink(rel(l.at, l.to), l.at); err != nil {
 			return err
 		}
 	}
-	return k.tree.dev.Node(fmt.Sprintf("vfio/%d", v.group), nodefs.VFIOMajor, minor)
+	return k.tree.dev.VFIOGroup(k.sysfs, v.group, groupMinor(v.group))
 }
 
 // unpublish removes what publish created.

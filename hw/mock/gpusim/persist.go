@@ -19,6 +19,7 @@ func (g *GPUs) Snapshot(s *persist.State) {
 	}
 	sort.Slice(s.GPUs, func(i, j int) bool { return s.GPUs[i].BusID < s.GPUs[j].BusID })
 	s.Mdevs = g.kernel.snapshot()
+	s.VFVGPUs = g.kernel.snapshotVFs()
 	s.DriverUnloaded = g.driver != nil && g.driver.unloaded.Load()
 }
 
@@ -41,13 +42,16 @@ func (g *GPUs) Restore(s persist.State) error {
 		}
 		d.notify()
 	}
+	if len(s.Mdevs)+len(s.VFVGPUs) > 0 && g.kernel == nil {
+		return fmt.Errorf("vGPUs saved, but the profile has no vGPU host")
+	}
 	if len(s.Mdevs) > 0 {
-		if g.kernel == nil {
-			return fmt.Errorf("mediated devices saved, but the profile has no vGPU host")
-		}
 		if err := g.kernel.restore(s.Mdevs); err != nil {
 			return err
 		}
+	}
+	if len(s.VFVGPUs) > 0 {
+		return g.kernel.restoreVFs(s.VFVGPUs)
 	}
 	return nil
 }
@@ -154,7 +158,7 @@ func (k *mdevKernel) snapshot() []persist.MdevState {
 	var out []persist.MdevState
 	for _, p := range k.parents {
 		v := p.hosted
-		if v == nil {
+		if v == nil || p.vfio {
 			continue
 		}
 		m := persist.MdevState{UUID: v.uuid, GPU: p.gpu.busID, Parent: p.addr, TypeID: v.typeID, GPUInstance: v.gi, IOMMUGroup: v.group}
@@ -177,7 +181,7 @@ func (k *mdevKernel) restore(saved []persist.MdevState) error {
 	var touched []*gpu
 	for _, m := range saved {
 		p := k.parents[m.Parent]
-		if p == nil {
+		if p == nil || p.vfio {
 			return fmt.Errorf("mediated device %s: no mdev parent %s", m.UUID, m.Parent)
 		}
 		if !slices.ContainsFunc(p.gpu.vgpus, func(t nvml.VgpuTypeId) bool { return t.GetID() == m.TypeID }) {

@@ -25,6 +25,9 @@ type NIC struct {
 	Eswitch            string // devlink eswitch mode at boot
 	VFSpoofChkDefault  bool
 	VFRateNeedsLinkMax bool // the driver refuses a VF rate above link speed
+	// VFMinRateFitsLink: the driver refuses (EINVAL) a VF minimum rate
+	// that makes its VFs' minimums add up beyond the link speed (ice).
+	VFMinRateFitsLink bool
 }
 
 // nicModels: IDs from the PCI IDs database and the drivers' defaults.
@@ -57,7 +60,7 @@ var nicModels = map[string]NIC{
 		LinkTypes: []hw.LinkType{hw.LinkEthernet},
 		RDMAName:  "irdma", RDMAAux: "ice.roce",
 		MACPrefix: "b4:96:91", MaxMTU: 9702, Eswitch: "legacy",
-		VFSpoofChkDefault: true, VFRateNeedsLinkMax: true,
+		VFSpoofChkDefault: true, VFRateNeedsLinkMax: true, VFMinRateFitsLink: true,
 	},
 }
 

@@ -114,6 +114,7 @@ type mockPF struct {
 	mtu          int
 	rdma         bool
 	eswitch      string
+	noMinRate    bool // the driver refuses VF minimum rates
 	defaultRoute bool
 	totalVFs     int
 	vfDriver     string // "" for unbound
@@ -170,11 +171,15 @@ func (n *NICs) build(groups []profile.NICGroup, exclusive bool, dev *nodefs.Dev)
 			used[a[:7]] = true
 		}
 	}
-	nextBus := 0x30
+	nextBus := firstFreeBus
+	held := owners{}
 	for gi, g := range groups {
 		m, _ := model.LookupNIC(g.Model) // validated with the profile
 		for i := range g.Count {
 			pf, err := newMockPF(g, m, i, used, &nextBus)
+			if err == nil {
+				err = held.claimPF(pf, fmt.Sprintf("nics[%d] PF %d (%s)", gi, i, pf.addr))
+			}
 			if err != nil {
 				return fmt.Errorf("nics[%d]: %w", gi, err)
 			}
@@ -200,6 +205,44 @@ func (n *NICs) build(groups []profile.NICGroup, exclusive bool, dev *nodefs.Dev)
 	return nil
 }
 
+// owners records who in the profile holds each PF address and netdev
+// name, so that a clash is refused naming both holders rather than as a
+// sysfs error.
+type owners map[string]string
+
+func (o owners) claim(kind, name, owner, why string) error {
+	key := kind + " " + name
+	if prev, dup := o[key]; dup {
+		return fmt.Errorf("%s %q of %s is also the %s of %s: %s", kind, name, owner, kind, prev, why)
+	}
+	o[key] = owner
+	return nil
+}
+
+// claimPF records pf's address and the netdev names of pf and its VFs;
+// who is pf in the profile's terms.
+func (o owners) claimPF(pf *mockPF, who string) error {
+	if err := o.claim("PCI address", pf.addr.String(), who, "a PF's address must be unique"); err != nil {
+		return err
+	}
+	const why = "netdev names must be unique on a node (a VF's is its PF's plus v<index>)"
+	if err := o.claim("netdev", pf.netdev, who, why); err != nil {
+		return err
+	}
+	for _, vf := range pf.vfs {
+		if vf.netdev == "" {
+			continue
+		}
+		if err := o.claim("netdev", vf.netdev, fmt.Sprintf("VF %d of %s", vf.index, who), why); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PFs without pciAddresses get the free buses from firstFreeBus to ff.
+const firstFreeBus = 0x30
+
 func newMockPF(g profile.NICGroup, m model.NIC, i int, used map[string]bool, nextBus *int) (*mockPF, error) {
 	pf := &mockPF{
 		model: m, numa: 0, speedMbps: m.SpeedMbps, linkUp: true, linkType: hw.LinkEthernet,
@@ -216,7 +259,7 @@ func newMockPF(g profile.NICGroup, m model.NIC, i int, used map[string]bool, nex
 		for ; used[fmt.Sprintf("0000:%02x", *nextBus)]; *nextBus++ {
 		}
 		if *nextBus > 0xff {
-			return nil, fmt.Errorf("no free PCI bus left for PF %d", i)
+			return nil, fmt.Errorf("count: no free PCI bus left for PF %d: PFs without pciAddresses get the buses %02x to ff that no GPU or other PF uses (give pciAddresses, several functions of one bus, for more)", i, firstFreeBus)
 		}
 		used[fmt.Sprintf("0000:%02x", *nextBus)] = true
 		pf.addr = pciAddr{rid: *nextBus << 8}
@@ -250,6 +293,7 @@ func newMockPF(g profile.NICGroup, m model.NIC, i int, used map[string]bool, nex
 	if g.EswitchMode != "" {
 		pf.eswitch = g.EswitchMode
 	}
+	pf.noMinRate = g.VFMinTxRate != nil && !*g.VFMinTxRate
 	switch g.VFDriver {
 	case "none":
 		pf.vfDriver = ""

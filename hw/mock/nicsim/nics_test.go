@@ -124,8 +124,41 @@ func TestNICAddressesNeverCollide(t *testing.T) {
 		{Model: "cx7", Count: 1, PCIAddresses: []string{"0000:40:00.0"}},
 		{Model: "e810", Count: 1, PCIAddresses: []string{"0000:40:00.0"}},
 	}})
-	if err == nil || !strings.Contains(err.Error(), "PCI address 0000:40:00.0 is used twice") {
+	if err == nil || !strings.Contains(err.Error(), `nics[1]: PCI address "0000:40:00.0" of nics[1] PF 0 (0000:40:00.0) is also the PCI address of nics[0] PF 0 (0000:40:00.0)`) {
 		t.Errorf("duplicate address across groups: %v", err)
+	}
+}
+
+// TestNetdevNamesUnique: a netdev name taken twice, given or by default,
+// PF or VF, is refused naming both owners, not as a sysfs error.
+func TestNetdevNamesUnique(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"nics: [{model: cx7, count: 2, netdevs: [ab, ab]}]",
+			`nics[0]: netdev "ab" of nics[0] PF 1 (0000:31:00.0) is also the netdev of nics[0] PF 0 (0000:30:00.0): netdev names must be unique`},
+		{"nics: [{model: cx7, count: 1, netdevs: [enp49s0f0]}, {model: cx7, count: 2}]",
+			`nics[1]: netdev "enp49s0f0" of nics[1] PF 0 (0000:31:00.0) is also the netdev of nics[0] PF 0 (0000:30:00.0)`},
+		{"nics: [{model: cx7, count: 1, vfs: 2, netdevs: [a]}, {model: cx7, count: 1, netdevs: [av1]}]",
+			`netdev "av1" of nics[1] PF 0 (0000:31:00.0) is also the netdev of VF 1 of nics[0] PF 0 (0000:30:00.0)`},
+	} {
+		p, err := profile.Parse("t", []byte(tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := buildProfile(t, p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v\nwant %s", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// TestOutOfBuses: PFs without addresses beyond the free buses are
+// refused with the limit.
+func TestOutOfBuses(t *testing.T) {
+	p, err := profile.Parse("t", []byte("nics: [{model: cx7, count: 300}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := buildProfile(t, p); err == nil || !strings.Contains(err.Error(), "nics[0]: count: no free PCI bus left for PF 208: PFs without pciAddresses get the buses 30 to ff") {
+		t.Errorf("300 PFs: %v", err)
 	}
 }
 
@@ -275,6 +308,46 @@ func TestVFRecorderSwitchdevVLAN(t *testing.T) {
 		if err := r.SetVF(hw.VFRef{PF: tc.pf}, tc.cfg); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 			t.Errorf("%s %+v: %v, want %v", tc.pf, tc.cfg, err, tc.want)
 		}
+	}
+}
+
+// TestVFRecorderMinRate: VF minimum transmit rates as the drivers take
+// them. mlx5 sets one (eswitch bandwidth share) unless its firmware lacks
+// the capability (vfMinTxRate: false): EOPNOTSUPP. ice sets one unless DCB
+// is on (vfMinTxRate: false): EOPNOTSUPP; and refuses with EINVAL one that
+// makes its VFs' minimums add up beyond the link speed (100G here), which
+// mlx5 does not check. A minimum above the maximum is EINVAL everywhere.
+func TestVFRecorderMinRate(t *testing.T) {
+	h := build(t, `nics: [{model: cx7, count: 1, vfs: 3, netdevs: [mlx0]},
+                          {model: cx7, count: 1, vfs: 1, netdevs: [mlxnoqos0], vfMinTxRate: false},
+                          {model: e810, count: 1, vfs: 3, netdevs: [ice0]},
+                          {model: e810, count: 1, vfs: 1, netdevs: [icedcb0], vfMinTxRate: false}]`)
+	r := h.VFConfigurator()
+	for _, tc := range []struct {
+		pf    string
+		index int
+		cfg   hw.VFConfig
+		want  error
+	}{
+		{"mlx0", 0, hw.VFConfig{MinTxRateMbps: 300000, MaxTxRateMbps: 300000}, nil},
+		{"mlx0", 1, hw.VFConfig{MinTxRateMbps: 300000, MaxTxRateMbps: 300000}, nil}, // mlx5: weights, no sum check
+		{"mlx0", 2, hw.VFConfig{MinTxRateMbps: 2000, MaxTxRateMbps: 1000}, unix.EINVAL},
+		{"mlxnoqos0", 0, hw.VFConfig{MinTxRateMbps: 1000, MaxTxRateMbps: 1000}, unix.EOPNOTSUPP},
+		{"mlxnoqos0", 0, hw.VFConfig{MaxTxRateMbps: 1000}, nil},
+		{"ice0", 0, hw.VFConfig{MinTxRateMbps: 60000, MaxTxRateMbps: 60000}, nil},
+		{"ice0", 1, hw.VFConfig{MinTxRateMbps: 50000, MaxTxRateMbps: 50000}, unix.EINVAL}, // 110G of 100G
+		{"ice0", 1, hw.VFConfig{MinTxRateMbps: 40000, MaxTxRateMbps: 40000}, nil},
+		{"ice0", 0, hw.VFConfig{MinTxRateMbps: 60000, MaxTxRateMbps: 60000}, nil}, // its own minimum again
+		{"ice0", 2, hw.VFConfig{MaxTxRateMbps: 10000}, nil},
+		{"icedcb0", 0, hw.VFConfig{MinTxRateMbps: 1000, MaxTxRateMbps: 1000}, unix.EOPNOTSUPP},
+		{"icedcb0", 0, hw.VFConfig{MaxTxRateMbps: 1000}, nil},
+	} {
+		if err := r.SetVF(hw.VFRef{PF: tc.pf, Index: tc.index}, tc.cfg); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("%s VF %d %+v: %v, want %v", tc.pf, tc.index, tc.cfg, err, tc.want)
+		}
+	}
+	if got := r.Snapshot()["ice0/1"]; got.MinTxRateMbps != 40000 {
+		t.Errorf("ice0 VF 1 after a refused and an accepted minimum: %+v", got)
 	}
 }
 

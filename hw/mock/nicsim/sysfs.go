@@ -247,30 +247,13 @@ func (w *treeWriter) writeRDMA(devDir string, pf *mockPF) error {
 func (w *treeWriter) writeIOMMUGroup(devDir, addr string, vfio bool) error {
 	g := w.iommuGroup
 	w.iommuGroup++
-	groupDir := filepath.Join(w.sysfs, "kernel", "iommu_groups", strconv.Itoa(g))
-	if err := os.MkdirAll(filepath.Join(groupDir, "devices"), 0o755); err != nil {
+	if err := nodefs.LinkIOMMUGroup(w.sysfs, devDir, addr, g); err != nil {
 		return err
-	}
-	for _, l := range []struct{ at, to string }{
-		{filepath.Join(devDir, "iommu_group"), groupDir},
-		{filepath.Join(groupDir, "devices", addr), devDir},
-	} {
-		rel, err := filepath.Rel(filepath.Dir(l.at), l.to)
-		if err != nil {
-			return err
-		}
-		if err := os.Symlink(rel, l.at); err != nil {
-			return err
-		}
 	}
 	if !vfio {
 		return nil
 	}
-	minor := g - firstNICIOMMUGroup
-	if err := writeFilesIn(filepath.Join(w.sysfs, "class", "vfio", strconv.Itoa(g)), map[string]string{"dev": fmt.Sprintf("%d:%d", nodefs.VFIOMajor, minor)}); err != nil {
-		return err
-	}
-	if err := w.dev.Node("vfio/"+strconv.Itoa(g), nodefs.VFIOMajor, uint32(minor)); err != nil {
+	if err := w.dev.VFIOGroup(w.sysfs, g, uint32(g-firstNICIOMMUGroup)); err != nil {
 		return err
 	}
 	if !w.vfio {

@@ -288,13 +288,17 @@ func (v *vethSet) recreate(s *vethVF, byName map[string]netlink.Link) (string, e
 func (v *vethSet) moved(s *vethVF, name string) error {
 	sysfs := v.nics.sysfs
 	dev := vfDeviceDir(sysfs, s.vf.addr.String())
-	if s.name != "" {
-		if err := removeNetdev(sysfs, dev, s.name); err != nil {
+	// The recorder first: whoever sees sysfs change finds the recorder
+	// agreeing (a test that waits for the sysfs entry to go, then asks
+	// GetVF by the old name, must get ENODEV).
+	old := s.name
+	s.name = name
+	v.nics.recorder.rename(s.pf.netdev, s.vf.index, name)
+	if old != "" {
+		if err := removeNetdev(sysfs, dev, old); err != nil {
 			return err
 		}
 	}
-	s.name = name
-	v.nics.recorder.rename(s.pf.netdev, s.vf.index, name)
 	if name == "" {
 		return nil
 	}

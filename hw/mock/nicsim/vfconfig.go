@@ -43,6 +43,10 @@ type recPF struct {
 	// vlanLegacyOnly: the driver sets a VF's port VLAN only in legacy
 	// eswitch mode (mlx5 in switchdev mode).
 	vlanLegacyOnly bool
+	// noMinRate: a VF minimum rate is EOPNOTSUPP (mlx5 firmware without
+	// eswitch bandwidth share, ice with DCB on); minRateFitsLink: one that
+	// makes the VFs' minimums add up beyond the link speed is EINVAL (ice).
+	noMinRate, minRateFitsLink bool
 	// infiniband: the port's VFs take GUIDs, MTU and link state and
 	// refuse every Ethernet setting (EOPNOTSUPP).
 	infiniband bool
@@ -61,7 +65,8 @@ func newVFRecorder(pfs []*mockPF, rep persist.Reporter) *VFRecorder {
 	for _, pf := range pfs {
 		p := &recPF{maxMTU: pf.model.MaxMTU, rateCheck: pf.model.VFRateNeedsLinkMax,
 			vlanLegacyOnly: pf.model.Driver == "mlx5_core" && pf.eswitch == "switchdev",
-			infiniband:     pf.linkType == hw.LinkInfiniBand}
+			noMinRate:      pf.noMinRate, minRateFitsLink: pf.model.VFMinRateFitsLink,
+			infiniband: pf.linkType == hw.LinkInfiniBand}
 		if pf.linkUp {
 			p.speedMbps = pf.speedMbps
 		}
@@ -175,6 +180,11 @@ func (r *VFRecorder) apply(ref hw.VFRef, cfg hw.VFConfig) error {
 	case pf.rateCheck && pf.speedMbps > 0 && max(cfg.MinTxRateMbps, cfg.MaxTxRateMbps) > pf.speedMbps:
 		// mlx5 and ice refuse a VF rate above the link speed.
 		return fail("rate", unix.EINVAL)
+	case cfg.MinTxRateMbps != 0 && pf.noMinRate:
+		return fail("rate", unix.EOPNOTSUPP)
+	case cfg.MinTxRateMbps != 0 && pf.minRateFitsLink && pf.speedMbps > 0 && pf.minRates(ref.Index)+cfg.MinTxRateMbps > pf.speedMbps:
+		// ice: the VFs' minimums must fit the link.
+		return fail("rate", unix.EINVAL)
 	}
 	vf.cfg.MinTxRateMbps, vf.cfg.MaxTxRateMbps = cfg.MinTxRateMbps, cfg.MaxTxRateMbps
 	if err := faulty("spoofchk"); err != nil {
@@ -186,6 +196,17 @@ func (r *VFRecorder) apply(ref hw.VFRef, cfg hw.VFConfig) error {
 	}
 	vf.cfg.Trust = cfg.Trust
 	return r.applyNetdev(ref, vf, pf, cfg, faulty, fail)
+}
+
+// minRates is the sum of the minimum rates of the PF's VFs but one.
+func (pf *recPF) minRates(except int) int {
+	sum := 0
+	for i, vf := range pf.vfs {
+		if i != except {
+			sum += vf.cfg.MinTxRateMbps
+		}
+	}
+	return sum
 }
 
 // applyInfiniBand: an InfiniBand VF takes GUIDs only; any Ethernet setting

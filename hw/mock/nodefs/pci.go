@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -34,6 +35,21 @@ func (d PCIDevice) Path() string {
 	return filepath.Join(append(parts, d.Address)...)
 }
 
+// Modalias is the device's modalias as the kernel writes it
+// ("pci:v000010DEd00002330sv000010DEsd00000000bc03sc02i00"): the
+// identity udev and PCI tools (ghw among them) read, every field
+// fixed-width. The mock's devices have their own vendor as subsystem
+// vendor and no subsystem device.
+func (d PCIDevice) Modalias() string {
+	hex := func(s string) uint64 {
+		v, _ := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 32) // the mock's own IDs: always hex
+		return v
+	}
+	vendor, class := hex(d.Vendor), hex(d.Class)
+	return fmt.Sprintf("pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X",
+		vendor, hex(d.Device), vendor, 0, class>>16&0xff, class>>8&0xff, class&0xff)
+}
+
 // WritePCIDevice creates the device directory, its identity files and the
 // bus/pci/devices and driver links, as the kernel lays them out.
 func WritePCIDevice(sysfs string, d PCIDevice) error {
@@ -46,6 +62,7 @@ func WritePCIDevice(sysfs string, d PCIDevice) error {
 		"device":    d.Device,
 		"class":     d.Class,
 		"numa_node": fmt.Sprint(d.NUMANode),
+		"modalias":  d.Modalias(),
 	}
 	for name, value := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(value+"\n"), 0o644); err != nil {

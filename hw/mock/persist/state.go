@@ -42,6 +42,9 @@ type State struct {
 	GPUs []GPUState `json:"gpus,omitempty"`
 	// Mdevs are the mediated devices (vGPUs), by UUID.
 	Mdevs []MdevState `json:"mdevs,omitempty"`
+	// VFVGPUs are the vGPUs of the vendor-specific VFIO framework: the
+	// VFs whose current_vgpu_type is set, by VF address.
+	VFVGPUs []VFVGPUState `json:"vfVGPUs,omitempty"`
 	// VFs are every VF's settings, keyed "<PF netdev>/<VF index>" like
 	// nicsim.VFRecorder.Snapshot.
 	VFs map[string]hw.VFConfig `json:"vfs,omitempty"`
@@ -124,6 +127,17 @@ type MdevState struct {
 	IOMMUGroup  int `json:"iommuGroup"`
 }
 
+// VFVGPUState is one VF that is a vGPU (nvidia/current_vgpu_type set).
+type VFVGPUState struct {
+	VF     string `json:"vf"`
+	GPU    string `json:"gpu"`
+	TypeID uint32 `json:"typeID"`
+	Type   string `json:"type"`
+	// GPUInstance hosts a MIG-backed vGPU; -1 for a time-sliced one.
+	GPUInstance int    `json:"gpuInstance"`
+	UUID        string `json:"uuid"`
+}
+
 // Operation is a mock call in progress (or interrupted).
 type Operation struct {
 	// Call is one of the Call constants (a profile.GPUTimings or
@@ -139,7 +153,7 @@ type Operation struct {
 // the profile spec, creation counters, and calls in progress or
 // interrupted. Compare these.
 func (s State) Hardware() State {
-	out := State{Version: s.Version, Profile: s.Profile, Mdevs: s.Mdevs, VFs: s.VFs,
+	out := State{Version: s.Version, Profile: s.Profile, Mdevs: s.Mdevs, VFVGPUs: s.VFVGPUs, VFs: s.VFs,
 		LinksDown: s.LinksDown, DriverUnloaded: s.DriverUnloaded}
 	for _, g := range s.GPUs {
 		g.NextSerial = 0

@@ -27,6 +27,7 @@ const (
 	CallSetMigMode             = "setMigMode"
 	CallCreateMdev             = "createMdev"
 	CallRemoveMdev             = "removeMdev"
+	CallSetVGPUType            = "setVgpuType"
 	CallSetVF                  = "setVF"
 	CallResetGPU               = "resetGpu"
 	CallSetRunningProcesses    = "setRunningProcesses"

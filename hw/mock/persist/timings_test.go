@@ -13,7 +13,7 @@ import (
 // mock's parts report, so that no timing is silently ignored.
 func TestTimedCallsAreReported(t *testing.T) {
 	reported := []string{CallCreateGpuInstance, CallDestroyGpuInstance, CallCreateComputeInstance,
-		CallDestroyComputeInstance, CallSetMigMode, CallCreateMdev, CallRemoveMdev, CallSetVF}
+		CallDestroyComputeInstance, CallSetMigMode, CallCreateMdev, CallRemoveMdev, CallSetVGPUType, CallSetVF}
 	for _, c := range profile.TimedCalls() {
 		if !slices.Contains(reported, c) {
 			t.Errorf("timing %q names no reported call", c)

@@ -81,11 +81,32 @@ func (g GPUGroup) validateMIG(m *model.GPU) error {
 
 func (g GPUGroup) validateVGPU(m *model.GPU) error {
 	switch g.Virtualization {
-	case "", "none", "host-vgpu":
+	case "", VirtualizationNone, VirtualizationHostVGPU:
+	case VirtualizationPassthrough:
+		// Bound to vfio-pci: the NVIDIA driver has no hold on the GPU.
+		switch {
+		case g.MIG:
+			return fmt.Errorf("mig: a GPU bound to vfio-pci (virtualization: passthrough) has no MIG mode")
+		case g.NoRecoveryAction:
+			return fmt.Errorf("noRecoveryAction: a GPU bound to vfio-pci (virtualization: passthrough) has no NVIDIA driver")
+		}
 	default:
-		return fmt.Errorf("virtualization: unknown mode %q (known: none, host-vgpu)", g.Virtualization)
+		return fmt.Errorf("virtualization: unknown mode %q (known: %s, %s, %s)", g.Virtualization,
+			VirtualizationNone, VirtualizationHostVGPU, VirtualizationPassthrough)
 	}
-	host := g.Virtualization == "host-vgpu"
+	host := g.Virtualization == VirtualizationHostVGPU
+	switch g.VGPUFramework {
+	case "", VGPUFrameworkMdev:
+	case VGPUFrameworkVFIO:
+		if !m.HopperOrLater() {
+			return fmt.Errorf("vgpuFramework: %s has no vendor-specific VFIO framework (Ada, Hopper and later have)", m.Name)
+		}
+	default:
+		return fmt.Errorf("vgpuFramework: unknown framework %q (known: %s, %s)", g.VGPUFramework, VGPUFrameworkMdev, VGPUFrameworkVFIO)
+	}
+	if g.VGPUFramework != "" && !host {
+		return fmt.Errorf("vgpuFramework: needs virtualization: host-vgpu")
+	}
 	if len(g.VGPUTypes) > 0 && !host {
 		return fmt.Errorf("vgpuTypes: need virtualization: host-vgpu")
 	}

@@ -49,6 +49,10 @@ type NICGroup struct {
 	EswitchMode string `json:"eswitchMode,omitempty"`
 	// MTU of the PF netdevs (default 1500, 4092 on InfiniBand).
 	MTU int `json:"mtu,omitempty"`
+	// VFMinTxRate: the driver sets VFs' minimum transmit rates (default
+	// true). false is mlx5 firmware without the eswitch bandwidth share
+	// (esw_bw_share) or ice with DCB on: a minimum is EOPNOTSUPP.
+	VFMinTxRate *bool `json:"vfMinTxRate,omitempty"`
 	// Timings slow the group's PFs down: how long a VF configuration call
 	// takes, e.g. {setVF: 3s} (see NICTimings). Not part of the hardware,
 	// like GPUGroup.Timings.

@@ -12,7 +12,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/hwdra/hwdra/internal/strictyaml"
+	"github.com/hwdra/hwdra/api"
 )
 
 // Profile describes a mock node: which GPUs and NICs it has and in which
@@ -28,6 +28,20 @@ type Profile struct {
 	// belongs to one namespace and moves with its netdev.
 	RDMANetns string `json:"rdmaNetns,omitempty"`
 }
+
+// GPU virtualization modes and vGPU frameworks of a profile.
+const (
+	VirtualizationNone        = "none"
+	VirtualizationHostVGPU    = "host-vgpu"
+	VirtualizationPassthrough = "passthrough"
+	VGPUFrameworkMdev         = "mdev"
+	VGPUFrameworkVFIO         = "vfio"
+)
+
+// MaxDefaultGPUAddresses is how many GPUs of a profile may go without
+// pciBusIDs: the mock gives them the DGX H100's eight addresses, then
+// buses e8 to ff, one GPU each.
+const MaxDefaultGPUAddresses = 32
 
 // RDMA network-namespace modes.
 const (
@@ -51,8 +65,16 @@ type GPUGroup struct {
 	// MIGInstances are GPU instances (each with one full-size compute
 	// instance) that exist at start on every GPU of the group. Needs MIG.
 	MIGInstances []MIGInstance `json:"migInstances,omitempty"`
-	// Virtualization is "none" (default) or "host-vgpu".
+	// Virtualization is "none" (default), "host-vgpu" (the vGPU manager
+	// runs the GPUs) or "passthrough" (the GPUs are bound to vfio-pci:
+	// NVML does not see them, a VM takes each whole through its VFIO
+	// group).
 	Virtualization string `json:"virtualization,omitempty"`
+	// VGPUFramework is how a host-vgpu GPU's vGPUs are created: "mdev"
+	// (default: mediated devices on its VFs) or "vfio" (NVIDIA's
+	// vendor-specific VFIO framework of R550+ drivers on Ada, Hopper and
+	// Blackwell: a type ID written to a VF's nvidia/current_vgpu_type).
+	VGPUFramework string `json:"vgpuFramework,omitempty"`
 	// VGPUTypes overrides the model's vGPU types in host-vgpu mode.
 	VGPUTypes []VGPUType `json:"vgpuTypes,omitempty"`
 	// VGPUHeterogeneous lets time-sliced vGPU types of different sizes mix.
@@ -135,10 +157,12 @@ func ParseOrLoad(name, spec string) (Profile, error) {
 	return Load(spec)
 }
 
-// Parse decodes and validates a profile strictly: unknown fields are errors.
+// Parse decodes and validates a profile strictly, as every hwdra file is
+// decoded (api.Unmarshal): unknown fields and wrong types are errors that
+// name the field.
 func Parse(name string, data []byte) (Profile, error) {
 	var p Profile
-	if err := strictyaml.Decode(data, &p); err != nil {
+	if err := api.Unmarshal(data, &p); err != nil {
 		return Profile{}, fmt.Errorf("mock profile %q: %w", name, err)
 	}
 	if p.Name == "" {
@@ -159,10 +183,18 @@ func (p Profile) validate() error {
 	default:
 		return fmt.Errorf("rdmaNetns: %q is not %s or %s", p.RDMANetns, RDMANetnsShared, RDMANetnsExclusive)
 	}
+	unaddressed := 0
 	for i, g := range p.GPUs {
 		if err := g.validate(); err != nil {
 			return fmt.Errorf("gpus[%d].%w", i, err)
 		}
+		if g.PCIBusIDs == nil {
+			unaddressed += g.Count
+		}
+	}
+	if unaddressed > MaxDefaultGPUAddresses {
+		return fmt.Errorf("gpus: %d GPUs without pciBusIDs, the mock has default PCI addresses for %d (the DGX H100's eight, then buses e8 to ff): give the others pciBusIDs",
+			unaddressed, MaxDefaultGPUAddresses)
 	}
 	for i, n := range p.NICs {
 		if err := n.validate(); err != nil {

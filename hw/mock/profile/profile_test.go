@@ -31,7 +31,17 @@ func TestGPUGroupValidate(t *testing.T) {
 		{"instance count", "gpus: [{model: h100-80gb, count: 1, mig: true, migInstances: [{profile: 1g.10gb+me}, {profile: 1g.10gb+me, start: 1}]}]",
 			"gpus[0].migInstances[1]: no room for 1g.10gb+me on h100-80gb (at most 1 instances"},
 		{"bad virtualization", "gpus: [{model: h100-80gb, count: 1, virtualization: vgpu}]",
-			`gpus[0].virtualization: unknown mode "vgpu" (known: none, host-vgpu)`},
+			`gpus[0].virtualization: unknown mode "vgpu" (known: none, host-vgpu, passthrough)`},
+		{"framework without vGPU", "gpus: [{model: h100-80gb, count: 1, vgpuFramework: vfio}]",
+			"gpus[0].vgpuFramework: needs virtualization: host-vgpu"},
+		{"unknown framework", "gpus: [{model: h100-80gb, count: 1, virtualization: host-vgpu, vgpuFramework: iommufd}]",
+			`gpus[0].vgpuFramework: unknown framework "iommufd" (known: mdev, vfio)`},
+		{"VFIO framework on Ampere", "gpus: [{model: a100-80gb, count: 1, virtualization: host-vgpu, vgpuFramework: vfio}]",
+			"gpus[0].vgpuFramework: a100-80gb has no vendor-specific VFIO framework"},
+		{"passthrough with MIG", "gpus: [{model: h100-80gb, count: 1, virtualization: passthrough, mig: true}]",
+			"gpus[0].mig: a GPU bound to vfio-pci (virtualization: passthrough) has no MIG mode"},
+		{"passthrough with vGPU types", "gpus: [{model: h100-80gb, count: 1, virtualization: passthrough, vgpuTypes: [{name: x, framebufferMB: 1, maxInstances: 1}]}]",
+			"gpus[0].vgpuTypes: need virtualization: host-vgpu"},
 		{"types without vGPU", "gpus: [{model: h100-80gb, count: 1, vgpuTypes: [{name: x, framebufferMB: 1, maxInstances: 1}]}]",
 			"gpus[0].vgpuTypes: need virtualization: host-vgpu"},
 		{"heterogeneous on Ampere", "gpus: [{model: a100-40gb, count: 1, virtualization: host-vgpu, vgpuHeterogeneous: true}]",
@@ -40,7 +50,10 @@ func TestGPUGroupValidate(t *testing.T) {
 			`gpus[0].vgpuTypes[0].migProfile: "1g.5gb" not offered by h100-80gb`},
 		{"vGPU type size", "gpus: [{model: h100-80gb, count: 1, virtualization: host-vgpu, vgpuTypes: [{name: x, maxInstances: 1}]}]",
 			"gpus[0].vgpuTypes[0].framebufferMB: must be more than 0"},
-		{"unknown field", "gpus: [{model: h100-80gb, count: 1, colour: green}]", `gpus[0].colour: unknown field`},
+		{"unknown field", "gpus: [{model: h100-80gb, count: 1, colour: green}]", `unknown field "gpus[0].colour"`},
+		{"wrong type", "gpus: [{model: h100-80gb, count: many}]", `gpus[0].count: Invalid value: "many": must be an integer`},
+		{"more GPUs than default addresses", "gpus: [{model: h100-80gb, count: 30}, {model: a100-40gb, count: 3}]",
+			"gpus: 33 GPUs without pciBusIDs, the mock has default PCI addresses for 32"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("t", []byte(tc.yaml))
@@ -56,6 +69,7 @@ func TestGPUGroupValidateAccepts(t *testing.T) {
 		"gpus: [{model: a30-24gb, count: 1, mig: true, migInstances: [{profile: 2g.12gb+me}, {profile: 1g.6gb, start: 2}]}]",
 		"gpus: [{model: h100-80gb, count: 1, mig: true, migInstances: [{profile: 4g.40gb}, {profile: 2g.20gb, start: 4}, {profile: 1g.10gb, start: 6}]}]",
 		"gpus: [{model: h100-80gb, count: 2, virtualization: host-vgpu, vgpuTypes: [{name: NVIDIA H100-1-10C, framebufferMB: 9984, maxInstances: 7, migProfile: 1g.10gb}]}]",
+		"gpus: [{model: h100-80gb, count: 30}, {model: a100-40gb, count: 2}, {model: a30-24gb, count: 1, pciBusIDs: [\"0000:05:00.0\"]}]",
 	} {
 		if _, err := Parse("t", []byte(y)); err != nil {
 			t.Errorf("Parse(%s): %v", y, err)
@@ -81,7 +95,7 @@ func TestNICGroupValidate(t *testing.T) {
 		{"no InfiniBand on E810", "nics: [{model: e810, count: 1, linkType: infiniband}]", `nics[0].linkType: e810 has no "infiniband" link`},
 		{"eswitch", "nics: [{model: cx7, count: 1, eswitchMode: offload}]", `nics[0].eswitchMode: "offload" is not legacy, switchdev or none`},
 		{"MTU", "nics: [{model: e810, count: 1, mtu: 9978}]", "nics[0].mtu: 9978 is outside 68-9702"},
-		{"unknown field", "nics: [{model: cx7, count: 1, speed: 1}]", `nics[0].speed: unknown field`},
+		{"unknown field", "nics: [{model: cx7, count: 1, speed: 1}]", `unknown field "nics[0].speed"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("t", []byte(tc.yaml))
@@ -95,7 +109,7 @@ func TestNICGroupValidate(t *testing.T) {
 func TestTimingsValidation(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"gpus: [{model: h100-80gb, count: 1, timings: {createGpuInstance: soon}}]", `gpus[0].timings.createGpuInstance: "soon" is not a duration`},
-		{"gpus: [{model: h100-80gb, count: 1, timings: {setVF: 1s}}]", "gpus[0].timings.setVF: unknown field"},
+		{"gpus: [{model: h100-80gb, count: 1, timings: {setVF: 1s}}]", `unknown field "gpus[0].timings.setVF"`},
 		{"nics: [{model: cx7, count: 1, timings: {setVF: -1s}}]", `nics[0].timings.setVF: "-1s" is not a duration`},
 	} {
 		if _, err := Parse("t", []byte(tc.yaml)); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -115,7 +129,7 @@ nics: [{model: cx7, count: 1}]`)); err == nil {
 // lists them.
 func TestBuiltins(t *testing.T) {
 	names := Builtins()
-	want := []string{"cx7", "dgx-a100", "dgx-h100", "dgx-h200", "h100-mig", "h100-vgpu"}
+	want := []string{"cx7", "dgx-a100", "dgx-h100", "dgx-h200", "h100-mig", "h100-vgpu", "h100-vm"}
 	if strings.Join(names, " ") != strings.Join(want, " ") {
 		t.Errorf("built-in profiles %v, want %v", names, want)
 	}

@@ -42,6 +42,9 @@ type GPUTimings struct {
 	// Writes to mdev_supported_types/<type>/create and <mdev>/remove.
 	CreateMdev Duration `json:"createMdev,omitempty"`
 	RemoveMdev Duration `json:"removeMdev,omitempty"`
+	// Writes to a VF's nvidia/current_vgpu_type (the vendor-specific
+	// VFIO framework), a type ID or 0.
+	SetVGPUType Duration `json:"setVgpuType,omitempty"`
 }
 
 // NICTimings say how long the VF calls on a group's PFs take, with the
