@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -75,21 +76,28 @@ func launch(args []string) error {
 			return err
 		}
 	}
-	return syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", bin.Fd()), prog, os.Environ())
+	if err := syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", bin.Fd()), prog, os.Environ()); err != nil {
+		return fmt.Errorf("exec %s: %w", prog[0], err)
+	}
+	return nil
 }
 
 // leavePod moves this process into a cgroup beside its pod's, in every
 // hierarchy where it is in a pod's container (two levels below where
 // the kubelet keeps the pod's QoS class). The cgroups are seen as the
-// node sees them, through PID 1's root (the agent's pod shares the
-// node's PID namespace), from the node's cgroup namespace where the
-// container has one of its own: a cgroup outside a namespace is out of
-// reach from inside it.
+// node sees them (a cgroup outside a cgroup namespace is out of reach
+// from inside it): through the namespaces and root of the node process
+// that started the agent's container (nodeProcess).
 func leavePod() error {
-	if err := enterNodeCgroupNamespace(); err != nil {
+	node, err := nodeProcess()
+	if err != nil {
 		return err
 	}
-	mounts, err := cgroupMounts("/proc/1/mountinfo")
+	proc := "/proc/" + strconv.Itoa(node)
+	if err := enterCgroupNamespace(proc); err != nil {
+		return err
+	}
+	mounts, err := cgroupMounts(proc+"/mountinfo", proc+"/root")
 	if err != nil {
 		return err
 	}
@@ -122,20 +130,75 @@ func leavePod() error {
 	return nil
 }
 
-// enterNodeCgroupNamespace moves this thread into PID 1's cgroup
-// namespace, if it is in another one.
-func enterNodeCgroupNamespace() error {
+// nodeProcess is the nearest ancestor of the agent (this launcher's
+// parent) in another mount namespace than the agent's: the container
+// runtime's shim, which lives in the node's namespaces. Not PID 1: a
+// sandbox may keep even root from reading PID 1's namespaces (the
+// real-node suite's machine does).
+func nodeProcess() (int, error) {
+	agent := os.Getppid()
+	own, err := nsInode(agent, "mnt")
+	if err != nil {
+		return 0, err
+	}
+	for pid := agent; pid > 1; {
+		ppid, err := parentOf(pid)
+		if err != nil {
+			return 0, err
+		}
+		if ppid <= 0 {
+			break
+		}
+		ns, err := nsInode(ppid, "mnt")
+		if err != nil {
+			return 0, err
+		}
+		if ns != own {
+			return ppid, nil
+		}
+		pid = ppid
+	}
+	return 0, errors.New("no ancestor of the agent is outside its mount namespace: the agent runs in no container (run it with the same cgroup as the daemons instead)")
+}
+
+// nsInode identifies a process's namespace of a kind.
+func nsInode(pid int, kind string) (uint64, error) {
+	var st unix.Stat_t
+	path := fmt.Sprintf("/proc/%d/ns/%s", pid, kind)
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// parentOf is a process's parent's PID (0 for none).
+func parentOf(pid int) (int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status: no PPid", pid)
+}
+
+// enterCgroupNamespace moves this thread into the cgroup namespace of
+// the process at proc (/proc/<pid>), if it is in another one.
+func enterCgroupNamespace(proc string) error {
 	var mine, node unix.Stat_t
 	if err := unix.Stat("/proc/thread-self/ns/cgroup", &mine); err != nil {
-		return err
+		return fmt.Errorf("/proc/thread-self/ns/cgroup: %w", err)
 	}
-	if err := unix.Stat("/proc/1/ns/cgroup", &node); err != nil {
-		return err
+	if err := unix.Stat(proc+"/ns/cgroup", &node); err != nil {
+		return fmt.Errorf("%s/ns/cgroup: %w", proc, err)
 	}
 	if mine.Ino == node.Ino && mine.Dev == node.Dev {
 		return nil
 	}
-	f, err := os.Open("/proc/1/ns/cgroup")
+	f, err := os.Open(proc + "/ns/cgroup")
 	if err != nil {
 		return err
 	}
@@ -148,14 +211,14 @@ func enterNodeCgroupNamespace() error {
 
 // cgroupMount is where a hierarchy is mounted, as this process reaches it.
 type cgroupMount struct {
-	dir  string // mount point, under /proc/1/root
+	dir  string // mount point, under the node process's root
 	root string // the cgroup at the mount point
 }
 
 // cgroupMounts reads a mountinfo's cgroup mounts by the controller field
 // of /proc/<pid>/cgroup they serve: "cpu,cpuacct", "name=systemd", ""
-// (the unified hierarchy).
-func cgroupMounts(mountinfo string) (map[string]cgroupMount, error) {
+// (the unified hierarchy), their mount points under root.
+func cgroupMounts(mountinfo, root string) (map[string]cgroupMount, error) {
 	f, err := os.Open(mountinfo)
 	if err != nil {
 		return nil, err
@@ -173,7 +236,7 @@ func cgroupMounts(mountinfo string) (map[string]cgroupMount, error) {
 		if len(fields) < 5 || len(tail) < 3 {
 			continue
 		}
-		m := cgroupMount{dir: filepath.Join("/proc/1/root", unescape(fields[4])), root: unescape(fields[3])}
+		m := cgroupMount{dir: filepath.Join(root, unescape(fields[4])), root: unescape(fields[3])}
 		switch tail[0] {
 		case "cgroup2":
 			if _, seen := out[""]; !seen {

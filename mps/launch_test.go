@@ -18,7 +18,7 @@ func TestBesidePod(t *testing.T) {
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	mounts, err := cgroupMounts(mountinfo)
+	mounts, err := cgroupMounts(mountinfo, "/proc/1/root")
 	if err != nil {
 		t.Fatal(err)
 	}
