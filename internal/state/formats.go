@@ -14,6 +14,8 @@ var (
 	// Version 1 was the envelope already; version 2 added the GPU
 	// records' sharing (an agent of version 1 would not know the MPS
 	// daemons and time slices it finds there, and refuses the field).
+	// The GPU records' vf (VFIO-framework vGPUs) came within version 1:
+	// read in either.
 	CheckpointFormat = Format{Kind: "hwdra.io/checkpoint", Version: 2, Upgrades: map[int]func([]byte) ([]byte, error){
 		1: same,
 	}}
