@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/hwdra/hwdra/hw/mock/drivertools"
-	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -173,35 +172,8 @@ func TestPodsGPUShares(t *testing.T) {
 // PID), adopted by each new agent. Deleting the pods stops the daemon
 // (told to quit) and leaves no record of it.
 func TestPodsMPSClaimAcrossAgentRestarts(t *testing.T) {
-	n := framework.Shared(t)
-	ctx := context.Background()
-	// Hardware that outlives the agent pod (TestAgentPodRollingUpdate).
-	if err := os.MkdirAll(n.AgentPodStateDir(), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	mockDir, err := os.MkdirTemp(n.AgentPodStateDir(), "mock-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(mockDir) })
-	mockDir = filepath.Join(mockDir, "hw")
-	values := n.AgentPodValues(t, framework.MockProfile(t, "one-h100", oneH100))
-	values["extraEnv"] = append(values["extraEnv"].([]any), map[string]any{"name": persist.DirEnv, "value": mockDir})
-	since := n.KubeletLogSize()
-	agent := n.StartAgentPod(t, values)
-	if _, err := n.WaitPoolsComplete(ctx, gpuDriver, 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.WaitDriverRegistered(ctx, gpuDriver, since, 15*time.Second); err != nil {
-		t.Logf("NOTE: %v", err)
-	}
-	ns := n.CreateNamespace(t, "mps-claim")
-	t.Cleanup(func() {
-		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
-	s := &scenario{t: t, n: n, ns: ns, ctx: ctx, agent: agent}
+	s, _, values := startLastingAgentPod(t, "mps-claim", oneH100)
+	n, ctx, ns, agent := s.n, s.ctx, s.ns, s.agent
 
 	claim := exampleClaim(t, "gpu-mps.yaml")
 	claim.Namespace = ns
