@@ -27,8 +27,9 @@ import (
 // under the agent's state directory, a host path the test reads.
 
 // mpsPaths are what a container of an MPS client shows: the daemon's
-// pipe directory (its PID file) and its /dev/shm (the daemon's marker).
-var mpsPaths = []string{"/tmp/nvidia-mps", "/dev/shm"}
+// pipe directory (its PID file), and /dev: the GPU's nodes and /dev/shm
+// (the daemon's marker).
+var mpsPaths = []string{"/tmp/nvidia-mps", "/dev"}
 
 // gpuShareClaim is deploy/examples/gpu-share.yaml asking for other amounts.
 func gpuShareClaim(t *testing.T, name, memory, compute string) *resourceapi.ResourceClaim {
