@@ -109,9 +109,8 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 		t.Errorf("the out-of-band instance was published %d times, want once", got)
 	}
 	// On that GPU the whole GPU and its shares (MIG mode can no longer
-	// switch) and every
-	// placement overlapping the instance go, except the instance itself;
-	// everything else stays as it was.
+	// switch) and every placement overlapping the instance go, except the
+	// instance itself; everything else stays as it was.
 	for name, d := range devicesByName(gpus) {
 		gone := false
 		if attr(d, "resource.kubernetes.io/pciBusID") == migGPU && name != static {
