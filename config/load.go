@@ -60,9 +60,10 @@ type rule struct {
 	bandwidth BandwidthPolicy
 }
 
-// compile turns a defaulted, valid file into rules and a health policy.
+// compile turns a defaulted, valid file into rules, a health and a GPU
+// policy.
 func compile(file *configv1alpha1.AgentConfig) *AgentConfig {
-	c := &AgentConfig{health: healthPolicy(file.Health)}
+	c := &AgentConfig{health: healthPolicy(file.Health), gpu: gpuPolicy(file.GPUs)}
 	for i, n := range file.NICs {
 		r := rule{index: i, sel: n.Select, mode: n.Mode, bandwidth: DefaultBandwidth}
 		if n.Mode == ModeShared {

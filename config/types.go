@@ -11,6 +11,7 @@ import (
 type AgentConfig struct {
 	rules  []rule // the file's nics[], or the built-in rule
 	health HealthPolicy
+	gpu    GPUPolicy
 }
 
 // Mode is how a PF is offered, as the file names it.
