@@ -28,7 +28,7 @@ func TestLabRunsTheExamples(t *testing.T) {
 	}
 	got := out.String()
 	for _, want := range []string{
-		"gpu.hwdra.io: 208 devices",
+		"gpu.hwdra.io: 168 devices",
 		"== Allocation (the scheduler's allocator) ==",
 		"request: gpu/small", // first-available picked its first subrequest
 		"gpu.hwdra.io/claim=lab-default-mig-1g-10gb-",

@@ -33,7 +33,7 @@ type applier struct {
 
 func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
 	if p.admin {
-		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
+		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
 		edits, md, err := a.asItIs(p, libs)
 		md.Published = p.dev.Attributes
 		out.Edits, out.Attributes = edits, md.Attributes()
@@ -45,7 +45,7 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 	if err := a.migMode(r, p.wantMIG); err != nil {
 		return prepare.Device{}, err
 	}
-	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
+	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
 	var (
 		md  metadata.GPU
 		err error
