@@ -197,6 +197,7 @@ func (b *gpuDevices) build() {
 		}
 	}
 	b.counters = countersFor(g, planned)
+	interleave(planned)
 	// A whole GPU with nothing to keep out needs no counters at all.
 	b.usesCounters = len(planned) > 1 || len(planned) == 1 && planned[0].what.Kind != device.KindGPU
 	for _, p := range planned {
@@ -224,6 +225,33 @@ func (b *gpuDevices) add(d resourceapi.Device, what GPUDevice) {
 	if b.catalog != nil {
 		what.Attributes = d.Attributes
 		b.catalog[d.Name] = what
+	}
+}
+
+// interleave orders a GPU's devices by their rank within their profile or
+// vGPU type (the whole GPU, then each profile's first placement, then each
+// one's second, ...), keeping the order of devices of one profile. The
+// allocator evaluates a claim's selectors on every device before the first
+// that matches, so a claim for any profile now meets one of its devices
+// within the first dozen of a GPU rather than after every placement of
+// the profiles before it (a 3g.40gb came after 17 devices of an H100). A
+// profile's devices keep their order, so first-fit picks the same
+// placements as before.
+func interleave(planned []plannedDevice) {
+	type ranked struct {
+		rank int
+		p    plannedDevice
+	}
+	seen := map[string]int{}
+	list := make([]ranked, len(planned))
+	for i, p := range planned {
+		key := p.what.Kind + "/" + p.what.Profile.Name + "/" + p.what.VGPUType.Name
+		list[i] = ranked{seen[key], p}
+		seen[key]++
+	}
+	sort.SliceStable(list, func(a, b int) bool { return list[a].rank < list[b].rank })
+	for i := range list {
+		planned[i] = list[i].p
 	}
 }
 

@@ -354,3 +354,45 @@ func TestMIGProfilesLeftOut(t *testing.T) {
 		t.Error("the catalog lost a left-out profile")
 	}
 }
+
+// TestEveryKindNearTheFront: the allocator evaluates a claim's selectors on
+// every device before the first match, so each GPU lists one device of
+// every profile and vGPU type before a second of any (interleave), while
+// each profile's placements keep their order (last first).
+func TestEveryKindNearTheFront(t *testing.T) {
+	for _, gpus := range [][]hw.GPU{dgx(2), {h100VGPU("0000:1b:00.0")}} {
+		res := GPU(testNode, gpus, device.AllFeatures)
+		var order []resourceapi.Device
+		for _, s := range res.Pools[testNode].Slices {
+			order = append(order, s.Devices...)
+		}
+		kindOf := func(d resourceapi.Device) string {
+			return *d.Attributes["resource.kubernetes.io/pciBusID"].StringValue + "/" + *d.Attributes[device.AttrProfile].StringValue
+		}
+		kinds := map[string]bool{}
+		for _, d := range order {
+			kinds[kindOf(d)] = true
+		}
+		firsts := map[string]bool{}
+		lastStart := map[string]int64{}
+		for i, d := range order {
+			k := kindOf(d)
+			bus, _, _ := strings.Cut(k, "/")
+			if a, ok := d.Attributes[device.AttrPlacementStart]; ok {
+				if last, seen := lastStart[k]; seen && *a.IntValue > last {
+					t.Errorf("%s: placement %d after %d", k, *a.IntValue, last)
+				}
+				lastStart[k] = *a.IntValue
+			}
+			if !firsts[k] {
+				firsts[k] = true
+				continue
+			}
+			for other := range kinds {
+				if strings.HasPrefix(other, bus+"/") && !firsts[other] {
+					t.Errorf("device %d (%s) is a second %s before the first %s", i, d.Name, k, other)
+				}
+			}
+		}
+	}
+}
