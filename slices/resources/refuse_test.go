@@ -236,9 +236,9 @@ func countKind(t testing.TB, newAlloc func() *allocate.Allocator, res resourcesl
 }
 
 // maxSearch is the most device sets a refusal may cost on the test's
-// nodes: about a second for the scheduler's allocator on a node of 8
-// GPUs (BenchmarkRefusal).
-const maxSearch = 1 << 16
+// nodes: well under a second for the scheduler's allocator on a node of
+// 8 GPUs, far below refuseBound on a loaded machine (BenchmarkRefusal).
+const maxSearch = 1 << 14
 
 // refuseOneLarger checks every kind of device a node offers: one request
 // for one device more than the node holds is refused, within refuseBound,
