@@ -31,9 +31,13 @@ type Options struct {
 	// KubeConfig reaches the API server; each of the agent's two clients
 	// (claims, slices) may send KubeAPIQPS requests a second, in bursts of
 	// KubeAPIBurst.
-	KubeConfig   *rest.Config
-	KubeAPIQPS   float32
-	KubeAPIBurst int
+	KubeConfig *rest.Config
+	// KubeConfigSource says where KubeConfig came from ("--kubeconfig
+	// F", "in-cluster service account"), for the messages that say the
+	// API server is unreachable.
+	KubeConfigSource string
+	KubeAPIQPS       float32
+	KubeAPIBurst     int
 	// KubeClient, when set, serves as both clients instead (tests).
 	KubeClient kubernetes.Interface
 	// RegistrarDir is the kubelet's plugin registration directory;
@@ -45,6 +49,9 @@ type Options struct {
 	StateDir string
 	// Rescan is how often hardware is probed again.
 	Rescan time.Duration
+	// FeatureCheck is how often the publisher checks which DRA features'
+	// fields the API server keeps (one dry-run create each); 0: 10 min.
+	FeatureCheck time.Duration
 	// MetricsAddress serves /metrics and /healthz; empty: off.
 	MetricsAddress string
 	// NRISocket is the container runtime's NRI socket, where the NRI
@@ -57,6 +64,10 @@ type Options struct {
 	PodUID string
 	// DriverRoot is the NVIDIA driver's root on "host" hardware.
 	DriverRoot backend.DriverRoot
+	// DevicePluginDir is the kubelet's device-plugin directory, where
+	// NVIDIA's device plugin has its socket while it serves GPUs (the
+	// agent then leaves them to it); empty: not watched.
+	DevicePluginDir string
 
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.

@@ -13,8 +13,8 @@ import (
 
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 
-	"github.com/hwdra/hwdra/hw/mock"
-
+	"github.com/hwdra/hwdra/hw/mock/fault"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/slices/device"
 )
 
@@ -62,7 +62,7 @@ func rssKiB(b testing.TB) int {
 // GPU Unhealthy (Healthy again). Target: under 100 ms per report.
 func BenchmarkInjectedFaultToHealthReport(b *testing.B) {
 	dir := b.TempDir()
-	b.Setenv(mock.DirEnv, dir)
+	b.Setenv(persist.DirEnv, dir)
 	a := startAgent(b, "mock:dgx-h100")
 	a.slices(device.GPUDriver, nil)
 	w := a.watchHealth(device.GPUDriver)
@@ -76,15 +76,15 @@ func BenchmarkInjectedFaultToHealthReport(b *testing.B) {
 	reports := 0
 	for b.Loop() {
 		for _, step := range []struct {
-			fault mock.Fault
+			fault fault.Fault
 			want  drahealthv1.HealthStatus
 		}{
-			{mock.Fault{Kind: mock.FaultXID, GPU: benchGPU, XID: 48}, drahealthv1.HealthStatus_UNHEALTHY},
-			{mock.Fault{Kind: mock.FaultClear, GPU: benchGPU}, drahealthv1.HealthStatus_HEALTHY},
+			{fault.Fault{Kind: fault.XID, GPU: benchGPU, XID: 48}, drahealthv1.HealthStatus_UNHEALTHY},
+			{fault.Fault{Kind: fault.Clear, GPU: benchGPU}, drahealthv1.HealthStatus_HEALTHY},
 		} {
 			start := time.Now()
 			go func() { // the report may come before the injector hears back
-				if err := mock.InjectDir(context.Background(), dir, step.fault); err != nil {
+				if err := fault.InjectDir(context.Background(), dir, step.fault); err != nil {
 					b.Error(err)
 				}
 			}()

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport"
 	"k8s.io/client-go/util/flowcontrol"
 )
 
@@ -20,9 +21,11 @@ const (
 // of its own (qps, burst), so a prepare's claim GET never waits behind
 // ResourceSlice writes: with one shared limiter a republish of a few slices
 // queued every prepare behind it (client-go's default of 5 QPS, burst 10).
-func newClients(rc *rest.Config, qps float32, burst int, m *metrics) (claims, slices kubernetes.Interface, err error) {
+// Every request passes through wrap.
+func newClients(rc *rest.Config, qps float32, burst int, m *metrics, wrap transport.WrapperFunc) (claims, slices kubernetes.Interface, err error) {
 	newClient := func(name string) (kubernetes.Interface, error) {
 		c := rest.CopyConfig(rc)
+		c.Wrap(wrap)
 		c.QPS, c.Burst = qps, burst
 		c.RateLimiter = &measuredLimiter{
 			RateLimiter: flowcontrol.NewTokenBucketRateLimiter(qps, burst),

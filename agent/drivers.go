@@ -86,12 +86,16 @@ type PluginOptions struct {
 // plugin reconciles its checkpoint with the hardware on creation.
 func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts PluginOptions) (Drivers, error) {
 	var drivers Drivers
-	if gpu := node.GPU(); len(inv.GPUs) > 0 && gpu != nil {
+	// GPUs bound to vfio-pci need no NVML; while NVML is pending (a
+	// driver container starting) the GPU driver waits for it all the same,
+	// to start once with both kinds (startLateGPU).
+	gpu := node.GPU()
+	if len(inv.GPUs) > 0 && gpu != nil || len(inv.PassthroughGPUs) > 0 && !node.NVMLPending() {
 		d, err := gpuprep.New(gpuprep.Options{
-			NVML: gpu,
-			Inventory: func(context.Context) ([]hw.GPU, device.Features, error) {
+			NVML: gpu, // nil where only GPUs bound to vfio-pci are there
+			Inventory: func(context.Context) (hw.Inventory, device.Features, error) {
 				inv, f := opts.Current()
-				return inv.GPUs, f, nil
+				return inv, f, nil
 			},
 			StateDir: opts.StateDir,
 			DevRoot:  node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,

@@ -147,7 +147,7 @@ func (h *nodeHealth) published(driver string, res resourceslice.DriverResources,
 func (h *nodeHealth) catalog(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features) []health.Device {
 	switch driver {
 	case device.GPUDriver:
-		return devicesOf(res, resources.GPUDevices(inv.GPUs, f))
+		return devicesOf(res, resources.GPUDevices(inv.GPUs, inv.PassthroughGPUs, f))
 	case device.NICDriver:
 		offers, _ := h.cfg.Resolve(inv.PFs)
 		return devicesOf(res, resources.NICDevices(offers, f))

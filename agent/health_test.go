@@ -19,9 +19,10 @@ import (
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/fault"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/metadata/nritest"
-
 	"github.com/hwdra/hwdra/slices/device"
 )
 
@@ -111,11 +112,11 @@ func waitForT(t testing.TB, what string, cond func() bool) {
 
 // inject injects a fault into the agent's mock hardware, through its
 // directory, as `hwdra mock inject` does.
-func inject(t testing.TB, dir string, f mock.Fault) {
+func inject(t testing.TB, dir string, f fault.Fault) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := mock.InjectDir(ctx, dir, f); err != nil {
+	if err := fault.InjectDir(ctx, dir, f); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -184,7 +185,7 @@ func migOn(profile, bus string, start int) resourceapi.DeviceRequest {
 // Healthy and untainted again.
 func TestHealthXID(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(mock.DirEnv, dir)
+	t.Setenv(persist.DirEnv, dir)
 	a := startAgent(t, "mock:dgx-h100")
 	const bus, other = "0000:1b:00.0", "0000:43:00.0"
 	published := a.slices(device.GPUDriver, nil)
@@ -204,7 +205,7 @@ func TestHealthXID(t *testing.T) {
 		return len(d) > 8
 	})
 
-	inject(t, dir, mock.Fault{Kind: mock.FaultXID, GPU: bus, XID: 79})
+	inject(t, dir, fault.Fault{Kind: fault.XID, GPU: bus, XID: 79})
 	var onGPU []string
 	for name, taints := range taintsByGPU(a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
 		return onlyTainted(ss, bus, "XID79")
@@ -235,7 +236,7 @@ func TestHealthXID(t *testing.T) {
 	w.mu.Lock()
 	reports := w.reports
 	w.mu.Unlock()
-	inject(t, dir, mock.Fault{Kind: mock.FaultXID, GPU: other, XID: 13})
+	inject(t, dir, fault.Fault{Kind: fault.XID, GPU: other, XID: 13})
 	time.Sleep(time.Second)
 	w.mu.Lock()
 	for name, h := range w.devices {
@@ -251,7 +252,7 @@ func TestHealthXID(t *testing.T) {
 		t.Errorf("XID 13 made %d slice writes", n-writes)
 	}
 
-	inject(t, dir, mock.Fault{Kind: mock.FaultClear, GPU: bus})
+	inject(t, dir, fault.Fault{Kind: fault.Clear, GPU: bus})
 	recovered := deviceNames(a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return onlyTainted(ss, "", "") }))
 	w.wait("recovery", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		for name := range recovered {
@@ -269,7 +270,7 @@ func TestHealthXID(t *testing.T) {
 // on one of them and prepares.
 func TestHealthGPULost(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(mock.DirEnv, dir)
+	t.Setenv(persist.DirEnv, dir)
 	cfg := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nhealth: {fatalEffect: NoExecute}\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -278,7 +279,7 @@ func TestHealthGPULost(t *testing.T) {
 	const bus = "0000:1b:00.0"
 	a.slices(device.GPUDriver, nil)
 	w := a.watchHealth(device.GPUDriver)
-	inject(t, dir, mock.Fault{Kind: mock.FaultGPULost, GPU: bus})
+	inject(t, dir, fault.Fault{Kind: fault.GPULost, GPU: bus})
 	ss := a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
 		byGPU := taintsByGPU(ss)
 		if len(byGPU) != 8 {
@@ -311,11 +312,8 @@ func TestHealthGPULost(t *testing.T) {
 // driver is loaded, without an agent restart.
 func TestHealthNVMLLate(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(mock.DirEnv, dir)
-	h, err := mock.Open("dgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Setenv(persist.DirEnv, dir)
+	h := mocktest.Open(t, "dgx-h100")
 	if err := h.SetDriverLoaded(false); err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +324,7 @@ func TestHealthNVMLLate(t *testing.T) {
 	if _, err := os.Stat(gpuSock); err == nil {
 		t.Fatal("GPU plugin serving without NVML")
 	}
-	inject(t, dir, mock.Fault{Kind: mock.FaultDriver, Up: true})
+	inject(t, dir, fault.Fault{Kind: fault.Driver, Up: true})
 	ss := a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return len(taintsByGPU(ss)) == 8 })
 	a.watchHealth(device.GPUDriver).wait("GPU health", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		return d[device.GPUName("0000:1b:00.0")] != nil
@@ -341,7 +339,7 @@ func TestHealthNVMLLate(t *testing.T) {
 func TestHealthLinkDown(t *testing.T) {
 	nritest.HostNetns(t)
 	dir := t.TempDir()
-	t.Setenv(mock.DirEnv, dir)
+	t.Setenv(persist.DirEnv, dir)
 	a := startAgent(t, "mock:cx7")
 	const pf = "0000:17:00.0"
 	shared := device.NICDeviceName(pf)
@@ -363,12 +361,12 @@ func TestHealthLinkDown(t *testing.T) {
 			return len(deviceNames(ss)) == 2
 		}
 	}
-	inject(t, dir, mock.Fault{Kind: mock.FaultLink, PF: pf})
+	inject(t, dir, fault.Fault{Kind: fault.Link, PF: pf})
 	w.wait("the shared device Unhealthy", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		return d[shared].Health == drahealthv1.HealthStatus_UNHEALTHY && strings.Contains(d[shared].Message, "link is down")
 	})
 	a.slices(device.NICDriver, tainted("LinkDown"))
-	inject(t, dir, mock.Fault{Kind: mock.FaultLink, PF: pf, Up: true})
+	inject(t, dir, fault.Fault{Kind: fault.Link, PF: pf, Up: true})
 	w.wait("the shared device Healthy", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		return d[shared].Health == drahealthv1.HealthStatus_HEALTHY
 	})
@@ -387,7 +385,7 @@ func TestHealthLinkDown(t *testing.T) {
 // backoff until the taint is in the API.
 func TestHealthTaintDespiteAPIErrors(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(mock.DirEnv, dir)
+	t.Setenv(persist.DirEnv, dir)
 	var failing atomic.Int32
 	a := startAgent(t, "gpus: [{model: h100-80gb, count: 2}]\n", func(c *fake.Clientset) {
 		refuse := func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -403,7 +401,7 @@ func TestHealthTaintDespiteAPIErrors(t *testing.T) {
 	})
 	a.slices(device.GPUDriver, nil)
 	failing.Store(4)
-	inject(t, dir, mock.Fault{Kind: mock.FaultXID, GPU: "0000:1b:00.0", XID: 48})
+	inject(t, dir, fault.Fault{Kind: fault.XID, GPU: "0000:1b:00.0", XID: 48})
 	a.slices(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return onlyTainted(ss, "0000:1b:00.0", "XID48") })
 	if n := failing.Load(); n != 0 {
 		t.Fatalf("%d refusals left: the taint was written without them", n)

@@ -145,8 +145,8 @@ func (m *metrics) observe(driver, op, kind string, start time.Time, err error) {
 func (m *metrics) serve(ctx context.Context, addr string, pr *probes) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", pr.handler(pr.alive))
-	mux.HandleFunc("/readyz", pr.handler(pr.ready))
+	mux.HandleFunc("/healthz", pr.handler(pr.alive, nil))
+	mux.HandleFunc("/readyz", pr.handler(pr.ready, pr.notes))
 	ln, err := listenShared(ctx, addr)
 	if err != nil {
 		return err
@@ -156,7 +156,7 @@ func (m *metrics) serve(ctx context.Context, addr string, pr *probes) error {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		srv.Shutdown(shutdown)
+		_ = srv.Shutdown(shutdown) // exiting: nothing to do about a slow client
 	}()
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -4,7 +4,14 @@ import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/backend"
@@ -21,7 +28,8 @@ import (
 type podNetwork struct {
 	plugin *nri.Plugin
 	status *metadata.StatusWriter
-	done   chan struct{} // closed when the plugin has stopped
+	pods   coreinformers.PodInformer // the node's pods
+	done   chan struct{}             // closed when the plugin has stopped
 	// started: run started the plugin.
 	started bool
 }
@@ -39,15 +47,54 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 	}
 	status := metadata.NewStatusWriter(client, device.NICDriver)
 	status.OnWrite = func(err error) { m.statusWrites.WithLabelValues(result(err)).Inc() }
+	pods := nodePods(client, opts.NodeName)
 	p, err := nri.New(nri.Options{
 		DriverName: device.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
 		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Settle: node.Settle,
-		ObserveHook: m.observeHook,
+		PodClaims: podClaims(pods.Lister()), ObserveHook: m.observeHook,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("NRI plugin: %w", err)
 	}
-	return &podNetwork{plugin: p, status: status, done: make(chan struct{})}, nil
+	return &podNetwork{plugin: p, status: status, pods: pods, done: make(chan struct{})}, nil
+}
+
+// nodePods is an informer of the node's pods, each cut to what PodClaims
+// reads: the NRI plugin learns from it which claims a pod names (a second
+// pod sharing a claim is in no prepare record).
+func nodePods(client kubernetes.Interface, node string) coreinformers.PodInformer {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + node }),
+		informers.WithTransform(func(obj any) (any, error) {
+			pod, ok := obj.(*corev1.Pod)
+			if !ok {
+				return obj, nil
+			}
+			return &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion},
+				Spec:       corev1.PodSpec{ResourceClaims: pod.Spec.ResourceClaims},
+				Status:     corev1.PodStatus{ResourceClaimStatuses: pod.Status.ResourceClaimStatuses},
+			}, nil
+		}))
+	return factory.Core().V1().Pods()
+}
+
+// podClaims names the ResourceClaims of a pod the lister has (nil for
+// one it does not know, or one of the same name with another UID).
+func podClaims(lister corelisters.PodLister) func(namespace, name string, uid types.UID) []string {
+	return func(namespace, name string, uid types.UID) []string {
+		pod, err := lister.Pods(namespace).Get(name)
+		if err != nil || pod.UID != uid {
+			return nil
+		}
+		var out []string
+		for i := range pod.Spec.ResourceClaims {
+			if n, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[i]); err == nil && n != nil {
+				out = append(out, *n)
+			}
+		}
+		return out
+	}
 }
 
 // network is what the NIC driver sees of it (nil without NRI).
@@ -65,6 +112,9 @@ func (n *podNetwork) run(ctx context.Context, nic *NIC) {
 		return
 	}
 	go n.status.Run(ctx)
+	// Hooks never wait for it: a pod it does not know yet is found
+	// through the prepare records only.
+	go n.pods.Informer().Run(ctx.Done())
 	n.started = true
 	go func() {
 		defer close(n.done)

@@ -22,7 +22,10 @@ import (
 // the kubelet has registered each of its kubelet plugins, each driver's
 // last publication is in the API server, and the NRI plugin (on a node
 // with NICs) is synchronized with the runtime. In a rolling update the
-// old pod is deleted once the new one is ready.
+// old pod is deleted once the new one is ready. A ready agent that
+// publishes a reduced device model (a DRA feature gate off in the API
+// server), or leaves GPUs to NVIDIA's device plugin, says so after its
+// "ok": the node serves as it can or as configured.
 //
 // Alive (/healthz): the registration socket of every plugin this agent
 // started accepts connections (the kubelet finds the plugins through
@@ -37,8 +40,17 @@ type probes struct {
 	// synchronized.
 	published func() error
 	nri       func() error
+	// degraded is nil while the full device model is published
+	// (publish.Publisher.Degraded).
+	degraded func() error
+	// withheld says why GPUs are not published, "" if all are: ready
+	// all the same (the agent serves the node as it should), but /readyz
+	// says so.
+	withheld func() string
 	// requested tells whether a newer agent asks for the node.
 	requested func() bool
+	// api is nil while the API server answers, else what is unreachable.
+	api func() error
 }
 
 type startedPlugin struct {
@@ -60,14 +72,40 @@ func (p *probes) setState(s string) {
 	defer p.mu.Unlock()
 	p.state = s
 	if s == stateHandedOver {
-		p.plugins, p.published, p.nri = nil, nil, nil
+		p.plugins, p.published, p.nri, p.degraded, p.withheld = nil, nil, nil, nil, nil
 	}
 }
 
-func (p *probes) serving(published, nri func() error) {
+func (p *probes) serving(published, nri, degraded func() error, withheld func() string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.state, p.published, p.nri = "", published, nri
+	p.state, p.published, p.nri, p.degraded, p.withheld = "", published, nri, degraded, withheld
+}
+
+// notes are what /readyz says besides "ok": GPUs left to the device
+// plugin, and a reduced device model as a "warning: " line.
+func (p *probes) notes() []string {
+	p.mu.Lock()
+	degraded, withheld := p.degraded, p.withheld
+	p.mu.Unlock()
+	var out []string
+	if withheld != nil {
+		if w := withheld(); w != "" {
+			out = append(out, w)
+		}
+	}
+	if degraded != nil {
+		if err := degraded(); err != nil {
+			out = append(out, "warning: "+err.Error())
+		}
+	}
+	return out
+}
+
+func (p *probes) setAPIServer(unreachable func() error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.api = unreachable
 }
 
 func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
@@ -79,15 +117,19 @@ func (p *probes) addPlugin(driver, socket string, h *kubeletplugin.Helper) {
 // ready is nil when the agent serves the node, else every reason why not.
 func (p *probes) ready() error {
 	p.mu.Lock()
-	state, plugins, published, nri, requested := p.state, p.plugins, p.published, p.nri, p.requested
+	state, plugins, published, nri, requested, api := p.state, p.plugins, p.published, p.nri, p.requested, p.api
 	p.mu.Unlock()
+	var unreachable error
+	if api != nil {
+		unreachable = api()
+	}
 	if state != "" {
-		return errors.New(state)
+		return errors.Join(errors.New(state), unreachable)
 	}
 	if requested != nil && requested() {
 		return errors.New(stateHandingOver)
 	}
-	var errs []error
+	errs := []error{unreachable}
 	for _, pl := range plugins {
 		if st := pl.helper.RegistrationStatus(); st == nil || !st.PluginRegistered {
 			reason := "the kubelet has not registered it yet"
@@ -133,13 +175,21 @@ func registrarSocket(dir, driver, podUID string) string {
 	return filepath.Join(dir, driver+"-reg.sock")
 }
 
-func (p *probes) handler(check func() error) http.HandlerFunc {
+// handler answers a probe: 503 and why when check fails, else "ok" and
+// the notes (nil: none), one a line.
+func (p *probes) handler(check func() error, notes func() []string) http.HandlerFunc {
 	return func(w http.ResponseWriter, _ *http.Request) {
 		if err := check(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		w.Write([]byte("ok\n"))
+		body := "ok\n"
+		if notes != nil {
+			for _, n := range notes() {
+				body += n + "\n"
+			}
+		}
+		_, _ = w.Write([]byte(body)) // a prober that hung up learns nothing more
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/deviceplugin"
 	"github.com/hwdra/hwdra/hw"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
 	"github.com/hwdra/hwdra/publish"
@@ -30,6 +31,7 @@ type server struct {
 	// claim status writes; slices the publisher (clients.go).
 	claims, slices kubernetes.Interface
 	health         *nodeHealth
+	devicePlugin   *deviceplugin.Watcher
 	pub            *publish.Publisher
 	pods           *podNetwork // nil without NRI
 	drivers        Drivers     // those of the start (not a late GPU driver)
@@ -46,10 +48,12 @@ func serve(ctx context.Context, opts Options, cfg *config.AgentConfig, m *metric
 	if err := s.openHardware(ctx); err != nil {
 		return err
 	}
-	if err := s.connect(); err != nil {
+	if err := s.connect(ctx); err != nil {
 		return err
 	}
-	s.startPublisher()
+	if err := s.startPublisher(ctx); err != nil {
+		return err
+	}
 	if err := s.buildDrivers(ctx); err != nil {
 		return err
 	}
@@ -68,7 +72,7 @@ func serve(ctx context.Context, opts Options, cfg *config.AgentConfig, m *metric
 func (s *server) openHardware(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	if s.node = s.opts.node; s.node == nil {
-		node, err := backend.OpenWith(s.opts.Hardware, backend.Options{DriverRoot: s.opts.DriverRoot})
+		node, err := backend.OpenWith(s.opts.Hardware, backend.Options{DriverRoot: s.opts.DriverRoot, Logger: logger})
 		if err != nil {
 			return err
 		}
@@ -87,31 +91,53 @@ func (s *server) openHardware(ctx context.Context) error {
 	return nil
 }
 
-// connect makes the agent's two API clients.
-func (s *server) connect() error {
+// connect makes the agent's two API clients, and watches through them
+// whether the API server answers: the log and /readyz say so when not.
+func (s *server) connect(ctx context.Context) error {
 	if s.opts.KubeClient != nil {
 		s.claims, s.slices = s.opts.KubeClient, s.opts.KubeClient
 		return nil
 	}
+	api := newAPIServer(s.opts.KubeConfig, s.opts.KubeConfigSource)
 	var err error
-	s.claims, s.slices, err = newClients(s.opts.KubeConfig, s.opts.KubeAPIQPS, s.opts.KubeAPIBurst, s.m)
-	return err
+	if s.claims, s.slices, err = newClients(s.opts.KubeConfig, s.opts.KubeAPIQPS, s.opts.KubeAPIBurst, s.m, api.wrap); err != nil {
+		return err
+	}
+	s.pr.setAPIServer(api.unreachable)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		api.report(ctx, func(ctx context.Context) error {
+			return s.claims.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
+		})
+	}()
+	s.onStop(func() { cancel(); <-done; s.pr.setAPIServer(nil) })
+	return nil
 }
 
-// startPublisher makes the publisher and the health wiring that sees its
+// startPublisher makes the publisher, the health wiring that sees its
 // probes, taints what the monitors find and streams the health of what it
-// published.
-func (s *server) startPublisher() {
+// published, and the watch for NVIDIA's device plugin, whose GPUs it
+// leaves out (a change republishes).
+func (s *server) startPublisher(ctx context.Context) error {
 	s.health = newNodeHealth(s.cfg)
+	s.devicePlugin = deviceplugin.New(deviceplugin.Options{
+		Dir: s.opts.DevicePluginDir, NodeName: s.opts.NodeName, Client: s.slices,
+		Resource: s.cfg.DevicePluginResource, Registry: s.m.registry,
+	})
 	s.pub = publish.New(publish.Options{
 		NodeName: s.opts.NodeName, Client: s.slices, Config: s.cfg, Registry: s.m.registry,
 		Probe: s.node.Inventory, Inventory: s.inv,
 		Faults: s.health.faults, Probed: s.health.probed, Published: s.health.published,
+		RecheckFeatures: s.opts.FeatureCheck,
+		DevicePlugin:    s.devicePlugin.Why,
 	})
 	s.onStop(s.pub.Stop)
 	collector := healthCollector{s.health}
 	s.m.registry.MustRegister(collector)
 	s.onStop(func() { s.m.registry.Unregister(collector) })
+	return s.devicePlugin.Start(ctx, s.pub.Poke)
 }
 
 // buildDrivers opens the NRI plugin (the NIC driver moves VFs into pods
@@ -210,7 +236,7 @@ func (s *server) startLateGPU(ctx context.Context) error {
 	if len(inv.GPUs) == 0 {
 		return errors.New("NVML is up but shows no GPU")
 	}
-	d, err := s.newDrivers(ctx, hw.Inventory{GPUs: inv.GPUs}, nil)
+	d, err := s.newDrivers(ctx, hw.Inventory{GPUs: inv.GPUs, PassthroughGPUs: inv.PassthroughGPUs}, nil)
 	if err != nil {
 		return err
 	}
@@ -226,14 +252,25 @@ func (s *server) startLateGPU(ctx context.Context) error {
 }
 
 // publish publishes the served drivers' pools now that their plugins
-// serve (a pod the scheduler places here right away finds its driver),
-// says the agent serves, and keeps publishing until ctx ends.
+// serve (a pod the scheduler places here right away finds its driver)
+// and the node's status shows whether NVIDIA's device plugin has the GPUs,
+// says the agent serves, and keeps publishing until ctx ends. First it
+// checks which DRA features the API server keeps: slices stored while a
+// gate was on keep that gate's fields through updates, and a scheduler
+// with the gate off ignores the whole pool, so the first publication must
+// already be without them.
 func (s *server) publish(ctx context.Context) {
 	logger := klog.FromContext(ctx)
+	if s.devicePlugin.WaitSynced(ctx) != nil {
+		return
+	}
+	if err := s.pub.CheckFeatures(ctx); err != nil {
+		logger.Info("Warning: publishing the full device model unchecked; checking again in 30s", "err", err)
+	}
 	if err := s.pub.Publish(ctx); err != nil {
 		logger.Error(err, "Publishing devices")
 	}
-	s.pr.serving(s.pub.Verified, s.pods.ready())
+	s.pr.serving(s.pub.Verified, s.pods.ready(), s.pub.Degraded, s.pub.Withheld)
 	s.pub.Run(ctx, s.opts.Rescan, s.health.republish)
 	logger.Info("Shutting down")
 }

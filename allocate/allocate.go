@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -110,22 +111,49 @@ func (a *Allocator) AddClasses(deviceClasses ...*resourceapi.DeviceClass) {
 func (a *Allocator) Allocate(ctx context.Context, claims ...*resourceapi.ResourceClaim) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	alloc, err := structured.NewAllocator(ctx, a.features, a.state, a.classes, a.slices, a.cel)
+	results, err := a.allocate(ctx, claims)
 	if err != nil {
 		return err
-	}
-	results, err := alloc.Allocate(ctx, a.node, claims)
-	if err != nil {
-		return fmt.Errorf("allocate: %w", err)
-	}
-	if results == nil {
-		return fmt.Errorf("%w (%d claim(s))", ErrUnsatisfiable, len(claims))
 	}
 	for i := range claims {
 		claims[i].Status.Allocation = &results[i]
 		a.track(&results[i], true)
 	}
 	return nil
+}
+
+// Fits is Allocate without the allocation: nil when the claims could be
+// allocated together now, beside what is allocated; the claims and the
+// allocator stay as they are.
+func (a *Allocator) Fits(ctx context.Context, claims ...*resourceapi.ResourceClaim) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, err := a.allocate(ctx, claims)
+	return err
+}
+
+// allocate runs the scheduler's allocator over the claims; a.mu is held.
+func (a *Allocator) allocate(ctx context.Context, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	alloc, err := structured.NewAllocator(ctx, a.features, a.state, a.classes, a.slices, a.cel)
+	if err != nil {
+		return nil, err
+	}
+	results, err := alloc.Allocate(ctx, a.node, claims)
+	if err != nil {
+		return nil, fmt.Errorf("allocate: %w", err)
+	}
+	if results == nil {
+		return nil, fmt.Errorf("%w (%d claim(s))", ErrUnsatisfiable, len(claims))
+	}
+	return results, nil
+}
+
+// Empty is an allocator of the same node and classes with nothing
+// allocated.
+func (a *Allocator) Empty() *Allocator {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return &Allocator{features: a.features, node: a.node, slices: a.slices, classes: a.classes, cel: a.cel, state: EmptyState()}
 }
 
 // Release returns a claim's devices, as deleting an allocated claim does.
@@ -171,6 +199,15 @@ func (c classes) List() ([]*resourceapi.DeviceClass, error) {
 		out = append(out, class)
 	}
 	return out, nil
+}
+
+func (c classes) names() []string {
+	names := make([]string, 0, len(c))
+	for n := range c {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
 }
 
 func (c classes) Get(name string) (*resourceapi.DeviceClass, error) {

@@ -16,8 +16,10 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/profile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/sriov"
+	"github.com/hwdra/hwdra/vfiopci"
 )
 
 // Host is the --hardware value for the machine's real devices.
@@ -35,6 +37,8 @@ type Node struct {
 	nvmlPending *nvml.Backend
 	// NIC is how to discover SR-IOV NICs.
 	NIC sriov.Options
+	// Passthrough finds the GPUs bound to vfio-pci.
+	Passthrough *vfiopci.Scanner
 	// DevRoot, ProcRoot and SysfsRoot are where the host's device nodes,
 	// procfs and sysfs are ("/dev", "/proc", "/sys"); the mock's trees on
 	// mock hardware.
@@ -71,6 +75,8 @@ type Node struct {
 type Options struct {
 	// DriverRoot is the NVIDIA driver's root ("host" hardware only).
 	DriverRoot DriverRoot
+	// Logger says what opening found (NVML missing); default klog's.
+	Logger klog.Logger
 }
 
 // Open opens "host" or "mock:<profile>" (a built-in name or a YAML file).
@@ -78,9 +84,13 @@ func Open(spec string) (*Node, error) { return OpenWith(spec, Options{}) }
 
 // OpenWith is Open with options.
 func OpenWith(spec string, opts Options) (*Node, error) {
+	logger := opts.Logger
+	if logger.GetSink() == nil {
+		logger = klog.Background()
+	}
 	switch {
 	case spec == Host:
-		return openHost(opts.DriverRoot), nil
+		return openHost(opts.DriverRoot, logger), nil
 	case strings.HasPrefix(spec, MockPrefix):
 		m, err := mock.Open(strings.TrimPrefix(spec, MockPrefix))
 		if err != nil {
@@ -93,30 +103,35 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
 			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		}
+		if n.Passthrough, err = vfiopci.New(m.Sysfs); err != nil {
+			return nil, errors.Join(err, m.Close())
+		}
 		if len(m.Profile.GPUs) > 0 {
-			n.openNVML(nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs)))
+			n.openNVML(nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs)), logger)
 		}
 		return n, nil
 	default:
 		return nil, fmt.Errorf("--hardware %q: want %q or %q<profile> (built-in profiles: %s)",
-			spec, Host, MockPrefix, strings.Join(mock.Builtins(), ", "))
+			spec, Host, MockPrefix, strings.Join(profile.Builtins(), ", "))
 	}
 }
 
-func openHost(root DriverRoot) *Node {
+func openHost(root DriverRoot, logger klog.Logger) *Node {
+	passthrough, _ := vfiopci.New(sriov.DefaultSysfsRoot) // "/sys": always valid
 	n := &Node{
-		NIC:     sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
-		DevRoot: "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
+		Passthrough: passthrough,
+		NIC:         sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
+		DevRoot:     "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
 		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{}, RDMA: sriov.NetlinkRDMA{},
 		DriverSpecDirs: root.specDirs(), driverRoot: &root,
 	}
-	n.openNVML(root.newNVML(sriov.DefaultSysfsRoot))
+	n.openNVML(root.newNVML(sriov.DefaultSysfsRoot), logger)
 	return n
 }
 
 // openNVML initialises NVML. Where that fails but the PCI bus shows NVIDIA
 // GPUs, the driver is not ready yet: NVML stays pending (InitNVML).
-func (n *Node) openNVML(b *nvml.Backend) {
+func (n *Node) openNVML(b *nvml.Backend, logger klog.Logger) {
 	err := b.Init()
 	switch {
 	case err == nil:
@@ -124,10 +139,10 @@ func (n *Node) openNVML(b *nvml.Backend) {
 		n.nvmlUp()
 	case nvidiaGPUsOnBus(n.SysfsRoot):
 		n.nvmlPending = b
-		klog.InfoS("NVML unavailable, but the PCI bus shows NVIDIA GPUs: waiting for the driver", "err", err, "driverRoot", n.driverRootPath())
+		logger.Info("NVML unavailable, but the PCI bus shows NVIDIA GPUs: waiting for the driver", "err", err, "driverRoot", n.driverRootPath())
 	default:
 		// A NIC-only node has no NVIDIA driver: not an error.
-		klog.InfoS("No GPUs: NVML unavailable", "err", err, "driverRoot", n.driverRootPath())
+		logger.Info("No GPUs: NVML unavailable", "err", err, "driverRoot", n.driverRootPath())
 	}
 }
 
@@ -175,7 +190,8 @@ func (n *Node) nvmlUp() {
 }
 
 // nvidiaGPUsOnBus reports whether sysfs lists an NVIDIA display or 3D
-// controller (vendor 0x10de, class 0x03xxxx).
+// controller (vendor 0x10de, class 0x03xxxx) for the NVIDIA driver: one
+// bound to vfio-pci needs none.
 func nvidiaGPUsOnBus(sysfs string) bool {
 	dir := filepath.Join(sysfs, "bus", "pci", "devices")
 	entries, err := os.ReadDir(dir)
@@ -185,7 +201,9 @@ func nvidiaGPUsOnBus(sysfs string) bool {
 	for _, e := range entries {
 		vendor, _ := os.ReadFile(filepath.Join(dir, e.Name(), "vendor"))
 		class, _ := os.ReadFile(filepath.Join(dir, e.Name(), "class"))
-		if strings.TrimSpace(string(vendor)) == "0x10de" && strings.HasPrefix(strings.TrimSpace(string(class)), "0x03") {
+		driver, _ := os.Readlink(filepath.Join(dir, e.Name(), "driver"))
+		if strings.TrimSpace(string(vendor)) == "0x10de" && strings.HasPrefix(strings.TrimSpace(string(class)), "0x03") &&
+			filepath.Base(driver) != vfiopci.Driver {
 			return true
 		}
 	}
@@ -206,6 +224,13 @@ func (n *Node) Inventory(ctx context.Context) (hw.Inventory, error) {
 		}
 		inv.GPUs = gpus
 		inv.UnreadableGPUs = nvml.Unreadable(err)
+	}
+	if n.Passthrough != nil {
+		gpus, err := n.Passthrough.GPUs()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("passthrough GPUs: %w", err))
+		}
+		inv.PassthroughGPUs = gpus
 	}
 	pfs, err := sriov.Discover(n.NIC)
 	if err != nil {

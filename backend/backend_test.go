@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 )
 
 func TestOpenRejectsUnknownHardware(t *testing.T) {
@@ -31,15 +32,19 @@ func TestNVMLPending(t *testing.T) {
 	}
 	n.Close()
 
-	t.Setenv(mock.DirEnv, t.TempDir())
-	spec := filepath.Join(t.TempDir(), "p.yaml")
-	if err := os.WriteFile(spec, []byte("gpus: [{model: h100-80gb, count: 2}]\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	h, err := mock.Open(spec) // the hardware before the agent: driver not loaded
+	// GPUs bound to vfio-pci wait for no NVIDIA driver: none is installed.
+	n, err = Open("mock:" + writeProfile(t, "gpus: [{model: h100-80gb, count: 2, virtualization: passthrough}]"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	if inv, err := n.Inventory(context.Background()); n.GPU() != nil || n.NVMLPending() || err != nil || len(inv.PassthroughGPUs) != 2 {
+		t.Errorf("vfio-pci GPUs only: GPU %v, pending %v, passthrough GPUs %v, %v", n.GPU(), n.NVMLPending(), inv.PassthroughGPUs, err)
+	}
+	n.Close()
+
+	t.Setenv(persist.DirEnv, t.TempDir())
+	spec := writeProfile(t, "gpus: [{model: h100-80gb, count: 2}]\n")
+	h := mocktest.Open(t, spec) // the hardware before the agent: driver not loaded
 	if err := h.SetDriverLoaded(false); err != nil {
 		t.Fatal(err)
 	}
@@ -69,4 +74,14 @@ func TestNVMLPending(t *testing.T) {
 	if inv, err := n.Inventory(context.Background()); err != nil || len(inv.GPUs) != 2 || n.NVMLPending() {
 		t.Fatalf("after the driver loaded: %d GPUs, %v, pending %v", len(inv.GPUs), err, n.NVMLPending())
 	}
+}
+
+// writeProfile writes a mock profile file.
+func writeProfile(t *testing.T, yaml string) string {
+	t.Helper()
+	spec := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(spec, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return spec
 }

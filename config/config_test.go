@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	configv1alpha1 "github.com/hwdra/hwdra/api/config/v1alpha1"
+	"github.com/hwdra/hwdra/hw"
 )
 
 const header = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\n"
@@ -18,9 +19,17 @@ func TestParseValid(t *testing.T) {
 		yaml string
 		want []rule
 	}{{
-		name: "no nics: nothing selected",
+		name: "no nics: the built-in rule, as without a file",
 		yaml: header,
-		want: nil,
+		want: []rule{{index: -1, mode: ModeShared, bandwidth: DefaultBandwidth}},
+	}, {
+		name: "only health: nics keeps its default",
+		yaml: header + "health: {fatalEffect: NoExecute}\n",
+		want: []rule{{index: -1, mode: ModeShared, bandwidth: DefaultBandwidth}},
+	}, {
+		name: "bandwidth as bare numbers, as Kubernetes takes quantities",
+		yaml: header + "nics:\n- bandwidth: {default: 25000000000, minimum: 5e9, step: 5000000000}\n",
+		want: []rule{{index: 0, mode: ModeShared, bandwidth: BandwidthPolicy{DefaultMbps: 25000, MinimumMbps: 5000, StepMbps: 5000}}},
 	}, {
 		name: "catch-all with the built-in policy",
 		yaml: header + "nics:\n- {}\n",
@@ -123,13 +132,21 @@ func TestParseInvalid(t *testing.T) {
 		{"step zero", header + "nics:\n- {}\n- bandwidth: {step: \"0\"}\n", `nics[1].bandwidth.step: Invalid value: "0": must be > 0`},
 		{"negative minimum", header + "nics:\n- bandwidth: {minimum: -1G}\n", `nics[0].bandwidth.minimum: Invalid value: "-1G": must be > 0`},
 		{"not a quantity", header + "nics:\n- bandwidth: {default: 10Gbps}\n", `nics[0].bandwidth.default: Invalid value: "10Gbps": must be a quantity in bits per second`},
-		{"number, not a quantity string", header + "nics:\n- bandwidth: {default: 10}\n", "nics[0].bandwidth.default: Invalid value: 10: must be a string (quote it)"},
+		{"empty nics", header + "nics: []\n", "nics: Invalid value: an empty list would offer no PF: leave nics out"},
+		{"step 0 as a number", header + "nics:\n- bandwidth: {step: 0}\n", `nics[0].bandwidth.step: Invalid value: "0": must be > 0`},
+		{"a number of bits", header + "nics:\n- bandwidth: {default: 10}\n", `nics[0].bandwidth.default: Invalid value: "10": must be a whole number of Mb/s`},
+		{"a list for a quantity", header + "nics:\n- bandwidth: {minimum: [1G]}\n", `nics[0].bandwidth.minimum: Invalid value: "[\"1G\"]": must be a quantity in bits per second`},
 		{"binary suffix", header + "nics:\n- bandwidth: {step: 1Gi}\n", `nics[0].bandwidth.step: Invalid value: "1Gi": must be a whole number of Mb/s`},
 		{"below 1 Mb/s", header + "nics:\n- bandwidth: {minimum: 100k}\n", `nics[0].bandwidth.minimum: Invalid value: "100k": must be a whole number of Mb/s`},
 		{"absurd", header + "nics:\n- bandwidth: {default: 1E}\n", `nics[0].bandwidth.default: Invalid value: "1E": must be at most 100T`},
 		{"default below minimum", header + "nics:\n- bandwidth: {default: 1G, minimum: 2G}\n", `nics[0].bandwidth.default: Invalid value: "1G": must be at least the minimum (2G)`},
 		{"default off the step", header + "nics:\n- bandwidth: {default: 10G, minimum: 1G, step: 2G}\n",
 			`nics[0].bandwidth.default: Invalid value: "10G": must be the minimum (1G) plus a multiple of the step (2G)`},
+		{"device plugin resource", header + "devicePlugin:\n  resources: [gpu]\n", `devicePlugin.resources[0]: Invalid value: "gpu": must be a domain-prefixed name like nvidia.com/gpu`},
+		{"device plugin wildcard inside", header + "devicePlugin:\n  resources: [\"nvidia.com/*-x\"]\n", `devicePlugin.resources[0]: Invalid value: "nvidia.com/*-x": "*" may only end a prefix`},
+		{"owned GPU address", header + "devicePlugin:\n  ownedGPUs: {pciAddresses: [gpu0]}\n", `devicePlugin.ownedGPUs.pciAddresses[0]: Invalid value: "gpu0": must be a PCI address`},
+		{"owned GPU index for a UUID", header + "devicePlugin:\n  ownedGPUs: {uuids: [\"0\"]}\n", `devicePlugin.ownedGPUs.uuids[0]: Invalid value: "0": must be a GPU UUID`},
+		{"owned GPUs unknown field", header + "devicePlugin:\n  ownedGPUs: {indices: [0]}\n", `unknown field "devicePlugin.ownedGPUs.indices"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.yaml))
@@ -198,4 +215,115 @@ func TestExample(t *testing.T) {
 	if h := c.HealthPolicy(); !h.FatalNoExecute || len(h.IgnoreXIDs) != 1 || h.IgnoreXIDs[0] != 63 || len(h.ReportXIDs) != 1 || h.ReportXIDs[0] != 43 {
 		t.Errorf("health %+v", h)
 	}
+	if !c.DevicePluginResource("nvidia.com/mig-1g.10gb") || c.devicePlugin.owned != nil {
+		t.Errorf("devicePlugin %+v", c.devicePlugin)
+	}
+}
+
+// TestDevicePluginResources: the default names and prefixes, and a
+// file's own.
+func TestDevicePluginResources(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		yaml string
+		yes  []string
+		no   []string
+	}{{
+		name: "no file",
+		yes:  []string{"nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-7g.80gb"},
+		no:   []string{"nvidia.com/gpu-x", "nvidia.com/mig", "amd.com/gpu", "deviceclass.resource.kubernetes.io/gpu.hwdra.io"},
+	}, {
+		name: "section without resources: the defaults",
+		yaml: header + "devicePlugin: {}\n",
+		yes:  []string{"nvidia.com/gpu", "nvidia.com/mig-2g.20gb"},
+		no:   []string{"example.com/gpu"},
+	}, {
+		name: "a file's own names replace the defaults",
+		yaml: header + "devicePlugin:\n  resources: [example.com/gpu, \"example.com/part-*\"]\n",
+		yes:  []string{"example.com/gpu", "example.com/part-a"},
+		no:   []string{"nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "example.com/part"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := parseOrDefault(t, tc.yaml)
+			for _, r := range tc.yes {
+				if !c.DevicePluginResource(r) {
+					t.Errorf("%s is not taken for the device plugin's", r)
+				}
+			}
+			for _, r := range tc.no {
+				if c.DevicePluginResource(r) {
+					t.Errorf("%s is taken for the device plugin's", r)
+				}
+			}
+		})
+	}
+}
+
+// TestOwnGPUs: without a split the agent owns every GPU while the device
+// plugin is away and none while it serves; with devicePlugin.ownedGPUs
+// exactly those, by PCI address or UUID, either way.
+func TestOwnGPUs(t *testing.T) {
+	gpus := []hw.GPU{
+		{PCIBusID: "0000:1b:00.0", UUID: "GPU-00000000-0000-4000-8000-000000000001"},
+		{PCIBusID: "0000:43:00.0", UUID: "GPU-00000000-0000-4000-8000-000000000002"},
+		{PCIBusID: "0000:52:00.0", UUID: "GPU-00000000-0000-4000-8000-000000000003"},
+	}
+	split := header + `devicePlugin:
+  ownedGPUs:
+    pciAddresses: ["1B:00.0"]
+    uuids: [GPU-00000000-0000-4000-8000-000000000003]
+`
+	for _, tc := range []struct {
+		name      string
+		yaml      string
+		serves    bool
+		own, left []string
+		why       string
+	}{
+		{name: "no device plugin", own: []string{"0000:1b:00.0", "0000:43:00.0", "0000:52:00.0"}},
+		{name: "the device plugin serves: all left", serves: true, left: []string{"0000:1b:00.0", "0000:43:00.0", "0000:52:00.0"},
+			why: "NVIDIA's device plugin serves GPUs on this node"},
+		{name: "split, device plugin away", yaml: split, own: []string{"0000:1b:00.0", "0000:52:00.0"}, left: []string{"0000:43:00.0"},
+			why: "devicePlugin.ownedGPUs leaves them to NVIDIA's device plugin"},
+		{name: "split, device plugin serves", yaml: split, serves: true, own: []string{"0000:1b:00.0", "0000:52:00.0"}, left: []string{"0000:43:00.0"},
+			why: "devicePlugin.ownedGPUs leaves them to NVIDIA's device plugin"},
+		{name: "split owning every GPU", yaml: header + "devicePlugin:\n  ownedGPUs: {pciAddresses: [1b:00.0, 43:00.0, 52:00.0]}\n", serves: true,
+			own: []string{"0000:1b:00.0", "0000:43:00.0", "0000:52:00.0"}},
+		{name: "empty split: every GPU the plugin's", yaml: header + "devicePlugin:\n  ownedGPUs: {}\n",
+			left: []string{"0000:1b:00.0", "0000:43:00.0", "0000:52:00.0"}, why: "devicePlugin.ownedGPUs leaves them to NVIDIA's device plugin"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := parseOrDefault(t, tc.yaml)
+			own, left, why := c.OwnGPUs(gpus, tc.serves)
+			addrs := func(gs []hw.GPU) []string {
+				var out []string
+				for _, g := range gs {
+					out = append(out, g.PCIBusID)
+				}
+				return out
+			}
+			if got := addrs(own); !reflect.DeepEqual(got, tc.own) {
+				t.Errorf("own %v, want %v", got, tc.own)
+			}
+			if got := addrs(left); !reflect.DeepEqual(got, tc.left) {
+				t.Errorf("left %v, want %v", got, tc.left)
+			}
+			if why != tc.why {
+				t.Errorf("why %q, want %q", why, tc.why)
+			}
+		})
+	}
+}
+
+// parseOrDefault parses a file's content; none: Default.
+func parseOrDefault(t *testing.T, yaml string) *AgentConfig {
+	t.Helper()
+	if yaml == "" {
+		return Default()
+	}
+	c, err := Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

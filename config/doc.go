@@ -2,15 +2,18 @@
 // config.hwdra.io/v1alpha1 (package api/config/v1alpha1 says what each
 // field means; config/example.yaml is an example), and resolves it on a
 // node: which SR-IOV PFs the agent offers, in which mode and under which
-// bandwidth policy (Resolve: NICOffer, Skip), and how device faults are
-// judged and tainted (HealthPolicy).
+// bandwidth policy (Resolve: NICOffer, Skip), how device faults are
+// judged and tainted (HealthPolicy), and which GPUs the agent publishes
+// beside NVIDIA's device plugin (DevicePluginResource, OwnGPUs).
 //
 // Decoding is strict and all-or-nothing (api.Decode): unknown fields,
 // wrong types and bad values are errors that name the file and the field
 // ("config /etc/hwdra/config.yaml: nics[1].bandwidth.step: Invalid value:
 // "0": must be > 0"), and a file with any error yields no configuration.
 //
-// Without a file (no --config) every PF with VFs is offered in shared mode
-// with the built-in bandwidth policy (default 10G, minimum 1G, step 1G),
-// except the PFs that carry a default route.
+// Without a file (no --config), or a file without nics, every PF with VFs
+// is offered in shared mode with the built-in bandwidth policy (default
+// 10G, minimum 1G, step 1G), except the PFs that carry a default route. A
+// file's section left out keeps its defaults; an empty nics list is
+// refused (it would offer no PF: [{mode: disabled}] says so on purpose).
 package config

@@ -45,11 +45,9 @@ func Parse(data []byte) (*AgentConfig, error) {
 // Default is the configuration without a file: every PF with VFs, shared,
 // with DefaultBandwidth; default-route PFs stay out.
 func Default() *AgentConfig {
-	file := &configv1alpha1.AgentConfig{NICs: []configv1alpha1.NICRule{{}}}
+	file := &configv1alpha1.AgentConfig{}
 	file.Default()
-	c := compile(file)
-	c.rules[0].index = -1
-	return c
+	return compile(file)
 }
 
 // rule is a validated NICRule.
@@ -60,10 +58,20 @@ type rule struct {
 	bandwidth BandwidthPolicy
 }
 
-// compile turns a defaulted, valid file into rules, a health and a GPU
-// policy.
+// compile turns a defaulted, valid file into rules, a health policy, a
+// GPU policy and the device plugin's share of the node. A section the
+// file leaves out keeps its defaults: without nics, the built-in rule
+// (index -1) offers every PF with VFs, shared, with the built-in policy,
+// as without a file.
 func compile(file *configv1alpha1.AgentConfig) *AgentConfig {
-	c := &AgentConfig{health: healthPolicy(file.Health), gpu: gpuPolicy(file.GPUs)}
+	c := &AgentConfig{
+		health:       healthPolicy(file.Health),
+		gpu:          gpuPolicy(file.GPUs),
+		devicePlugin: compileDevicePlugin(file.DevicePlugin),
+	}
+	if file.NICs == nil {
+		c.rules = []rule{{index: -1, mode: ModeShared, bandwidth: DefaultBandwidth}}
+	}
 	for i, n := range file.NICs {
 		r := rule{index: i, sel: n.Select, mode: n.Mode, bandwidth: DefaultBandwidth}
 		if n.Mode == ModeShared {
@@ -75,7 +83,7 @@ func compile(file *configv1alpha1.AgentConfig) *AgentConfig {
 }
 
 // mbps reads a validated bandwidth value.
-func mbps(s string) int {
+func mbps(s configv1alpha1.Quantity) int {
 	v, err := configv1alpha1.Mbps(s)
 	if err != nil {
 		panic(fmt.Sprintf("config: bandwidth %q passed validation: %v", s, err))

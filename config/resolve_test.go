@@ -44,6 +44,13 @@ func TestResolve(t *testing.T) {
 			"0000:ca:00.0": {skip: "sriov_numvfs is 4 but no VF could be read"},
 		},
 	}, {
+		name: "a file with only health: the NICs as without a file",
+		yaml: header + "health:\n  xids: {ignore: [63]}\n",
+		want: map[string]outcome{
+			"0000:17:00.0": {mode: ModeShared, rule: -1}, "0000:31:00.0": skipRoute, "0000:32:00.0": skipNoVFs,
+			"0000:4b:00.0": skipNoNetdev, "0000:b1:00.0": {mode: ModeShared, rule: -1},
+		},
+	}, {
 		name: "a catch-all does not name the default-route PF",
 		yaml: header + "nics:\n- mode: exclusive\n",
 		want: map[string]outcome{

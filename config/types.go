@@ -9,9 +9,10 @@ import (
 // validated and compiled for Resolve and HealthPolicy. Build it with Load,
 // Parse or Default.
 type AgentConfig struct {
-	rules  []rule // the file's nics[], or the built-in rule
-	health HealthPolicy
-	gpu    GPUPolicy
+	rules        []rule // the file's nics[], or the built-in rule
+	health       HealthPolicy
+	gpu          GPUPolicy
+	devicePlugin devicePlugin
 }
 
 // Mode is how a PF is offered, as the file names it.

@@ -24,7 +24,9 @@ out=${HWDRA_IMAGE_OUTPUT:-_output}
 mkdir -p "$out/image-$tag"
 out=$(cd "$out" && pwd)
 
-go build -trimpath -tags nolab,grpcnotrace -ldflags "-s -w -X main.version=$tag" \
+# The version is the tag and the commit the checkout's (hack/version-ldflags.sh):
+# Go's own VCS stamp is absent where the build has no .git.
+go build -trimpath -tags nolab,grpcnotrace -ldflags "-s -w $(HWDRA_VERSION=$tag hack/version-ldflags.sh)" \
   -o "$out/image-$tag/hwdra" ./cmd/hwdra
 go run ./hack/buildimage --binary "$out/image-$tag/hwdra" --ref "$repo:$tag" --out "$out/hwdra-$tag.oci.tar"
 echo "build-image: $repo:$tag ($(du -h "$out/hwdra-$tag.oci.tar" | cut -f1))" >&2

@@ -19,6 +19,27 @@ if out=$("$helm" template hwdra "$chart" --set hardware=gpu 2>&1); then
   echo "check-chart: hardware=gpu was accepted"; exit 1
 fi
 grep -q 'hardware: "gpu": want host or mock:<profile>' <<<"$out" || { echo "check-chart: unclear error for hardware=gpu: $out"; exit 1; }
+# An extended resource name the API server would refuse is a render error
+# that names the value, not an object the apply refuses.
+for bad in "extendedResources.gpu=gpu|extendedResources.gpu: \"gpu\" is no extended resource name" \
+  "extendedResources.gpu=kubernetes.io/gpu|extendedResources.gpu: \"kubernetes.io/gpu\" is no extended resource name" \
+  "extendedResources.migProfiles={1g.10gb+me}|extendedResources.migProfiles: \"1g.10gb+me\" is no MIG profile name"; do
+  if out=$("$helm" template hwdra "$chart" --set "${bad%%|*}" 2>&1); then
+    echo "check-chart: ${bad%%|*} was accepted"; exit 1
+  fi
+  grep -qF "${bad#*|}" <<<"$out" || { echo "check-chart: unclear error for ${bad%%|*}: $out"; exit 1; }
+done
+# A value the chart does not have (a --set typo) is refused, not ignored
+# (values.schema.json), and so is a value of the wrong type.
+for bad in imag.tag=x image.pullpolicy=Never metricsPort=http config.nics[0].mod=shared; do
+  if out=$("$helm" template hwdra "$chart" --set "$bad" 2>&1); then
+    echo "check-chart: --set $bad was accepted"; exit 1
+  fi
+  grep -q 'values don.t meet the specifications of the schema' <<<"$out" || { echo "check-chart: unclear error for --set $bad: $out"; exit 1; }
+done
+# The notes after install say how to check the agent.
+"$helm" install hwdra "$chart" -n hwdra-system --dry-run=client 2>&1 | grep -q 'rollout status daemonset/hwdra-agent' ||
+  { echo "check-chart: NOTES.txt does not say how to check the agent"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp deploy/hwdra.yaml "$tmp/committed.yaml"

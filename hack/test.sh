@@ -21,4 +21,5 @@ if [ "$(id -u)" != 0 ]; then
   echo "test.sh: real-node suite skipped: it needs root (network namespaces, containerd, kubelet)"
   exit 0
 fi
+echo "test.sh: now the real-node suite, as root: it installs runc and iproute2 with apt-get where missing and, on first use, builds etcd, Kubernetes, containerd and helm from source into ~/.cache/hwdra (about 35 minutes on 2 cores; seconds once cached). HWDRA_SKIP_REALNODE=1 skips it." >&2
 exec hack/e2e-realnode.sh

@@ -116,9 +116,31 @@ const (
 type VGPU struct {
 	// Heterogeneous: time-sliced types of different sizes may run at once.
 	// Otherwise every time-sliced vGPU on the GPU must be of one type.
-	Heterogeneous bool       `json:"heterogeneous,omitempty"`
-	Types         []VGPUType `json:"types,omitempty"`
+	Heterogeneous bool `json:"heterogeneous,omitempty"`
+	// Framework is how the node's driver creates vGPUs on this GPU; empty
+	// when neither is set up (no VFs enabled, no mdev types): then no
+	// vGPU can be created, whatever NVML lists.
+	Framework VGPUFramework `json:"framework,omitempty"`
+	// VFs is the number of SR-IOV virtual functions that host vGPUs, one
+	// each; 0 where the GPU's own function is the parent (mdev before
+	// Ampere) and only the types' maximums limit.
+	VFs   int        `json:"vfs,omitempty"`
+	Types []VGPUType `json:"types,omitempty"`
 }
+
+// VGPUFramework is how a vGPU is created on a GPU.
+type VGPUFramework string
+
+const (
+	// VGPUFrameworkMdev: mediated devices, created by writing a UUID to
+	// mdev_supported_types/nvidia-<type>/create of the GPU or its VF.
+	VGPUFrameworkMdev VGPUFramework = "mdev"
+	// VGPUFrameworkVFIO: NVIDIA's vendor-specific VFIO framework (R550+
+	// on Ada, Hopper and Blackwell with current kernels): each VF becomes
+	// a vGPU by a write of the type ID to its nvidia/current_vgpu_type and
+	// is handed to the VM as a VFIO PCI device.
+	VGPUFrameworkVFIO VGPUFramework = "vfio"
+)
 
 // VGPUType is one vGPU type the GPU supports.
 type VGPUType struct {
@@ -131,6 +153,10 @@ type VGPUType struct {
 	// GPUInstanceProfileID is set for MIG-backed types: the GPU instance
 	// profile each vGPU of this type occupies. Nil for time-sliced types.
 	GPUInstanceProfileID *int `json:"gpuInstanceProfileID,omitempty"`
+	// Creatable: the GPU's framework offers the type (mdev: it has a type
+	// directory; the VFIO framework creates every type the vGPU manager
+	// supports). Only creatable types are published.
+	Creatable bool `json:"creatable,omitempty"`
 }
 
 // Profile returns the MIG profile with the given ID.

@@ -8,6 +8,9 @@ type Inventory struct {
 	// or a query failed). They are not in GPUs; the agent keeps publishing
 	// what they last reported, tainted.
 	UnreadableGPUs []UnreadableGPU `json:"unreadableGPUs,omitempty"`
+	// PassthroughGPUs are NVIDIA GPUs bound to vfio-pci, sorted by PCI
+	// address: NVML does not see them; they are offered whole to VMs.
+	PassthroughGPUs []PassthroughGPU `json:"passthroughGPUs,omitempty"`
 	// PFs are the SR-IOV physical functions, sorted by PCI address.
 	PFs []PF `json:"pfs,omitempty"`
 }

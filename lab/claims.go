@@ -13,15 +13,28 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"k8s.io/apiserver/pkg/storage/names"
+
 	"github.com/hwdra/hwdra/api"
 )
 
+// claimFile is the claims of one --claim file (or of stdin): allocated
+// together, as one pod's claims are.
+type claimFile struct {
+	path   string
+	claims []*resourceapi.ResourceClaim
+}
+
+// stdinPath is the --claim that reads standard input, as kubectl -f -.
+const stdinPath = "-"
+
 // readClaims reads ResourceClaims and ResourceClaimTemplates (a template
-// stands for the claim it would make) from YAML or JSON files, and from
-// the .yaml, .yml and .json files of directories (not their
-// subdirectories), as kubectl -f does; applies the defaults the API server
-// would and validates them as it would.
-func readClaims(paths []string) ([]*resourceapi.ResourceClaim, error) {
+// stands for the claim it would make) from YAML or JSON files, from the
+// .yaml, .yml and .json files of directories (not their subdirectories),
+// and from stdin for "-", as kubectl -f does; applies the defaults the API
+// server would and validates them as it would. Every problem of every file
+// is reported, and any problem means no claims.
+func readClaims(paths []string, stdin io.Reader) ([]claimFile, error) {
 	if len(paths) == 0 {
 		return nil, errors.New("no --claim given")
 	}
@@ -29,38 +42,66 @@ func readClaims(paths []string) ([]*resourceapi.ResourceClaim, error) {
 	if err != nil {
 		return nil, err
 	}
-	var claims []*resourceapi.ResourceClaim
-	seen := map[string]string{}
+	var (
+		out  []claimFile
+		errs []error
+		seen = map[string]string{}
+	)
 	for _, file := range files {
-		docs, err := readDocuments(file)
-		if err != nil {
-			return nil, err
+		docs, err := readDocuments(file, stdin)
+		if err == nil && len(docs) == 0 {
+			err = fmt.Errorf("%s: no ResourceClaim or ResourceClaimTemplate in it", displayName(file))
 		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		f := claimFile{path: displayName(file)}
 		for i, doc := range docs {
 			claim, err := toClaim(doc)
-			if err == nil {
-				err = validate(claim)
-			}
 			if err != nil {
-				return nil, fmt.Errorf("%s, document %d: %w", file, i+1, err)
+				errs = append(errs, fmt.Errorf("%s, document %d: %w", f.path, i+1, err))
+				continue
 			}
-			if prev, dup := seen[claim.Name]; dup {
-				return nil, fmt.Errorf("%s: claim %q already read from %s", file, claim.Name, prev)
+			key := claim.Namespace + "/" + claim.Name
+			if prev, dup := seen[key]; dup {
+				errs = append(errs, fmt.Errorf("%s, document %d: claim %s already read from %s", f.path, i+1, key, prev))
+				continue
 			}
-			seen[claim.Name] = file
-			claims = append(claims, claim)
+			seen[key] = f.path
+			f.claims = append(f.claims, claim)
 		}
+		out = append(out, f)
 	}
-	return claims, nil
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return out, nil
+}
+
+func displayName(file string) string {
+	if file == stdinPath {
+		return "(stdin)"
+	}
+	return file
 }
 
 // expand replaces each directory by its manifest files, in name order.
 func expand(paths []string) ([]string, error) {
 	var files []string
+	stdin := false
 	for _, p := range paths {
+		if p == stdinPath {
+			if stdin {
+				return nil, errors.New("--claim -: standard input given twice")
+			}
+			stdin = true
+			files = append(files, p)
+			continue
+		}
 		st, err := os.Stat(p)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--claim: %w", err)
 		}
 		if !st.IsDir() {
 			files = append(files, p)
@@ -68,7 +109,7 @@ func expand(paths []string) ([]string, error) {
 		}
 		entries, err := os.ReadDir(p)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--claim: %w", err)
 		}
 		n := len(files)
 		for _, e := range entries {
@@ -83,13 +124,21 @@ func expand(paths []string) ([]string, error) {
 	return files, nil
 }
 
-func readDocuments(file string) ([]json.RawMessage, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, err
+// readDocuments reads the documents of a file, or of stdin for "-".
+func readDocuments(file string, stdin io.Reader) ([]json.RawMessage, error) {
+	r := stdin
+	if file != stdinPath {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
+	} else if r == nil {
+		return nil, errors.New("--claim -: no standard input")
 	}
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	file = displayName(file)
+	dec := utilyaml.NewYAMLOrJSONDecoder(r, 4096)
 	var docs []json.RawMessage
 	for {
 		var doc json.RawMessage
@@ -120,29 +169,34 @@ func toClaim(doc json.RawMessage) (*resourceapi.ResourceClaim, error) {
 		return nil, fmt.Errorf("apiVersion %q: want %s", v, resourceapi.SchemeGroupVersion)
 	}
 	claim := &resourceapi.ResourceClaim{}
-	switch value("kind") {
+	var template *resourceapi.ResourceClaimTemplate
+	switch kind := value("kind"); kind {
 	case "ResourceClaim":
 		if err := api.Unmarshal(doc, claim); err != nil {
 			return nil, err
 		}
 	case "ResourceClaimTemplate":
-		var t resourceapi.ResourceClaimTemplate
-		if err := api.Unmarshal(doc, &t); err != nil {
+		template = &resourceapi.ResourceClaimTemplate{}
+		if err := api.Unmarshal(doc, template); err != nil {
 			return nil, err
 		}
-		claim.ObjectMeta = t.ObjectMeta
-		claim.Spec = t.Spec.Spec
+		claim.ObjectMeta = template.ObjectMeta
+		claim.Spec = template.Spec.Spec
 	default:
-		return nil, fmt.Errorf("kind %q: want ResourceClaim or ResourceClaimTemplate", value("kind"))
+		return nil, fmt.Errorf("kind %q: want ResourceClaim or ResourceClaimTemplate", kind)
 	}
-	if claim.Name == "" {
-		return nil, errors.New("metadata.name is required")
+	// As the API server: a generated name, the namespace kubectl uses.
+	if claim.Name == "" && claim.GenerateName != "" {
+		claim.Name = names.SimpleNameGenerator.GenerateName(claim.GenerateName)
 	}
 	if claim.Namespace == "" {
 		claim.Namespace = "default"
 	}
-	claim.UID = types.UID("lab-" + claim.Namespace + "-" + claim.Name)
 	setDefaults(&claim.Spec)
+	if err := validate(claim, template); err != nil {
+		return nil, err
+	}
+	claim.UID = types.UID("lab-" + claim.Namespace + "-" + claim.Name)
 	return claim, nil
 }
 

@@ -5,6 +5,7 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
 	"sigs.k8s.io/yaml"
 
 	"github.com/hwdra/hwdra/agent"
@@ -23,6 +26,7 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/prepare"
 
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
@@ -35,7 +39,9 @@ const NodeName = "lab"
 type Options struct {
 	Hardware   string
 	ConfigPath string
+	// ClaimFiles are files and directories of claims; "-" reads Stdin.
 	ClaimFiles []string
+	Stdin      io.Reader
 	// Keep leaves the claims prepared (state in StateDir) instead of
 	// unpreparing them at the end.
 	Keep bool
@@ -43,9 +49,13 @@ type Options struct {
 	StateDir, CDIDir string
 }
 
-// Run does the pipeline and reports each step to out.
+// Run does the pipeline and reports each step to out. What the agent's
+// parts log goes to out too, in its place among the steps, each line
+// marked "log:".
 func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
-	claims, err := readClaims(opts.ClaimFiles)
+	ctx = klog.NewContext(ctx, textlogger.NewLogger(textlogger.NewConfig(
+		textlogger.Output(&linePrefixer{w: out, prefix: "log: "}), textlogger.WithHeader(false))))
+	files, err := readClaims(opts.ClaimFiles, opts.Stdin)
 	if err != nil {
 		return err
 	}
@@ -68,7 +78,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 			opts.CDIDir = filepath.Join(tmp, "cdi")
 		}
 	}
-	node, err := backend.Open(opts.Hardware)
+	node, err := backend.OpenWith(opts.Hardware, backend.Options{Logger: klog.FromContext(ctx)})
 	if err != nil {
 		return err
 	}
@@ -81,7 +91,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	res, skipped := resources.ForNode(NodeName, inv, cfg, device.AllFeatures, hw.Health{})
 	var objs []*resourceapi.ResourceSlice
 	section(out, "Hardware and slices")
-	fmt.Fprintf(out, "%d GPU(s), %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PFs))
+	fmt.Fprintf(out, "%d GPU(s), %d bound to vfio-pci, %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PassthroughGPUs), len(inv.PFs))
 	for _, driver := range sortedKeys(res) {
 		n := 0
 		for _, s := range resources.Objects(driver, NodeName, res[driver]) {
@@ -98,15 +108,28 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := allocateAll(ctx, objs, classes, claims); err != nil {
-		return fmt.Errorf("allocation: %w", err)
-	}
+	results := allocateFiles(ctx, objs, classes, files)
 	section(out, "Allocation (the scheduler's allocator)")
-	for _, c := range claims {
-		if err := printYAML(out, map[string]any{c.Name: c.Status.Allocation.Devices.Results}); err != nil {
-			return err
+	var claims []*resourceapi.ResourceClaim
+	for _, r := range results {
+		if len(r.why) > 0 {
+			fmt.Fprintf(out, "%s: not allocated (why: at the end)\n", r.file.path)
+			continue
 		}
+		for _, c := range r.file.claims {
+			if err := printYAML(out, map[string]any{c.Name: c.Status.Allocation.Devices.Results}); err != nil {
+				return err
+			}
+			for _, note := range capacityNotes(c) {
+				fmt.Fprintln(out, note)
+			}
+		}
+		claims = append(claims, r.file.claims...)
 	}
+	if len(claims) == 0 {
+		return notAllocated(results)
+	}
+	defer func() { err = errors.Join(err, notAllocated(results)) }()
 
 	current := func() (hw.Inventory, device.Features) { return inv, device.AllFeatures }
 	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Current: current, Config: cfg, NodeName: NodeName})
@@ -118,11 +141,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 		if len(mine) == 0 {
 			continue
 		}
-		if name == device.NICDriver {
-			// No container runtime here: nothing to move a VF into.
-			fmt.Fprintln(out, "note: no NRI here (as the agent with --nri-socket=): VF netdevs stay in the host network namespace, their metadata has no networkData")
-		}
-		if err := prepare(ctx, out, name, plugin, mine, opts); err != nil {
+		if err := prepareClaims(ctx, out, name, plugin, mine, opts); err != nil {
 			return err
 		}
 	}
@@ -159,8 +178,12 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	return nil
 }
 
-func prepare(ctx context.Context, out io.Writer, driver string, plugin kubeletplugin.DRAPlugin, claims []*resourceapi.ResourceClaim, opts Options) error {
+func prepareClaims(ctx context.Context, out io.Writer, driver string, plugin kubeletplugin.DRAPlugin, claims []*resourceapi.ResourceClaim, opts Options) error {
 	section(out, "Prepare: "+driver)
+	if driver == device.NICDriver {
+		// No container runtime here: nothing to move a VF into.
+		fmt.Fprintln(out, "note: no NRI here (as the agent with --nri-socket=): VF netdevs stay in the host network namespace, their metadata has no networkData")
+	}
 	results, err := plugin.PrepareResourceClaims(ctx, claims)
 	if err != nil {
 		return err
@@ -187,14 +210,35 @@ func prepare(ctx context.Context, out io.Writer, driver string, plugin kubeletpl
 		if err := printYAML(out, map[string]any{c.Name: devs}); err != nil {
 			return err
 		}
-		spec, err := os.ReadFile(filepath.Join(opts.CDIDir, driver+"_claim_"+string(c.UID)+".json"))
-		if err == nil {
-			fmt.Fprintf(out, "CDI spec of %s:\n", c.Name)
-			y, _ := yaml.JSONToYAML(spec)
-			out.Write(y)
+		path := filepath.Join(opts.CDIDir, driver+"_claim_"+string(c.UID)+".json")
+		if spec, err := readSpec(path); err == nil {
+			fmt.Fprintf(out, "CDI spec of %s (%s):\n", c.Name, path)
+			if err := printYAML(out, spec); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// readSpec reads a claim's CDI spec for showing: the checkpoint entry it
+// keeps in an annotation (one long line of JSON, for rebuilding a lost
+// state directory) is named, not shown; --keep leaves the file.
+func readSpec(path string) (map[string]any, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, err
+	}
+	if ann, ok := spec["annotations"].(map[string]any); ok {
+		if entry, ok := ann[prepare.ClaimAnnotation].(string); ok {
+			ann[prepare.ClaimAnnotation] = fmt.Sprintf("(checkpoint entry, %d bytes: rebuilds a lost state directory)", len(entry))
+		}
+	}
+	return spec, nil
 }
 
 // printHardwareChanges shows the state prepare changes: MIG mode and GPU
@@ -262,4 +306,26 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// linePrefixer writes prefix before each line.
+type linePrefixer struct {
+	w       io.Writer
+	prefix  string
+	midLine bool
+}
+
+func (p *linePrefixer) Write(b []byte) (int, error) {
+	var buf []byte
+	for _, c := range b {
+		if !p.midLine {
+			buf = append(buf, p.prefix...)
+		}
+		buf = append(buf, c)
+		p.midLine = c != '\n'
+	}
+	if _, err := p.w.Write(buf); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }

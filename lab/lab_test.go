@@ -48,6 +48,47 @@ func TestLabRunsTheExamples(t *testing.T) {
 	}
 }
 
+// TestLabGPUsForVMs: on a node of a current vGPU driver with a GPU bound
+// to vfio-pci, a vGPU claim gets a VF of the VFIO framework and a
+// passthrough claim the GPU's VFIO group.
+func TestLabGPUsForVMs(t *testing.T) {
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{
+		Hardware:   "mock:h100-vm",
+		ClaimFiles: examples("vgpu.yaml", "passthrough.yaml"),
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	got := out.String()
+	for _, want := range []string{
+		"HWDRA_GPU_0000_52_00_0_PASSTHROUGH_PCI=0000:52:00.0",
+		"gpu.hwdra.io/parentPciBusID",
+		"/dev/vfio/vfio",
+		"passthrough: unprepared",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(got)
+	}
+
+	// A node of GPUs bound to vfio-pci only: no NVIDIA driver, no NVML.
+	spec := filepath.Join(t.TempDir(), "vfio-only.yaml")
+	if err := os.WriteFile(spec, []byte("gpus: [{model: h100-80gb, count: 1, virtualization: passthrough}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := Run(context.Background(), &out, Options{Hardware: "mock:" + spec, ClaimFiles: examples("passthrough.yaml")}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "HWDRA_GPU_0000_1B_00_0_PASSTHROUGH_PCI=0000:1b:00.0") {
+		t.Errorf("vfio-pci GPUs only:\n%s", out.String())
+	}
+}
+
 func TestLabBadInput(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, content string) string {
@@ -55,6 +96,7 @@ func TestLabBadInput(t *testing.T) {
 		os.WriteFile(p, []byte(content), 0o644)
 		return p
 	}
+	bad := badDir(t)
 	cases := map[string]struct {
 		files []string
 		want  string
@@ -67,12 +109,48 @@ func TestLabBadInput(t *testing.T) {
 		"wrong type": {[]string{write("type.yaml", claimYAML("t", "exactly: {deviceClassName: gpu.hwdra.io, count: many}"))},
 			`spec.devices.requests[0].exactly.count: Invalid value: "many": must be an integer`},
 		"does not fit": {[]string{write("many.yaml", claimYAML("many", "exactly: {deviceClassName: gpu.hwdra.io, count: 9}"))},
-			"claim many cannot be allocated on this node:\n    request gpu: 9 device(s) of class gpu.hwdra.io requested, 8 match"},
+			"claim many cannot be allocated on this node:\n        request gpu: 9 devices of class gpu.hwdra.io requested, 8 match"},
 		"no device of the class": {[]string{write("vgpu.yaml", claimYAML("v", "exactly: {deviceClassName: vgpu.gpu.hwdra.io}"))},
-			"request gpu: 1 device(s) of class vgpu.gpu.hwdra.io requested, 0 match"},
-		"fit alone, not together": {[]string{write("a.yaml", claimYAML("a", "exactly: {deviceClassName: gpu.hwdra.io, count: 5}")),
+			"request gpu: class vgpu.gpu.hwdra.io has no device on this node"},
+		"no such class": {[]string{write("class.yaml", claimYAML("c", "exactly: {deviceClassName: tpu.example.com}"))},
+			"request gpu: device class tpu.example.com does not exist (classes: gpu.hwdra.io, mig.gpu.hwdra.io, passthrough.gpu.hwdra.io, vf-share.sriov.hwdra.io, vf.sriov.hwdra.io, vgpu.gpu.hwdra.io)"},
+		"selectors exclude the class's devices": {[]string{write("sel.yaml", claimYAML("s",
+			`exactly: {deviceClassName: mig.gpu.hwdra.io, selectors: [{cel: {expression: 'device.attributes["gpu.hwdra.io"].profile == "9g.90gb"'}}]}`))},
+			"request gpu: the selectors exclude all 200 devices of class mig.gpu.hwdra.io"},
+		"a share larger than the PF": {[]string{write("big.yaml", claimYAML("big",
+			"exactly: {deviceClassName: vf-share.sriov.hwdra.io, capacity: {requests: {sriov.hwdra.io/bandwidth: 1000G}}}"))},
+			"request gpu: capacity sriov.hwdra.io/bandwidth: asks for 1T, but a matching device of class vf-share.sriov.hwdra.io gives at most 400G to one allocation"},
+		//nolint:misspell // the claim's misspelled capacity name is the test
+		"a misspelled capacity": {[]string{write("bandwdith.yaml", claimYAML("bandwdith",
+			"exactly: {deviceClassName: vf-share.sriov.hwdra.io, capacity: {requests: {sriov.hwdra.io/bandwdith: 10G}}}"))},
+			"request gpu: capacity sriov.hwdra.io/bandwdith: no matching device of class vf-share.sriov.hwdra.io has it (they have: sriov.hwdra.io/bandwidth, sriov.hwdra.io/vfs)"},
+		"a partner request matches nothing": {[]string{write("pair.yaml", claimYAML("pair", "exactly: {deviceClassName: gpu.hwdra.io}\n"+
+			`    - name: nic
+      exactly: {deviceClassName: vf-share.sriov.hwdra.io, selectors: [{cel: {expression: 'device.attributes["resource.kubernetes.io"].numaNode == 7'}}]}
+    constraints: [{requests: [gpu, nic], matchAttribute: resource.kubernetes.io/numaNode}]`))},
+			"claim pair cannot be allocated on this node:\n        request gpu: fits alone (8 devices of class gpu.hwdra.io match)\n        request nic: the selectors exclude all 9 devices of class vf-share.sriov.hwdra.io"},
+		"a constraint no devices meet": {[]string{write("numa.yaml", claimYAML("numa",
+			`exactly: {deviceClassName: gpu.hwdra.io, selectors: [{cel: {expression: 'device.attributes["resource.kubernetes.io"].numaNode == 0'}}]}
+    - name: nic
+      exactly: {deviceClassName: vf-share.sriov.hwdra.io, selectors: [{cel: {expression: 'device.attributes["resource.kubernetes.io"].numaNode == 1'}}]}
+    constraints: [{requests: [gpu, nic], matchAttribute: resource.kubernetes.io/numaNode}]`))},
+			"constraints[0] cannot be met: no devices matching requests gpu, nic share one value of resource.kubernetes.io/numaNode"},
+		"matching devices that exclude each other": {[]string{write("me.yaml", claimYAML("me",
+			`exactly: {deviceClassName: mig.gpu.hwdra.io, count: 2, selectors: [{cel: {expression: 'device.attributes["gpu.hwdra.io"].profile == "1g.10gb+me" && device.attributes["resource.kubernetes.io"].pciBusID == "0000:1b:00.0"'}}]}`))},
+			"request gpu: 7 devices of class mig.gpu.hwdra.io match, but no 2 of them can be allocated together"},
+		"files that fit alone, not one after the other": {[]string{write("a.yaml", claimYAML("a", "exactly: {deviceClassName: gpu.hwdra.io, count: 5}")),
 			write("b.yaml", claimYAML("b", "exactly: {deviceClassName: gpu.hwdra.io, count: 4}"))},
-			"each claim fits alone, but not all together: a, b"},
+			"b.yaml:\n    the claims fit this node when nothing is allocated, but not beside the claims allocated before them:\n        claim b, request gpu:"},
+		"claims of a file that fit alone, not together": {[]string{write("ab.yaml", claimYAML("a", "exactly: {deviceClassName: gpu.hwdra.io, count: 5}")+
+			"---\n"+claimYAML("b", "exactly: {deviceClassName: gpu.hwdra.io, count: 4}"))},
+			"each claim fits this node alone, but not all together (they need the same devices or counters): a, b"},
+		"invalid name": {[]string{write("name.yaml", claimYAML("Bad_Name", "exactly: {deviceClassName: gpu.hwdra.io}"))},
+			"ResourceClaim \"Bad_Name\" is invalid:\n  metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain"},
+		"invalid namespace": {[]string{write("ns.yaml", strings.Replace(claimYAML("x", "exactly: {deviceClassName: gpu.hwdra.io}"), "{name: x}", "{name: x, namespace: Bad_NS}", 1))},
+			`metadata.namespace: Invalid value: "Bad_NS": a lowercase RFC 1123 label`},
+		"invalid toleration": {[]string{write("tol.yaml", claimYAML("tol", `exactly: {deviceClassName: gpu.hwdra.io, tolerations: [{key: "a b", operator: Exists}]}`))},
+			`spec.devices.requests[0].exactly.tolerations[0].key: Invalid value: "a b"`},
+		"an empty file": {[]string{write("empty.yaml", "# nothing\n")}, "empty.yaml: no ResourceClaim or ResourceClaimTemplate in it"},
 		"negative count": {[]string{write("neg.yaml", claimYAML("neg", "exactly: {deviceClassName: gpu.hwdra.io, count: -1}"))},
 			"ResourceClaim \"neg\" is invalid:\n  spec.devices.requests[0].exactly.count: Invalid value: -1: must be greater than zero"},
 		"bad selector": {[]string{write("cel.yaml", claimYAML("cel", "exactly: {deviceClassName: gpu.hwdra.io, selectors: [{cel: {expression: 'device.attributes['}}]}"))},
@@ -82,7 +160,8 @@ func TestLabBadInput(t *testing.T) {
 		"constraint on no request": {[]string{write("cons.yaml", claimYAML("cons", "exactly: {deviceClassName: gpu.hwdra.io}")+
 			"    constraints: [{requests: [other], matchAttribute: resource.kubernetes.io/numaNode}]\n")},
 			`spec.devices.constraints[0].requests[0]: Invalid value: "other": must be the name of a request`},
-		"empty directory": {[]string{t.TempDir()}, "no .yaml, .yml or .json file in the directory"},
+		"empty directory":               {[]string{t.TempDir()}, "no .yaml, .yml or .json file in the directory"},
+		"every bad file of a directory": {[]string{bad}, "bad1.yaml, document 1: kind \"Pod\": want ResourceClaim or ResourceClaimTemplate\n" + bad + "/bad2.yaml, document 1: unknown field \"spec.x\""},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -92,6 +171,14 @@ func TestLabBadInput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// badDir is a directory of two bad files.
+func badDir(t *testing.T) string {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "bad1.yaml"), []byte("apiVersion: resource.k8s.io/v1\nkind: Pod\nmetadata: {name: x}\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "bad2.yaml"), []byte("apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: z}\nspec: {x: 1}\n"), 0o644)
+	return dir
 }
 
 // claimYAML is a claim with one request named gpu.
@@ -119,5 +206,70 @@ func TestLabTakesFilesAndDirectories(t *testing.T) {
 	}
 	if strings.Count(out.String(), "- device: gpu-") < 3 {
 		t.Errorf("claim zero did not get one device:\n%s", out.String())
+	}
+}
+
+// TestLabReadsStdin: --claim - reads standard input, as kubectl -f -.
+func TestLabReadsStdin(t *testing.T) {
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ClaimFiles: []string{"-"},
+		Stdin: strings.NewReader(claimYAML("piped", "exactly: {deviceClassName: gpu.hwdra.io}"))})
+	if err != nil || !strings.Contains(out.String(), "piped: unprepared") {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+}
+
+// TestLabExamplesDirectory: the README's "several at once": every example
+// that fits the profile is allocated, prepared and shown, each file beside
+// the ones before it; the ones that do not fit are named with why, at the
+// end.
+func TestLabExamplesDirectory(t *testing.T) {
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ClaimFiles: examples("")})
+	if err == nil || !strings.Contains(err.Error(), "2 of 8 file(s):\n  ../deploy/examples/passthrough.yaml:\n    claim passthrough cannot be allocated on this node:\n        request gpu: class passthrough.gpu.hwdra.io has no device on this node\n  ../deploy/examples/vgpu.yaml:\n    claim vgpu cannot be allocated on this node:\n        request vgpu: class vgpu.gpu.hwdra.io has no device on this node") {
+		t.Errorf("error %v", err)
+	}
+	for _, want := range []string{"gpu-full: unprepared", "mig-1g-10gb: unprepared", "vf-share-10g: unprepared", "gpu-and-vf-same-numa: unprepared",
+		"first-available: unprepared", "mig-on-distinct-gpus: unprepared", "../deploy/examples/vgpu.yaml: not allocated", "../deploy/examples/passthrough.yaml: not allocated"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(out.String())
+	}
+}
+
+// TestLabNotesRoundedCapacity: a capacity the request policy rounds (a
+// negative one too: the API server takes any) is allocated as rounded,
+// and the lab says so.
+func TestLabNotesRoundedCapacity(t *testing.T) {
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{Hardware: "mock:cx7", ClaimFiles: []string{"-"},
+		Stdin: strings.NewReader(claimYAML("neg", "exactly: {deviceClassName: vf-share.sriov.hwdra.io, capacity: {requests: {sriov.hwdra.io/bandwidth: -10G}}}"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "note: claim neg, request gpu asks for -10G of sriov.hwdra.io/bandwidth; the allocator counts 1G"; !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
+	}
+}
+
+// TestLabLogsInPlace: what the agent's parts log is in the lab's output,
+// marked, not on its own stream; the checkpoint entry in a CDI spec is
+// named, not dumped.
+func TestLabLogsInPlace(t *testing.T) {
+	var out bytes.Buffer
+	if err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ClaimFiles: examples("gpu-full.yaml")}); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	prep := strings.Index(got, "== Prepare: gpu.hwdra.io ==")
+	logLine := strings.Index(got, "log: \"No node-wide NVIDIA CDI spec")
+	if prep < 0 || logLine < prep {
+		t.Errorf("the log line is not in the prepare section:\n%s", got)
+	}
+	if !strings.Contains(got, "hwdra.io/claim: '(checkpoint entry, ") || strings.Contains(got, `"bootID"`) {
+		t.Errorf("the CDI spec's checkpoint entry is shown whole:\n%s", got)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -18,12 +20,25 @@ import (
 // pkg/apis/resource/validation, validateDeviceClaim), with the same field
 // paths and messages: that package cannot be imported without the whole
 // of k8s.io/kubernetes. What the API server checks beyond this
-// (derived attributes, tolerations) the allocator rejects in its own
-// words.
-func validate(c *resourceapi.ResourceClaim) error {
+// (derived attributes) the allocator rejects in its own words; what it
+// does not check (a capacity request's value) it does not check either:
+// the lab then says what the allocator made of it. The real-node suite
+// holds both to the same answers (TestLabValidatesAsTheAPIServer).
+//
+// The metadata is checked as for any object (apimachinery's
+// ValidateObjectMeta: name a DNS subdomain, namespace a DNS label, labels,
+// annotations); a template's own spec.metadata as a pod template's.
+func validate(c *resourceapi.ResourceClaim, template *resourceapi.ResourceClaimTemplate) error {
+	kind, spec := "ResourceClaim", field.NewPath("spec")
+	errs := apimachineryvalidation.ValidateObjectMeta(&c.ObjectMeta, true, apimachineryvalidation.NameIsDNSSubdomain, field.NewPath("metadata"))
+	if template != nil {
+		kind, spec = "ResourceClaimTemplate", spec.Child("spec")
+		meta := spec.Child("metadata")
+		errs = append(errs, apimachineryvalidation.ValidateAnnotations(template.Spec.Annotations, meta.Child("annotations"))...)
+		errs = append(errs, metav1validation.ValidateLabels(template.Spec.Labels, meta.Child("labels"))...)
+	}
 	d := c.Spec.Devices
-	path := field.NewPath("spec", "devices")
-	var errs field.ErrorList
+	path := spec.Child("devices")
 	names := map[string]sets.Set[string]{}
 	for i, r := range d.Requests {
 		p := path.Child("requests").Index(i)
@@ -40,7 +55,7 @@ func validate(c *resourceapi.ResourceClaim) error {
 			errs = append(errs, field.Invalid(p, nil, "exactly one of `exactly` or `firstAvailable` is required, but multiple fields are set"))
 		case r.Exactly != nil:
 			e := r.Exactly
-			errs = append(errs, deviceRequest(e.DeviceClassName, e.Selectors, e.AllocationMode, e.Count, p.Child("exactly"))...)
+			errs = append(errs, deviceRequest(e.DeviceClassName, e.Selectors, e.AllocationMode, e.Count, e.Tolerations, p.Child("exactly"))...)
 		default:
 			if n := len(r.FirstAvailable); n > resourceapi.FirstAvailableDeviceRequestMaxSize {
 				errs = append(errs, field.TooMany(p.Child("firstAvailable"), n, resourceapi.FirstAvailableDeviceRequestMaxSize))
@@ -52,7 +67,7 @@ func validate(c *resourceapi.ResourceClaim) error {
 					errs = append(errs, field.Duplicate(sp.Child("name"), s.Name))
 				}
 				subs.Insert(s.Name)
-				errs = append(errs, deviceRequest(s.DeviceClassName, s.Selectors, s.AllocationMode, s.Count, sp)...)
+				errs = append(errs, deviceRequest(s.DeviceClassName, s.Selectors, s.AllocationMode, s.Count, s.Tolerations, sp)...)
 			}
 		}
 	}
@@ -88,7 +103,7 @@ func validate(c *resourceapi.ResourceClaim) error {
 	for i, e := range errs {
 		lines[i] = e.Error()
 	}
-	return fmt.Errorf("ResourceClaim %q is invalid:\n  %s", c.Name, strings.Join(lines, "\n  "))
+	return fmt.Errorf("%s %q is invalid:\n  %s", kind, c.Name, strings.Join(lines, "\n  "))
 }
 
 func requestName(name string, p *field.Path) field.ErrorList {
@@ -102,7 +117,8 @@ func requestName(name string, p *field.Path) field.ErrorList {
 	return errs
 }
 
-func deviceRequest(class string, selectors []resourceapi.DeviceSelector, mode resourceapi.DeviceAllocationMode, count int64, p *field.Path) field.ErrorList {
+func deviceRequest(class string, selectors []resourceapi.DeviceSelector, mode resourceapi.DeviceAllocationMode, count int64,
+	tolerations []resourceapi.DeviceToleration, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	if class == "" {
 		errs = append(errs, field.Required(p.Child("deviceClassName"), ""))
@@ -127,6 +143,9 @@ func deviceRequest(class string, selectors []resourceapi.DeviceSelector, mode re
 			errs = append(errs, field.Invalid(sp.Child("cel", "expression"), s.CEL.Expression, detail))
 		}
 	}
+	for i, t := range tolerations {
+		errs = append(errs, toleration(t, p.Child("tolerations").Index(i))...)
+	}
 	switch mode {
 	case resourceapi.DeviceAllocationModeAll:
 		if count != 0 {
@@ -139,6 +158,37 @@ func deviceRequest(class string, selectors []resourceapi.DeviceSelector, mode re
 	default:
 		errs = append(errs, field.NotSupported(p.Child("allocationMode"), mode,
 			[]resourceapi.DeviceAllocationMode{resourceapi.DeviceAllocationModeAll, resourceapi.DeviceAllocationModeExactCount}))
+	}
+	return errs
+}
+
+// toleration checks a device toleration: a label key, an operator, a
+// label value only with Equal, a taint effect.
+func toleration(t resourceapi.DeviceToleration, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if t.Key != "" {
+		errs = append(errs, metav1validation.ValidateLabelName(t.Key, p.Child("key"))...)
+	}
+	switch t.Operator {
+	case resourceapi.DeviceTolerationOpExists:
+		if t.Value != "" {
+			errs = append(errs, field.Invalid(p.Child("value"), t.Value, "must be empty for operator `Exists`"))
+		}
+	case resourceapi.DeviceTolerationOpEqual:
+		for _, msg := range validation.IsValidLabelValue(t.Value) {
+			errs = append(errs, field.Invalid(p.Child("value"), t.Value, msg))
+		}
+	case "":
+		errs = append(errs, field.Required(p.Child("operator"), ""))
+	default:
+		errs = append(errs, field.NotSupported(p.Child("operator"), t.Operator,
+			[]resourceapi.DeviceTolerationOperator{resourceapi.DeviceTolerationOpEqual, resourceapi.DeviceTolerationOpExists}))
+	}
+	switch t.Effect {
+	case "", resourceapi.DeviceTaintEffectNoSchedule, resourceapi.DeviceTaintEffectNoExecute, resourceapi.DeviceTaintEffectNone:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("effect"), t.Effect,
+			[]resourceapi.DeviceTaintEffect{resourceapi.DeviceTaintEffectNoExecute, resourceapi.DeviceTaintEffectNoSchedule, resourceapi.DeviceTaintEffectNone}))
 	}
 	return errs
 }

@@ -19,10 +19,20 @@ const (
 	AttrComputeInstanceID = device.GPUDriver + "/computeInstanceID"
 	AttrMdevUUID          = device.GPUDriver + "/mdevUUID"
 	AttrMdevParent        = device.GPUDriver + "/mdevParent"
+	// AttrParentPCIBusID is, for a vGPU of the vendor-specific VFIO
+	// framework, the PCI address of its GPU: the metadata's
+	// resource.kubernetes.io/pciBusID is the VF's, which the VM opens
+	// (KubeVirt's virt-launcher reads that attribute from this metadata).
+	AttrParentPCIBusID = device.GPUDriver + "/parentPciBusID"
 
 	// VFs, besides resource.kubernetes.io/pciBusID (the VF's) and the
 	// published mode, pfName, pfPciAddress and vfIndex.
-	AttrBandwidth  = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
+	AttrBandwidth = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
+	// A share's VF transmit rates as set, in Mb/s: the cap (max_tx_rate)
+	// and the guaranteed minimum (min_tx_rate, 0 where the PF's driver
+	// sets none).
+	AttrMaxTxRate  = device.NICDriver + "/maxTxRateMbps"
+	AttrMinTxRate  = device.NICDriver + "/minTxRateMbps"
 	AttrRDMADevice = device.NICDriver + "/rdmaDevice"
 	AttrMAC        = device.NICDriver + "/mac"
 	AttrVLAN       = device.NICDriver + "/vlan"
@@ -41,13 +51,17 @@ type GPU struct {
 	GPUInstance, ComputeInstance *int
 	// MdevUUID and MdevParent are a vGPU's mediated device.
 	MdevUUID, MdevParent string
+	// VF is the PCI address of the VF a vGPU of the VFIO framework is.
+	VF string
 }
 
 // Attributes are the device's immediate metadata: every attribute the
 // ResourceSlice publishes for it, under the same names with the same
-// values, plus what exists only once it is prepared.
+// values, plus what exists only once it is prepared. One exception: a
+// vGPU of the VFIO framework is a VF, and its PCI address is the VF's
+// (the GPU's moves to AttrParentPCIBusID), as a VM launcher needs it.
 func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
-	out := make(map[string]resourceapi.DeviceAttribute, len(g.Published)+5)
+	out := make(map[string]resourceapi.DeviceAttribute, len(g.Published)+6)
 	for k, v := range g.Published {
 		out[string(k)] = v
 	}
@@ -56,6 +70,12 @@ func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
 	setInt(out, AttrComputeInstanceID, g.ComputeInstance)
 	setString(out, AttrMdevUUID, g.MdevUUID)
 	setString(out, AttrMdevParent, g.MdevParent)
+	if g.VF != "" {
+		if parent, ok := out[string(deviceattribute.StandardDeviceAttributePCIBusID)]; ok {
+			out[AttrParentPCIBusID] = parent
+		}
+		setString(out, string(deviceattribute.StandardDeviceAttributePCIBusID), g.VF)
+	}
 	return out
 }
 
@@ -73,14 +93,18 @@ type NIC struct {
 type VF struct {
 	PCIAddress string
 	Index      int
-	// Bandwidth is a share's.
+	// Bandwidth is a share's, and Rates its VF's transmit rates as set.
 	Bandwidth *resource.Quantity
+	Rates     *TxRates
 	MAC       string
 	// VLAN and its QoS, where set (0: none).
 	VLAN, VLANQoS int
 	// RDMADevice is the VF's own RDMA device, where it has one.
 	RDMADevice string
 }
+
+// TxRates are a VF's transmit rate limits in Mb/s (0: none).
+type TxRates struct{ MinMbps, MaxMbps int }
 
 // Attributes are the device's immediate metadata. The interface the pod
 // sees comes later (Network).
@@ -97,6 +121,10 @@ func (n NIC) Attributes() map[string]resourceapi.DeviceAttribute {
 	setInt(out, string(device.NICAttrVFIndex), &vf.Index)
 	if vf.Bandwidth != nil {
 		setString(out, AttrBandwidth, vf.Bandwidth.String())
+	}
+	if r := vf.Rates; r != nil {
+		setInt(out, AttrMaxTxRate, &r.MaxMbps)
+		setInt(out, AttrMinTxRate, &r.MinMbps)
 	}
 	setString(out, AttrMAC, vf.MAC)
 	if vf.VLAN != 0 {

@@ -109,7 +109,7 @@ func (b *Backend) armEvents() (nvml.EventSet, map[nvml.Device]string, error) {
 		devs[dev] = busID
 	}
 	if len(devs) == 0 {
-		set.Free()
+		_ = set.Free() // the error returned says what went wrong
 		return nil, nil, errors.Join(append(errs, ErrNoEvents)...)
 	}
 	return set, devs, errors.Join(errs...)
@@ -119,7 +119,7 @@ func (b *Backend) freeEvents(set nvml.EventSet) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.ready() == nil {
-		set.Free()
+		_ = set.Free() // stopping: nothing more to do if the driver refuses
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/fault"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
 )
 
 // watch starts WatchEvents on a mock and returns its events.
@@ -44,7 +46,7 @@ func next(t *testing.T, events <-chan hw.GPUEvent) hw.GPUEvent {
 	return hw.GPUEvent{}
 }
 
-func inject(t *testing.T, h *mock.Hardware, f mock.Fault) {
+func inject(t *testing.T, h *mock.Hardware, f fault.Fault) {
 	t.Helper()
 	// Arming is asynchronous: retry until the event arrives is the
 	// caller's business; a short pause lets the set be registered.
@@ -57,13 +59,13 @@ func inject(t *testing.T, h *mock.Hardware, f mock.Fault) {
 // driver asks for and, when confined to a MIG GPU instance, that
 // instance's placement; a lost GPU and its recovery come through too.
 func TestWatchEvents(t *testing.T) {
-	h := openMock(t, `gpus: [{model: h100-80gb, count: 2, mig: true, migInstances: [{profile: 3g.40gb, start: 4}]}]`)
+	h := mocktest.Open(t, `gpus: [{model: h100-80gb, count: 2, mig: true, migInstances: [{profile: 3g.40gb, start: 4}]}]`)
 	b, events := watch(t, h)
 	// The watch arms asynchronously: wait until an XID makes it through.
 	deadline := time.Now().Add(5 * time.Second)
 	var ev hw.GPUEvent
 	for {
-		inject(t, h, mock.Fault{Kind: mock.FaultXID, GPU: "0000:43:00.0", XID: 13})
+		inject(t, h, fault.Fault{Kind: fault.XID, GPU: "0000:43:00.0", XID: 13})
 		select {
 		case ev = <-events:
 		case <-time.After(100 * time.Millisecond):
@@ -86,14 +88,14 @@ func TestWatchEvents(t *testing.T) {
 	if err != nil || len(gis) != 1 {
 		t.Fatalf("GPU instances %v %v", gis, err)
 	}
-	inject(t, h, mock.Fault{Kind: mock.FaultXID, GPU: "0000:1b:00.0", XID: 94, GPUInstance: &gis[0].ID})
+	inject(t, h, fault.Fault{Kind: fault.XID, GPU: "0000:1b:00.0", XID: 94, GPUInstance: &gis[0].ID})
 	ev = next(t, events)
 	if ev.XID != 94 || ev.Partition == nil || *ev.Partition != gis[0].Placement ||
 		ev.RecoveryAction == nil || *ev.RecoveryAction != hw.RecoveryGPUReset {
 		t.Fatalf("XID 94 in GPU instance %d: %+v (partition %v)", gis[0].ID, ev, ev.Partition)
 	}
 
-	inject(t, h, mock.Fault{Kind: mock.FaultGPULost, GPU: "0000:1b:00.0"})
+	inject(t, h, fault.Fault{Kind: fault.GPULost, GPU: "0000:1b:00.0"})
 	if ev = next(t, events); ev.XID != 79 || ev.PCIBusID != "0000:1b:00.0" {
 		t.Fatalf("first event of a lost GPU: %+v", ev)
 	}
@@ -111,7 +113,7 @@ func TestWatchEvents(t *testing.T) {
 		t.Errorf("check of the other GPU: %+v", c)
 	}
 
-	inject(t, h, mock.Fault{Kind: mock.FaultClear, GPU: "0000:1b:00.0"})
+	inject(t, h, fault.Fault{Kind: fault.Clear, GPU: "0000:1b:00.0"})
 	if ev = next(t, events); ev.Kind != hw.GPUEventRecoveryAction || ev.PCIBusID != "0000:1b:00.0" || *ev.RecoveryAction != hw.RecoveryNone {
 		t.Fatalf("event after clear: %+v", ev)
 	}
@@ -120,8 +122,8 @@ func TestWatchEvents(t *testing.T) {
 // TestWatchEventsWithoutSupport: with no GPU able to deliver events the
 // watch says so at once.
 func TestWatchEventsWithoutSupport(t *testing.T) {
-	h := openMock(t, `gpus: [{model: h100-80gb, count: 1}]`)
-	h.Inject(mock.Fault{Kind: mock.FaultGPULost, GPU: "0000:1b:00.0"})
+	h := mocktest.Open(t, `gpus: [{model: h100-80gb, count: 1}]`)
+	h.Inject(fault.Fault{Kind: fault.GPULost, GPU: "0000:1b:00.0"})
 	b := New(h.NVML, WithSysfs(h.Sysfs))
 	if err := b.Init(); err != nil {
 		t.Fatal(err)
@@ -136,7 +138,7 @@ func TestWatchEventsWithoutSupport(t *testing.T) {
 // TestNoRecoveryField: where the driver has no recovery action field,
 // events and checks carry none.
 func TestNoRecoveryField(t *testing.T) {
-	h := openMock(t, `gpus: [{model: a100-40gb, count: 1, noRecoveryAction: true}]`)
+	h := mocktest.Open(t, `gpus: [{model: a100-40gb, count: 1, noRecoveryAction: true}]`)
 	b := New(h.NVML, WithSysfs(h.Sysfs))
 	if err := b.Init(); err != nil {
 		t.Fatal(err)

@@ -192,6 +192,9 @@ func (b *Backend) gpu(ref gpuRef, dev nvml.Device) (g hw.GPU, err error) {
 		if g.VGPU, err = b.vgpu(ref, dev, byDriverID); err != nil {
 			return hw.GPU{}, err
 		}
+		if err := b.vgpuFramework(&g); err != nil {
+			return hw.GPU{}, fmt.Errorf("%s: vGPU framework: %w", ref, err)
+		}
 	}
 	return g, nil
 }
@@ -256,11 +259,11 @@ func (b *Backend) numaNode(ref gpuRef, dev nvml.Device) (int, error) {
 	}
 	data, err := os.ReadFile(filepath.Join(b.sysfs, "bus", "pci", "devices", ref.busID, "numa_node"))
 	if err != nil {
-		return hw.UnknownNUMANode, nil
+		return hw.UnknownNUMANode, nil //nolint:nilerr // no numa_node file: a machine without NUMA
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
 	if err != nil || n < 0 {
-		return hw.UnknownNUMANode, nil
+		return hw.UnknownNUMANode, nil //nolint:nilerr // -1 or unreadable: the kernel knows no node
 	}
 	return n, nil
 }

@@ -10,31 +10,14 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/hw/mock/model"
 )
-
-func openMock(t *testing.T, profile string) *mock.Hardware {
-	t.Helper()
-	var h *mock.Hardware
-	var err error
-	if strings.HasPrefix(profile, "gpus:") {
-		var p mock.Profile
-		if p, err = mock.Parse("test", []byte(profile)); err == nil {
-			h, err = mock.New(p)
-		}
-	} else {
-		h, err = mock.Open(profile)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return h
-}
 
 // inventory reads a mock profile through the backend.
 func inventory(t *testing.T, profile string) ([]hw.GPU, *mock.Hardware) {
 	t.Helper()
-	h := openMock(t, profile)
+	h := mocktest.Open(t, profile)
 	b := New(h.NVML, WithSysfs(h.Sysfs))
 	if err := b.Init(); err != nil {
 		t.Fatal(err)
@@ -75,10 +58,10 @@ var modelWants = map[string]modelWant{
 }
 
 func TestGPUsEveryModel(t *testing.T) {
-	if got := mock.Models(); len(got) != len(modelWants) {
+	if got := model.GPUNames(); len(got) != len(modelWants) {
 		t.Fatalf("mock models %v: test covers %d", got, len(modelWants))
 	}
-	for _, model := range mock.Models() {
+	for _, model := range model.GPUNames() {
 		t.Run(model, func(t *testing.T) {
 			w := modelWants[model]
 			gpus, _ := inventory(t, "gpus: [{model: "+model+", count: 2}]")
@@ -149,8 +132,8 @@ func checkGPU(t *testing.T, i int, g hw.GPU, w modelWant) {
 // from v1 info, on every model: a GPU whose driver lacks v3 gets the same
 // device names.
 func TestComputedProfileNames(t *testing.T) {
-	for _, model := range mock.Models() {
-		h := openMock(t, "gpus: [{model: "+model+", count: 1}]")
+	for _, model := range model.GPUNames() {
+		h := mocktest.Open(t, "gpus: [{model: "+model+", count: 1}]")
 		plain := failingLib{h.NVML, 0, func(d nvml.Device) nvml.Device { return struct{ nvml.Device }{d} }}
 		var got [2][]hw.MIGProfile
 		for k, lib := range []nvml.Interface{h.NVML, plain} {

@@ -32,10 +32,10 @@ import (
 //     For a MIG-backed type the GPU instance must exist first; the driver
 //     puts the vGPU on a free GPU instance of the type's profile.
 //
-// Parent looks in both places, the GPU's function first. Not supported:
-// the vendor-specific VFIO framework of R550+ drivers on kernels without
-// mdev for NVIDIA (a VF's nvidia/current_vgpu_type), which needs no
-// creation step of this kind.
+// Parent looks in both places, the GPU's function first. R550+ drivers
+// on Ada, Hopper and Blackwell with current kernels use the
+// vendor-specific VFIO framework instead (vfvgpu.go); Framework tells
+// which one a GPU's driver uses.
 
 // SysfsWriter writes one sysfs attribute. Path is relative to the sysfs
 // root. Sysfs attributes are never created by a write: a missing one is
@@ -57,22 +57,28 @@ func (root SysfsFiles) WriteFile(path string, data []byte) error {
 	return errors.Join(err, f.Close())
 }
 
-// Mdevs creates and removes vGPU mediated devices. Reads go to the sysfs
-// root; writes, whose side effects are the kernel's, go through a
-// SysfsWriter.
-type Mdevs struct {
+// sysfs reads attributes under a sysfs root and writes them, whose side
+// effects are the kernel's or a driver's, through a SysfsWriter.
+type sysfs struct {
 	root string
 	w    SysfsWriter
 }
 
-// NewMdevs reads sysfs under root ("/sys" on a host) and writes through w
-// (nil: SysfsFiles(root)).
-func NewMdevs(root string, w SysfsWriter) *Mdevs {
+// newSysfs reads under root ("/sys" on a host) and writes through w (nil:
+// SysfsFiles(root)).
+func newSysfs(root string, w SysfsWriter) sysfs {
 	if w == nil {
 		w = SysfsFiles(root)
 	}
-	return &Mdevs{root: root, w: w}
+	return sysfs{root: root, w: w}
 }
+
+// Mdevs creates and removes vGPU mediated devices.
+type Mdevs struct{ sysfs }
+
+// NewMdevs reads sysfs under root ("/sys" on a host) and writes through w
+// (nil: SysfsFiles(root)).
+func NewMdevs(root string, w SysfsWriter) *Mdevs { return &Mdevs{newSysfs(root, w)} }
 
 // MdevTypeDir is the mdev type directory name of an NVIDIA vGPU type.
 func MdevTypeDir(typeID uint) string { return "nvidia-" + strconv.FormatUint(uint64(typeID), 10) }
@@ -86,7 +92,7 @@ func (m *Mdevs) typePath(parent string, typeID uint) string {
 // virtual function that has (in virtfn order).
 func (m *Mdevs) Parent(gpuBusID string, typeID uint) (string, error) {
 	candidates := []string{gpuBusID}
-	vfs, err := m.virtfns(gpuBusID)
+	vfs, err := virtfns(m.root, gpuBusID)
 	if err != nil {
 		return "", err
 	}
@@ -114,8 +120,8 @@ func (m *Mdevs) Parent(gpuBusID string, typeID uint) (string, error) {
 }
 
 // virtfns lists a PF's virtual functions in virtfn order.
-func (m *Mdevs) virtfns(busID string) ([]string, error) {
-	dir := filepath.Join(m.root, "bus/pci/devices", busID)
+func virtfns(root, busID string) ([]string, error) {
+	dir := filepath.Join(root, "bus/pci/devices", busID)
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("GPU %s: %w", busID, err)
@@ -179,13 +185,23 @@ func (m *Mdevs) Remove(uuid string) error {
 // IOMMUGroup is the mediated device's IOMMU group: its VFIO device node
 // is /dev/vfio/<group>.
 func (m *Mdevs) IOMMUGroup(uuid string) (int, error) {
-	target, err := os.Readlink(filepath.Join(m.root, m.devicePath(uuid), "iommu_group"))
+	n, err := IOMMUGroup(m.root, m.devicePath(uuid))
 	if err != nil {
-		return 0, fmt.Errorf("vGPU mdev %s: IOMMU group: %w", uuid, err)
+		return 0, fmt.Errorf("vGPU mdev %s: %w", uuid, err)
+	}
+	return n, nil
+}
+
+// IOMMUGroup is the IOMMU group of the device at path (relative to the
+// sysfs root): its VFIO group node is /dev/vfio/<group>.
+func IOMMUGroup(root, path string) (int, error) {
+	target, err := os.Readlink(filepath.Join(root, path, "iommu_group"))
+	if err != nil {
+		return 0, fmt.Errorf("IOMMU group: %w", err)
 	}
 	n, err := strconv.Atoi(filepath.Base(target))
 	if err != nil {
-		return 0, fmt.Errorf("vGPU mdev %s: IOMMU group %q: %w", uuid, target, err)
+		return 0, fmt.Errorf("IOMMU group %q: %w", target, err)
 	}
 	return n, nil
 }

@@ -15,7 +15,7 @@ import (
 	nvmlmock "github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
 )
 
 // tripwireLib is an nvml.Interface whose Init answers init and whose every
@@ -83,7 +83,7 @@ func TestNotInitialised(t *testing.T) {
 }
 
 func TestInitShutdown(t *testing.T) {
-	h := openMock(t, dgxH100)
+	h := mocktest.Open(t, dgxH100)
 	b := New(h.NVML, WithSysfs(h.Sysfs))
 	for i := 0; i < 2; i++ {
 		if err := b.Init(); err != nil {
@@ -146,7 +146,7 @@ func (unknownArch) GetArchitecture() (nvml.DeviceArchitecture, nvml.Return) {
 // A GPU of an architecture we do not know is assumed to need a reset for a
 // MIG mode change.
 func TestUnknownArchitecture(t *testing.T) {
-	h := openMock(t, dgxH100)
+	h := mocktest.Open(t, dgxH100)
 	b := New(failingLib{h.NVML, 0, func(d nvml.Device) nvml.Device { return unknownArch{d} }}, WithSysfs(h.Sysfs))
 	if err := b.Init(); err != nil {
 		t.Fatal(err)
@@ -167,7 +167,7 @@ func (noNUMA) GetNumaNodeId() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPP
 // TestDeviceErrorsNameTheGPU: a GPU that fails a query is named in the
 // error and listed as unreadable; the other seven are read as usual.
 func TestDeviceErrorsNameTheGPU(t *testing.T) {
-	h := openMock(t, dgxH100)
+	h := mocktest.Open(t, dgxH100)
 	for _, tc := range []struct {
 		wrap func(nvml.Device) nvml.Device
 		msg  string
@@ -197,15 +197,7 @@ func TestDeviceErrorsNameTheGPU(t *testing.T) {
 }
 
 func TestNUMAFallsBackToSysfs(t *testing.T) {
-	p, err := mock.Parse("numa", []byte(`gpus: [{model: h100-80gb, count: 2, numaNodes: [1, -1]}]`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := mock.New(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := mocktest.Open(t, `gpus: [{model: h100-80gb, count: 2, numaNodes: [1, -1]}]`)
 	for i, want := range []int{1, -1} {
 		b := New(failingLib{h.NVML, i, func(d nvml.Device) nvml.Device { return noNUMA{d} }}, WithSysfs(h.Sysfs))
 		if err := b.Init(); err != nil {
@@ -234,7 +226,7 @@ func TestNUMAFallsBackToSysfs(t *testing.T) {
 }
 
 func TestCancelled(t *testing.T) {
-	h := openMock(t, dgxH100)
+	h := mocktest.Open(t, dgxH100)
 	b := New(h.NVML, WithSysfs(h.Sysfs))
 	if err := b.Init(); err != nil {
 		t.Fatal(err)

@@ -12,11 +12,12 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
 )
 
 func backend(t *testing.T, profile string) (*Backend, *mock.Hardware) {
 	t.Helper()
-	h := openMock(t, profile)
+	h := mocktest.Open(t, profile)
 	b := New(h.NVML, WithSysfs(h.Sysfs))
 	if err := b.Init(); err != nil {
 		t.Fatal(err)
@@ -59,14 +60,15 @@ func TestMIGLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	whole, err := b.CreateComputeInstance(h100, gi, 0)
+	_, err = b.CreateComputeInstance(h100, gi, 0)
 	if !errors.Is(err, nvml.ERROR_INSUFFICIENT_RESOURCES) {
 		t.Errorf("whole-GI CI next to a 1-slice one: %v", err)
 	}
 	if err := b.DestroyComputeInstance(h100, gi, small); err != nil {
 		t.Fatal(err)
 	}
-	if whole, err = b.CreateComputeInstance(h100, gi, 0); err != nil {
+	whole, err := b.CreateComputeInstance(h100, gi, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
 	list, err := b.GPUInstances(h100)

@@ -80,3 +80,18 @@ func (b *Backend) vgpuType(ref gpuRef, dev nvml.Device, t nvml.VgpuTypeId, byDri
 	vt.GPUInstanceProfileID = &index
 	return vt, nil
 }
+
+// vgpuFramework records how the node's driver creates the GPU's vGPUs and
+// which of NVML's types it can create: NVML lists what the vGPU manager
+// supports, whether or not a framework is set up to create it.
+func (b *Backend) vgpuFramework(g *hw.GPU) error {
+	fw, vfs, mdevTypes, err := Framework(b.sysfs, g.PCIBusID)
+	if err != nil {
+		return err
+	}
+	g.VGPU.Framework, g.VGPU.VFs = fw, vfs
+	for i, t := range g.VGPU.Types {
+		g.VGPU.Types[i].Creatable = fw == hw.VGPUFrameworkVFIO || fw == hw.VGPUFrameworkMdev && mdevTypes[t.ID]
+	}
+	return nil
+}

@@ -19,8 +19,7 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
-
+	"github.com/hwdra/hwdra/hw/mock/model"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 )
@@ -119,7 +118,7 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 		steps = 4
 	}
 	checked, nonzero := 0, 0
-	for _, model := range mock.Models() {
+	for _, model := range model.GPUNames() {
 		for mi, m := range modes {
 			for _, tainted := range []bool{false, true} {
 				name := fmt.Sprintf("%s/%s/tainted=%v", model, m.name, tainted)
@@ -136,7 +135,7 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 						health = partitionFault(gpus[0])
 					}
 					objs := resources.Objects(device.GPUDriver, node,
-						resources.TaintedGPU(node, gpus, device.AllFeatures, resources.Health{Faults: health}, config.GPUPolicy{}))
+						resources.TaintedGPU(node, gpus, nil, device.AllFeatures, resources.Health{Faults: health}, config.GPUPolicy{}))
 					ptrs := make([]*resourceapi.ResourceSlice, len(objs))
 					for i := range objs {
 						ptrs[i] = &objs[i]

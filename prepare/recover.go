@@ -26,9 +26,9 @@ import (
 // cleans up as if nothing had happened. The specs go with a reboot, and so
 // does what they describe.
 
-// claimAnnotation holds a claim's checkpoint entry in its CDI spec
+// ClaimAnnotation holds a claim's checkpoint entry in its CDI spec
 // (state.ClaimFormat).
-const claimAnnotation = "hwdra.io/claim"
+const ClaimAnnotation = "hwdra.io/claim"
 
 // specEntry is the annotation's data.
 type specEntry[R any] struct {
@@ -41,7 +41,7 @@ func (p *Plugin[R]) annotate(spec *cdispec.Spec, entry *Claim[R]) error {
 	if err != nil {
 		return err
 	}
-	spec.Annotations = map[string]string{claimAnnotation: string(state.ClaimFormat.Encode(raw))}
+	spec.Annotations = map[string]string{ClaimAnnotation: string(state.ClaimFormat.Encode(raw))}
 	return nil
 }
 
@@ -80,20 +80,20 @@ func readSpecEntry[R any](path, bootID string) (*Claim[R], error) {
 	if err := yaml.Unmarshal(raw, &spec); err != nil {
 		return nil, err
 	}
-	a, ok := spec.Annotations[claimAnnotation]
+	a, ok := spec.Annotations[ClaimAnnotation]
 	if !ok {
-		return nil, fmt.Errorf("no %s annotation (written by an older agent)", claimAnnotation)
+		return nil, fmt.Errorf("no %s annotation (written by an older agent)", ClaimAnnotation)
 	}
 	data, _, err := state.ClaimFormat.Decode([]byte(a))
 	if err != nil {
-		return nil, fmt.Errorf("annotation %s: %w", claimAnnotation, err)
+		return nil, fmt.Errorf("annotation %s: %w", ClaimAnnotation, err)
 	}
 	var e specEntry[R]
 	if err := json.Unmarshal(data, &e); err != nil {
-		return nil, fmt.Errorf("annotation %s: %w", claimAnnotation, err)
+		return nil, fmt.Errorf("annotation %s: %w", ClaimAnnotation, err)
 	}
 	if e.Claim == nil {
-		return nil, fmt.Errorf("annotation %s: no claim", claimAnnotation)
+		return nil, fmt.Errorf("annotation %s: no claim", ClaimAnnotation)
 	}
 	if e.BootID != bootID {
 		return nil, nil

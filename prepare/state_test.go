@@ -96,7 +96,7 @@ func annotation(t *testing.T, path string) string {
 	if err := yaml.Unmarshal(raw, &spec); err != nil {
 		t.Fatal(err)
 	}
-	return spec.Annotations[claimAnnotation]
+	return spec.Annotations[ClaimAnnotation]
 }
 
 // TestNewerSpecIsKept: with the checkpoint lost, a claim spec whose entry

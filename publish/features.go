@@ -3,26 +3,99 @@ package publish
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
+	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	"github.com/hwdra/hwdra/slices/device"
-	"github.com/hwdra/hwdra/slices/resources"
 )
 
+// A DRA feature gate that is off makes the API server drop the fields it
+// guards, but only where the stored object does not use them already
+// (k8s.io/kubernetes v1.37.2, pkg/registry/resource/resourceslice,
+// dropDisabledFields: a create drops them always, an update keeps them
+// when the old slice had them). So slices written while a gate was on keep
+// their fields through every later update, the controller sees nothing
+// dropped, and the scheduler, with the gate off, ignores each slice that
+// uses them, which leaves the whole pool incomplete and unallocatable
+// (k8s.io/dynamic-resource-allocation v0.37.2, structured/internal/*/
+// pools_*.go GatherPools: slices with shared counters without
+// PartitionableDevices, slices with compatibility groups without
+// CompatibilityGroups; the allocator skips incomplete pools).
+//
+// Only a create tells, so the publisher asks with a server-side dry run
+// (nothing stored) of one small slice whose one device carries a field of
+// every gate the model uses: at start, before the first publication, and
+// every RecheckFeatures (10 minutes) after. One API request per check,
+// independent of the node's size.
+
 // gates names the DRA feature gates behind each slice feature, as the
-// resourceslice library reports them dropped.
+// resourceslice library reports them dropped; what the model leaves out
+// without each (lost); and how the feature check puts the gate's fields
+// on its probe device (use).
 var gates = []struct {
 	name string
 	flag func(*device.Features) *bool
+	lost string
+	use  func(d *resourceapi.Device, driver string)
 }{
-	{"DRAPartitionableDevices", func(f *device.Features) *bool { return &f.PartitionableDevices }},
-	{"DRADeviceCompatibilityGroups", func(f *device.Features) *bool { return &f.CompatibilityGroups }},
-	{"DRAConsumableCapacity", func(f *device.Features) *bool { return &f.ConsumableCapacity }},
-	{"DRADeviceTaints", func(f *device.Features) *bool { return &f.DeviceTaints }},
+	{"DRAPartitionableDevices", func(f *device.Features) *bool { return &f.PartitionableDevices },
+		"no MIG partitions to create and no GPU shares: whole GPUs and existing MIG instances only",
+		func(d *resourceapi.Device, _ string) { probeConsumption(d) }},
+	{"DRADeviceCompatibilityGroups", func(f *device.Features) *bool { return &f.CompatibilityGroups },
+		"no vGPU devices",
+		func(d *resourceapi.Device, _ string) { probeConsumption(d).CompatibilityGroups = []string{probeName} }},
+	{"DRAConsumableCapacity", func(f *device.Features) *bool { return &f.ConsumableCapacity },
+		"no bandwidth shares of a PF: its VFs are offered one device each",
+		func(d *resourceapi.Device, _ string) { d.AllowMultipleAllocations = ptr.To(true) }},
+	{"DRADeviceTaints", func(f *device.Features) *bool { return &f.DeviceTaints },
+		"unhealthy devices are not tainted",
+		func(d *resourceapi.Device, driver string) {
+			d.Taints = []resourceapi.DeviceTaint{{Key: driver + "/" + probeName, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		}},
+}
+
+// probeName names the feature check's slice, device, counter set and
+// group.
+const probeName = "feature-check"
+
+// probeConsumption is the probe device's counter consumption, made on
+// first use.
+func probeConsumption(d *resourceapi.Device) *resourceapi.DeviceCounterConsumption {
+	if len(d.ConsumesCounters) == 0 {
+		d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{
+			CounterSet: probeName,
+			Counters:   map[string]resourceapi.Counter{"check": {Value: resource.MustParse("1")}},
+		}}
+	}
+	return &d.ConsumesCounters[0]
+}
+
+// probeSlice is the feature check's slice for the node: one device with a
+// field of every gate. Its driver is one the agent writes slices for (the
+// admission policy allows no other).
+func probeSlice(node, driver string) *resourceapi.ResourceSlice {
+	d := resourceapi.Device{Name: probeName}
+	for _, g := range gates {
+		g.use(&d, driver)
+	}
+	return &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "hwdra-" + probeName + "-"},
+		Spec: resourceapi.ResourceSliceSpec{
+			Driver:   driver,
+			NodeName: ptr.To(node),
+			Pool:     resourceapi.ResourcePool{Name: node + "-" + probeName, Generation: 1, ResourceSliceCount: 1},
+			Devices:  []resourceapi.Device{d},
+		},
+	}
 }
 
 // without is f with the features of the named gates off.
@@ -42,73 +115,119 @@ func without(f device.Features, off []string) device.Features {
 func (p *Publisher) HandleError(ctx context.Context, err error, msg string) {
 	var dropped *resourceslice.DroppedFieldsError
 	if errors.As(err, &dropped) {
-		p.dropFeatures(ctx, dropped.DisabledFeatures())
+		p.mu.Lock()
+		f := without(p.features, dropped.DisabledFeatures())
+		p.mu.Unlock()
+		p.useFeatures(ctx, f)
 		return
 	}
 	klog.FromContext(ctx).Error(err, msg)
 }
 
-// dropFeatures is called when the API server dropped fields of our slices
-// because a DRA feature gate is off. It falls back to a model without those
-// features and republishes, so the pool stays usable.
-func (p *Publisher) dropFeatures(ctx context.Context, dropped []string) {
+// CheckFeatures asks the API server which DRA features' fields it keeps,
+// by a dry-run create of the probe slice (stores nothing), and publishes
+// the fullest model it keeps from the next publication on. It is a no-op
+// until a driver is served. An error (the API server unreachable) leaves
+// the model as it is.
+func (p *Publisher) CheckFeatures(ctx context.Context) error {
+	served := p.served()
+	if len(served) == 0 {
+		return nil
+	}
+	desired := probeSlice(p.opts.NodeName, served[0])
+	got, err := p.opts.Client.ResourceV1().ResourceSlices().Create(ctx, desired.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil {
+		return fmt.Errorf("checking which DRA features the API server keeps (a dry-run create of a ResourceSlice): %w", err)
+	}
+	dropped := (&resourceslice.DroppedFieldsError{DesiredSlice: desired, ActualSlice: got}).DisabledFeatures()
+	p.useFeatures(ctx, without(device.AllFeatures, dropped))
 	p.mu.Lock()
-	f := without(p.features, dropped)
-	changed := f != p.features
-	p.features = f
+	p.featuresChecked = true
 	p.mu.Unlock()
-	for _, g := range dropped {
-		p.metrics.fallbacks.WithLabelValues(g).Set(1)
-	}
-	if !changed {
-		return
-	}
-	klog.FromContext(ctx).Error(nil, "The API server dropped fields of our ResourceSlices: a DRA feature gate is off in this cluster. Falling back to a device model without it; enable the gate in kube-apiserver and kube-scheduler for the full model",
-		"missingGates", slices.Sorted(slices.Values(dropped)), "features", f)
-	p.Poke()
+	return nil
 }
 
-// recheckFeatures runs while a fallback model is published: it asks the API
-// server whether it keeps the full model's fields now (a gate turned on
-// after the agent started) by a server-side dry run of the full model's
-// slices, which stores nothing, and returns to the fullest model it keeps.
-func (p *Publisher) recheckFeatures(ctx context.Context) {
+// checkFeaturesEvery runs CheckFeatures until ctx ends: every interval,
+// and 30 s after a failed check (also one before Run).
+func (p *Publisher) checkFeaturesEvery(ctx context.Context, interval time.Duration) {
+	const retry = 30 * time.Second
 	p.mu.Lock()
-	current, inv := p.features, p.inv
+	first := interval
+	if !p.featuresChecked {
+		first = min(interval, retry)
+	}
 	p.mu.Unlock()
-	if current == device.AllFeatures {
+	t := time.NewTimer(first)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		next := interval
+		if err := p.CheckFeatures(ctx); err != nil && ctx.Err() == nil {
+			next = min(interval, retry)
+			klog.FromContext(ctx).Info("Warning: cannot tell which DRA features the API server keeps; the device model stays as it is", "err", err, "retryIn", next)
+		}
+		t.Reset(next)
+	}
+}
+
+// useFeatures makes f the slice features from the next publication on,
+// says so (an error when it lacks one the agent used, with the gates and
+// what the model leaves out) and sets hwdra_feature_disabled.
+func (p *Publisher) useFeatures(ctx context.Context, f device.Features) {
+	p.mu.Lock()
+	old := p.features
+	p.features = f
+	p.mu.Unlock()
+	for _, g := range gates {
+		off := 0.0
+		if !*g.flag(&f) {
+			off = 1
+		}
+		p.metrics.fallbacks.WithLabelValues(g.name).Set(off)
+	}
+	if f == old {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	res, _ := resources.ForNode(p.opts.NodeName, inv, p.opts.Config, device.AllFeatures, p.faults())
-	var dropped []string
-	for _, driver := range p.served() {
-		for _, s := range resources.Objects(driver, p.opts.NodeName, res[driver]) {
-			desired := s.DeepCopy()
-			desired.Name, desired.GenerateName = "", "hwdra-feature-check-"
-			got, err := p.opts.Client.ResourceV1().ResourceSlices().Create(ctx, desired, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-			if err != nil {
-				logger.V(2).Info("Checking whether the API server keeps the full device model failed; trying later", "err", err)
-				return
-			}
-			dropped = append(dropped, (&resourceslice.DroppedFieldsError{DesiredSlice: desired, ActualSlice: got}).DisabledFeatures()...)
-		}
+	if names, lost := missing(f); !more(f, old) && len(names) > 0 {
+		logger.Error(nil, "The API server drops fields of our ResourceSlices: a DRA feature gate is off in this cluster. "+
+			"Publishing a device model without it (a pool with those fields would be ignored by the scheduler); "+
+			"enable the gate in kube-apiserver and kube-scheduler for the full model",
+			"missingGates", names, "features", f, "withoutThem", strings.Join(lost, "; "))
+	} else {
+		logger.Info("The API server keeps the fields of more DRA features now: publishing the fuller device model",
+			"features", f, "stillMissingGates", names)
 	}
-	want := without(device.AllFeatures, dropped)
-	if want == current || !more(want, current) {
-		return
-	}
-	p.mu.Lock()
-	p.features = want
-	p.mu.Unlock()
-	for _, g := range gates {
-		if !slices.Contains(dropped, g.name) {
-			p.metrics.fallbacks.WithLabelValues(g.name).Set(0)
-		}
-	}
-	logger.Info("The API server keeps the fields of more DRA features now: publishing the fuller device model",
-		"features", want, "stillMissingGates", slices.Sorted(slices.Values(dropped)))
 	p.Poke()
+}
+
+// Degraded is nil while the full device model is published, else which
+// DRA feature gates the API server has off and what the published model
+// leaves out for it: the readiness probe says so (the node serves).
+func (p *Publisher) Degraded() error {
+	p.mu.Lock()
+	f := p.features
+	p.mu.Unlock()
+	if f == device.AllFeatures {
+		return nil
+	}
+	names, lost := missing(f)
+	return fmt.Errorf("publishing without DRA features the API server drops (%s): %s", strings.Join(names, ", "), strings.Join(lost, "; "))
+}
+
+// missing are the gates of the features f lacks, and what the model
+// leaves out without each.
+func missing(f device.Features) (gateNames, lost []string) {
+	for _, g := range gates {
+		if !*g.flag(&f) {
+			gateNames, lost = append(gateNames, g.name), append(lost, g.lost)
+		}
+	}
+	return gateNames, lost
 }
 
 // more reports whether a has every feature b has, and one more.

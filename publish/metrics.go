@@ -15,6 +15,7 @@ type metrics struct {
 	publications *prometheus.CounterVec
 	devices      *prometheus.GaugeVec
 	fallbacks    *prometheus.GaugeVec
+	withheld     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, p *Publisher) *metrics {
@@ -31,13 +32,17 @@ func newMetrics(reg prometheus.Registerer, p *Publisher) *metrics {
 			Name: "hwdra_feature_disabled",
 			Help: "1 when the API server dropped fields of this DRA feature and the agent fell back to a model without it.",
 		}, []string{"feature"}),
+		withheld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "hwdra_device_plugin_gpus",
+			Help: "GPUs of the node the agent leaves to NVIDIA's device plugin and does not publish: all while it sees the plugin serve GPUs, else those devicePlugin.ownedGPUs does not give the agent.",
+		}),
 	}
 	// Series that exist from the start, so a dashboard sees zeros rather
 	// than nothing.
 	for _, g := range gates {
 		m.fallbacks.WithLabelValues(g.name)
 	}
-	reg.MustRegister(m.publications, m.devices, m.fallbacks, sliceWrites{p})
+	reg.MustRegister(m.publications, m.devices, m.fallbacks, m.withheld, sliceWrites{p})
 	return m
 }
 

@@ -1,11 +1,12 @@
 // Package publish keeps a node's ResourceSlices equal to what its hardware
-// can deliver: it probes the node, builds each driver's slices
+// can deliver: it probes the node, leaves out the GPUs that are NVIDIA's
+// device plugin's (owned), builds each driver's slices
 // (slices/resources.ForNode: the one place that decides what a node
 // publishes) and hands them to a ResourceSlice controller per driver
 // (k8s.io/dynamic-resource-allocation/resourceslice) only when they
 // differ, so a node at rest makes no API writes. Around that: the fallback
-// to a device model the API server keeps when a DRA feature gate is off
-// (features.go), the check that each publication reached the API server
+// to a device model the API server keeps when a DRA feature gate is off,
+// checked at start and periodically (features.go), the check that each publication reached the API server
 // (verify.go) and the publisher's own metrics (metrics.go).
 package publish
 
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,8 +62,15 @@ type Options struct {
 	// from.
 	Published func(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features)
 
-	// RecheckFeatures is how often a fallback model checks whether the
-	// API server keeps the full model's fields again; 0: 10 minutes.
+	// DevicePlugin, if set, says why NVIDIA's device plugin is taken to
+	// serve GPUs on the node now (deviceplugin.Watcher.Why); nothing: it
+	// is not. The GPUs the configuration does not give the agent then are
+	// left out of the slices (config.AgentConfig.OwnGPUs).
+	DevicePlugin func() []string
+
+	// RecheckFeatures is how often Run checks which DRA features' fields
+	// the API server keeps (features.go: one dry-run create each time);
+	// 0: 10 minutes.
 	RecheckFeatures time.Duration
 }
 
@@ -83,13 +92,16 @@ type Publisher struct {
 	unclaimed []Unclaimed // applied to every probe, in order
 	drivers   []string    // served: a pool is published for each
 
-	updateMu    sync.Mutex // serialises update
-	mu          sync.Mutex
-	inv         hw.Inventory
-	features    device.Features
-	published   map[string]resourceslice.DriverResources
-	controllers map[string]*resourceslice.Controller
-	skipped     map[string]bool // PFs already logged as not offered
+	updateMu sync.Mutex // serialises update
+	mu       sync.Mutex
+	inv      hw.Inventory
+	features device.Features
+	// featuresChecked: a feature check has succeeded (features.go).
+	featuresChecked bool
+	published       map[string]resourceslice.DriverResources
+	controllers     map[string]*resourceslice.Controller
+	skipped         map[string]bool // PFs already logged as not offered
+	withheld        string          // why GPUs are left to the device plugin, "" if none
 	// kinds are the published devices' kinds, by driver and device name.
 	kinds map[string]map[string]string
 	// verified is, by driver, nil once the last publication is in the API
@@ -158,14 +170,13 @@ func (p *Publisher) Poke() {
 
 // Run rescans and publishes what changed until ctx ends: every interval,
 // when poked, and at each signal on changes. It checks each publication
-// against the API server, and while a fallback model is published, whether
-// the full one is kept again.
+// against the API server, and every RecheckFeatures which DRA features'
+// fields the API server keeps (a gate turned off or on since).
 func (p *Publisher) Run(ctx context.Context, interval time.Duration, changes <-chan struct{}) {
 	go p.verifyLoop(ctx)
+	go p.checkFeaturesEvery(ctx, p.opts.RecheckFeatures)
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	recheck := time.NewTicker(p.opts.RecheckFeatures)
-	defer recheck.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -173,9 +184,6 @@ func (p *Publisher) Run(ctx context.Context, interval time.Duration, changes <-c
 		case <-t.C:
 		case <-p.poke:
 		case <-changes:
-		case <-recheck.C:
-			p.recheckFeatures(ctx)
-			continue
 		}
 		if !p.Refresh(ctx) {
 			return
@@ -244,6 +252,8 @@ func (p *Publisher) Publish(ctx context.Context) error {
 	p.mu.Lock()
 	inv, features := p.inv, p.features
 	p.mu.Unlock()
+	inv, withheld := p.owned(inv)
+	p.logWithheld(logger, withheld)
 	res, skipped := resources.ForNode(p.opts.NodeName, inv, p.opts.Config, features, p.faults())
 	p.logSkipped(logger, skipped)
 	var errs []error
@@ -333,6 +343,64 @@ func (p *Publisher) logSkipped(logger klog.Logger, skipped []config.Skip) {
 		}
 	}
 	p.skipped = now
+}
+
+// withholding is the GPUs a publication leaves to NVIDIA's device
+// plugin, and why.
+type withholding struct {
+	gpus []hw.GPU
+	of   int // the node's GPUs
+	why  string
+}
+
+// owned is the inventory with only the GPUs the agent owns now: the one
+// place where the device plugin's share is taken out of what is
+// published.
+func (p *Publisher) owned(inv hw.Inventory) (hw.Inventory, withholding) {
+	var signals []string
+	if p.opts.DevicePlugin != nil {
+		signals = p.opts.DevicePlugin()
+	}
+	own, left, why := p.opts.Config.OwnGPUs(inv.GPUs, len(signals) > 0)
+	if len(signals) > 0 && len(left) > 0 {
+		why += ": " + strings.Join(signals, ", ")
+	}
+	inv.GPUs = own
+	return inv, withholding{gpus: left, of: len(own) + len(left), why: why}
+}
+
+// logWithheld says, when it changes, which GPUs are left to the device
+// plugin and why, and keeps it for Withheld and the metric.
+func (p *Publisher) logWithheld(logger klog.Logger, w withholding) {
+	now := ""
+	if len(w.gpus) > 0 {
+		now = fmt.Sprintf("%d of %d GPUs not published: %s", len(w.gpus), w.of, w.why)
+	}
+	p.mu.Lock()
+	before := p.withheld
+	p.withheld = now
+	p.mu.Unlock()
+	p.metrics.withheld.Set(float64(len(w.gpus)))
+	switch {
+	case now == before:
+	case now != "":
+		var addrs []string
+		for _, g := range w.gpus {
+			addrs = append(addrs, g.PCIBusID)
+		}
+		logger.Info("Leaving GPUs to NVIDIA's device plugin: not publishing them, so that no GPU is offered twice", "gpus", addrs, "reason", w.why)
+	default:
+		logger.Info("Publishing every GPU again: NVIDIA's device plugin no longer serves GPUs on this node", "was", before)
+	}
+}
+
+// Withheld says why GPUs are left out of the slices for NVIDIA's device
+// plugin ("8 of 8 GPUs not published: NVIDIA's device plugin serves GPUs
+// on this node: its socket ..."), "" when none are.
+func (p *Publisher) Withheld() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.withheld
 }
 
 func countDevices(res resourceslice.DriverResources) int {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/hwdra/hwdra/allocate"
@@ -175,10 +176,8 @@ func TestFallsBackWhenFieldsAreDropped(t *testing.T) {
 	var gateOn atomic.Bool
 	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
 		var obj runtime.Object
-		switch act := action.(type) {
-		case k8stesting.CreateAction:
-			obj = act.GetObject()
-		case k8stesting.UpdateAction:
+		// Creates and updates both carry the object.
+		if act, ok := action.(interface{ GetObject() runtime.Object }); ok {
 			obj = act.GetObject()
 		}
 		if s, ok := obj.(*resourceapi.ResourceSlice); ok && !gateOn.Load() {
@@ -222,6 +221,181 @@ func TestFallsBackWhenFieldsAreDropped(t *testing.T) {
 		t.Errorf("features in use after the gate came back: %+v", f)
 	}
 	r.wantMetric("hwdra_feature_disabled", map[string]string{"feature": "DRADeviceCompatibilityGroups"}, 0)
+}
+
+// apiServerGate is the API server's rule for a gated field
+// (k8s.io/kubernetes v1.37.2 pkg/registry/resource/resourceslice
+// dropDisabledDRADeviceCompatibilityGroupsFields), for
+// DRADeviceCompatibilityGroups: while the gate is off, a create drops
+// every compatibility group; an update drops them unless the stored slice
+// has one.
+type apiServerGate struct {
+	on     atomic.Bool
+	client *fake.Clientset
+}
+
+func (g *apiServerGate) install(c *fake.Clientset) {
+	g.client = c
+	c.PrependReactor("create", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if s, ok := action.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice); ok && !g.on.Load() {
+			dropGroups(s)
+		}
+		return false, nil, nil
+	})
+	c.PrependReactor("update", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		s, ok := action.(k8stesting.UpdateAction).GetObject().(*resourceapi.ResourceSlice)
+		if !ok || g.on.Load() {
+			return false, nil, nil
+		}
+		old, err := c.Tracker().Get(resourceapi.SchemeGroupVersion.WithResource("resourceslices"), "", s.Name)
+		if err != nil || !usesGroups(old.(*resourceapi.ResourceSlice)) {
+			dropGroups(s)
+		}
+		return false, nil, nil
+	})
+}
+
+func dropGroups(s *resourceapi.ResourceSlice) {
+	for i := range s.Spec.Devices {
+		for j := range s.Spec.Devices[i].ConsumesCounters {
+			s.Spec.Devices[i].ConsumesCounters[j].CompatibilityGroups = nil
+		}
+	}
+}
+
+func usesGroups(s *resourceapi.ResourceSlice) bool {
+	for _, d := range s.Spec.Devices {
+		for _, c := range d.ConsumesCounters {
+			if len(c.CompatibilityGroups) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// withoutGroups are the scheduler's features with
+// DRADeviceCompatibilityGroups off.
+func withoutGroups() structured.Features {
+	f := allocate.ClusterFeatures
+	f.CompatibilityGroups = false
+	return f
+}
+
+// TestFallsBackWhenGateTurnsOffLater: slices with compatibility groups are
+// stored while DRADeviceCompatibilityGroups is on; then the gate goes off
+// (an API server and scheduler restarted). Updates keep the stored groups,
+// so no write reports a dropped field, and a scheduler without the gate
+// ignores every slice with groups: the pool is incomplete and nothing in
+// it allocates. The periodic feature check (a dry-run create) finds the
+// gate off, the publisher falls back to a model without groups, its
+// update takes the groups out of the stored slices, and the scheduler
+// allocates from the pool again. The check's one request per period is
+// all it costs; the fallback says so in Degraded and the metric.
+func TestFallsBackWhenGateTurnsOffLater(t *testing.T) {
+	gate := &apiServerGate{}
+	gate.on.Store(true)
+	r := newRig(t, "gpus:\n- model: h100-80gb\n  count: 1\n  virtualization: host-vgpu\n", Options{RecheckFeatures: 300 * time.Millisecond}, gate.install)
+	if err := r.pub.CheckFeatures(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.serve(device.GPUDriver)
+	ss := r.pool(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool { return deviceKinds(ss)[device.KindVGPU] > 0 })
+	if r.pub.Degraded() != nil {
+		t.Errorf("Degraded with the gate on: %v", r.pub.Degraded())
+	}
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mig := func() *resourceapi.ResourceClaim {
+		return &resourceapi.ResourceClaim{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+			allocate.Request("mig", "mig.gpu.hwdra.io", 1, `device.attributes["gpu.hwdra.io"].profile == "1g.10gb"`)}}}}
+	}
+	// The scheduler's rule the fallback answers: with the gate off, the
+	// slices with groups are skipped and the pool is incomplete.
+	if err := allocate.New(withoutGroups(), node, ss, classes).Allocate(r.ctx, mig()); err == nil {
+		t.Fatal("a scheduler without DRADeviceCompatibilityGroups allocated from slices with groups: the test shows nothing")
+	}
+
+	gate.on.Store(false)
+	ss = r.pool(device.GPUDriver, func(ss []*resourceapi.ResourceSlice) bool {
+		for _, s := range ss {
+			if usesGroups(s) {
+				return false
+			}
+		}
+		return deviceKinds(ss)[device.KindVGPU] == 0 && deviceKinds(ss)[device.KindMIG] > 0
+	})
+	if _, f := r.pub.Current(); f.CompatibilityGroups {
+		t.Errorf("features in use with the gate off: %+v", f)
+	}
+	if err := allocate.New(withoutGroups(), node, ss, classes).Allocate(r.ctx, mig()); err != nil {
+		t.Errorf("a scheduler without DRADeviceCompatibilityGroups cannot allocate from the fallback model: %v", err)
+	}
+	if err := r.pub.Degraded(); err == nil || !strings.Contains(err.Error(), "DRADeviceCompatibilityGroups") || !strings.Contains(err.Error(), "no vGPU devices") {
+		t.Errorf("Degraded = %v, want it to name the gate and what is left out", err)
+	}
+	r.wantMetric("hwdra_feature_disabled", map[string]string{"feature": "DRADeviceCompatibilityGroups"}, 1)
+	r.wantMetric("hwdra_feature_disabled", map[string]string{"feature": "DRAPartitionableDevices"}, 0)
+	// The check stores nothing.
+	for _, s := range ss {
+		if strings.Contains(s.Name, probeName) || strings.Contains(s.Spec.Pool.Name, probeName) {
+			t.Errorf("the feature check's slice %s was stored", s.Name)
+		}
+	}
+}
+
+// TestFeatureCheckAtStart: the check before the first publication finds
+// the gate off, so the first publication is already without groups (a
+// restarted agent whose stored slices have them would otherwise keep them
+// through updates). It asks with one dry-run create and writes nothing.
+func TestFeatureCheckAtStart(t *testing.T) {
+	gate := &apiServerGate{}
+	r := newRig(t, "gpus:\n- model: h100-80gb\n  count: 1\n  virtualization: host-vgpu\n", Options{}, gate.install)
+	r.pub.Serve(device.GPUDriver)
+	if err := r.pub.CheckFeatures(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var creates, dryRuns int
+	for _, a := range r.client.Actions() {
+		if c, ok := a.(k8stesting.CreateActionImpl); ok && a.GetResource().Resource == "resourceslices" {
+			creates++
+			if len(c.CreateOptions.DryRun) > 0 {
+				dryRuns++
+			}
+		}
+	}
+	if creates != 1 || dryRuns != 1 {
+		t.Errorf("the check sent %d creates (%d dry runs), want one dry run", creates, dryRuns)
+	}
+	if _, f := r.pub.Current(); f != without(device.AllFeatures, []string{"DRADeviceCompatibilityGroups"}) {
+		t.Errorf("features after the check: %+v", f)
+	}
+	r.serve()
+	for _, s := range r.pool(device.GPUDriver, nil) {
+		if usesGroups(s) {
+			t.Errorf("slice %s published with groups after the check found the gate off", s.Name)
+		}
+	}
+}
+
+// TestFeatureCheckFails: an API server that cannot answer leaves the model
+// as it is, and the error says what was asked.
+func TestFeatureCheckFails(t *testing.T) {
+	r := newRig(t, twoGPUs, Options{}, func(c *fake.Clientset) {
+		c.PrependReactor("create", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, errors.New("connection refused")
+		})
+	})
+	r.pub.Serve(device.GPUDriver)
+	err := r.pub.CheckFeatures(r.ctx)
+	if err == nil || !strings.Contains(err.Error(), "dry-run create") || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("CheckFeatures = %v", err)
+	}
+	if _, f := r.pub.Current(); f != device.AllFeatures || r.pub.Degraded() != nil {
+		t.Errorf("a failed check changed the model: %+v, %v", f, r.pub.Degraded())
+	}
 }
 
 // TestPublishesWhatChanged: the first publication and each change (a fault

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
 	"github.com/hwdra/hwdra/sriov"
 )
 
@@ -17,15 +18,7 @@ import (
 // discovery options that read it.
 func node(t testing.TB, profile string) (*mock.Hardware, sriov.Options) {
 	t.Helper()
-	p, err := mock.Parse(t.Name(), []byte(profile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := mock.New(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Close() })
+	h := mocktest.Open(t, profile)
 	return h, sriov.Options{SysfsRoot: h.Sysfs, Routes: h.NICs(), Eswitch: h.NICs()}
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/nicsim"
 	"github.com/hwdra/hwdra/metadata/nritest"
 	"github.com/hwdra/hwdra/sriov"
 )
@@ -24,7 +24,7 @@ func twoNetns(t *testing.T) (host, pod *sriov.Netns) {
 		t.Skip("needs root: creates network namespaces with veth links")
 	}
 	open := func(prefix string) *sriov.Netns {
-		path, remove, err := mock.NewNetns(prefix)
+		path, remove, err := nicsim.NewNetns(prefix)
 		if err != nil {
 			t.Fatal(err)
 		}

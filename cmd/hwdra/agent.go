@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/agent"
@@ -27,21 +26,27 @@ func agentCommand() *cobra.Command {
 			if opts.KubeAPIQPS <= 0 || opts.KubeAPIBurst < 1 {
 				return fmt.Errorf("--kube-api-qps must be above 0 and --kube-api-burst at least 1 (have %v and %d)", opts.KubeAPIQPS, opts.KubeAPIBurst)
 			}
-			// Empty kubeconfig: the in-cluster service account.
-			rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+			rc, source, err := kubeConfig(kubeconfig)
 			if err != nil {
 				return err
 			}
+			if err := makeDirs(cmd.Flags(), "state-dir", "cdi-dir", "kubelet-plugins-dir"); err != nil {
+				return err
+			}
+			if err := needDirs(cmd.Flags(), "kubelet-registrar-dir"); err != nil {
+				return err
+			}
 			rc.UserAgent = "hwdra-agent/" + opts.NodeName
-			opts.KubeConfig = rc
+			opts.KubeConfig, opts.KubeConfigSource = rc, source
 			v, commit := buildVersion()
-			klog.InfoS("Starting the hwdra agent", "version", v, "commit", commit, "node", opts.NodeName, "pod", opts.PodUID, "hardware", opts.Hardware)
+			klog.InfoS("Starting the hwdra agent", "version", v, "commit", commit, "node", opts.NodeName, "pod", opts.PodUID, "hardware", opts.Hardware,
+				"apiServer", rc.Host, "kubeconfig", source)
 			return agent.Run(cmd.Context(), opts)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.NodeName, "node-name", opts.NodeName, "name of this Node (default $NODE_NAME)")
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, ~/.kube/config, or the pod's service account (in-cluster)")
 	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server, for each of the agent's two clients (claims for prepare; ResourceSlice publishing)")
 	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", 100, "burst of queries to the API server, for each of the agent's two clients")
 	addHardwareFlag(cmd, &opts.Hardware)
@@ -53,7 +58,9 @@ func agentCommand() *cobra.Command {
 	f.StringVar(&opts.CDIDir, "cdi-dir", "/var/run/cdi", "directory for CDI specs, as configured in the container runtime")
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/hwdra", "directory for checkpoints")
 	f.DurationVar(&opts.Rescan, "rescan-interval", time.Minute, "how often to probe the hardware for changes")
+	f.DurationVar(&opts.FeatureCheck, "feature-check-interval", 10*time.Minute, "how often to check which DRA feature gates the API server has on (one dry-run ResourceSlice create each, also at start): a gate turned off makes the agent publish a model without it")
 	f.StringVar(&opts.MetricsAddress, "metrics-address", ":9464", "address for /metrics (Prometheus) and /healthz; empty: off")
+	f.StringVar(&opts.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory (fixed in the kubelet, whatever its --root-dir): while NVIDIA's device plugin has a socket there, or the node advertises its resources, the agent leaves the GPUs to it; empty: only the node's status is watched")
 	f.StringVar(&opts.NRISocket, "nri-socket", nri.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
 	return cmd
 }

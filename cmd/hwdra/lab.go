@@ -16,12 +16,16 @@ func labCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// "--claim a.yaml b.yaml": the shell's glob expands after one flag.
 			opts.ClaimFiles = append(opts.ClaimFiles, args...)
+			opts.Stdin = cmd.InOrStdin()
+			if err := makeDirs(cmd.Flags(), "state-dir", "cdi-dir"); err != nil {
+				return err
+			}
 			return lab.Run(cmd.Context(), cmd.OutOrStdout(), opts)
 		},
 	}
 	f := cmd.Flags()
 	addHardwareFlag(cmd, &opts.Hardware)
-	f.StringSliceVar(&opts.ClaimFiles, "claim", nil, "ResourceClaim or ResourceClaimTemplate YAML/JSON files or directories of them, as kubectl -f takes them (repeatable, comma-separated; deploy/examples has some)")
+	f.StringSliceVar(&opts.ClaimFiles, "claim", nil, "ResourceClaim or ResourceClaimTemplate YAML/JSON files, directories of them, or - for standard input, as kubectl -f takes them (repeatable, comma-separated; deploy/examples has some). Each file's claims are allocated together, as one pod's, beside those of the files before it")
 	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
 	f.BoolVar(&opts.Keep, "keep", false, "leave the claims prepared instead of unpreparing them at the end")
 	f.StringVar(&opts.StateDir, "state-dir", "", "checkpoint directory (default: a temporary one)")

@@ -10,9 +10,11 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -57,6 +59,35 @@ func TestSlicesPrintsApplicableResourceSlices(t *testing.T) {
 	}
 }
 
+// TestSlicesLeavesTheDevicePluginItsGPUs: with devicePlugin.ownedGPUs the
+// slices hold only the agent's GPUs, as the agent publishes them.
+func TestSlicesLeavesTheDevicePluginItsGPUs(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\ndevicePlugin:\n  ownedGPUs: {pciAddresses: [\"0000:1b:00.0\"]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, "slices", "--hardware", "mock:dgx-h100", "--node-name", "worker-1", "--config", cfg, "-o", "yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+	gpus := map[string]bool{}
+	for {
+		var s resourceapi.ResourceSlice
+		if err := dec.Decode(&s); err != nil {
+			break
+		}
+		for _, d := range s.Spec.Devices {
+			if a, ok := d.Attributes["resource.kubernetes.io/pciBusID"]; ok && s.Spec.Driver == "gpu.hwdra.io" {
+				gpus[*a.StringValue] = true
+			}
+		}
+	}
+	if len(gpus) != 1 || !gpus["0000:1b:00.0"] {
+		t.Fatalf("GPUs in the slices: %v, want 0000:1b:00.0 alone", gpus)
+	}
+}
+
 func TestProbeJSON(t *testing.T) {
 	out, err := run(t, "probe", "--hardware", "mock:dgx-h100", "-o", "json")
 	if err != nil {
@@ -70,18 +101,31 @@ func TestProbeJSON(t *testing.T) {
 }
 
 func TestBadInputFails(t *testing.T) {
-	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("gpus:\n- model: h100-80gb\n  count: 1\n  colour: blue\n"), 0o644)
+	under := filepath.Join(bad, "state") // a directory under a file
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n"+
+		"contexts: [{name: c, context: {cluster: c}}]\ncurrent-context: c\n"), 0o600)
+	t.Setenv("KUBECONFIG", kubeconfig)
 	cases := map[string]struct {
 		args []string
 		want string
 	}{
 		"unknown profile": {[]string{"slices", "--hardware", "mock:nope", "--node-name", "n"}, `unknown mock profile "nope"`},
-		"bad yaml field":  {[]string{"probe", "--hardware", "mock:" + bad}, `gpus[0].colour: unknown field`},
+		"bad yaml field":  {[]string{"probe", "--hardware", "mock:" + bad}, `unknown field "gpus[0].colour"`},
 		"bad hardware":    {[]string{"probe", "--hardware", "gpu"}, `--hardware "gpu"`},
 		"no node name":    {[]string{"slices", "--hardware", "mock:cx7"}, "--node-name is required"},
 		"bad output":      {[]string{"probe", "--hardware", "mock:cx7", "-o", "xml"}, `--output "xml"`},
 		"bad qps":         {[]string{"agent", "--node-name", "n", "--kube-api-qps", "0"}, "--kube-api-qps must be above 0"},
+		"agent state under a file": {[]string{"agent", "--node-name", "n", "--state-dir", under},
+			"--state-dir " + under + ": " + bad + " is a file, not a directory"},
+		"lab state under a file": {[]string{"lab", "--hardware", "mock:cx7", "--claim", "../../deploy/examples/vf-share-10g.yaml", "--state-dir", under},
+			"--state-dir " + under + ": " + bad + " is a file, not a directory"},
+		"no kubelet registrar directory": {[]string{"agent", "--node-name", "n", "--state-dir", filepath.Join(dir, "s"), "--cdi-dir", filepath.Join(dir, "c"),
+			"--kubelet-plugins-dir", filepath.Join(dir, "p"), "--kubelet-registrar-dir", filepath.Join(dir, "none")},
+			"--kubelet-registrar-dir " + filepath.Join(dir, "none") + ": no such directory (the kubelet makes it"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -97,12 +141,8 @@ func TestBadInputFails(t *testing.T) {
 // which applies the fault; bad invocations say what is wrong.
 func TestMockInject(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(mock.DirEnv, dir)
-	h, err := mock.Open("dgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	t.Setenv(persist.DirEnv, dir)
+	mocktest.Open(t, "dgx-h100")
 	for _, tc := range []struct {
 		args    []string
 		wantErr string
@@ -142,9 +182,9 @@ func TestMockInject(t *testing.T) {
 	}
 }
 
-func mustState(t *testing.T, dir string) mock.State {
+func mustState(t *testing.T, dir string) persist.State {
 	t.Helper()
-	s, err := mock.ReadState(dir)
+	s, err := persist.ReadState(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,5 +220,39 @@ func TestPoolStatusOutputFormat(t *testing.T) {
 	_, err := run(t, "pool-status", "-o", "xml")
 	if err == nil || !strings.Contains(err.Error(), "want table, yaml or json") {
 		t.Fatalf("pool-status -o xml: %v", err)
+	}
+}
+
+// TestKubeConfig: the agent and pool-status find the API server as kubectl
+// does, say where from, and without any kubeconfig say how to give one.
+func TestKubeConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, server string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \""+server+"\"}}]\n"+
+			"contexts: [{name: c, context: {cluster: c}}]\ncurrent-context: c\n"), 0o600)
+		return p
+	}
+	env, flag := write("env.yaml", "https://127.0.0.1:1"), write("flag.yaml", "https://127.0.0.1:2")
+	t.Setenv("KUBERNETES_SERVICE_HOST", "") // not in a pod
+
+	t.Setenv("KUBECONFIG", env)
+	if rc, source, err := kubeConfig(""); err != nil || rc.Host != "https://127.0.0.1:1" || source != "$KUBECONFIG "+env {
+		t.Errorf("$KUBECONFIG: %v %q %v", rc, source, err)
+	}
+	if rc, source, err := kubeConfig(flag); err != nil || rc.Host != "https://127.0.0.1:2" || source != "--kubeconfig "+flag {
+		t.Errorf("--kubeconfig: %v %q %v", rc, source, err)
+	}
+
+	t.Setenv("KUBECONFIG", "")
+	if _, err := os.Stat(clientcmd.RecommendedHomeFile); err == nil {
+		t.Skipf("%s exists: no test without any kubeconfig", clientcmd.RecommendedHomeFile)
+	}
+	for _, args := range [][]string{{"pool-status"}, {"agent", "--node-name", "n", "--hardware", "mock:cx7"}} {
+		_, err := run(t, args...)
+		if err == nil || !strings.Contains(err.Error(), "no kubeconfig: give one with --kubeconfig FILE or $KUBECONFIG, or put it at "+clientcmd.RecommendedHomeFile) ||
+			strings.Contains(err.Error(), "KUBERNETES_MASTER") {
+			t.Errorf("%s without a kubeconfig: %v", args[0], err)
+		}
 	}
 }

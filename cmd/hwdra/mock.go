@@ -7,7 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/fault"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 )
 
 func mockCommand() *cobra.Command {
@@ -23,7 +24,7 @@ func injectCommand() *cobra.Command {
 	var (
 		dir     string
 		timeout time.Duration
-		f       mock.Fault
+		f       fault.Fault
 		gi, ci  int
 		state   string
 	)
@@ -47,15 +48,15 @@ Faults:
   driver --state loaded
                       the NVIDIA driver is loaded (NVML appears)`,
 		Args:      cobra.ExactArgs(1),
-		ValidArgs: []string{string(mock.FaultXID), string(mock.FaultClear), string(mock.FaultGPULost), string(mock.FaultLink), string(mock.FaultDriver)},
+		ValidArgs: []string{string(fault.XID), string(fault.Clear), string(fault.GPULost), string(fault.Link), string(fault.Driver)},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f.Kind = mock.FaultKind(args[0])
+			f.Kind = fault.Kind(args[0])
 			if err := completeFault(cmd, &f, gi, ci, state); err != nil {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			if err := mock.InjectDir(ctx, dir, f); err != nil {
+			if err := fault.InjectDir(ctx, dir, f); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "injected %s\n", f)
@@ -63,7 +64,7 @@ Faults:
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&dir, "mock-dir", "", "the mock hardware's directory (the running process's "+mock.DirEnv+")")
+	fl.StringVar(&dir, "mock-dir", "", "the mock hardware's directory (the running process's "+persist.DirEnv+")")
 	fl.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the process to apply the fault")
 	fl.StringVar(&f.GPU, "gpu", "", "the GPU's PCI address (xid, clear, gpu-lost)")
 	fl.Uint64Var(&f.XID, "code", 0, "the XID (xid)")
@@ -76,15 +77,15 @@ Faults:
 }
 
 // completeFault checks that a fault has the flags it needs, and only those.
-func completeFault(cmd *cobra.Command, f *mock.Fault, gi, ci int, state string) error {
-	need := map[mock.FaultKind][]string{
-		mock.FaultXID:     {"gpu", "code"},
-		mock.FaultClear:   {"gpu"},
-		mock.FaultGPULost: {"gpu"},
-		mock.FaultLink:    {"pf", "state"},
-		mock.FaultDriver:  {"state"},
+func completeFault(cmd *cobra.Command, f *fault.Fault, gi, ci int, state string) error {
+	need := map[fault.Kind][]string{
+		fault.XID:     {"gpu", "code"},
+		fault.Clear:   {"gpu"},
+		fault.GPULost: {"gpu"},
+		fault.Link:    {"pf", "state"},
+		fault.Driver:  {"state"},
 	}
-	allowed := map[mock.FaultKind][]string{mock.FaultXID: {"gpu-instance", "compute-instance"}}
+	allowed := map[fault.Kind][]string{fault.XID: {"gpu-instance", "compute-instance"}}
 	flags, ok := need[f.Kind]
 	if !ok {
 		return fmt.Errorf("unknown fault %q: want xid, clear, gpu-lost, link or driver", f.Kind)
@@ -109,13 +110,13 @@ func completeFault(cmd *cobra.Command, f *mock.Fault, gi, ci int, state string) 
 		f.ComputeInstance = &ci
 	}
 	switch {
-	case f.Kind == mock.FaultLink && (state == "up" || state == "down"):
+	case f.Kind == fault.Link && (state == "up" || state == "down"):
 		f.Up = state == "up"
-	case f.Kind == mock.FaultLink:
+	case f.Kind == fault.Link:
 		return fmt.Errorf("link: --state %q is not down or up", state)
-	case f.Kind == mock.FaultDriver && state == "loaded":
+	case f.Kind == fault.Driver && state == "loaded":
 		f.Up = true
-	case f.Kind == mock.FaultDriver:
+	case f.Kind == fault.Driver:
 		return fmt.Errorf("driver: --state %q is not loaded (a driver in use cannot be unloaded)", state)
 	}
 	return nil

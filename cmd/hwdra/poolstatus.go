@@ -5,7 +5,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/hwdra/hwdra/poolstatus"
 
@@ -25,9 +24,7 @@ func poolStatusCommand() *cobra.Command {
 			if output != "table" && output != "yaml" && output != "json" {
 				return fmt.Errorf("--output %q: want table, yaml or json", output)
 			}
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = kubeconfig
-			rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+			rc, source, err := kubeConfig(kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -38,7 +35,7 @@ func poolStatusCommand() *cobra.Command {
 			}
 			r, err := poolstatus.Status(cmd.Context(), client, drivers, node)
 			if err != nil {
-				return err
+				return fmt.Errorf("API server %s (%s): %w", rc.Host, source, err)
 			}
 			if output == "table" {
 				return poolstatus.WriteTable(cmd.OutOrStdout(), r)
@@ -47,7 +44,7 @@ func poolStatusCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, ~/.kube/config, or in-cluster")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, ~/.kube/config, or the pod's service account (in-cluster)")
 	f.StringSliceVar(&drivers, "driver", []string{device.GPUDriver, device.NICDriver}, "drivers whose pools to report")
 	f.StringVar(&node, "node", "", "report only this node's pools; empty: every node")
 	f.StringVarP(&output, "output", "o", "table", "output format: table, yaml or json")

@@ -38,6 +38,13 @@ func slicesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// The GPUs a split configuration leaves to NVIDIA's device
+			// plugin (whether it runs is only known on the node).
+			own, left, why := cfg.OwnGPUs(inv.GPUs, false)
+			if len(left) > 0 {
+				klog.InfoS("GPUs not published", "count", len(left), "reason", why)
+			}
+			inv.GPUs = own
 			res, skipped := resources.ForNode(nodeName, inv, cfg, device.AllFeatures, hw.Health{})
 			for _, s := range skipped {
 				klog.InfoS("PF not offered", "pf", s.String())

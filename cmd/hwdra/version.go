@@ -8,9 +8,12 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// version is set at build time (-ldflags "-X main.version=v0.3.0"); else
-// the module version of a `go install` build, or "devel".
-var version = ""
+// version and commit are set at build time (hack/version-ldflags.sh:
+// -X main.version=0.1.0 -X main.commit=<sha>, as the image build does);
+// else the version is the module version of a `go install` build or
+// "devel", and the commit the one Go stamps in a git checkout, or
+// "unknown" (-buildvcs=false, no .git).
+var version, commit = "", ""
 
 func versionCommand() *cobra.Command {
 	return &cobra.Command{
@@ -25,29 +28,33 @@ func versionCommand() *cobra.Command {
 	}
 }
 
-func buildVersion() (v, commit string) {
-	v, commit = version, "unknown"
+func buildVersion() (v, c string) {
+	v, c = version, commit
 	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return v, commit
-	}
-	if v == "" && info.Main.Version != "" && info.Main.Version != "(devel)" {
+	if ok && v == "" && info.Main.Version != "" && info.Main.Version != "(devel)" {
 		v = info.Main.Version
 	}
 	if v == "" {
 		v = "devel"
 	}
+	switch {
+	case c != "":
+		return v, c
+	case !ok:
+		return v, "unknown"
+	}
+	c = "unknown"
 	modified := false
 	for _, s := range info.Settings {
 		switch s.Key {
 		case "vcs.revision":
-			commit = s.Value
+			c = s.Value
 		case "vcs.modified":
 			modified = s.Value == "true"
 		}
 	}
 	if modified {
-		commit += " (with uncommitted changes)"
+		c += " (with uncommitted changes)"
 	}
-	return v, commit
+	return v, c
 }

@@ -1,12 +1,14 @@
 // Command buildimage writes the agent's image archive (hack/build-image.sh
 // builds the binary and calls it): the hwdra binary as /hwdra, the glibc
-// files it needs at run time taken from this machine, and nothing more.
+// files it needs at run time taken from this machine, the PCI IDs database
+// (names of GPUs bound to vfio-pci), and nothing more.
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/hwdra/hwdra/internal/ociimage"
@@ -25,18 +27,19 @@ func main() {
 	ref := flag.String("ref", "", "image reference, <registry>/<name>:<tag>")
 	out := flag.String("out", "", "archive to write")
 	dlopened := flag.String("dlopened", nvmlDeps, "comma-separated libraries loaded at run time whose dependencies resolve in the image")
+	pciIDs := flag.String("pci-ids", "/usr/share/misc/pci.ids", "the PCI IDs database to put in the image (Debian's pci.ids package); missing: GPUs bound to vfio-pci are named by their device ID")
 	flag.Parse()
 	if *binary == "" || *ref == "" || *out == "" {
 		fmt.Fprintln(os.Stderr, "usage: buildimage --binary FILE --ref REGISTRY/NAME:TAG --out FILE")
 		os.Exit(2)
 	}
-	if err := run(*binary, *ref, *out, strings.Split(*dlopened, ",")); err != nil {
+	if err := run(*binary, *ref, *out, *pciIDs, strings.Split(*dlopened, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "buildimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(binary, ref, out string, dlopened []string) error {
+func run(binary, ref, out, pciIDs string, dlopened []string) error {
 	prog, err := os.ReadFile(binary)
 	if err != nil {
 		return err
@@ -47,6 +50,16 @@ func run(binary, ref, out string, dlopened []string) error {
 	}
 	files := append(ociimage.BaseFiles("/hwdra"), ociimage.File{Path: "hwdra", Mode: 0o755, Data: prog})
 	files = append(files, libs...)
+	if db, err := os.ReadFile(pciIDs); err == nil {
+		for _, dir := range []string{"usr", "usr/share", "usr/share/misc"} {
+			if !slices.ContainsFunc(files, func(f ociimage.File) bool { return f.Path == dir }) {
+				files = append(files, ociimage.File{Path: dir, Mode: 0o755, Dir: true})
+			}
+		}
+		files = append(files, ociimage.File{Path: "usr/share/misc/pci.ids", Mode: 0o644, Data: db})
+	} else {
+		fmt.Fprintf(os.Stderr, "buildimage: no PCI IDs database (%v): GPUs bound to vfio-pci will be named by device ID\n", err)
+	}
 	return ociimage.WriteArchive(out, ociimage.Image{
 		Ref:        ref,
 		Files:      files,

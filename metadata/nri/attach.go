@@ -36,10 +36,12 @@ type Placement struct {
 
 // pod is a sandbox as the hooks see it.
 type pod struct {
-	UID types.UID
-	Ref string // namespace/name
+	UID             types.UID
+	Namespace, Name string
+	Ref             string // namespace/name
 	// Netns is its network namespace's path, "" for the host's network.
-	Netns string
+	Netns       string
+	Annotations map[string]string
 }
 
 // attached is one VF configured in a pod.
@@ -120,11 +122,9 @@ func (p *Plugin) attach(ctx context.Context, pd pod, pns *sriov.Netns, a attachm
 	res := attached{attachment: a}
 	pl, held := p.ledger.Get(addr)
 	if held && (pl.Pod != pd.UID || pl.Netns != pd.Netns) {
-		if pl.Pod != pd.UID && p.inPod(pl) {
-			return res, fmt.Errorf("the VF's netdev is in pod %s (claim reserved for several pods? a netdev is in one pod at a time)", pl.PodRef)
-		}
-		// A stale record: an earlier sandbox of this pod, or a pod whose
-		// namespace is gone. Bring the VF home first.
+		// A stale record (runPod checked that no other pod has the VF):
+		// an earlier sandbox of this pod, or a pod whose namespace is
+		// gone. Bring the VF home first.
 		if _, err := p.release(ctx, addr, 0); err != nil {
 			return res, err
 		}
@@ -178,6 +178,22 @@ func (p *Plugin) attach(ctx context.Context, pd pod, pns *sriov.Netns, a attachm
 	}
 	res.MAC = st.MAC
 	return res, nil
+}
+
+// elsewhere refuses a pod whose VFs another pod has: a VF's netdev is in
+// one network namespace, so a claim with a VF serves one pod at a time
+// (the others wait: the kubelet retries them). Nothing was done for the
+// pod yet.
+func (p *Plugin) elsewhere(pd pod, atts []attachment) error {
+	for _, a := range atts {
+		pl, ok := p.ledger.Get(a.VF.PCIAddress)
+		if !ok || pl.Pod == pd.UID || !p.inPod(pl) {
+			continue
+		}
+		return fmt.Errorf("%s is in pod %s: a VF's network interface is in one pod at a time, so a claim with a VF serves one pod at a time "+
+			"and this pod waits until that one is gone; give each pod a claim of its own (a ResourceClaimTemplate)", a, pl.PodRef)
+	}
+	return nil
 }
 
 // inPod: the placement's netdev is still in its pod's namespace.

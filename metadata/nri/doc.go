@@ -8,8 +8,11 @@
 // # Hooks
 //
 // RunPodSandbox finds the pod's VFs in the NIC driver's prepared claims
-// (the pods each claim was reserved for at prepare), in a stable order,
-// and for each: records a placement (the netdev's host name, MTU, MAC,
+// (the pods each claim was reserved for at prepare, and the claims the pod
+// names, from the node's pods: a second pod sharing a claim is in no
+// prepare record), in a stable order. A VF another running pod has
+// refuses the sandbox: a claim with a VF serves one pod at a time. For
+// each VF: records a placement (the netdev's host name, MTU, MAC,
 // addresses and state, and the pod's namespace path) in
 // <state dir>/sriov.hwdra.io.netns.json, moves the netdev into the pod's
 // namespace with its new name, MTU and MAC in one netlink request, adds
@@ -21,6 +24,13 @@
 // failure anywhere undoes everything done for the pod, fails the hook
 // with an error naming the claim and device (the kubelet retries the
 // sandbox), and the claims' status says why.
+//
+// CreateContainer checks that the pod has all of its VFs before any of
+// its containers is created, attaching those it lacks (a sandbox that
+// started while the plugin was away) or refusing the container. With
+// containerd's default validator requiring this plugin for the pod (the
+// pod's NRI required-plugins annotation), no container of it is created
+// while the plugin is away.
 //
 // StopPodSandbox and RemovePodSandbox bring the pod's netdevs back under
 // their host names with their MTU, MAC, addresses and state, using the

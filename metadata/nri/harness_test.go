@@ -3,7 +3,6 @@ package nri
 import (
 	"context"
 	"fmt"
-	"net"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -27,11 +26,11 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
 	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/metadata/nritest"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/prepare/nic"
-
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 	"github.com/hwdra/hwdra/sriov"
@@ -67,6 +66,14 @@ type env struct {
 	mu    sync.Mutex
 	pods  map[types.UID]*api.PodSandbox // running, as the runtime lists them
 	netns map[string]func() error       // pod namespaces' removers
+	uses  map[types.UID][]string        // the claims each pod names (PodClaims)
+}
+
+// podClaims is the plugin's PodClaims: the claim names env.uses has.
+func (e *env) podClaims(_, _ string, uid types.UID) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.uses[uid]
 }
 
 // removeNetns deletes a pod's network namespace.
@@ -84,17 +91,9 @@ func (e *env) removeNetns(sb *api.PodSandbox) {
 func newEnv(t *testing.T, profile string) *env {
 	t.Helper()
 	host := nritest.HostNetns(t)
-	p, err := mock.Parse("test", []byte(profile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := mock.New(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Close() })
+	h := mocktest.Open(t, profile)
 	_, ctx := ktesting.NewTestContext(t)
-	e := &env{t: t, ctx: ctx, hw: h, host: host, dir: t.TempDir(), meta: &fakeMetadata{}, pods: map[types.UID]*api.PodSandbox{}, netns: map[string]func() error{}}
+	e := &env{t: t, ctx: ctx, hw: h, host: host, dir: t.TempDir(), meta: &fakeMetadata{}, pods: map[types.UID]*api.PodSandbox{}, netns: map[string]func() error{}, uses: map[types.UID][]string{}}
 	e.sock = filepath.Join(e.dir, "nri.sock")
 	e.alloc = e.allocator()
 	e.client = fake.NewClientset()
@@ -132,7 +131,8 @@ func (e *env) startAgent() {
 	state := filepath.Join(e.dir, "state")
 	var err error
 	e.net, err = New(Options{DriverName: device.NICDriver, Socket: e.sock, StateDir: state, SysfsRoot: e.hw.Sysfs,
-		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Settle: e.hw.NICs().Settle})
+		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Settle: e.hw.NICs().Settle,
+		PodClaims: e.podClaims})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -418,14 +418,6 @@ func condition(d resourceapi.AllocatedDeviceStatus, typ string) *metav1.Conditio
 
 // placements lists the placements file's keys.
 func (e *env) placements() []string { return e.net.ledger.Keys() }
-
-func macOf(s string) string {
-	m, err := net.ParseMAC(s)
-	if err != nil {
-		return s
-	}
-	return strings.ToLower(m.String())
-}
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()

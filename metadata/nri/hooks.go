@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
+	nriplugin "github.com/containerd/nri/pkg/plugin"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/prepare"
@@ -80,6 +83,21 @@ func (h *hooks) RunPodSandbox(ctx context.Context, sb *api.PodSandbox) (err erro
 	return h.p.runPod(ctx, podOf(sb), h.p.claims(), false)
 }
 
+// CreateContainer lets a container of a pod with VFs be created only
+// with every VF in the pod: a sandbox that started while the plugin was
+// down or dropped (containerd drops a plugin that misses its timeout, and
+// the sandbox starts without it) gets its VFs now, or the container is
+// refused and the kubelet retries it. With the runtime's default
+// validator requiring this plugin for the pod (README), no container of
+// such a pod starts while the plugin is away.
+func (h *hooks) CreateContainer(ctx context.Context, sb *api.PodSandbox, ctr *api.Container) (_ *api.ContainerAdjustment, _ []*api.ContainerUpdate, err error) {
+	defer h.observe("CreateContainer", time.Now(), &err)
+	if err := h.p.ensurePod(ctx, podOf(sb)); err != nil {
+		return nil, nil, fmt.Errorf("container %s: %w", ctr.GetName(), err)
+	}
+	return nil, nil, nil
+}
+
 // StopPodSandbox returns the pod's VFs; the runtime tears the network
 // namespace down right after.
 func (h *hooks) StopPodSandbox(ctx context.Context, sb *api.PodSandbox) (err error) {
@@ -136,7 +154,8 @@ func (h *hooks) Shutdown(context.Context) { h.p.setSynced(false, errors.New("the
 // "network" Linux namespace ("" for a host-network pod, and where the
 // runtime leaves it out).
 func podOf(sb *api.PodSandbox) pod {
-	pd := pod{UID: types.UID(sb.GetUid()), Ref: sb.GetNamespace() + "/" + sb.GetName()}
+	pd := pod{UID: types.UID(sb.GetUid()), Namespace: sb.GetNamespace(), Name: sb.GetName(),
+		Ref: sb.GetNamespace() + "/" + sb.GetName(), Annotations: sb.GetAnnotations()}
 	for _, ns := range sb.GetLinux().GetNamespaces() {
 		if ns.GetType() == "network" {
 			pd.Netns = ns.GetPath()
@@ -153,13 +172,21 @@ func podOf(sb *api.PodSandbox) pod {
 // for the pod, or on resync what this call moved, and is reported in the
 // claims' status.
 func (p *Plugin) runPod(ctx context.Context, pd pod, claims map[types.UID]prepare.Claim[nic.Record], resync bool) error {
-	atts, err := plan(pd.UID, claims)
+	atts, err := plan(pd, claims, p.uses(pd))
 	if err != nil {
 		p.failed(atts, err)
 		return fmt.Errorf("pod %s: %w", pd.Ref, err)
 	}
 	if len(atts) == 0 {
 		return nil
+	}
+	if err := p.elsewhere(pd, atts); err != nil {
+		// Not the claims' failure: their VFs serve the other pod.
+		return fmt.Errorf("pod %s: %w", pd.Ref, err)
+	}
+	if !resync && !requiresPlugin(pd) {
+		klog.FromContext(ctx).Info("Warning: a pod with VFs does not require this NRI plugin: if the agent is down or slow when its containers are created, they start without their network interfaces",
+			"pod", pd.Ref, "annotation", RequiredPluginsAnnotation+`/pod: '["`+PluginName+`"]'`)
 	}
 	start := time.Now()
 	done, moved, err := p.attachAll(ctx, pd, atts)
@@ -184,6 +211,54 @@ func (p *Plugin) runPod(ctx context.Context, pd pod, claims map[types.UID]prepar
 	p.succeeded(done, resync)
 	klog.FromContext(ctx).V(2).Info("VFs in the pod", "pod", pd.Ref, "vfs", len(done), "took", time.Since(start))
 	return nil
+}
+
+// ensurePod makes sure every VF of the pod is in it (CreateContainer): it
+// attaches what is missing, as on resync, and fails when it cannot.
+func (p *Plugin) ensurePod(ctx context.Context, pd pod) error {
+	claims := p.claims()
+	atts, err := plan(pd, claims, p.uses(pd))
+	if err != nil {
+		return fmt.Errorf("pod %s: %w", pd.Ref, err)
+	}
+	for _, a := range atts {
+		if pl, ok := p.ledger.Get(a.VF.PCIAddress); !ok || pl.Pod != pd.UID || pl.Netns != pd.Netns {
+			klog.FromContext(ctx).Info("A container is being created in a pod without all of its VFs: attaching them first", "pod", pd.Ref, "vf", a.VF.PCIAddress)
+			return p.runPod(ctx, pd, claims, true)
+		}
+	}
+	return nil
+}
+
+// uses are the names of the ResourceClaims the pod refers to, as far as
+// Options.PodClaims knows the pod.
+func (p *Plugin) uses(pd pod) []string {
+	if p.opts.PodClaims == nil {
+		return nil
+	}
+	return p.opts.PodClaims(pd.Namespace, pd.Name, pd.UID)
+}
+
+// RequiredPluginsAnnotation is NRI's pod annotation naming the plugins a
+// pod's containers need: with the runtime's default validator enabled,
+// a container of such a pod is not created while one of them is missing.
+const RequiredPluginsAnnotation = nriplugin.RequiredPluginsAnnotation
+
+// requiresPlugin: the pod's annotations require this plugin for all of its
+// containers (pod-scoped: "<annotation>/pod" or "<annotation>").
+func requiresPlugin(pd pod) bool {
+	for _, key := range []string{RequiredPluginsAnnotation + "/pod", RequiredPluginsAnnotation} {
+		v, ok := pd.Annotations[key]
+		if !ok {
+			continue
+		}
+		var names []string
+		if err := yaml.Unmarshal([]byte(v), &names); err != nil {
+			return false
+		}
+		return slices.Contains(names, PluginName) || slices.Contains(names, PluginIndex+"-"+PluginName)
+	}
+	return false
 }
 
 // writeMetadata rewrites the metadata file of each request with a VF

@@ -453,3 +453,117 @@ func TestVFGoneWithItsNamespace(t *testing.T) {
 		t.Errorf("unprepare of a claim whose VF is gone: %v", err)
 	}
 }
+
+// TestSharedClaimServesOnePodAtATime: a claim with a VF, prepared for pod
+// a, also named by pod b (the kubelet prepares a claim once, so b is in no
+// record; PodClaims knows it). b's sandbox is refused with an error that
+// says why and what to do, and so is any container of b; the claim's
+// status keeps a's interface (b's refusal is not the claim's failure).
+// Once a is gone, b's next sandbox gets the VF.
+func TestSharedClaimServesOnePodAtATime(t *testing.T) {
+	e := newEnv(t, oneCX7)
+	a, b := e.newPod("a"), e.newPod("b")
+	c := e.claim("", []*api.PodSandbox{a}, "nic")
+	e.mustPrepare(c)
+	e.mu.Lock()
+	e.uses[types.UID(b.Uid)] = []string{c.Name}
+	e.mu.Unlock()
+	if err := e.runPod(a); err != nil {
+		t.Fatal(err)
+	}
+	e.claimStatus(c, func(d []resourceapi.AllocatedDeviceStatus) bool {
+		return len(d) == 1 && condition(d[0], metadata.ConditionReady) != nil && condition(d[0], metadata.ConditionReady).Status == "True"
+	})
+
+	err := e.runPod(b)
+	for _, want := range []string{"pod ns/b", "claim ns/" + c.Name, "is in pod ns/a", "a claim of its own"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("RunPodSandbox of the second pod: %v, want an error with %q", err, want)
+		}
+	}
+	if got := links(t, netnsPath(b)); len(got) != 0 {
+		t.Errorf("the refused pod has %v", got)
+	}
+	if err := e.rt.CreateContainer(e.ctx, b, &api.Container{Id: "c1", PodSandboxId: b.Id, Name: "app"}); err == nil || !strings.Contains(err.Error(), "is in pod ns/a") {
+		t.Errorf("CreateContainer in the refused pod: %v", err)
+	}
+	if err := e.rt.CreateContainer(e.ctx, a, &api.Container{Id: "c2", PodSandboxId: a.Id, Name: "app"}); err != nil {
+		t.Errorf("CreateContainer in the pod with the VF: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond) // a status write would be queued by now
+	st := e.claimStatus(c, func(d []resourceapi.AllocatedDeviceStatus) bool { return len(d) == 1 })
+	if r := condition(st[0], metadata.ConditionReady); r == nil || r.Status != "True" {
+		t.Errorf("the claim's status after the second pod was refused: %+v", st[0])
+	}
+
+	e.stopPod(a)
+	e.removePod(a)
+	if err := e.runPod(b); err != nil {
+		t.Fatalf("the second pod once the first is gone: %v", err)
+	}
+	if got := links(t, netnsPath(b)); len(got) != 1 || got["net1"].Name != "net1" {
+		t.Errorf("the second pod has %v, want net1", got)
+	}
+}
+
+// TestCreateContainerAttachesMissingVFs: a sandbox the plugin never saw
+// (it started while the plugin was away, and the runtime's resync did not
+// list it) gets its VFs when its first container is created, before that
+// container exists; a container of a pod whose VF cannot be attached is
+// refused.
+func TestCreateContainerAttachesMissingVFs(t *testing.T) {
+	e := newEnv(t, oneCX7)
+	sb := e.newPod("a")
+	c := e.claim("", []*api.PodSandbox{sb}, "nic")
+	e.mustPrepare(c)
+	e.stopAgent()
+	if err := e.rt.RunPodSandbox(e.ctx, sb); err != nil { // no plugin: nothing moves
+		t.Fatal(err)
+	}
+	e.startAgent()
+	e.waitReady()
+	if got := links(t, netnsPath(sb)); len(got) != 0 {
+		t.Fatalf("the pod has %v before any container", got)
+	}
+	if err := e.rt.CreateContainer(e.ctx, sb, &api.Container{Id: "c1", PodSandboxId: sb.Id, Name: "app"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := links(t, netnsPath(sb)); len(got) != 1 {
+		t.Errorf("after CreateContainer the pod has %v, want its VF", got)
+	}
+	if calls := e.meta.Calls(); len(calls) != 1 || calls[0].Devices[0].Metadata.NetworkData == nil {
+		t.Errorf("metadata writes %+v, want one with networkData", calls)
+	}
+	// A second container: nothing to do.
+	if err := e.rt.CreateContainer(e.ctx, sb, &api.Container{Id: "c2", PodSandboxId: sb.Id, Name: "side"}); err != nil || len(e.meta.Calls()) != 1 {
+		t.Errorf("second container: %v, %d metadata writes", err, len(e.meta.Calls()))
+	}
+
+	// A host-network pod's VF cannot be attached: its container is refused.
+	hostNet := &api.PodSandbox{Id: "h", Uid: "uid-h", Namespace: "ns", Name: "h"}
+	c2 := e.claim("", []*api.PodSandbox{hostNet}, "nic")
+	e.mustPrepare(c2)
+	if err := e.rt.CreateContainer(e.ctx, hostNet, &api.Container{Id: "c3", PodSandboxId: "h", Name: "app"}); err == nil || !strings.Contains(err.Error(), "host's network namespace") {
+		t.Errorf("CreateContainer of a host-network pod with a VF: %v", err)
+	}
+}
+
+// TestRequiresPlugin: the NRI annotation that makes the runtime's default
+// validator refuse the pod's containers while this plugin is missing.
+func TestRequiresPlugin(t *testing.T) {
+	for _, tc := range []struct {
+		annotations map[string]string
+		want        bool
+	}{
+		{nil, false},
+		{map[string]string{RequiredPluginsAnnotation + "/pod": `["hwdra-sriov"]`}, true},
+		{map[string]string{RequiredPluginsAnnotation: "- other\n- 10-hwdra-sriov\n"}, true},
+		{map[string]string{RequiredPluginsAnnotation + "/pod": `["other"]`}, false},
+		{map[string]string{RequiredPluginsAnnotation + "/container.app": `["hwdra-sriov"]`}, false}, // one container only
+		{map[string]string{RequiredPluginsAnnotation + "/pod": `not a list`}, false},
+	} {
+		if got := requiresPlugin(pod{Annotations: tc.annotations}); got != tc.want {
+			t.Errorf("%v: %v, want %v", tc.annotations, got, tc.want)
+		}
+	}
+}

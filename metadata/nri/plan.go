@@ -3,6 +3,7 @@ package nri
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -37,20 +38,21 @@ func (a attachment) String() string {
 }
 
 // plan lists, without touching anything, the VFs of the prepared claims
-// reserved for pod, in a stable order (claims by namespace, name and UID;
-// a claim's VFs in prepare order), with their interface names: the
+// the pod uses, in a stable order (claims by namespace, name and UID; a
+// claim's VFs in prepare order), with their interface names: the
 // VfConfig's, else net1, net2, ... skipping names taken by the others.
-// VFs without a netdev (bound to vfio-pci) stay out: nothing moves. Two
-// VFs asking for one name are an error naming both; on error the list is
-// still returned (without names), so that the claims' status can say why.
-func plan(pod types.UID, claims map[types.UID]prepare.Claim[nic.Record]) ([]attachment, error) {
+// A pod uses the claims reserved for it when they were prepared
+// (Record.Pods) and those it names (uses: the names of its ResourceClaims,
+// in its namespace): the kubelet prepares a claim once, so a second pod
+// sharing it is in no record. VFs without a netdev (bound to vfio-pci)
+// stay out: nothing moves. Two VFs asking for one name are an error naming
+// both; on error the list is still returned (without names), so that the
+// claims' status can say why.
+func plan(pd pod, claims map[types.UID]prepare.Claim[nic.Record], uses []string) ([]attachment, error) {
 	var refs []metadata.ClaimRef
 	for uid, c := range claims {
-		for _, p := range c.Record.Pods {
-			if p == pod {
-				refs = append(refs, metadata.ClaimRef{UID: uid, Namespace: c.Namespace, Name: c.Name})
-				break
-			}
+		if slices.Contains(c.Record.Pods, pd.UID) || c.Namespace == pd.Namespace && slices.Contains(uses, c.Name) {
+			refs = append(refs, metadata.ClaimRef{UID: uid, Namespace: c.Namespace, Name: c.Name})
 		}
 	}
 	sort.Slice(refs, func(i, j int) bool {

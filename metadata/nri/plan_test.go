@@ -21,12 +21,17 @@ func claimFor(ns, name string, pods []types.UID, vfs ...nic.VF) prepare.Claim[ni
 	return prepare.Claim[nic.Record]{Namespace: ns, Name: name, State: prepare.StatePrepared, Record: nic.Record{Pods: pods, VFs: vfs}}
 }
 
+func podIn(ns string, uid types.UID) pod {
+	return pod{UID: uid, Namespace: ns, Name: string(uid), Ref: ns + "/" + string(uid)}
+}
+
 func TestPlanNamesAndOrder(t *testing.T) {
 	pod := types.UID("pod-1")
 	other := types.UID("pod-2")
 	for _, tc := range []struct {
 		name   string
 		claims map[types.UID]prepare.Claim[nic.Record]
+		uses   []string // claim names the pod refers to
 		want   []string // "<vf>=<interface>"
 		err    string
 	}{
@@ -54,6 +59,15 @@ func TestPlanNamesAndOrder(t *testing.T) {
 			want: []string{"0000:17:01.2=fast"},
 		},
 		{
+			name: "a claim prepared for another pod that the pod names (a shared claim), not one of another namespace",
+			claims: map[types.UID]prepare.Claim[nic.Record]{
+				"a": claimFor("ns", "shared", []types.UID{other}, vfRec("0000:17:01.0", "v0", "x", "")),
+				"b": claimFor("other-ns", "shared", []types.UID{other}, vfRec("0000:17:01.1", "v1", "x", "")),
+			},
+			uses: []string{"shared", "gpu"},
+			want: []string{"0000:17:01.0=net1"},
+		},
+		{
 			name: "two VFs asking for one name",
 			claims: map[types.UID]prepare.Claim[nic.Record]{
 				"a": claimFor("ns", "a", []types.UID{pod}, vfRec("0000:17:01.0", "v0", "x", "data")),
@@ -63,7 +77,7 @@ func TestPlanNamesAndOrder(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := plan(pod, tc.claims)
+			got, err := plan(podIn("ns", pod), tc.claims, tc.uses)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want %q", err, tc.err)
@@ -89,7 +103,7 @@ func TestPlanParsesNetwork(t *testing.T) {
 	vf.Applied.MAC = "00:00:00:00:00:00"
 	vf.Network.Addresses = []string{"10.0.0.5/24", "fd00::5/64"}
 	vf.Network.Routes = []sriovv1alpha1.Route{{Destination: "0.0.0.0/0", Gateway: "10.0.0.1"}, {Destination: "10.9.0.0/16"}}
-	got, err := plan("p", map[types.UID]prepare.Claim[nic.Record]{"a": claimFor("ns", "a", []types.UID{"p"}, vf)})
+	got, err := plan(podIn("ns", "p"), map[types.UID]prepare.Claim[nic.Record]{"a": claimFor("ns", "a", []types.UID{"p"}, vf)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +113,7 @@ func TestPlanParsesNetwork(t *testing.T) {
 		t.Errorf("parsed %+v", a)
 	}
 	vf.Network.Routes = []sriovv1alpha1.Route{{Destination: "nowhere"}}
-	if _, err := plan("p", map[types.UID]prepare.Claim[nic.Record]{"a": claimFor("ns", "a", []types.UID{"p"}, vf)}); err == nil ||
+	if _, err := plan(podIn("ns", "p"), map[types.UID]prepare.Claim[nic.Record]{"a": claimFor("ns", "a", []types.UID{"p"}, vf)}, nil); err == nil ||
 		!strings.Contains(err.Error(), `claim ns/a`) || !strings.Contains(err.Error(), `route destination "nowhere"`) {
 		t.Errorf("bad route: %v", err)
 	}

@@ -59,6 +59,10 @@ type Options struct {
 	// hardware's view of them (sysfs) is current before anyone reads it:
 	// the kernel's is at once; the mock's follows link events.
 	Settle func()
+	// PodClaims, if set, names the ResourceClaims a pod refers to (by
+	// namespace, name and UID; nil when it does not know the pod): a pod
+	// that shares a claim prepared for another one is found through it.
+	PodClaims func(namespace, name string, uid types.UID) []string
 	// ObserveHook, if set, learns how long each runtime hook took
 	// ("RunPodSandbox", ...) and its error: the runtime waits for it (and
 	// drops a plugin that misses its timeout, 2 s in containerd).
@@ -177,7 +181,7 @@ func (p *Plugin) Run(ctx context.Context, claims Claims, meta MetadataWriter) er
 		err := p.serve(klog.NewContext(ctx, logger))
 		if ctx.Err() != nil {
 			p.setSynced(false, ctx.Err())
-			return nil
+			return nil //nolint:nilerr // stopped, as asked: no error
 		}
 		if err == nil {
 			err = errors.New("connection closed")

@@ -22,7 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 	"k8s.io/klog/v2"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/nicsim"
 )
 
 // Runtime is NRI's runtime side listening on a socket. In process, a
@@ -101,12 +101,19 @@ func (r *Runtime) RemovePodSandbox(ctx context.Context, sb *api.PodSandbox) erro
 	return r.rt.RemovePodSandbox(ctx, &adaptation.RemovePodSandboxRequest{Pod: sb})
 }
 
+// CreateContainer relays the CRI call to the plugins (and its validators).
+func (r *Runtime) CreateContainer(ctx context.Context, sb *api.PodSandbox, ctr *api.Container) error {
+	defer r.rt.BlockPluginSync().Unblock()
+	_, err := r.rt.CreateContainer(ctx, &adaptation.CreateContainerRequest{Pod: sb, Container: ctr})
+	return err
+}
+
 // NewPod makes a sandbox with a network namespace of its own (deleted
 // when t ends); remove deletes the namespace earlier, as the runtime does
 // after StopPodSandbox.
 func NewPod(t testing.TB, namespace, name string) (sb *api.PodSandbox, remove func() error) {
 	t.Helper()
-	path, remove, err := mock.NewNetns("hwdra-t-pod-")
+	path, remove, err := nicsim.NewNetns("hwdra-t-pod-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,18 +198,18 @@ func (quietLogger) Errorf(_ context.Context, f string, a ...any) {
 
 // HostNetns makes a throwaway network namespace (deleted when t ends) to
 // stand in for the host's, and points the mock's veth stand-ins at it
-// (mock.VethEnv, for t). It skips t when not root.
+// (nicsim.VethEnv, for t). It skips t when not root.
 func HostNetns(t testing.TB) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces with veth links")
 	}
-	path, remove, err := mock.NewNetns("hwdra-t-host-")
+	path, remove, err := nicsim.NewNetns("hwdra-t-host-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = remove() })
-	t.Setenv(mock.VethEnv, path)
+	t.Setenv(nicsim.VethEnv, path)
 	return path
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/hwdra/hwdra/prepare"
 
 	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/vfiopci"
 )
 
 // applier applies one claim's plan. Before each side effect it makes sure
@@ -32,30 +33,41 @@ type applier struct {
 }
 
 func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
-	if p.admin {
+	if p.admin && p.dev.Kind != device.KindPassthrough {
 		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
 		edits, md, err := a.asItIs(p, libs)
 		md.Published = p.dev.Attributes
 		out.Edits, out.Attributes = edits, md.Attributes()
 		return out, err
 	}
-	a.rec.Devices = append(a.rec.Devices, DeviceRecord{Request: p.request, Device: p.device, GPU: p.dev.GPU.PCIBusID})
+	a.rec.Devices = append(a.rec.Devices, DeviceRecord{Request: p.request, Device: p.device, GPU: p.dev.PCIBusID()})
 	r := &a.rec.Devices[len(a.rec.Devices)-1]
 	a.d.use(r.GPU, a.claim)
+	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
+	if p.dev.Kind == device.KindPassthrough {
+		// No NVIDIA driver holds the GPU: nothing to switch or create,
+		// for an adminAccess request as for any.
+		var err error
+		out.Edits, err = a.passthrough(p)
+		md := metadata.GPU{Published: p.dev.Attributes}
+		out.Attributes = md.Attributes()
+		return out, err
+	}
 	if err := a.migMode(r, p.wantMIG); err != nil {
 		return prepare.Device{}, err
 	}
-	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
 	var (
 		md  metadata.GPU
 		err error
 	)
-	switch p.dev.Kind {
-	case device.KindGPU:
+	switch {
+	case p.dev.Kind == device.KindGPU:
 		out.Edits, err = a.fullGPU(p, libs)
-	case device.KindMIG:
+	case p.dev.Kind == device.KindMIG:
 		out.Edits, md, err = a.mig(r, p, libs)
-	case device.KindVGPU:
+	case p.dev.Kind == device.KindVGPU && p.dev.GPU.VGPU.Framework == hw.VGPUFrameworkVFIO:
+		out.Edits, md, err = a.vfVGPU(r, p)
+	case p.dev.Kind == device.KindVGPU:
 		out.Edits, md, err = a.vgpu(r, p)
 	}
 	md.Published = p.dev.Attributes
@@ -273,7 +285,11 @@ func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, 
 				got, gi, p.dev.Profile.Name)
 		}
 	}
-	edits, err := a.d.vfioEdits(id)
+	group, err := a.d.mdevs.IOMMUGroup(id)
+	if err != nil {
+		return nil, metadata.GPU{}, err
+	}
+	edits, err := a.d.vfioEdits(group)
 	if err != nil {
 		return nil, metadata.GPU{}, err
 	}
@@ -283,4 +299,90 @@ func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, 
 		md.GPUInstance = &gi
 	}
 	return edits, md, nil
+}
+
+// vfVGPU makes a free VF of the GPU a vGPU of the device's type through
+// the vendor-specific VFIO framework (nvml.VFVGPUs), after the GPU
+// instance of a MIG-backed type. The VF and type go into the ledger
+// before the write, so that a crash right after it leaves the VF to be
+// cleared at start unless a prepared claim holds it.
+func (a *applier) vfVGPU(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, metadata.GPU, error) {
+	g, t := p.dev.GPU, p.dev.VGPUType
+	gi := -1
+	var hosting map[int]bool
+	if t.GPUInstanceProfileID != nil {
+		var err error
+		if gi, _, err = a.gpuInstance(r, p); err != nil {
+			return nil, metadata.GPU{}, err
+		}
+		if hosting, err = a.d.nvml.GPUInstancesWithVGPUs(g.PCIBusID); err != nil {
+			return nil, metadata.GPU{}, err
+		}
+	}
+	vf, err := a.d.vfs.Free(g.PCIBusID, t.ID)
+	if err != nil {
+		return nil, metadata.GPU{}, fmt.Errorf("vGPU type %s: %w", t.Name, err)
+	}
+	r.VF = &VFRecord{Address: vf, Type: t.ID}
+	if err := a.d.own(vfKey(vf), a.claim); err != nil {
+		return nil, metadata.GPU{}, err
+	}
+	if err := a.d.ledger.Put(vfKey(vf), ledgerEntry{GPU: g.PCIBusID, VF: vf, VFType: t.ID}); err != nil {
+		return nil, metadata.GPU{}, err
+	}
+	if err := a.d.vfs.Assign(vf, t.ID); err != nil {
+		return nil, metadata.GPU{}, fmt.Errorf("vGPU type %s: %w", t.Name, err)
+	}
+	if err := a.d.effect("vf-vgpu"); err != nil {
+		return nil, metadata.GPU{}, err
+	}
+	if gi >= 0 {
+		// Hardware quirk: the driver picks the GPU instance of a
+		// MIG-backed vGPU, and a VF's vGPU has no mdev UUID to ask NVML
+		// about: the instance that hosts a vGPU now and did not before
+		// is the one it took.
+		now, err := a.d.nvml.GPUInstancesWithVGPUs(g.PCIBusID)
+		if err != nil {
+			return nil, metadata.GPU{}, err
+		}
+		for id := range now {
+			if !hosting[id] && id != gi {
+				return nil, metadata.GPU{}, fmt.Errorf("VF %s: the vGPU went to GPU instance %d, not to %d at the allocated placement: another %s instance without a vGPU exists on the GPU",
+					vf, id, gi, p.dev.Profile.Name)
+			}
+		}
+	}
+	group, err := a.d.vfs.IOMMUGroup(vf)
+	if err != nil {
+		return nil, metadata.GPU{}, err
+	}
+	if err := vfiopci.GroupViable(a.d.sysfs, group); err != nil {
+		return nil, metadata.GPU{}, fmt.Errorf("VF %s: %w", vf, err)
+	}
+	edits, err := a.d.vfioEdits(group)
+	if err != nil {
+		return nil, metadata.GPU{}, err
+	}
+	edits.Env = append(edits.Env, envName(p.device, "PCI")+"="+vf)
+	md := metadata.GPU{VF: vf}
+	if gi >= 0 {
+		md.GPUInstance = &gi
+	}
+	return edits, md, nil
+}
+
+// passthrough gives a GPU bound to vfio-pci to the container: its VFIO
+// group node and /dev/vfio/vfio, once the group is viable (every device
+// in it on a VFIO driver), with its PCI address in the environment.
+func (a *applier) passthrough(p devicePlan) (*cdispec.ContainerEdits, error) {
+	g := p.dev.Passthrough
+	if err := vfiopci.GroupViable(a.d.sysfs, g.IOMMUGroup); err != nil {
+		return nil, fmt.Errorf("GPU %s: %w", g.PCIBusID, err)
+	}
+	edits, err := a.d.vfioEdits(g.IOMMUGroup)
+	if err != nil {
+		return nil, err
+	}
+	edits.Env = append(edits.Env, envName(p.device, "PCI")+"="+g.PCIBusID)
+	return edits, nil
 }

@@ -23,17 +23,24 @@ func TestMetadataIsWhatTheSlicePublishes(t *testing.T) {
 			[]string{"gpu.hwdra.io/uuid", "gpu.hwdra.io/gpuInstanceID", "gpu.hwdra.io/computeInstanceID"}},
 		{"vGPU", "h100-vgpu", request{name: "vgpu", cel: `type == "vgpu" && device.attributes["gpu.hwdra.io"].migBacked`},
 			[]string{"gpu.hwdra.io/mdevUUID", "gpu.hwdra.io/mdevParent", "gpu.hwdra.io/gpuInstanceID"}},
+		{"vGPU of the VFIO framework", vfioHost, request{name: "vgpu", cel: `type == "vgpu" && device.attributes["gpu.hwdra.io"].migBacked`},
+			[]string{"gpu.hwdra.io/parentPciBusID", "gpu.hwdra.io/gpuInstanceID"}},
+		{"passthrough", passthroughNode, request{name: "gpu", cel: `type == "passthrough"`}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, tc.profile, true)
 			c := e.claim(tc.req)
 			dev := e.mustPrepare(c)[0]
-			published := resources.GPUDevices(e.gpus, device.AllFeatures)[dev.DeviceName].Attributes
+			published := resources.GPUDevices(e.gpus, e.passthrough, device.AllFeatures)[dev.DeviceName].Attributes
 			if len(published) == 0 {
 				t.Fatalf("device %s is not published", dev.DeviceName)
 			}
 			got := dev.Metadata.Attributes
 			for name, want := range published {
+				if name == "resource.kubernetes.io/pciBusID" && got["gpu.hwdra.io/parentPciBusID"].StringValue != nil {
+					// A VF's vGPU: the VF's address, the GPU's as the parent's.
+					name = "gpu.hwdra.io/parentPciBusID"
+				}
 				if v, ok := got[string(name)]; !ok || !equality.Semantic.DeepEqual(v, want) {
 					t.Errorf("metadata %s = %v, the slice publishes %v", name, v, want)
 				}

@@ -25,7 +25,10 @@ import (
 //     The driver lets a process use a MIG device only through these; CUDA
 //     in the container sees exactly the MIG devices whose nodes it has.
 //   - vGPU: its VFIO nodes, /dev/vfio/vfio and /dev/vfio/<IOMMU group of
-//     the mdev>, for the VM (KubeVirt's virt-launcher) that runs it.
+//     the mdev, or of the VF made a vGPU through the vendor-specific VFIO
+//     framework>, for the VM (KubeVirt's virt-launcher) that runs it.
+//   - Passthrough GPU (bound to vfio-pci): /dev/vfio/vfio and its IOMMU
+//     group's node.
 //
 // Every node is fully specified (type, major, minor), so runtimes need no
 // host node to stat: numbers come from the host node under the dev root
@@ -41,8 +44,10 @@ import (
 //     mode it would then inject every GPU on the node besides ours. "void"
 //     makes it inject nothing (NVIDIA's DRA driver does the same), and
 //     CDI's value replaces the image's.
-//   - HWDRA_<DEVICE>_UUID (GPU or MIG device UUID) and HWDRA_<DEVICE>_MDEV
-//     (vGPU mdev UUID), <DEVICE> the device name in upper case with "_"
+//   - HWDRA_<DEVICE>_UUID (GPU or MIG device UUID), HWDRA_<DEVICE>_MDEV
+//     (vGPU mdev UUID) and HWDRA_<DEVICE>_PCI (the PCI address a VM
+//     launcher opens: the VF of a VFIO framework vGPU, a passthrough
+//     GPU's), <DEVICE> the device name in upper case with "_"
 //     for "-": one variable per device, so that a container given several
 //     devices gets all of them. CUDA_VISIBLE_DEVICES is deliberately not
 //     set: per-device CDI edits would overwrite each other's value and a
@@ -202,12 +207,9 @@ func readCapability(path string) (int64, *os.FileMode, error) {
 	return minor, mode, nil
 }
 
-// vfioEdits are a vGPU's VFIO nodes.
-func (d *Driver) vfioEdits(mdevUUID string) (*cdispec.ContainerEdits, error) {
-	group, err := d.mdevs.IOMMUGroup(mdevUUID)
-	if err != nil {
-		return nil, err
-	}
+// vfioEdits are the VFIO nodes of an IOMMU group (a vGPU's, a passthrough
+// GPU's) and the VFIO container.
+func (d *Driver) vfioEdits(group int) (*cdispec.ContainerEdits, error) {
 	r := d.nodes
 	container, err := r.charDev("vfio/vfio", fixed(miscMajor, vfioMiscMinor))
 	if err != nil {

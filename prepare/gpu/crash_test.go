@@ -51,6 +51,8 @@ func TestFailureAfterEachSideEffect(t *testing.T) {
 			request{name: "mig", cel: `profile == "3g.40gb" && device.attributes["gpu.hwdra.io"].placementStart == 4`}, []string{"gpu-instance", "compute-instance"}, nil},
 		{"vGPU", "h100-vgpu", request{name: "vgpu", cel: `profile == "H100-20C"`}, []string{"mdev"}, nil},
 		{"MIG-backed vGPU", "h100-vgpu", request{name: "vgpu", cel: `profile == "H100-1-10C"`}, []string{"mig-mode", "gpu-instance", "mdev"}, nil},
+		{"vGPU of the VFIO framework", vfioHost, request{name: "vgpu", cel: `profile == "H100-20C"`}, []string{"vf-vgpu"}, nil},
+		{"MIG-backed vGPU of the VFIO framework", vfioHost, request{name: "vgpu", cel: `profile == "H100-1-10C"`}, []string{"mig-mode", "gpu-instance", "vf-vgpu"}, nil},
 		// An administrator's GPU instance with a compute instance of one
 		// slice (at slice 2): the claim wants two slices, gets a compute
 		// instance of its own next to it, and never touches the other.
@@ -151,6 +153,10 @@ func TestFailureAfterEachSideEffect(t *testing.T) {
 						if mdevs := e.hw.MdevUUIDs(); len(mdevs) != 1 || !strings.Contains(ledger, "mdev/"+mdevs[0]) {
 							t.Errorf("ledger %v, mdevs %v", ledger, mdevs)
 						}
+					case "vf-vgpu":
+						if vfs := e.hw.VGPUVFs(); len(vfs) != 1 || !strings.Contains(ledger, "vf/"+strings.Split(vfs[0], "=")[0]) {
+							t.Errorf("ledger %v, vGPU VFs %v", ledger, vfs)
+						}
 					case "mig-mode":
 						if !strings.Contains(ledger, "migmode/") {
 							t.Errorf("no ledger entry of the MIG mode switch: %v", ledger)
@@ -190,6 +196,7 @@ func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
 		}},
 		{"MIG mode switched", "gpus: [{model: h100-80gb, count: 1}]", []request{{name: "mig", cel: `profile == "2g.20gb"`}}},
 		{"vGPU", "h100-vgpu", []request{{name: "a", cel: `profile == "H100-2-20C"`}, {name: "b", cel: `profile == "H100-10C"`}}},
+		{"vGPU of the VFIO framework", "h100-vm", []request{{name: "a", cel: `profile == "H100-2-20C"`}, {name: "b", cel: `profile == "H100-10C"`}}},
 	}
 	losses := []struct {
 		name string

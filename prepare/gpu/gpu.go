@@ -30,13 +30,15 @@ const DriverName = device.GPUDriver
 
 // Options configure a Driver. Roots default to the host's.
 type Options struct {
-	// NVML is the initialised GPU backend.
+	// NVML is the initialised GPU backend; nil on a node whose only GPUs
+	// are bound to vfio-pci (passthrough), which need none.
 	NVML *nvml.Backend
-	// Inventory returns the node's GPUs and the features the published
-	// slices were built with; prepare looks devices up in the catalog
-	// they give (slices.GPUDevices). It may be the agent's last scan:
-	// prepare checks MIG mode and instances on the live hardware itself.
-	Inventory func(ctx context.Context) ([]hw.GPU, device.Features, error)
+	// Inventory returns the node's GPUs (NVML's and those bound to
+	// vfio-pci) and the features the published slices were built with;
+	// prepare looks devices up in the catalog they give
+	// (resources.GPUDevices). It may be the agent's last scan: prepare
+	// checks MIG mode, instances and VFs on the live hardware itself.
+	Inventory func(ctx context.Context) (hw.Inventory, device.Features, error)
 	// StateDir holds the ledger of GPU instances and mediated devices the
 	// agent made ("gpu.hwdra.io.ledger.json").
 	StateDir string
@@ -49,7 +51,7 @@ type Options struct {
 	// another path. Empty: DevRoot.
 	DevNodeRoot string
 	// Sysfs writes sysfs attributes (creating and removing mediated
-	// devices); nil writes files under SysfsRoot.
+	// devices, setting VFs' vGPU types); nil writes files under SysfsRoot.
 	Sysfs nvml.SysfsWriter
 	// DriverSpecDirs are searched for the node-wide NVIDIA CDI spec (kind
 	// nvidia.com/gpu) whose driver libraries and hooks containers get;
@@ -60,8 +62,10 @@ type Options struct {
 // Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
 type Driver struct {
 	nvml      *nvml.Backend
-	inventory func(ctx context.Context) ([]hw.GPU, device.Features, error)
+	inventory func(ctx context.Context) (hw.Inventory, device.Features, error)
 	mdevs     *nvml.Mdevs
+	vfs       *nvml.VFVGPUs
+	sysfs     string
 	ledger    *state.Ledger[ledgerEntry]
 	nodes     nodeResolver
 	libs      *driverLibs
@@ -70,9 +74,10 @@ type Driver struct {
 	mu       sync.Mutex
 	// cat caches the catalog of the last inventory.
 	cat struct {
-		gpus     []hw.GPU
-		features device.Features
-		devices  map[string]resources.GPUDevice
+		gpus        []hw.GPU
+		passthrough []hw.PassthroughGPU
+		features    device.Features
+		devices     map[string]resources.GPUDevice
 	}
 	// owners maps the ledger key of each GPU instance a prepared claim
 	// uses (created or static) to that claim.
@@ -94,8 +99,8 @@ var _ prepare.Driver[Record] = (*Driver)(nil)
 
 // New returns a Driver. It touches no hardware.
 func New(opts Options) (*Driver, error) {
-	if opts.NVML == nil || opts.Inventory == nil {
-		return nil, errors.New("gpu: NVML and Inventory are required")
+	if opts.Inventory == nil {
+		return nil, errors.New("gpu: Inventory is required")
 	}
 	for _, r := range []struct {
 		root *string
@@ -119,6 +124,8 @@ func New(opts Options) (*Driver, error) {
 		nvml:      opts.NVML,
 		inventory: opts.Inventory,
 		mdevs:     nvml.NewMdevs(opts.SysfsRoot, opts.Sysfs),
+		vfs:       nvml.NewVFVGPUs(opts.SysfsRoot, opts.Sysfs),
+		sysfs:     opts.SysfsRoot,
 		ledger:    ledger,
 		nodes:     nodeResolver{dev: opts.DevRoot, nodeDev: opts.DevNodeRoot, proc: opts.ProcRoot, sys: opts.SysfsRoot},
 		libs:      newDriverLibs(opts.DriverSpecDirs),
@@ -132,11 +139,11 @@ func New(opts Options) (*Driver, error) {
 // never deadlock).
 func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
 	var rec Record
-	gpus, features, err := d.inventory(ctx)
+	inv, features, err := d.inventory(ctx)
 	if err != nil {
 		return nil, rec, fmt.Errorf("GPU inventory: %w", err)
 	}
-	plans, err := plan(claim, d.catalog(gpus, features))
+	plans, err := plan(claim, d.catalog(inv, features))
 	if err != nil {
 		return nil, rec, err
 	}
@@ -160,11 +167,12 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 // milliseconds on an 8-GPU node, so the last one is kept while the
 // inventory stays the same (the agent's scan between changes). Inventory
 // must not change a slice it returned.
-func (d *Driver) catalog(gpus []hw.GPU, f device.Features) map[string]resources.GPUDevice {
+func (d *Driver) catalog(inv hw.Inventory, f device.Features) map[string]resources.GPUDevice {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.cat.devices == nil || d.cat.features != f || !reflect.DeepEqual(d.cat.gpus, gpus) {
-		d.cat.gpus, d.cat.features, d.cat.devices = gpus, f, resources.GPUDevices(gpus, f)
+	if d.cat.devices == nil || d.cat.features != f || !reflect.DeepEqual(d.cat.gpus, inv.GPUs) || !reflect.DeepEqual(d.cat.passthrough, inv.PassthroughGPUs) {
+		d.cat.gpus, d.cat.passthrough, d.cat.features = inv.GPUs, inv.PassthroughGPUs, f
+		d.cat.devices = resources.GPUDevices(inv.GPUs, inv.PassthroughGPUs, f)
 	}
 	return d.cat.devices
 }

@@ -21,14 +21,16 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
-
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
+	"github.com/hwdra/hwdra/vfiopci"
 )
 
 const testNode = "worker-1"
@@ -36,15 +38,17 @@ const testNode = "worker-1"
 // env is one node: mock hardware driven through the real nvml backend,
 // a state directory, a CDI directory, and the agent's plugin over them.
 type env struct {
-	t      testing.TB
-	hw     *mock.Hardware
-	nvml   *nvml.Backend
-	dir    string
-	gpus   []hw.GPU // the inventory the agent scanned
-	alloc  *allocate.Allocator
-	driver *Driver
-	plugin *prepare.Plugin[Record]
-	seq    int
+	t    testing.TB
+	hw   *mock.Hardware
+	nvml *nvml.Backend
+	dir  string
+	gpus []hw.GPU // the inventory the agent scanned
+	// passthrough are the GPUs bound to vfio-pci it scanned.
+	passthrough []hw.PassthroughGPU
+	alloc       *allocate.Allocator
+	driver      *Driver
+	plugin      *prepare.Plugin[Record]
+	seq         int
 	// allocated, when set, is what the API server says is allocated
 	// (prepare.Options.Allocated); nil: no API server.
 	allocated func(context.Context) ([]*resourceapi.ResourceClaim, error)
@@ -62,20 +66,7 @@ func newEnv(t testing.TB, profile string, driverSpec bool) *env {
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && unix.Access("/dev/shm", unix.W_OK) == nil {
 		t.Setenv("TMPDIR", "/dev/shm")
 	}
-	var h *mock.Hardware
-	var err error
-	if strings.HasPrefix(profile, "gpus:") {
-		var p mock.Profile
-		if p, err = mock.Parse("test", []byte(profile)); err == nil {
-			h, err = mock.New(p)
-		}
-	} else {
-		h, err = mock.Open(profile)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
+	h := mocktest.Open(t, profile)
 	b := nvml.New(h.NVML, nvml.WithSysfs(h.Sysfs))
 	if err := b.Init(); err != nil {
 		t.Fatal(err)
@@ -93,7 +84,7 @@ func newEnv(t testing.TB, profile string, driverSpec bool) *env {
 		}}},
 	}}
 	var objs []*resourceapi.ResourceSlice
-	for _, s := range resources.Objects(DriverName, testNode, resources.GPU(testNode, e.gpus, device.AllFeatures)) {
+	for _, s := range resources.Objects(DriverName, testNode, resources.TaintedGPU(testNode, e.gpus, e.passthrough, device.AllFeatures, resources.Health{}, config.GPUPolicy{})) {
 		objs = append(objs, &s)
 	}
 	e.alloc = allocate.New(allocate.ClusterFeatures, testNode, objs, classes)
@@ -108,6 +99,13 @@ func (e *env) rescan() {
 		e.t.Fatal(err)
 	}
 	e.gpus = gpus
+	scanner, err := vfiopci.New(e.hw.Sysfs)
+	if err == nil {
+		e.passthrough, err = scanner.GPUs()
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // restart builds a fresh driver and plugin on the same state directory and
@@ -115,8 +113,10 @@ func (e *env) rescan() {
 func (e *env) restart(hook func(string) error) {
 	e.t.Helper()
 	d, err := New(Options{
-		NVML:           e.nvml,
-		Inventory:      func(context.Context) ([]hw.GPU, device.Features, error) { return e.gpus, device.AllFeatures, nil },
+		NVML: e.nvml,
+		Inventory: func(context.Context) (hw.Inventory, device.Features, error) {
+			return hw.Inventory{GPUs: e.gpus, PassthroughGPUs: e.passthrough}, device.AllFeatures, nil
+		},
 		StateDir:       filepath.Join(e.dir, "state"),
 		DevRoot:        e.hw.DevRoot(),
 		ProcRoot:       e.hw.ProcRoot(),
@@ -234,6 +234,7 @@ func (e *env) hwState() string {
 		b.WriteString("\n")
 	}
 	fmt.Fprintf(&b, "mdevs %v", e.hw.MdevUUIDs())
+	fmt.Fprintf(&b, "\nvGPU VFs %v", e.hw.VGPUVFs())
 	return b.String()
 }
 

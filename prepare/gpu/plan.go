@@ -69,7 +69,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 			continue
 		}
 		switch dev.Kind {
-		case device.KindGPU:
+		case device.KindGPU, device.KindPassthrough:
 		case device.KindMIG:
 			p.wantMIG = true
 			if cfg.MIG != nil && cfg.MIG.ComputeInstanceSlices != nil {
@@ -109,7 +109,7 @@ func onOff(on bool) string {
 func gpusOf(plans []devicePlan) []string {
 	var out []string
 	for _, p := range plans {
-		out = append(out, p.dev.GPU.PCIBusID)
+		out = append(out, p.dev.PCIBusID())
 	}
 	slices.Sort(out)
 	return slices.Compact(out)

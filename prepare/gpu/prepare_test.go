@@ -15,7 +15,9 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/gpusim"
+	"github.com/hwdra/hwdra/hw/mock/nodefs"
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // wantNumbers is the major:minor a container must get for a device node
@@ -33,21 +35,21 @@ func wantNumbers(t *testing.T, path string) (int64, int64) {
 	}
 	switch {
 	case name == "nvidiactl":
-		return mock.NVIDIAMajor, 255
+		return gpusim.NVIDIAMajor, 255
 	case name == "nvidia-modeset":
-		return mock.NVIDIAMajor, 254
+		return gpusim.NVIDIAMajor, 254
 	case name == "nvidia-uvm":
-		return mock.NVIDIAUVMMajor, 0
+		return gpusim.NVIDIAUVMMajor, 0
 	case name == "nvidia-uvm-tools":
-		return mock.NVIDIAUVMMajor, 1
+		return gpusim.NVIDIAUVMMajor, 1
 	case name == "vfio/vfio":
 		return 10, 196
 	case strings.HasPrefix(name, "vfio/"):
-		return mock.VFIOMajor, num(strings.TrimPrefix(name, "vfio/")) - 128
+		return nodefs.VFIOMajor, num(strings.TrimPrefix(name, "vfio/")) - 128
 	case strings.HasPrefix(name, "nvidia-caps/nvidia-cap"):
-		return mock.NVIDIACapsMajor, num(strings.TrimPrefix(name, "nvidia-caps/nvidia-cap"))
+		return gpusim.NVIDIACapsMajor, num(strings.TrimPrefix(name, "nvidia-caps/nvidia-cap"))
 	case strings.HasPrefix(name, "nvidia"):
-		return mock.NVIDIAMajor, num(strings.TrimPrefix(name, "nvidia"))
+		return gpusim.NVIDIAMajor, num(strings.TrimPrefix(name, "nvidia"))
 	}
 	t.Fatalf("unexpected device node %s", path)
 	return 0, 0
@@ -206,6 +208,55 @@ func TestPrepareUnprepare(t *testing.T) {
 			}
 			if on, _ := e.nvml.MIGEnabled(g.PCIBusID); !on {
 				t.Error("MIG mode off under a MIG-backed vGPU")
+			}
+		},
+	}, {
+		// vGPUs through the vendor-specific VFIO framework and GPUs bound
+		// to vfio-pci: a VF made a vGPU (its group node, its address in
+		// the environment and metadata), undone at unprepare; a
+		// passthrough GPU's group node.
+		name: "time-sliced vGPU", profile: vfioHost, req: request{name: "vgpu", cel: `profile == "H100-10C"`},
+		check: func(t *testing.T, e *env, d kubeletplugin.Device, spec *oci.Spec) {
+			vfs := e.hw.VGPUVFs()
+			if len(vfs) != 1 {
+				t.Fatalf("vGPU VFs %v", vfs)
+			}
+			vf, _, _ := strings.Cut(vfs[0], "=")
+			group, err := e.driver.vfs.IOMMUGroup(vf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkInjected(t, e, spec, []string{"/dev/vfio/vfio", fmt.Sprintf("/dev/vfio/%d", group)},
+				map[string]string{envName(d.DeviceName, "PCI"): vf, "NVIDIA_VISIBLE_DEVICES": "void"})
+			if attr(d, "resource.kubernetes.io/pciBusID") != vf || attr(d, "parentPciBusID") != e.gpuOf(d.DeviceName).PCIBusID ||
+				attr(d, "vgpuFramework") != "vfio" || attr(d, "mdevUUID") != "<unset>" {
+				t.Errorf("metadata %v", d.Metadata.Attributes)
+			}
+			if len(e.hw.MdevUUIDs()) != 0 {
+				t.Errorf("mediated devices %v on a VFIO framework host", e.hw.MdevUUIDs())
+			}
+		},
+	}, {
+		name: "MIG-backed vGPU", profile: vfioHost, req: request{name: "vgpu", cel: `profile == "H100-3-40C"`},
+		check: func(t *testing.T, e *env, d kubeletplugin.Device, spec *oci.Spec) {
+			g := e.gpuOf(d.DeviceName)
+			list, _ := e.nvml.GPUInstances(g.PCIBusID)
+			if len(list) != 1 || len(e.hw.VGPUVFs()) != 1 || attr(d, "gpuInstanceID") != fmt.Sprint(list[0].ID) ||
+				attr(d, "placementStart") != fmt.Sprint(list[0].Placement.Start) {
+				t.Errorf("instances %+v, VFs %v, metadata %v", list, e.hw.VGPUVFs(), d.Metadata.Attributes)
+			}
+		},
+	}, {
+		name: "passthrough GPU", profile: passthroughNode, req: request{name: "gpu", cel: `type == "passthrough"`},
+		check: func(t *testing.T, e *env, d kubeletplugin.Device, spec *oci.Spec) {
+			var g = e.passthrough[0]
+			if d.DeviceName != device.PassthroughName(g.PCIBusID) {
+				g = e.passthrough[1]
+			}
+			checkInjected(t, e, spec, []string{"/dev/vfio/vfio", fmt.Sprintf("/dev/vfio/%d", g.IOMMUGroup)},
+				map[string]string{envName(d.DeviceName, "PCI"): g.PCIBusID, "NVIDIA_VISIBLE_DEVICES": "void"})
+			if attr(d, "resource.kubernetes.io/pciBusID") != g.PCIBusID || attr(d, "productName") != g.ProductName || attr(d, "type") != "passthrough" {
+				t.Errorf("metadata %v", d.Metadata.Attributes)
 			}
 		},
 	}} {

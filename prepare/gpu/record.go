@@ -35,6 +35,8 @@ type DeviceRecord struct {
 	ComputeInstance *ComputeInstanceRecord `json:"computeInstance,omitempty"`
 	// Mdev is a vGPU's mediated device.
 	Mdev *MdevRecord `json:"mdev,omitempty"`
+	// VF is a vGPU of the vendor-specific VFIO framework: the VF made one.
+	VF *VFRecord `json:"vf,omitempty"`
 }
 
 // MIGModeChange: prepare switched MIG mode to Enabled.
@@ -80,6 +82,14 @@ type MdevRecord struct {
 	Type   uint   `json:"type"`
 }
 
+// VFRecord is a VF made a vGPU of a type (its current_vgpu_type). The VF
+// is chosen before the write, so the intent names it exactly; Unprepare
+// writes 0 back only while the VF is still of this type.
+type VFRecord struct {
+	Address string `json:"address"`
+	Type    uint   `json:"type"`
+}
+
 // clone deep-copies the record: the checkpoint keeps what save was given
 // while prepare goes on changing its own copy.
 func (r Record) clone() Record {
@@ -99,6 +109,7 @@ func (r Record) clone() Record {
 			c.ComputeInstance = &ci
 		}
 		c.Mdev = clonePtr(d.Mdev)
+		c.VF = clonePtr(d.VF)
 		out.Devices[i] = c
 	}
 	return out
@@ -129,6 +140,8 @@ func giKey(gpu string, profile int, at hw.Placement) string {
 
 func mdevKey(uuid string) string { return "mdev/" + uuid }
 
+func vfKey(vf string) string { return "vf/" + vf }
+
 func migKey(gpu string) string { return "migmode/" + gpu }
 
 // ledgerEntry describes a GPU instance or mediated device the agent made,
@@ -142,6 +155,9 @@ type ledgerEntry struct {
 	Placement *hw.Placement `json:"placement,omitempty"`
 	// Mediated device.
 	Mdev string `json:"mdev,omitempty"`
+	// VF made a vGPU of VFType (the vendor-specific VFIO framework).
+	VF     string `json:"vf,omitempty"`
+	VFType uint   `json:"vfType,omitempty"`
 	// MIGEnabled is the GPU's MIG mode before the agent first switched it.
 	MIGEnabled *bool `json:"migEnabled,omitempty"`
 }

@@ -15,14 +15,14 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/nodefs"
 )
 
 // A real runtime creates the device nodes of a MIG device's CDI spec in a
 // container: runc, with the host's /bin, /lib and /usr bound into an empty
 // root file system.
 func TestRuncCreatesDeviceNodes(t *testing.T) {
-	if !mock.CanMknod() {
+	if !nodefs.CanMknod() {
 		t.Skip("not root: runc cannot create device nodes")
 	}
 	runc, err := exec.LookPath("runc")

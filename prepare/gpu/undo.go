@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"strings"
 
@@ -44,6 +45,15 @@ func (d *Driver) Unprepare(ctx context.Context, claim types.UID, rec Record) err
 }
 
 func (d *Driver) undo(claim types.UID, r DeviceRecord) error {
+	if vf := r.VF; vf != nil {
+		if err := d.clearVF(vf.Address, vf.Type); err != nil {
+			return err
+		}
+		if err := d.ledger.Delete(vfKey(vf.Address)); err != nil {
+			return err
+		}
+		d.disown(vfKey(vf.Address), claim)
+	}
 	if m := r.Mdev; m != nil {
 		if err := d.mdevs.Remove(m.UUID); err != nil {
 			return err
@@ -71,6 +81,20 @@ func (d *Driver) undo(claim types.UID, r DeviceRecord) error {
 		d.disown(key, claim)
 	}
 	return nil
+}
+
+// clearVF makes a VF no vGPU if it is one of the type the agent made it:
+// a VF that is none (the write never happened, or was undone) or of
+// another type (not the agent's doing) is left alone.
+func (d *Driver) clearVF(vf string, typ uint) error {
+	cur, err := d.vfs.Current(vf)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && cur != typ {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return d.vfs.Clear(vf)
 }
 
 func (d *Driver) destroyComputeInstance(gpu string, ci *ComputeInstanceRecord) error {
@@ -187,6 +211,10 @@ func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
 				d.owners[mdevKey(r.Mdev.UUID)] = uid
 				put(mdevKey(r.Mdev.UUID), ledgerEntry{GPU: r.GPU, Mdev: r.Mdev.UUID})
 			}
+			if r.VF != nil {
+				d.owners[vfKey(r.VF.Address)] = uid
+				put(vfKey(r.VF.Address), ledgerEntry{GPU: r.GPU, VF: r.VF.Address, VFType: r.VF.Type})
+			}
 			if r.MIGMode != nil {
 				was := !r.MIGMode.Enabled
 				put(migKey(r.GPU), ledgerEntry{GPU: r.GPU, MIGEnabled: &was})
@@ -211,11 +239,11 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 	if err != nil {
 		return nil, err
 	}
-	// Mediated devices first (a MIG-backed vGPU holds its GPU instance),
-	// MIG modes last (no instance may be left).
+	// vGPUs first (a MIG-backed vGPU holds its GPU instance), MIG modes
+	// last (no instance may be left).
 	order := func(key string) int {
 		switch {
-		case strings.HasPrefix(key, "mdev/"):
+		case strings.HasPrefix(key, "mdev/"), strings.HasPrefix(key, "vf/"):
 			return 0
 		case strings.HasPrefix(key, "migmode/"):
 			return 2
@@ -239,11 +267,16 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 		var err error
 		switch {
 		case owned:
-		case !allocated.Known || mayUse[key] || e.MIGEnabled != nil && mayUse[gpuKey(e.GPU)] || e.Mdev != "" && mayUse[vgpuKey(e.GPU)]:
+		case !allocated.Known || mayUse[key] || e.MIGEnabled != nil && mayUse[gpuKey(e.GPU)] || (e.Mdev != "" || e.VF != "") && mayUse[vgpuKey(e.GPU)]:
 			kept = append(kept, key)
 		case e.MIGEnabled != nil:
 			if !inUse {
 				d.restoreMIGMode(ctx, e.GPU)
+			}
+		case e.VF != "":
+			logger.Info("Clearing the vGPU type of a VF no claim owns", "gpu", e.GPU, "vf", e.VF, "type", e.VFType)
+			if err = d.clearVF(e.VF, e.VFType); err == nil {
+				err = d.ledger.Delete(key)
 			}
 		case e.Mdev != "":
 			logger.Info("Removing a vGPU mediated device no claim owns", "gpu", e.GPU, "mdev", e.Mdev)
@@ -278,17 +311,17 @@ func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[s
 	if len(allocated.Devices) == 0 {
 		return out, nil
 	}
-	gpus, features, err := d.inventory(ctx)
+	inv, features, err := d.inventory(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("GPU inventory: %w", err)
 	}
-	catalog := d.catalog(gpus, features)
+	catalog := d.catalog(inv, features)
 	for _, a := range allocated.Devices {
 		dev, ok := catalog[a.Device]
 		if !ok {
 			continue
 		}
-		bus := dev.GPU.PCIBusID
+		bus := dev.PCIBusID()
 		out[gpuKey(bus)] = true
 		if dev.Kind == device.KindVGPU {
 			out[vgpuKey(bus)] = true

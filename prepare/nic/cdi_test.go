@@ -14,7 +14,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/nodefs"
 )
 
 // TestCDI: the specs prepare writes load into the CDI cache and inject
@@ -84,7 +84,7 @@ func TestCDI(t *testing.T) {
 			}
 			// As root the mock made the host nodes the spec points at.
 			for _, d := range spec.Linux.Devices {
-				if _, err := os.Stat(filepath.Join(e.hw.DevRoot(), strings.TrimPrefix(d.Path, "/dev/"))); mock.CanMknod() && err != nil {
+				if _, err := os.Stat(filepath.Join(e.hw.DevRoot(), strings.TrimPrefix(d.Path, "/dev/"))); nodefs.CanMknod() && err != nil {
 					t.Errorf("host node of %s: %v", d.Path, err)
 				}
 			}

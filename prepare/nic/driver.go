@@ -9,6 +9,7 @@ import (
 	"sort"
 	"sync"
 
+	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -17,6 +18,7 @@ import (
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/prepare"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -66,6 +68,9 @@ type Driver struct {
 
 	mu   sync.Mutex
 	held map[string]types.UID // VF PCI address -> claim holding it
+	// noMinRate are the PFs (by PCI address) whose driver refused a VF
+	// minimum rate: said once.
+	noMinRate map[string]bool
 
 	// hook, in tests, is called after each side effect ("ledger",
 	// "configured"): a test crashes the prepare there.
@@ -96,7 +101,7 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nic: %w", err)
 	}
-	return &Driver{opts: opts, ledger: l, held: map[string]types.UID{}}, nil
+	return &Driver{opts: opts, ledger: l, held: map[string]types.UID{}, noMinRate: map[string]bool{}}, nil
 }
 
 // Prepare implements prepare.Driver: plan, reserve, then configure each VF.
@@ -106,7 +111,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		if err := d.opts.Network.Ready(); err != nil {
 			// A warning, not an error: the kubelet retries, and the
 			// runtime's NRI usually comes back.
-			klog.Warningf("Refusing to prepare claim %s: %v", klog.KObj(claim), err)
+			klog.FromContext(ctx).Info("Warning: refusing to prepare the claim", "claim", klog.KObj(claim), "err", err)
 			return nil, rec, err
 		}
 	}
@@ -173,11 +178,37 @@ func (d *Driver) apply(uid types.UID, a Assignment, rec *Record) (prepare.Device
 		return dev, err
 	}
 	d.step("ledger")
-	if err := d.opts.VFs.SetVF(ref, applied); err != nil {
+	err = d.opts.VFs.SetVF(ref, applied)
+	if errors.Is(err, unix.EOPNOTSUPP) && applied.MinTxRateMbps != 0 {
+		// A driver that takes minimum rates refuses them on this PF
+		// (takesMinRate: mlx5 firmware without eswitch bandwidth share,
+		// ice with DCB on): the share is capped, not guaranteed.
+		applied.MinTxRateMbps = 0
+		if err = d.opts.VFs.SetVF(ref, applied); err == nil {
+			d.minRateRefused(a.PF)
+			rec.VFs[len(rec.VFs)-1].Applied = applied
+			md.VF.Rates = &metadata.TxRates{MaxMbps: applied.MaxTxRateMbps}
+			dev.Attributes = md.Attributes()
+		}
+	}
+	if err != nil {
 		return dev, fmt.Errorf("request %q: configuring VF %d of %s: %w", a.Request, a.VF.Index, pfName(a.PF), err)
 	}
 	d.step("configured")
 	return dev, nil
+}
+
+// minRateRefused says, once per PF, that its driver refused a VF's
+// minimum transmit rate, so its shares are capped and not guaranteed.
+func (d *Driver) minRateRefused(pf hw.PF) {
+	d.mu.Lock()
+	first := !d.noMinRate[pf.PCIAddress]
+	d.noMinRate[pf.PCIAddress] = true
+	d.mu.Unlock()
+	if first {
+		klog.Warningf("PF %s (%s) refuses a VF's minimum transmit rate (EOPNOTSUPP): its bandwidth shares are capped at what they consumed but not guaranteed. "+
+			"mlx5: the firmware lacks the eswitch bandwidth share; ice: DCB is on for the PF", pfName(pf), pf.Driver)
+	}
 }
 
 // original is the VF's configuration before the agent touched it: the

@@ -21,9 +21,10 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/hw/mock/nicsim"
 	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/prepare"
-
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 	"github.com/hwdra/hwdra/sriov"
@@ -39,7 +40,7 @@ const (
 type env struct {
 	t      testing.TB
 	hw     *mock.Hardware
-	vfs    *mock.VFRecorder
+	vfs    *nicsim.VFRecorder
 	dir    string
 	offers []config.NICOffer
 	alloc  *allocate.Allocator
@@ -86,15 +87,7 @@ func newEnv(t testing.TB, profile, agentConfig string) *env {
 // openNode builds mock hardware from a profile and discovers its PFs.
 func openNode(t testing.TB, profile string) (*mock.Hardware, []hw.PF) {
 	t.Helper()
-	p, err := mock.Parse("test", []byte(profile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := mock.New(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Close() })
+	h := mocktest.Open(t, profile)
 	pfs, err := sriov.Discover(sriov.Options{SysfsRoot: h.Sysfs, Routes: h.NICs(), Eswitch: h.NICs()})
 	if err != nil {
 		t.Fatal(err)

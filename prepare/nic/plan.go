@@ -118,6 +118,9 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 				a.KeepRate = true
 			} else {
 				a.Config.MaxTxRateMbps = int(mbps)
+				if takesMinRate(dev.PF.Driver) {
+					a.Config.MinTxRateMbps = int(mbps)
+				}
 			}
 		case config.ModeExclusive:
 			vf := *dev.VF
@@ -219,6 +222,27 @@ func checkLinkType(pf hw.PF, c *sriovv1alpha1.VfConfig) error {
 	}
 	return nil
 }
+
+// takesMinRate: the PF's driver sets a VF's minimum transmit rate
+// (min_tx_rate), so a share's bandwidth is guaranteed besides capped
+// (max_tx_rate). What the drivers do with a minimum:
+//
+//   - mlx5_core: eswitch QoS's bandwidth share, a weight among the PF's
+//     VFs (the largest minimum scaled to the firmware's maximum share):
+//     under contention each VF gets at least its minimum while the
+//     minimums fit the link, which the scheduler's count of the PF's
+//     bandwidth keeps true for the agent's shares. Legacy and switchdev
+//     mode alike; firmware without the eswitch bandwidth-share capability
+//     (esw_bw_share, or a maximum share below 1) refuses any minimum with
+//     EOPNOTSUPP (Driver.apply then sets the cap alone).
+//   - ice: a VSI minimum bandwidth in the port's Tx scheduler. Refused
+//     with EOPNOTSUPP while DCB is on for the PF (Driver.apply then sets
+//     the cap alone), and with EINVAL when the minimums of all its VFs
+//     would add up beyond the link speed (VFs given minimums outside the
+//     agent, or a link that came back slower than published).
+//   - i40e, ixgbe (and drivers not listed): any minimum is EINVAL; a share
+//     is capped only.
+func takesMinRate(driver string) bool { return driver == "mlx5_core" || driver == "ice" }
 
 // checkQuirks refuses, before anything is touched, what the PF's driver is
 // known to refuse half-way through SetVF.

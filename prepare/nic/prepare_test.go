@@ -18,9 +18,12 @@ import (
 const exclusiveConfig = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nnics:\n- mode: exclusive\n"
 
 // TestPrepareUnprepare: a share and an exclusive VF are configured as the
-// claim asks (a share's rate is its consumed bandwidth in Mb/s, an
-// exclusive VF keeps its own), their metadata says so, and unprepare
-// restores every VF exactly.
+// claim asks (a share's rate is its consumed bandwidth in Mb/s: its cap,
+// and its guaranteed minimum where the PF's driver takes one; an exclusive
+// VF keeps its own), their metadata says so, and unprepare restores every
+// VF exactly. A driver that refuses a minimum on its PF (mlx5 firmware
+// without eswitch bandwidth share, ice with DCB on) gets the cap alone,
+// and the metadata says the minimum is 0.
 func TestPrepareUnprepare(t *testing.T) {
 	const vfConfig = `, "mac": "02:00:00:00:aa:01", "vlan": 100, "vlanQoS": 5, "trust": true, "spoofCheck": false, "mtu": 9000,
 		"interfaceName": "fast0", "addresses": ["10.0.0.5/24"], "routes": [{"destination": "10.1.0.0/16", "gateway": "10.0.0.1"}]`
@@ -34,14 +37,32 @@ func TestPrepareUnprepare(t *testing.T) {
 	}{
 		{
 			name: "share of a CX7", profile: cx7Node, req: share("nic", "25G"), vf: "pfa/0",
-			want: hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MaxTxRateMbps: 25000, Trust: true, MTU: 9000, NetdevUp: &up},
+			want: hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MinTxRateMbps: 25000, MaxTxRateMbps: 25000, Trust: true, MTU: 9000, NetdevUp: &up},
 			wantAttrs: map[string]string{"resource.kubernetes.io/pciBusID": "0000:17:01.0", "sriov.hwdra.io/mode": "shared",
-				"sriov.hwdra.io/pfName": "pfa", "sriov.hwdra.io/bandwidth": "25G", "sriov.hwdra.io/rdmaDevice": "mlx5_1", "sriov.hwdra.io/mac": "02:00:00:00:aa:01"},
+				"sriov.hwdra.io/pfName": "pfa", "sriov.hwdra.io/bandwidth": "25G", "sriov.hwdra.io/rdmaDevice": "mlx5_1", "sriov.hwdra.io/mac": "02:00:00:00:aa:01",
+				"sriov.hwdra.io/maxTxRateMbps": "25000", "sriov.hwdra.io/minTxRateMbps": "25000"},
 		},
 		{
 			name: "share at the policy default", profile: cx7Node, req: share("nic", ""), vf: "pfa/0",
-			want:      hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MaxTxRateMbps: 10000, Trust: true, MTU: 9000, NetdevUp: &up},
+			want:      hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MinTxRateMbps: 10000, MaxTxRateMbps: 10000, Trust: true, MTU: 9000, NetdevUp: &up},
 			wantAttrs: map[string]string{"sriov.hwdra.io/bandwidth": "10G"},
+		},
+		{
+			name: "share of a CX7 without eswitch bandwidth share", req: share("nic", "25G"), vf: "pfa/0",
+			profile:   `nics: [{model: cx7, count: 1, vfs: 4, pciAddresses: ["0000:17:00.0"], netdevs: [pfa], vfMinTxRate: false}]`,
+			want:      hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MaxTxRateMbps: 25000, Trust: true, MTU: 9000, NetdevUp: &up},
+			wantAttrs: map[string]string{"sriov.hwdra.io/maxTxRateMbps": "25000", "sriov.hwdra.io/minTxRateMbps": "0"},
+		},
+		{
+			name: "share of an E810", req: share("nic", "25G"), vf: "pfb/0",
+			profile: `nics: [{model: e810, count: 1, vfs: 2, pciAddresses: ["0000:31:00.0"], netdevs: [pfb]}]`,
+			want:    hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MinTxRateMbps: 25000, MaxTxRateMbps: 25000, Trust: true, MTU: 9000, NetdevUp: &up},
+		},
+		{
+			name: "share of an E810 with DCB on", req: share("nic", "25G"), vf: "pfb/0",
+			profile:   `nics: [{model: e810, count: 1, vfs: 2, pciAddresses: ["0000:31:00.0"], netdevs: [pfb], vfMinTxRate: false}]`,
+			want:      hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MaxTxRateMbps: 25000, Trust: true, MTU: 9000, NetdevUp: &up},
+			wantAttrs: map[string]string{"sriov.hwdra.io/minTxRateMbps": "0"},
 		},
 		{
 			name: "exclusive E810 VF", agentConfig: exclusiveConfig, req: vfRequest("nic"), vf: "pfb/0",

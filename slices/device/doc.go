@@ -19,7 +19,7 @@ const (
 	// AttrProfile is what a device is: "full", a MIG profile ("1g.10gb")
 	// or a vGPU type ("H100-10C").
 	AttrProfile = GPUDriver + "/profile"
-	// AttrType is "gpu", "mig" or "vgpu".
+	// AttrType is "gpu", "mig", "vgpu" or "passthrough".
 	AttrType = GPUDriver + "/type"
 	// AttrPlacementStart and AttrPlacementSize are the memory slices a MIG
 	// partition (or a MIG-backed vGPU's GPU instance) occupies.
@@ -40,10 +40,18 @@ const (
 	KindGPU  = "gpu"
 	KindMIG  = "mig"
 	KindVGPU = "vgpu"
+	// KindPassthrough is a whole GPU bound to vfio-pci, for a VM: NVML
+	// does not see it, so it is never also a device of the other kinds.
+	KindPassthrough = "passthrough"
 )
 
-// ProfileFull is AttrProfile of a whole GPU.
-const ProfileFull = "full"
+// ProfileFull is AttrProfile of a whole GPU; ProfilePassthrough of a
+// whole GPU bound to vfio-pci, kept apart so that a selector of whole GPUs
+// for containers (profile "full") never picks one a container cannot use.
+const (
+	ProfileFull        = "full"
+	ProfilePassthrough = "passthrough"
+)
 
 // NIC attribute and capacity names, qualified with the driver name as the
 // GPU ones are (CEL: device.attributes["sriov.hwdra.io"].pfName; constraints

@@ -50,6 +50,11 @@ func join(parts ...string) string {
 // its PCI address so it survives reboots and driver reloads.
 func GPUName(pciBusID string) string { return join("gpu", label(pciBusID)) }
 
+// PassthroughName is the device name of a GPU bound to vfio-pci: not its
+// GPUName, so that a claim allocated while the GPU was bound to the
+// NVIDIA driver never finds it under the same name after a rebind.
+func PassthroughName(pciBusID string) string { return join("gpu", label(pciBusID), "passthrough") }
+
 // MIGName is the device name of MIG profile at a placement.
 func MIGName(pciBusID, profile string, start int) string {
 	return join("gpu", label(pciBusID), "mig", label(profile), strconv.Itoa(start))

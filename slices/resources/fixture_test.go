@@ -40,6 +40,7 @@ func h100(bus string, numa int) hw.GPU {
 func h100VGPU(bus string) hw.GPU {
 	g := h100(bus, 0)
 	g.Virtualization = hw.VirtualizationHostVGPU
+	g.VGPU.Framework, g.VGPU.VFs = hw.VGPUFrameworkMdev, 16
 	id := func(i int) *int { return &i }
 	g.VGPU.Types = []hw.VGPUType{
 		{ID: 1, Name: "NVIDIA H100-80C", Class: "Compute", FramebufferBytes: 80 * gib, MaxInstances: 1},
@@ -47,6 +48,9 @@ func h100VGPU(bus string) hw.GPU {
 		{ID: 3, Name: "NVIDIA H100-20C", Class: "Compute", FramebufferBytes: 20 * gib, MaxInstances: 4},
 		{ID: 10, Name: "NVIDIA H100-1-10C", Class: "Compute", FramebufferBytes: 10 * gib, MaxInstances: 7, GPUInstanceProfileID: id(0)},
 		{ID: 11, Name: "NVIDIA H100-3-40C", Class: "Compute", FramebufferBytes: 40 * gib, MaxInstances: 2, GPUInstanceProfileID: id(2)},
+	}
+	for i := range g.VGPU.Types {
+		g.VGPU.Types[i].Creatable = true
 	}
 	return g
 }

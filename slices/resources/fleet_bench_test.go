@@ -168,7 +168,7 @@ func fleet(one []resourceapi.ResourceSlice, n int) ([]*resourceapi.ResourceSlice
 //	go test -run '^$' -bench Refusal ./slices/resources/
 func BenchmarkRefusal(b *testing.B) {
 	gpuNode := func(yaml string) ByDriver {
-		return ByDriver{device.GPUDriver: GPU(testNode, mockGPUs(b, "h100-80gb", yaml, 8), device.AllFeatures)}
+		return ByDriver{device.GPUDriver: mockGPUPool(b, "h100-80gb", yaml, 8)}
 	}
 	nics, _ := NIC(testNode, offer(config.ModeShared, probe(b, "mock:dgx-h100").PFs...), device.AllFeatures)
 	for _, node := range []struct {

@@ -18,19 +18,21 @@ import (
 
 // GPU attribute and capacity names only the builders use.
 const (
-	attrParentUUID   = device.GPUDriver + "/parentUUID"
-	attrProductName  = device.GPUDriver + "/productName"
-	attrArchitecture = device.GPUDriver + "/architecture"
-	attrCUDACompute  = device.GPUDriver + "/cudaComputeCapability"
-	attrDriver       = device.GPUDriver + "/driverVersion"
-	attrCUDADriver   = device.GPUDriver + "/cudaDriverVersion"
-	attrMIGCapable   = device.GPUDriver + "/migCapable"
-	attrVGPUType     = device.GPUDriver + "/vgpuType"
-	attrVGPUClass    = device.GPUDriver + "/vgpuClass"
-	attrMIGBacked    = device.GPUDriver + "/migBacked"
-	attrMIGProfile   = device.GPUDriver + "/migProfile" // of a MIG-backed vGPU's GPU instance
-	capMemory        = device.GPUDriver + "/memory"
-	capSMs           = device.GPUDriver + "/multiprocessors"
+	attrParentUUID    = device.GPUDriver + "/parentUUID"
+	attrProductName   = device.GPUDriver + "/productName"
+	attrArchitecture  = device.GPUDriver + "/architecture"
+	attrCUDACompute   = device.GPUDriver + "/cudaComputeCapability"
+	attrDriver        = device.GPUDriver + "/driverVersion"
+	attrCUDADriver    = device.GPUDriver + "/cudaDriverVersion"
+	attrMIGCapable    = device.GPUDriver + "/migCapable"
+	attrVGPUType      = device.GPUDriver + "/vgpuType"
+	attrVGPUClass     = device.GPUDriver + "/vgpuClass"
+	attrMIGBacked     = device.GPUDriver + "/migBacked"
+	attrMIGProfile    = device.GPUDriver + "/migProfile" // of a MIG-backed vGPU's GPU instance
+	attrVGPUFramework = device.GPUDriver + "/vgpuFramework"
+	attrPCIDeviceID   = device.GPUDriver + "/pciDeviceID"
+	capMemory         = device.GPUDriver + "/memory"
+	capSMs            = device.GPUDriver + "/multiprocessors"
 )
 
 // Compatibility groups: devices on one GPU are co-allocated only within a
@@ -47,23 +49,26 @@ const (
 // GPU, and per GPU the whole GPU, its MIG partitions and its vGPU types, as
 // far as the hardware can deliver them in its current mode.
 func GPU(nodeName string, gpus []hw.GPU, f device.Features) resourceslice.DriverResources {
-	return TaintedGPU(nodeName, gpus, f, Health{}, config.GPUPolicy{})
+	return TaintedGPU(nodeName, gpus, nil, f, Health{}, config.GPUPolicy{})
 }
 
-// TaintedGPU is GPU with the devices that h finds at fault tainted (with
-// DeviceTaints): the GPU's fault on every device of the GPU, a partition's
-// on the devices at its placement; and without the MIG profiles that p
-// leaves out.
-func TaintedGPU(nodeName string, gpus []hw.GPU, f device.Features, h Health, p config.GPUPolicy) resourceslice.DriverResources {
-	res, _ := buildGPUs(nodeName, gpus, f, h, p, false)
+// TaintedGPU is GPU with the GPUs bound to vfio-pci (passthrough devices)
+// too, the devices that h finds at fault tainted (with DeviceTaints): the
+// GPU's fault on every device of the GPU, a partition's on the devices at
+// its placement; and without the MIG profiles that p leaves out.
+func TaintedGPU(nodeName string, gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features, h Health, p config.GPUPolicy) resourceslice.DriverResources {
+	res, _ := buildGPUs(nodeName, gpus, passthrough, f, h, p, false)
 	return res
 }
 
 // GPUDevice is what a published GPU device stands for on the hardware:
 // prepare looks devices up here by name.
 type GPUDevice struct {
-	Kind string // KindGPU, KindMIG or KindVGPU
-	GPU  hw.GPU
+	Kind string // KindGPU, KindMIG, KindVGPU or KindPassthrough
+	// GPU is the NVML GPU of the first three kinds, Passthrough the
+	// vfio-pci GPU of the last.
+	GPU         hw.GPU
+	Passthrough hw.PassthroughGPU
 	// Profile and Placement: a MIG partition, or the GPU instance a
 	// MIG-backed vGPU occupies.
 	Profile   hw.MIGProfile
@@ -75,16 +80,24 @@ type GPUDevice struct {
 	Attributes map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 }
 
-// GPUDevices maps every device GPU publishes for these GPUs and
+// PCIBusID is the address of the device's physical GPU.
+func (d GPUDevice) PCIBusID() string {
+	if d.Kind == device.KindPassthrough {
+		return d.Passthrough.PCIBusID
+	}
+	return d.GPU.PCIBusID
+}
+
+// GPUDevices maps every device TaintedGPU publishes for these GPUs and
 // features to what it stands for; both come from one builder. It includes
 // the MIG profiles a configuration may leave out: a claim allocated before
 // the configuration changed still prepares.
-func GPUDevices(gpus []hw.GPU, f device.Features) map[string]GPUDevice {
-	_, catalog := buildGPUs("", gpus, f, Health{}, config.GPUPolicy{}, true)
+func GPUDevices(gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features) map[string]GPUDevice {
+	_, catalog := buildGPUs("", gpus, passthrough, f, Health{}, config.GPUPolicy{}, true)
 	return catalog
 }
 
-func buildGPUs(nodeName string, gpus []hw.GPU, f device.Features, h Health, p config.GPUPolicy, withCatalog bool) (resourceslice.DriverResources, map[string]GPUDevice) {
+func buildGPUs(nodeName string, gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features, h Health, p config.GPUPolicy, withCatalog bool) (resourceslice.DriverResources, map[string]GPUDevice) {
 	gpus = append([]hw.GPU(nil), gpus...)
 	sort.Slice(gpus, func(i, j int) bool { return gpus[i].PCIBusID < gpus[j].PCIBusID })
 
@@ -104,6 +117,7 @@ func buildGPUs(nodeName string, gpus []hw.GPU, f device.Features, h Health, p co
 		}
 		devices = append(devices, b.devices...)
 	}
+	devices = append(devices, passthroughDevices(passthrough, catalog)...)
 	// No partitionTypeAttribute: the pool-status controller can summarise
 	// no partition type of this model honestly (README, "Device model").
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
@@ -179,8 +193,9 @@ func (b *gpuDevices) build() {
 		}
 	}
 	if hostVGPU && b.f.CompatibilityGroups {
-		b.groups = true
-		for _, t := range g.VGPU.Types {
+		types := creatableVGPUTypes(g.VGPU)
+		b.groups = len(types) > 0
+		for _, t := range types {
 			if t.GPUInstanceProfileID == nil {
 				if migOff {
 					planned = append(planned, b.timeSlicedBlocks(t)...)
@@ -214,6 +229,47 @@ func (b *gpuDevices) build() {
 		}
 		b.add(d, p.what)
 	}
+}
+
+// creatableVGPUTypes are the vGPU types the GPU's framework can create
+// (none where no framework is set up: NVML lists what the vGPU manager
+// supports either way), each with at most as many instances as there are
+// VFs to host them, one each. Across types the memory counter binds
+// first: the vGPU manager enables as many VFs as the GPU can host vGPUs
+// (an H100 has 32 VFs and hosts at most 20, of 4 GB each), so the cap
+// matters only where fewer VFs are enabled, and there a prepare that
+// finds no free VF says so.
+func creatableVGPUTypes(v hw.VGPU) []hw.VGPUType {
+	var out []hw.VGPUType
+	for _, t := range v.Types {
+		if !t.Creatable || v.Framework == "" {
+			continue
+		}
+		if v.VFs > 0 {
+			t.MaxInstances = min(t.MaxInstances, v.VFs)
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// passthroughDevices are the GPUs bound to vfio-pci, each a whole GPU for
+// a VM. They consume no counters: NVML, and so no other device, has them.
+func passthroughDevices(gpus []hw.PassthroughGPU, catalog map[string]GPUDevice) []resourceapi.Device {
+	out := make([]resourceapi.Device, 0, len(gpus))
+	for _, g := range gpus {
+		a := placeAttributes(g.PCIBusID, g.PCIeRoot, g.NUMANode)
+		a[device.AttrType] = str(device.KindPassthrough)
+		a[device.AttrProfile] = str(device.ProfilePassthrough)
+		a[attrProductName] = str(g.ProductName)
+		a[attrPCIDeviceID] = str(g.DeviceID)
+		d := resourceapi.Device{Name: device.PassthroughName(g.PCIBusID), Attributes: a}
+		out = append(out, d)
+		if catalog != nil {
+			catalog[d.Name] = GPUDevice{Kind: device.KindPassthrough, Passthrough: g, Attributes: a}
+		}
+	}
+	return out
 }
 
 func (b *gpuDevices) add(d resourceapi.Device, what GPUDevice) {
@@ -414,6 +470,7 @@ func (b *gpuDevices) vgpu(t hw.VGPUType, index int) resourceapi.Device {
 	d.Attributes[attrParentUUID] = str(b.gpu.UUID)
 	d.Attributes[attrVGPUType] = str(t.Name)
 	d.Attributes[attrMIGBacked] = boolean(t.GPUInstanceProfileID != nil)
+	d.Attributes[attrVGPUFramework] = str(string(b.gpu.VGPU.Framework))
 	if t.Class != "" {
 		d.Attributes[attrVGPUClass] = str(t.Class)
 	}
@@ -449,17 +506,9 @@ func (b *gpuDevices) base(name, kind, profile string) resourceapi.Device {
 }
 
 func gpuAttributes(g hw.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
-	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		attrProductName:  str(g.ProductName),
-		attrArchitecture: str(g.Architecture),
-		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
-	}
-	if g.PCIeRoot != "" {
-		a[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
-	}
-	if g.NUMANode >= 0 {
-		a[deviceattribute.StandardDeviceAttributeNUMANode] = integer(g.NUMANode)
-	}
+	a := placeAttributes(g.PCIBusID, g.PCIeRoot, g.NUMANode)
+	a[attrProductName] = str(g.ProductName)
+	a[attrArchitecture] = str(g.Architecture)
 	for name, v := range map[resourceapi.QualifiedName]string{
 		attrCUDACompute: g.CUDAComputeCapability,
 		attrDriver:      g.DriverVersion,
@@ -468,6 +517,22 @@ func gpuAttributes(g hw.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAtt
 		if s := semver(v); s != "" {
 			a[name] = resourceapi.DeviceAttribute{VersionValue: &s}
 		}
+	}
+	return a
+}
+
+// placeAttributes are the standard attributes of where a GPU sits (PCI
+// address, PCIe root and NUMA node where known), which constraints match
+// across kinds and drivers.
+func placeAttributes(pciBusID, pcieRoot string, numa int) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		deviceattribute.StandardDeviceAttributePCIBusID: str(pciBusID),
+	}
+	if pcieRoot != "" {
+		a[deviceattribute.StandardDeviceAttributePCIeRoot] = str(pcieRoot)
+	}
+	if numa >= 0 {
+		a[deviceattribute.StandardDeviceAttributeNUMANode] = integer(numa)
 	}
 	return a
 }

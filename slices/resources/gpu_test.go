@@ -286,7 +286,7 @@ func TestLongNamesStayUniqueLabels(t *testing.T) {
 func TestGPUDevicesMatchPublishedDevices(t *testing.T) {
 	gpus := append(dgx(2), h100VGPU("0000:f0:00.0"))
 	published := names(GPU(testNode, gpus, device.AllFeatures))
-	catalog := GPUDevices(gpus, device.AllFeatures)
+	catalog := GPUDevices(gpus, nil, device.AllFeatures)
 	if len(catalog) != len(published) {
 		t.Fatalf("catalog has %d devices, slices %d", len(catalog), len(published))
 	}
@@ -344,7 +344,7 @@ func TestMIGProfilesLeftOut(t *testing.T) {
 	if cs := res[device.GPUDriver].Pools[testNode].Slices[0].SharedCounters[0]; len(cs.Counters) != 7 {
 		t.Errorf("counters %v: want memory slices 0-6 only", slices.Sorted(maps.Keys(cs.Counters)))
 	}
-	catalog := GPUDevices(gpus, device.AllFeatures)
+	catalog := GPUDevices(gpus, nil, device.AllFeatures)
 	for name := range published {
 		if _, ok := catalog[name]; !ok {
 			t.Errorf("%s published but not in the catalog", name)
@@ -394,5 +394,47 @@ func TestEveryKindNearTheFront(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestCreatableVGPUTypes: only what the GPU's vGPU framework can create is
+// published: nothing without a framework, only types it offers, and no
+// more instances of a type than there are VFs to host them.
+func TestCreatableVGPUTypes(t *testing.T) {
+	g := h100VGPU("0000:1b:00.0")
+	// count is the vGPUs published per type: a device each, or a block's
+	// instances.
+	count := func(g hw.GPU) map[string]int {
+		out := map[string]int{}
+		for _, d := range devicesByName(GPU(testNode, []hw.GPU{g}, device.AllFeatures)) {
+			if *d.Attributes[device.AttrType].StringValue != device.KindVGPU {
+				continue
+			}
+			n := 1
+			if c, ok := d.Capacity[device.GPUCapInstances]; ok {
+				n = int(c.Value.Value())
+			}
+			out[*d.Attributes[device.AttrProfile].StringValue] += n
+		}
+		return out
+	}
+	if got := count(g); got["H100-20C"] != 4 || got["H100-1-10C"] != 7 {
+		t.Fatalf("mdev framework, 16 VFs: %v", got)
+	}
+	none := g
+	none.VGPU.Framework = ""
+	if got := count(none); len(got) != 0 {
+		t.Errorf("no framework: %v", got)
+	}
+	few := g
+	few.VGPU.VFs = 2
+	if got := count(few); got["H100-20C"] != 2 || got["H100-40C"] != 2 || got["H100-80C"] != 1 {
+		t.Errorf("2 VFs: %v", got)
+	}
+	partial := g
+	partial.VGPU.Types = append([]hw.VGPUType(nil), g.VGPU.Types...)
+	partial.VGPU.Types[2].Creatable = false // no mdev type directory for H100-20C
+	if got := count(partial); got["H100-20C"] != 0 || got["H100-40C"] != 2 {
+		t.Errorf("H100-20C not offered by the framework: %v", got)
 	}
 }

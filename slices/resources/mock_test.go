@@ -8,13 +8,13 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/hwdra/hwdra/slices/device"
-
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/model"
+	mockprofile "github.com/hwdra/hwdra/hw/mock/profile"
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // probe reads a mock node through the real backends.
@@ -36,7 +36,7 @@ func probe(t testing.TB, spec string) hw.Inventory {
 // hardware, nvml and sriov backends, slices) and checks the API limits and
 // that two fresh mock nodes give byte-identical slices.
 func TestBuiltinProfiles(t *testing.T) {
-	for _, name := range mock.Builtins() {
+	for _, name := range mockprofile.Builtins() {
 		t.Run(name, func(t *testing.T) {
 			var first []byte
 			for i := 0; i < 2; i++ {
@@ -130,11 +130,11 @@ func BenchmarkProbeAndBuild(b *testing.B) {
 // device names (B200's "1g.23gb+me" and "1g.23gb-me" once collided), and
 // the scheduler's allocator can allocate one device of each kind there.
 func TestEveryGPUModel(t *testing.T) {
-	for _, model := range mock.Models() {
+	for _, model := range model.GPUNames() {
 		for _, mode := range gpuModes {
 			t.Run(model+"/"+mode.name, func(t *testing.T) {
 				skipUnlessMode(t, model, mode.yaml)
-				res := GPU(testNode, mockGPUs(t, model, mode.yaml, 8), device.AllFeatures)
+				res := mockGPUPool(t, model, mode.yaml, 8)
 				checkLimits(t, res)
 				kinds := map[string]bool{}
 				for _, s := range res.Pools[testNode].Slices {

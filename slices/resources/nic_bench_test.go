@@ -4,10 +4,9 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/hwdra/hwdra/slices/device"
-
 	"github.com/hwdra/hwdra/config"
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/sriov"
 )
 
@@ -17,15 +16,7 @@ import (
 // "mock" answers routes and eswitch mode as the mock node does; "netlink"
 // asks the kernel of this machine, as on a real node.
 func BenchmarkNICDiscoveryAndSlices(b *testing.B) {
-	p, err := mock.Parse("bench", []byte("nics: [{model: cx7, count: 4, vfs: 64}]"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	h, err := mock.New(p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close()
+	h := mocktest.Open(b, "nics: [{model: cx7, count: 4, vfs: 64}]")
 	cfg, err := config.Parse([]byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nnics:\n- mode: exclusive\n"))
 	if err != nil {
 		b.Fatal(err)

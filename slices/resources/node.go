@@ -20,8 +20,8 @@ type ByDriver map[string]resourceslice.DriverResources
 func ForNode(nodeName string, inv hw.Inventory, cfg *config.AgentConfig, f device.Features, faults hw.Health) (ByDriver, []config.Skip) {
 	res := ByDriver{}
 	h := Health{Faults: faults, FatalNoExecute: cfg.HealthPolicy().FatalNoExecute}
-	if len(inv.GPUs) > 0 {
-		res[device.GPUDriver] = TaintedGPU(nodeName, inv.GPUs, f, h, cfg.GPUPolicy())
+	if len(inv.GPUs) > 0 || len(inv.PassthroughGPUs) > 0 {
+		res[device.GPUDriver] = TaintedGPU(nodeName, inv.GPUs, inv.PassthroughGPUs, f, h, cfg.GPUPolicy())
 	}
 	var skipped []config.Skip
 	if len(inv.PFs) > 0 {

@@ -6,12 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hwdra/hwdra/hw/mock/model"
 	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
-
-	"github.com/hwdra/hwdra/hw/mock"
 )
 
 // The GPU pool declares no partitionTypeAttribute (README, "Device
@@ -89,10 +88,10 @@ func costKey(d resourceapi.Device) string {
 //
 //	go test -run TestPartitionTypeAlternatives -v ./slices/
 func TestPartitionTypeAlternatives(t *testing.T) {
-	for _, model := range mock.Models() {
+	for _, model := range model.GPUNames() {
 		for _, mode := range gpuModes[:3] { // mixed vGPU sizes change nothing here
 			name := model + "/" + mode.name
-			res := GPU(testNode, mockGPUs(t, model, mode.yaml, 8), device.AllFeatures)
+			res := mockGPUPool(t, model, mode.yaml, 8)
 			now := len(res.Pools[testNode].Slices)
 			split := len(perGPUPools(testNode, res))
 

@@ -20,24 +20,35 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/model"
+	mockprofile "github.com/hwdra/hwdra/hw/mock/profile"
 )
 
 // gpuModes are the modes every mock GPU model is tested in: MIG off as
 // shipped (Hopper and later can switch, so their MIG partitions are
-// offered too), MIG on, and host-vGPU mode with time-sliced types of one
-// size at a time or mixed.
+// offered too), MIG on, host-vGPU mode with time-sliced types of one size
+// at a time or mixed, host-vGPU through the vendor-specific VFIO framework
+// (Ada and later), and bound to vfio-pci for passthrough.
 var gpuModes = []struct{ name, yaml string }{
 	{"mig-off", ""},
 	{"mig-on", "\n  mig: true"},
 	{"host-vgpu", "\n  virtualization: host-vgpu"},
 	{"host-vgpu-mixed", "\n  virtualization: host-vgpu\n  vgpuHeterogeneous: true"},
+	{"host-vgpu-vfio", "\n  virtualization: host-vgpu\n  vgpuFramework: vfio\n  vgpuHeterogeneous: true"},
+	{"passthrough", "\n  virtualization: passthrough"},
 }
 
-// mockGPUs probes a mock node of n GPUs of one model in one mode.
-func mockGPUs(t testing.TB, model, modeYAML string, n int) []hw.GPU {
+// mockGPUPool probes a mock node of n GPUs of one model in one mode and
+// builds its GPU pool.
+func mockGPUPool(t testing.TB, model, modeYAML string, n int) resourceslice.DriverResources {
 	t.Helper()
-	return probe(t, "mock:"+mockGPUFile(t, model, modeYAML, n)).GPUs
+	return inventoryGPUPool(probe(t, "mock:"+mockGPUFile(t, model, modeYAML, n)))
+}
+
+// inventoryGPUPool is the GPU pool of a node's inventory, passthrough GPUs
+// included.
+func inventoryGPUPool(inv hw.Inventory) resourceslice.DriverResources {
+	return TaintedGPU(testNode, inv.GPUs, inv.PassthroughGPUs, device.AllFeatures, Health{}, config.GPUPolicy{})
 }
 
 func mockGPUFile(t testing.TB, model, modeYAML string, n int) string {
@@ -54,7 +65,7 @@ func mockGPUFile(t testing.TB, model, modeYAML string, n int) string {
 // vGPU before Hopper).
 func skipUnlessMode(t *testing.T, model, modeYAML string) {
 	t.Helper()
-	if _, err := mock.Load(mockGPUFile(t, model, modeYAML, 1)); err != nil {
+	if _, err := mockprofile.Load(mockGPUFile(t, model, modeYAML, 1)); err != nil {
 		t.Skipf("%s: %v", model, err)
 	}
 }
@@ -296,16 +307,23 @@ func refuseOneLarger(t *testing.T, driver string, units int, build func(units in
 // and decided within the scheduler's filter timeout rather than searching
 // until it.
 func TestUnsatisfiableClaimsRefused(t *testing.T) {
-	for _, model := range mock.Models() {
+	for _, model := range model.GPUNames() {
 		for _, mode := range gpuModes {
 			t.Run(model+"/"+mode.name, func(t *testing.T) {
 				skipUnlessMode(t, model, mode.yaml)
 				refuseOneLarger(t, device.GPUDriver, 8, func(n int) resourceslice.DriverResources {
-					return GPU(testNode, mockGPUs(t, model, mode.yaml, n), device.AllFeatures)
+					return mockGPUPool(t, model, mode.yaml, n)
 				})
 			})
 		}
 	}
+	// The VM node: VFIO-framework vGPUs of mixed sizes beside a
+	// passthrough GPU, as the built-in profile has them.
+	t.Run("h100-vm", func(t *testing.T) {
+		refuseOneLarger(t, device.GPUDriver, 1, func(int) resourceslice.DriverResources {
+			return inventoryGPUPool(probe(t, "mock:h100-vm"))
+		})
+	})
 	for _, node := range []string{"dgx-h100", "cx7"} {
 		pfs := probe(t, "mock:"+node).PFs
 		for _, mode := range []config.Mode{config.ModeShared, config.ModeExclusive} {

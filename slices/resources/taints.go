@@ -37,7 +37,7 @@ func (d GPUDevice) At() *hw.Placement {
 
 // Fault is the device's fault in h, if any: its GPU's, or its partition's.
 func (d GPUDevice) Fault(h hw.Health) (hw.Fault, bool) {
-	return h.GPUFault(d.GPU.PCIBusID, d.At())
+	return h.GPUFault(d.PCIBusID(), d.At())
 }
 
 // Fault is the device's fault in h, if any: its PF's or VF's as the

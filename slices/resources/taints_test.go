@@ -42,8 +42,8 @@ func TestGPUTaintsFromFaults(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			gpus := []hw.GPU{sick, well, vgpu}
-			res := TaintedGPU(testNode, gpus, device.AllFeatures, Health{Faults: tc.faults}, config.GPUPolicy{})
-			catalog := GPUDevices(gpus, device.AllFeatures)
+			res := TaintedGPU(testNode, gpus, nil, device.AllFeatures, Health{Faults: tc.faults}, config.GPUPolicy{})
+			catalog := GPUDevices(gpus, nil, device.AllFeatures)
 			n := 0
 			for name, d := range devicesByName(res) {
 				want := tc.tainted(name, catalog[name])
@@ -74,7 +74,7 @@ func TestGPUTaintsFromFaults(t *testing.T) {
 func TestAllocatorHonoursTaints(t *testing.T) {
 	sick, well := h100("0000:1b:00.0", 0), h100("0000:43:00.0", 0)
 	faults := hw.Health{GPUs: map[string]hw.Fault{sick.PCIBusID: {Reason: "XID79", Fatal: true}}}
-	res := TaintedGPU(testNode, []hw.GPU{sick, well}, device.AllFeatures, Health{Faults: faults, FatalNoExecute: true}, config.GPUPolicy{})
+	res := TaintedGPU(testNode, []hw.GPU{sick, well}, nil, device.AllFeatures, Health{Faults: faults, FatalNoExecute: true}, config.GPUPolicy{})
 	a := newAllocator(t, allocate.ClusterFeatures, map[string]resourceslice.DriverResources{device.GPUDriver: res})
 
 	first := claim(profile("gpu", device.ProfileFull, 1))

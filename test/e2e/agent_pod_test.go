@@ -13,7 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -44,7 +44,7 @@ func TestAgentPodRollingUpdate(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(mockDir) }) // after the agent pod stopped
 	mockDir = filepath.Join(mockDir, "hw")
 	values := n.AgentPodValues(t, framework.MockProfile(t, "one-h100", oneH100))
-	values["extraEnv"] = append(values["extraEnv"].([]any), map[string]any{"name": mock.DirEnv, "value": mockDir})
+	values["extraEnv"] = append(values["extraEnv"].([]any), map[string]any{"name": persist.DirEnv, "value": mockDir})
 
 	since := n.KubeletLogSize()
 	old := n.StartAgentPod(t, values)
@@ -61,12 +61,12 @@ func TestAgentPodRollingUpdate(t *testing.T) {
 		}
 	})
 	s := &scenario{t: t, n: n, ns: ns, ctx: ctx, agent: old}
-	initial, err := mock.ReadState(mockDir)
+	initial, err := persist.ReadState(mockDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := s.runPod("mig", s.template(exampleClaim(t, "mig-1g.10gb.yaml")), "rolling-update mig pod")
-	withPod, err := mock.ReadState(mockDir)
+	withPod, err := persist.ReadState(mockDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestAgentPodRollingUpdate(t *testing.T) {
 		p.Status.ContainerStatuses[0].ContainerID != container || p.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Errorf("the MIG pod changed during the rolling update: %+v", p.Status)
 	}
-	if now, err := mock.ReadState(mockDir); err != nil || framework.HardwareDiff(withPod, now) != "" {
+	if now, err := persist.ReadState(mockDir); err != nil || framework.HardwareDiff(withPod, now) != "" {
 		t.Errorf("the hardware changed during the rolling update (%v):\n%s", err, framework.HardwareDiff(withPod, now))
 	}
 	recs, err := framework.ReadAgentRecords(n.AgentPodStateDir(), gpuDriver)
@@ -111,7 +111,7 @@ func TestAgentPodRollingUpdate(t *testing.T) {
 	// The claim unprepares through the new agent, completely.
 	s.deletePod("mig")
 	waitCDISpecGone(t, n, gpuDriver, r.claim)
-	if _, err := framework.WaitMockState(ctx, mockDir, 30*time.Second, "as before the MIG pod", func(st mock.State) bool {
+	if _, err := framework.WaitMockState(ctx, mockDir, 30*time.Second, "as before the MIG pod", func(st persist.State) bool {
 		return framework.HardwareDiff(initial, st) == ""
 	}); err != nil {
 		t.Error(err)

@@ -11,7 +11,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 
@@ -122,7 +121,7 @@ func TestAgentPublishesAsIsAndRestsQuietly(t *testing.T) {
 				continue
 			}
 			name := ""
-			if o, ok := ev.Object.(runtime.Object).(*unstructured.Unstructured); ok {
+			if o, ok := ev.Object.(*unstructured.Unstructured); ok {
 				name = o.GetName()
 			}
 			t.Fatalf("the agent wrote while at rest: %s %s", ev.Type, name)

@@ -10,12 +10,12 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
 // Shared by the crash_* scenarios: the agent on mock hardware that
-// outlives it (mock.DirEnv), so that what a killed agent leaves on the
+// outlives it (persist.DirEnv), so that what a killed agent leaves on the
 // "hardware" is still there for the restarted one, and for the test to
 // compare with what was there before.
 
@@ -52,7 +52,7 @@ func startHWRig(t *testing.T, name, hardware string, env []string, drivers ...st
 	}
 	since := n.KubeletLogSize()
 	r.agentLog = n.LogSize("hwdra-agent")
-	r.agent = n.StartAgentWithEnv(t, hardware, append([]string{mock.DirEnv + "=" + r.mockDir}, env...), "--state-dir="+r.stateDir)
+	r.agent = n.StartAgentWithEnv(t, hardware, append([]string{persist.DirEnv + "=" + r.mockDir}, env...), "--state-dir="+r.stateDir)
 	r.waitServing(since)
 	r.ns = n.CreateNamespace(t, name)
 	t.Cleanup(func() {
@@ -64,7 +64,7 @@ func startHWRig(t *testing.T, name, hardware string, env []string, drivers ...st
 	// to unprepare the claims.
 	t.Cleanup(func() {
 		if !r.agent.Running() {
-			r.agent.Env = framework.AgentEnv(mock.DirEnv + "=" + r.mockDir)
+			r.agent.Env = framework.AgentEnv(persist.DirEnv + "=" + r.mockDir)
 			if err := r.agent.Start(); err != nil {
 				t.Errorf("cleanup: restart the agent: %v", err)
 			}
@@ -103,7 +103,7 @@ func (r *hwRig) kill() {
 // to startHWRig (nil: the hardware at full speed).
 func (r *hwRig) restart(env []string) {
 	r.t.Helper()
-	r.agent.Env = framework.AgentEnv(append([]string{mock.DirEnv + "=" + r.mockDir}, env...)...)
+	r.agent.Env = framework.AgentEnv(append([]string{persist.DirEnv + "=" + r.mockDir}, env...)...)
 	r.agentLog = r.n.LogSize("hwdra-agent")
 	if err := r.agent.Start(); err != nil {
 		r.t.Fatal(err)
@@ -111,9 +111,9 @@ func (r *hwRig) restart(env []string) {
 }
 
 // state reads the mock hardware's persisted state.
-func (r *hwRig) state() mock.State {
+func (r *hwRig) state() persist.State {
 	r.t.Helper()
-	s, err := mock.ReadState(r.mockDir)
+	s, err := persist.ReadState(r.mockDir)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func (r *hwRig) podEvents(name string) []string {
 // the agent's checkpoint holds no claim and its ledger no hardware state
 // of driver, and no CDI spec or metadata of the claim is left on the node.
 // It logs "TIMING <scenario> <deletion -> all that>".
-func (r *hwRig) deletePodAndCheck(name, driver, scenario string, claim *resourceapi.ResourceClaim, before mock.State) {
+func (r *hwRig) deletePodAndCheck(name, driver, scenario string, claim *resourceapi.ResourceClaim, before persist.State) {
 	r.t.Helper()
 	began := time.Now()
 	if err := r.n.DeletePod(r.ctx, r.ns, name, 60*time.Second); err != nil {
@@ -193,7 +193,7 @@ func (r *hwRig) deletePodAndCheck(name, driver, scenario string, claim *resource
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var problems []string
-		s, err := mock.ReadState(r.mockDir)
+		s, err := persist.ReadState(r.mockDir)
 		if err != nil {
 			problems = append(problems, err.Error())
 		} else if d := framework.HardwareDiff(before, s); d != "" {

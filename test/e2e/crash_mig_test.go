@@ -5,8 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hwdra/hwdra/hw/mock"
-
+	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
@@ -20,7 +19,7 @@ import (
 // Deleting the pod destroys it, restores the GPU's MIG mode and removes
 // the claim's CDI spec and metadata.
 func TestCrashDuringMIGPrepare(t *testing.T) {
-	r := startHWRig(t, "crash-mig", "mock:dgx-h100", []string{mock.TimingsEnv + "=createGpuInstance=3s"}, device.GPUDriver)
+	r := startHWRig(t, "crash-mig", "mock:dgx-h100", []string{persist.TimingsEnv + "=createGpuInstance=3s"}, device.GPUDriver)
 	before := r.state()
 	if n := before.GPUInstanceCount(); n != 0 {
 		t.Fatalf("dgx-h100 starts with %d GPU instances, want none", n)
@@ -52,7 +51,7 @@ func TestCrashDuringMIGPrepare(t *testing.T) {
 	if n := after.GPUInstanceCount(); n != 1 {
 		t.Fatalf("%d GPU instances after the restarted agent prepared the claim, want exactly 1:\n%s", n, framework.StateJSON(after))
 	}
-	var gpu mock.GPUState
+	var gpu persist.GPUState
 	for _, g := range after.GPUs {
 		if len(g.GPUInstances) > 0 {
 			gpu = g
@@ -85,7 +84,7 @@ func TestCrashDuringMIGPrepare(t *testing.T) {
 }
 
 // interrupted: the mock saw a call of this name interrupted by a crash.
-func interrupted(s mock.State, call string) bool {
+func interrupted(s persist.State, call string) bool {
 	for _, op := range s.Interrupted {
 		if op.Call == call {
 			return true

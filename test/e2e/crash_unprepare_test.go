@@ -4,8 +4,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/hwdra/hwdra/hw/mock"
-
+	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
@@ -23,17 +22,17 @@ func TestDeletingPodsRestoresHardware(t *testing.T) {
 		name, hardware, driver, example string
 		// made checks that the running pod's prepare changed the
 		// hardware the way it should; it returns what it saw.
-		made func(before, running mock.State) (string, bool)
+		made func(before, running persist.State) (string, bool)
 	}{
-		{"mig", "mock:dgx-h100", device.GPUDriver, "mig-1g.10gb.yaml", func(before, running mock.State) (string, bool) {
+		{"mig", "mock:dgx-h100", device.GPUDriver, "mig-1g.10gb.yaml", func(before, running persist.State) (string, bool) {
 			n := running.GPUInstanceCount()
 			return "GPU instances: " + strconv.Itoa(n), n == before.GPUInstanceCount()+1
 		}},
-		{"vgpu", "mock:h100-vgpu", device.GPUDriver, "vgpu.yaml", func(before, running mock.State) (string, bool) {
+		{"vgpu", "mock:h100-vgpu", device.GPUDriver, "vgpu.yaml", func(before, running persist.State) (string, bool) {
 			n := len(running.Mdevs)
 			return "mediated devices: " + strconv.Itoa(n), n == len(before.Mdevs)+1
 		}},
-		{"vf-share", "mock:cx7", device.NICDriver, "vf-share-10g.yaml", func(before, running mock.State) (string, bool) {
+		{"vf-share", "mock:cx7", device.NICDriver, "vf-share-10g.yaml", func(before, running persist.State) (string, bool) {
 			changed := changedVFs(before, running)
 			return "VFs configured: " + strconv.Itoa(len(changed)), len(changed) == 1 && running.VFs[changed[0]].MaxTxRateMbps == 10000
 		}},

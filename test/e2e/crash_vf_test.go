@@ -8,8 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
-
+	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
@@ -24,7 +23,7 @@ import (
 // net1; deleting the pod gives every VF its original settings back, the
 // node its links as they were, and leaves none held.
 func TestCrashDuringVFSharePrepare(t *testing.T) {
-	r := startHWRig(t, "crash-vf", "mock:cx7", []string{mock.TimingsEnv + "=setVF=3s"}, device.NICDriver)
+	r := startHWRig(t, "crash-vf", "mock:cx7", []string{persist.TimingsEnv + "=setVF=3s"}, device.NICDriver)
 	before := r.state()
 	links := nodeLinks(t)
 	tmpl := r.template("vf-share-10g.yaml")
@@ -77,7 +76,7 @@ func TestCrashDuringVFSharePrepare(t *testing.T) {
 
 // changedVFs are the VFs ("<pf>/<index>") whose settings differ between
 // two states, sorted.
-func changedVFs(before, after mock.State) []string {
+func changedVFs(before, after persist.State) []string {
 	var out []string
 	for k, v := range after.VFs {
 		if !sameVF(before.VFs[k], v) {

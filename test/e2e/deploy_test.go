@@ -16,10 +16,11 @@ import (
 
 // TestDeployManifests: the chart was installed at node start; the plain
 // manifests (deploy/hwdra.yaml, the chart rendered with its defaults) and
-// the chart rendered with a test cluster's values and with the suite's are
-// accepted object by object by the API server (server-side dry run,
-// admission included), every field kept (CEL selectors compiled, no field
-// dropped by a gate); every example claim is accepted as written,
+// the chart rendered with a test cluster's values (MIG profiles as
+// extended resources among them) and with the suite's are accepted object
+// by object by the API server (server-side dry run, admission included),
+// every field kept (CEL selectors compiled, extendedResourceName taken, no
+// field dropped by a gate); every example claim is accepted as written,
 // prioritized lists and capacity requests included.
 func TestDeployManifests(t *testing.T) {
 	n := framework.Shared(t)
@@ -42,6 +43,10 @@ func TestDeployManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	renders := map[string]string{"deploy/hwdra.yaml": string(plain)}
+	// A DeviceClass per MIG profile offered as an extended resource, on
+	// top of the six.
+	classCount := map[string]int{"deploy/hwdra.yaml": 6, "chart, default values": 6, "chart, the suite's values": 6,
+		"chart, ci/mock-values.yaml": 6 + len(ciValues["extendedResources"].(map[string]any)["migProfiles"].([]any))}
 	for name, values := range map[string]map[string]any{
 		"chart, default values":      nil,
 		"chart, ci/mock-values.yaml": ciValues,
@@ -83,7 +88,7 @@ func TestDeployManifests(t *testing.T) {
 					}
 				}
 			}
-			for kind, want := range map[string]int{"DaemonSet": 1, "DeviceClass": 5, "ClusterRole": 1, "ClusterRoleBinding": 1,
+			for kind, want := range map[string]int{"DaemonSet": 1, "DeviceClass": classCount[name], "ClusterRole": 1, "ClusterRoleBinding": 1,
 				"ServiceAccount": 1, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "ConfigMap": 1} {
 				if kinds[kind] != want {
 					t.Errorf("%d %s objects, want %d (all: %v)", kinds[kind], kind, want, kinds)

@@ -87,12 +87,7 @@ func (s *scenario) template(claim *resourceapi.ResourceClaim) string {
 // template; the app shows paths. It returns when the pod was created.
 func (s *scenario) createPod(name, template string, paths ...string) time.Time {
 	s.t.Helper()
-	pod := framework.PodWithClaimTemplate(name, template, paths...)
-	began := time.Now()
-	if _, err := s.n.Admin.CoreV1().Pods(s.ns).Create(s.ctx, pod, metav1.CreateOptions{}); err != nil {
-		s.t.Fatal(err)
-	}
-	return began
+	return s.createPodFor(framework.PodWithClaimTemplate(name, template, paths...))
 }
 
 // ran is a pod that runs: its claim as allocated and its app's output.
@@ -114,7 +109,13 @@ func (s *scenario) waitRunning(name, timing string, since time.Time) ran {
 	}
 	r := ran{pod: pod, timing: time.Since(since)}
 	framework.Timing(s.t, timing, r.timing)
-	if r.claim, _, err = s.n.WaitPodClaimAllocated(s.ctx, s.ns, name, 10*time.Second); err != nil {
+	// Its claim "devices", or, asking by extended resource, the claim the
+	// scheduler made for it.
+	waitClaim := s.n.WaitPodClaimAllocated
+	if len(pod.Spec.ResourceClaims) == 0 {
+		waitClaim = s.n.WaitPodExtendedClaimAllocated
+	}
+	if r.claim, _, err = waitClaim(s.ctx, s.ns, name, 10*time.Second); err != nil {
 		s.t.Fatal(err)
 	}
 	if r.logs, err = s.n.WaitPodLogs(s.ctx, s.ns, name, "app", "=== END", 20*time.Second); err != nil {
@@ -154,23 +155,41 @@ func (s *scenario) waitPending(name string) string {
 	return msg
 }
 
-// podClaim is the claim generated for the pod's claim "devices", or nil.
+// createPodFor creates pod and returns when it was created.
+func (s *scenario) createPodFor(pod *corev1.Pod) time.Time {
+	s.t.Helper()
+	began := time.Now()
+	if _, err := s.n.Admin.CoreV1().Pods(s.ns).Create(s.ctx, pod, metav1.CreateOptions{}); err != nil {
+		s.t.Fatal(err)
+	}
+	return began
+}
+
+// podClaim is the claim generated for the pod's claim "devices", or the
+// one the scheduler made for its extended resources, or nil.
 func (s *scenario) podClaim(name string) *resourceapi.ResourceClaim {
 	s.t.Helper()
 	pod, err := s.n.Admin.CoreV1().Pods(s.ns).Get(s.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	var claim string
 	for _, st := range pod.Status.ResourceClaimStatuses {
 		if st.Name == "devices" && st.ResourceClaimName != nil {
-			c, err := s.n.Admin.ResourceV1().ResourceClaims(s.ns).Get(s.ctx, *st.ResourceClaimName, metav1.GetOptions{})
-			if err != nil {
-				s.t.Fatal(err)
-			}
-			return c
+			claim = *st.ResourceClaimName
 		}
 	}
-	return nil
+	if st := pod.Status.ExtendedResourceClaimStatus; st != nil {
+		claim = st.ResourceClaimName
+	}
+	if claim == "" {
+		return nil
+	}
+	c, err := s.n.Admin.ResourceV1().ResourceClaims(s.ns).Get(s.ctx, claim, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return c
 }
 
 // deletePod deletes a pod and waits until it is gone.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/hwdra/hwdra/test/e2e/framework"
+	resourceapi "k8s.io/api/resource/v1"
 )
 
 // Pods competing for one device: the winner runs, the loser stays Pending
@@ -55,20 +56,28 @@ func winnerName(i int) string { return "winner-" + string(rune('a'+i)) }
 // 1g.10gb, but MIG and vGPU devices are in different groups and the
 // scheduler never mixes the two modes on one GPU.
 func TestPodsCompeteCompatibilityGroups(t *testing.T) {
-	s := startScenario(t, "compete-groups", framework.MockProfile(t, "one-vgpu-host", oneVGPUHost), gpuDriver)
-	mig := s.template(exampleClaim(t, "mig-1g.10gb.yaml"))
-	vgpu := s.template(exampleClaim(t, "vgpu.yaml"))
-	s.compete("compat-groups", []string{mig}, vgpu, func(r ran) {
-		if r.pod.Name != "loser" {
-			return
-		}
-		res := result(t, r.claim, "vgpu")
-		attrs := metadataDevice(t, r, res)
+	competeGroups(t, "compat-groups", framework.MockProfile(t, "one-vgpu-host", oneVGPUHost), func(res resourceapi.DeviceRequestAllocationResult, attrs map[string]map[string]any) {
 		mdev, _ := attrValue(attrs, gpuDriver, "mdevUUID").(string)
 		if mdev == "" {
 			t.Errorf("the vGPU pod's metadata has no mdevUUID: %v", attrs)
 		}
 		t.Logf("the vGPU pod got %s, mdev %s", res.Device, mdev)
+	})
+}
+
+// competeGroups runs a MIG pod and then a vGPU pod that must wait for it
+// on the one GPU of the mock profile; check sees the vGPU pod's device
+// and its metadata.
+func competeGroups(t *testing.T, name, profile string, check func(resourceapi.DeviceRequestAllocationResult, map[string]map[string]any)) {
+	s := startScenario(t, "compete-"+name, profile, gpuDriver)
+	mig := s.template(exampleClaim(t, "mig-1g.10gb.yaml"))
+	vgpu := s.template(exampleClaim(t, "vgpu.yaml"))
+	s.compete(name, []string{mig}, vgpu, func(r ran) {
+		if r.pod.Name != "loser" {
+			return
+		}
+		res := result(t, r.claim, "vgpu")
+		check(res, metadataDevice(t, r, res))
 	}, framework.MetadataPath("devices", "vgpu", gpuDriver))
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -258,4 +259,79 @@ func TestPodVFDirectClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitNodeLinks(t, before)
+}
+
+// TestSharedVFClaimOnePodAtATime: two pods name one ResourceClaim with a
+// VF share. The first runs with its interface; the second, which the
+// kubelet never asks the agent to prepare (the claim is prepared once),
+// does not start without its network: containerd refuses its sandbox with
+// the agent's reason, which the kubelet shows as an event on the pod.
+// Once the first pod is gone, the second gets the VF and runs with it.
+func TestSharedVFClaimOnePodAtATime(t *testing.T) {
+	s := startScenario(t, "vf-shared-claim", "mock:cx7", nicDriver)
+	claim := shareClaim(t, "10G")
+	claim.Name = "shared-net"
+	if _, err := s.n.Admin.ResourceV1().ResourceClaims(s.ns).Create(s.ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	meta := framework.MetadataPathDirect(claim.Name, "nic", nicDriver)
+	for _, name := range []string{"first", "second"} {
+		if name == "second" {
+			if _, err := s.n.WaitPodRunning(s.ctx, s.ns, "first", podRunningTimeout); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.n.Admin.CoreV1().Pods(s.ns).Create(s.ctx, framework.PodWithClaim(name, claim.Name, meta), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs, err := s.n.WaitPodLogs(s.ctx, s.ns, "first", "app", "=== END", 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := framework.ParseAppOutput(logs).Interfaces["net1"]; !ok {
+		t.Fatalf("the first pod has no net1")
+	}
+
+	event := s.waitEvent("second", "a claim of its own", 60*time.Second)
+	t.Logf("the second pod's event: %s", event)
+	if p, err := s.n.Admin.CoreV1().Pods(s.ns).Get(s.ctx, "second", metav1.GetOptions{}); err != nil || p.Status.Phase == corev1.PodRunning {
+		t.Fatalf("the second pod runs while the first has the claim's VF (%v)", err)
+	}
+
+	s.deletePod("first")
+	if _, err := s.n.WaitPodRunning(s.ctx, s.ns, "second", podRunningTimeout); err != nil {
+		t.Fatalf("the second pod once the first is gone: %v", err)
+	}
+	logs, err = s.n.WaitPodLogs(s.ctx, s.ns, "second", "app", "=== END", 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := framework.ParseAppOutput(logs).Interfaces["net1"]; !ok {
+		t.Errorf("the second pod runs without net1")
+	}
+}
+
+// waitEvent waits for an event of pod name whose message contains want
+// and returns it ("<reason>: <message>").
+func (s *scenario) waitEvent(name, want string, timeout time.Duration) string {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		list, err := s.n.Admin.CoreV1().Events(s.ns).List(s.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		var seen []string
+		for _, e := range list.Items {
+			seen = append(seen, e.Reason+": "+e.Message)
+			if strings.Contains(e.Message, want) {
+				return e.Reason + ": " + e.Message
+			}
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("pod %s: no event with %q within %v; events: %v", name, want, timeout, seen)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/model"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -177,7 +177,7 @@ func TestSlicesAcceptedAndAllocated(t *testing.T) {
 // and are stored as given.
 func TestEveryGPUModelAcceptedByTheAPIServer(t *testing.T) {
 	n := framework.Shared(t)
-	for _, model := range mock.Models() {
+	for _, model := range model.GPUNames() {
 		for _, mode := range []struct{ name, yaml string }{
 			{"mig-off", ""}, {"mig-on", "\n  mig: true"}, {"host-vgpu", "\n  virtualization: host-vgpu"},
 		} {

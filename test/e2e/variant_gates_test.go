@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +84,190 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 		}
 	})
 	framework.RecordTiming(t, "1g.10gb pod creation -> Running on a vGPU host (compatibility groups off)", examplePodRunning(t, n, ns, "mig-1g.10gb.yaml", "mig"))
+}
+
+// TestGateTurnedOffAfterSlicesStored: the agent publishes the full model
+// (compatibility groups on MIG devices) while DRADeviceCompatibilityGroups
+// is on; then the control plane restarts with the gate off. The API server
+// keeps the stored groups (an update keeps a gated field the old object
+// has), so no write reports a dropped field, and the scheduler, without
+// the gate, ignores every slice with groups: the node's GPU pool is
+// incomplete and a MIG pod stays pending. The agent's feature check (a
+// dry-run create) finds the gate off: at start (the agent restarted), the
+// first publication is without groups and the pod runs; the agent says so
+// in its log, /readyz and hwdra_feature_disabled. Every few seconds after
+// (--feature-check-interval), it finds the gate back on (groups return)
+// and off again (groups go, a second pod runs).
+func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
+	n := framework.New(t, framework.Options{})
+	ctx := context.Background()
+	agent := n.StartAgent(t, "mock:dgx-h100", "--feature-check-interval=1h")
+	if got := waitGPUPool(t, n, true); got == 0 {
+		t.Fatal("the full model has no device with compatibility groups: the test shows nothing")
+	}
+	readyz(t, "", 60*time.Second)
+
+	if err := n.RestartControlPlane(ctx, map[string]bool{"DRADeviceCompatibilityGroups": false}); err != nil {
+		t.Fatal(err)
+	}
+	ns := n.CreateNamespace(t, "gate-later")
+	t.Cleanup(func() {
+		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	claim, err := framework.ExampleClaim("mig-1g.10gb.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := framework.TemplateFor(claim)
+	if _, err := n.Admin.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	first := framework.PodWithClaimTemplate("mig-1", tmpl.Name)
+	if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, first, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The stored slices kept their groups through the restart, and the
+	// scheduler without the gate finds no complete pool.
+	time.Sleep(15 * time.Second)
+	if got := gpuPoolGroups(t, n); got == 0 {
+		t.Fatal("the API server dropped the stored groups on its own: the test shows nothing")
+	}
+	if p, err := n.Admin.CoreV1().Pods(ns).Get(ctx, first.Name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Fatalf("the MIG pod was scheduled from slices with groups by a scheduler without the gate (%v): the test shows nothing", err)
+	}
+
+	// Restarted, the agent checks before publishing.
+	agent.Args[len(agent.Args)-1] = "--feature-check-interval=3s"
+	if err := agent.Restart(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitGPUPool(t, n, false)
+	if _, err := n.WaitPodRunning(ctx, ns, first.Name, 90*time.Second); err != nil {
+		t.Fatalf("the MIG pod does not run from the fallback model: %v", err)
+	}
+	if !strings.Contains(agent.Tail(300), "DRADeviceCompatibilityGroups") {
+		t.Errorf("the agent's log never names the gate:\n%s", agent.Tail(40))
+	}
+	if body := readyz(t, "warning: publishing without DRA features the API server drops (DRADeviceCompatibilityGroups): no vGPU devices", 30*time.Second); !strings.HasPrefix(body, "ok\n") {
+		t.Errorf("/readyz: %q", body)
+	}
+	wantFeatureMetric(t, "1")
+
+	// The gate back on: the periodic check returns to the full model.
+	if err := n.RestartControlPlane(ctx, map[string]bool{"DRADeviceCompatibilityGroups": true}); err != nil {
+		t.Fatal(err)
+	}
+	waitGPUPool(t, n, true)
+	wantFeatureMetric(t, "0")
+	// And off again while the agent runs: the periodic check falls back.
+	if err := n.RestartControlPlane(ctx, map[string]bool{"DRADeviceCompatibilityGroups": false}); err != nil {
+		t.Fatal(err)
+	}
+	waitGPUPool(t, n, false)
+	wantFeatureMetric(t, "1")
+	second := framework.PodWithClaimTemplate("mig-2", tmpl.Name)
+	if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, second, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.WaitPodRunning(ctx, ns, second.Name, 90*time.Second); err != nil {
+		t.Fatalf("a MIG pod after the gate went off under a running agent: %v", err)
+	}
+}
+
+// gpuPoolGroups counts the devices with compatibility groups in the
+// latest complete generation of the node's GPU pool, -1 while it is
+// incomplete.
+func gpuPoolGroups(t *testing.T, n *framework.Node) int {
+	t.Helper()
+	list, err := n.Admin.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name + ",spec.driver=" + gpuDriver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := int64(-1)
+	for _, s := range list.Items {
+		gen = max(gen, s.Spec.Pool.Generation)
+	}
+	slices, groups := 0, 0
+	var count int64
+	for _, s := range list.Items {
+		if s.Spec.Pool.Generation != gen {
+			continue
+		}
+		slices++
+		count = s.Spec.Pool.ResourceSliceCount
+		for _, d := range s.Spec.Devices {
+			for _, c := range d.ConsumesCounters {
+				if len(c.CompatibilityGroups) > 0 {
+					groups++
+				}
+			}
+		}
+	}
+	if slices == 0 || int64(slices) != count {
+		return -1
+	}
+	return groups
+}
+
+// waitGPUPool waits until the node's GPU pool is complete and has devices
+// with compatibility groups (or none), and returns how many.
+func waitGPUPool(t *testing.T, n *framework.Node, withGroups bool) int {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got := gpuPoolGroups(t, n)
+		if got >= 0 && (got > 0) == withGroups {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the GPU pool has %d devices with compatibility groups (-1: incomplete) after 60s; want groups: %v", got, withGroups)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// readyz waits until the agent process's /readyz answers 200 with a body
+// containing want, and returns the body.
+func readyz(t *testing.T, want string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		resp, err := http.Get("http://127.0.0.1:9464/readyz")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			last = fmt.Sprintf("%d %q", resp.StatusCode, b)
+			if resp.StatusCode == http.StatusOK && strings.Contains(string(b), want) {
+				return string(b)
+			}
+		} else {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz after %v: %s; want 200 with %q", timeout, last, want)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// wantFeatureMetric waits until hwdra_feature_disabled of
+// DRADeviceCompatibilityGroups is want.
+func wantFeatureMetric(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`)
+		if err == nil && got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hwdra_feature_disabled{feature=\"DRADeviceCompatibilityGroups\"} = %q (%v), want %s", got, err, want)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }
 
 // examplePodRunning runs a pod with a claim from deploy/examples/<file>

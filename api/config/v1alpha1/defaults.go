@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"slices"
 	"strings"
 )
 
@@ -15,16 +16,27 @@ const (
 // Default fills in what the file leaves out: mode shared; a shared rule's
 // bandwidth policy (given only one of minimum and step, the other takes
 // its value; neither: 1G each; default: 10G rounded up to a valid share);
-// fatalEffect NoSchedule. Selector values that are valid are put in
-// canonical form (PCI addresses and IDs in lower case, a PCI address
-// with its domain, IDs without 0x), so that they compare with what the
-// hardware reports; invalid ones stay as written, for Validate to name.
+// fatalEffect NoSchedule; the device plugin's default resources.
+// Selector values that are valid are put in canonical form (PCI
+// addresses and IDs in lower case, a PCI address with its domain, IDs
+// without 0x, GPU UUIDs' hex digits in lower case), so that they compare
+// with what the hardware reports; invalid ones stay as written, for
+// Validate to name.
 func (c *AgentConfig) Default() {
 	for i := range c.NICs {
 		c.NICs[i].defaults()
 	}
 	if c.Health != nil && c.Health.FatalEffect == "" {
 		c.Health.FatalEffect = EffectNoSchedule
+	}
+	if dp := c.DevicePlugin; dp != nil {
+		if len(dp.Resources) == 0 {
+			dp.Resources = slices.Clone(DefaultDevicePluginResources)
+		}
+		if dp.OwnedGPUs != nil {
+			canonical(dp.OwnedGPUs.PCIAddresses, canonicalPCIAddress)
+			canonical(dp.OwnedGPUs.UUIDs, canonicalGPUUUID)
+		}
 	}
 }
 
@@ -47,7 +59,7 @@ func (r *NICRule) defaults() {
 // defaults completes the policy from its valid values; an invalid one
 // leaves what depends on it empty (Validate names the invalid one).
 func (b *Bandwidth) defaults() {
-	valid := func(s string) bool { _, err := Mbps(s); return err == nil }
+	valid := func(q Quantity) bool { _, err := Mbps(q); return err == nil }
 	switch {
 	case b.Minimum == "" && b.Step == "":
 		b.Minimum, b.Step = FormatMbps(DefaultMinimumMbps), FormatMbps(DefaultStepMbps)
@@ -91,4 +103,11 @@ func canonicalPCIAddress(s string) (string, bool) {
 func canonicalID(s string) (string, bool) {
 	s = strings.TrimPrefix(strings.ToLower(s), "0x")
 	return s, hexIDRE.MatchString(s)
+}
+
+func canonicalGPUUUID(s string) (string, bool) {
+	if rest, ok := strings.CutPrefix(s, "GPU-"); ok {
+		s = "GPU-" + strings.ToLower(rest)
+	}
+	return s, gpuUUIDRE.MatchString(s)
 }

@@ -56,6 +56,10 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 			{Bandwidth: &Bandwidth{Step: "0"}, Select: PFSelector{Names: []string{"a/b"}, Drivers: []string{""}}},
 		},
 		Health: &HealthConfig{XIDs: XIDConfig{Ignore: []uint64{13}, Report: []uint64{13}}, FatalEffect: "Evict"},
+		DevicePlugin: &DevicePluginConfig{
+			Resources: []string{"nvidia.com/gpu", "gpu", "kubernetes.io/gpu", "nvidia.com/*/x", "Nvidia.com/gpu", "nvidia.com/mig-1g.10gb+me", "nvidia.com/*"},
+			OwnedGPUs: &GPUSelector{PCIAddresses: []string{"1b:00.0", "0000:1b:00"}, UUIDs: []string{"GPU-3AE1F2C4-0B6D-4E1A-9C2F-5D7E8F901234", "3ae1f2c4"}},
+		},
 	}
 	c.Default()
 	var got []string
@@ -63,8 +67,29 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 		got = append(got, e.Field)
 	}
 	want := []string{"nics[0].mode", "nics[0].bandwidth", "nics[1].select.names[0]", "nics[1].select.drivers[0]",
-		"nics[1].bandwidth.step", "health.xids.report[0]", "health.fatalEffect"}
+		"nics[1].bandwidth.step", "health.xids.report[0]", "health.fatalEffect",
+		"devicePlugin.resources[1]", "devicePlugin.resources[2]", "devicePlugin.resources[3]", "devicePlugin.resources[4]",
+		"devicePlugin.resources[5]", "devicePlugin.ownedGPUs.pciAddresses[1]", "devicePlugin.ownedGPUs.uuids[1]"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("fields %s\nwant   %s", strings.Join(got, " "), strings.Join(want, " "))
+	}
+}
+
+// TestDefaultDevicePlugin: an empty devicePlugin section gets the device
+// plugin's default resource names; owned GPUs are put in canonical form.
+func TestDefaultDevicePlugin(t *testing.T) {
+	c := &AgentConfig{DevicePlugin: &DevicePluginConfig{OwnedGPUs: &GPUSelector{
+		PCIAddresses: []string{"1B:00.0"}, UUIDs: []string{"GPU-3AE1F2C4-0B6D-4E1A-9C2F-5D7E8F901234"},
+	}}}
+	c.Default()
+	want := &DevicePluginConfig{
+		Resources: []string{"nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"},
+		OwnedGPUs: &GPUSelector{PCIAddresses: []string{"0000:1b:00.0"}, UUIDs: []string{"GPU-3ae1f2c4-0b6d-4e1a-9c2f-5d7e8f901234"}},
+	}
+	if !reflect.DeepEqual(c.DevicePlugin, want) {
+		t.Errorf("got  %+v %+v\nwant %+v %+v", c.DevicePlugin, c.DevicePlugin.OwnedGPUs, want, want.OwnedGPUs)
+	}
+	if errs := c.Validate(); len(errs) > 0 {
+		t.Errorf("defaulted section invalid: %v", errs)
 	}
 }

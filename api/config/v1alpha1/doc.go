@@ -1,7 +1,8 @@
 // Package v1alpha1 is the agent's configuration file, AgentConfig in
 // config.hwdra.io/v1alpha1 (hwdra agent --config): which SR-IOV PFs the
-// agent offers, in which mode, with which bandwidth policy, and how device
-// faults are judged and tainted.
+// agent offers, in which mode, with which bandwidth policy, how device
+// faults are judged and tainted, and which GPUs the agent leaves to
+// NVIDIA's device plugin.
 //
 //	apiVersion: config.hwdra.io/v1alpha1
 //	kind: AgentConfig
@@ -22,9 +23,16 @@
 //	    ignore: [63]          # no device failure here, besides 13 31 43 45 68 109
 //	    report: [43]          # a device failure here after all
 //	  fatalEffect: NoExecute  # NoSchedule (default) | NoExecute
+//	devicePlugin:             # sharing the node with NVIDIA's device plugin
+//	  resources: [nvidia.com/gpu, nvidia.com/gpu.shared, "nvidia.com/mig-*"]  # the default
+//	  ownedGPUs:              # a split on purpose: these are the agent's, the rest the plugin's
+//	    pciAddresses: ["0000:1b:00.0"]
+//	    uuids: [GPU-3ae1f2c4-0b6d-4e1a-9c2f-5d7e8f901234]
 //
-// What the fields mean is on the types; package config resolves a
-// validated file against the node's PFs.
+// A section left out keeps its defaults: a file with only health offers
+// the PFs as no file does. Bandwidth values are quantities, quoted ("10G")
+// or bare numbers of bits per second. What the fields mean is on the
+// types; package config resolves a validated file against the node's PFs.
 //
 // +k8s:deepcopy-gen=package
 package v1alpha1

@@ -1,6 +1,10 @@
 package v1alpha1
 
-import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+import (
+	"encoding/json"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
 // AgentConfig is the agent's configuration file.
 //
@@ -12,11 +16,17 @@ type AgentConfig struct {
 	// offered. A PF that carries one of the node's default routes is only
 	// offered by an entry that names it (select.names or
 	// select.pciAddresses): handing the management link to pods must be a
-	// deliberate act. Without a file every PF with VFs is offered in shared
-	// mode with the default bandwidth policy, except those.
+	// deliberate act. Left out (or without a file) every PF with VFs is
+	// offered in shared mode with the default bandwidth policy, except
+	// those. An empty list is refused: [{mode: disabled}] offers none.
 	NICs []NICRule `json:"nics,omitempty"`
-	// Health tunes device health reporting.
+	// Health tunes device health reporting. Left out: the defaults.
 	Health *HealthConfig `json:"health,omitempty"`
+	// DevicePlugin says how the agent shares a node with NVIDIA's
+	// Kubernetes device plugin. Without it the agent recognises the device
+	// plugin by its default resource names and, while it sees it, leaves
+	// it every GPU.
+	DevicePlugin *DevicePluginConfig `json:"devicePlugin,omitempty"`
 	// GPUs tunes what the GPU driver publishes.
 	GPUs *GPUConfig `json:"gpus,omitempty"`
 }
@@ -90,11 +100,32 @@ const (
 type Bandwidth struct {
 	// Default is what a claim that names no bandwidth gets. Default: 10G,
 	// rounded up to a valid share.
-	Default string `json:"default,omitempty"`
+	Default Quantity `json:"default,omitempty"`
 	// Minimum share. Default: Step, or 1G.
-	Minimum string `json:"minimum,omitempty"`
+	Minimum Quantity `json:"minimum,omitempty"`
 	// Step between shares. Default: Minimum, or 1G.
-	Step string `json:"step,omitempty"`
+	Step Quantity `json:"step,omitempty"`
+}
+
+// Quantity is a Kubernetes quantity as written: a string ("10G") or, as
+// Kubernetes takes quantities, a bare number (bits per second). Any other
+// JSON value is kept as its text, for validation to refuse with the
+// field's path.
+type Quantity string
+
+// UnmarshalJSON takes a string as it is and any other value as its JSON
+// text; null leaves the quantity unset.
+func (q *Quantity) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var s string
+	if json.Unmarshal(data, &s) == nil {
+		*q = Quantity(s)
+		return nil
+	}
+	*q = Quantity(data)
+	return nil
 }
 
 // HealthConfig tunes device health reporting. A GPU XID is a device
@@ -127,3 +158,39 @@ const (
 	EffectNoSchedule = "NoSchedule"
 	EffectNoExecute  = "NoExecute"
 )
+
+// DevicePluginConfig: a GPU must never be offered twice, by NVIDIA's
+// device plugin (as an extended resource in the node's status) and by the
+// agent (in a ResourceSlice), or the scheduler hands it to two pods. The
+// agent sees the device plugin by its socket in the kubelet's
+// device-plugin directory (the plugin names it nvidia-<name>.sock for the
+// resource nvidia.com/<name>) and by the node advertising one of
+// Resources in status.capacity or status.allocatable. While it sees
+// either, it publishes only the GPUs of OwnedGPUs: none without them.
+type DevicePluginConfig struct {
+	// Resources are the extended resources that mean the device plugin
+	// serves GPUs on the node: names ("nvidia.com/gpu") or prefixes
+	// ending in "*" ("nvidia.com/mig-*"). Default: nvidia.com/gpu,
+	// nvidia.com/gpu.shared (time-slicing that renames the resource) and
+	// nvidia.com/mig-* (the mixed MIG strategy).
+	Resources []string `json:"resources,omitempty"`
+	// OwnedGPUs split a node between the device plugin and the agent on
+	// purpose: the agent publishes exactly these GPUs, whether or not it
+	// sees the device plugin, and leaves every other GPU to it (which must
+	// be set up to leave these alone). Unset: the agent owns every GPU,
+	// and none while it sees the device plugin.
+	OwnedGPUs *GPUSelector `json:"ownedGPUs,omitempty"`
+}
+
+// GPUSelector selects GPUs: a GPU is selected when either list holds it.
+type GPUSelector struct {
+	// PCIAddresses: "0000:1b:00.0" (or "1b:00.0", domain 0000).
+	PCIAddresses []string `json:"pciAddresses,omitempty"`
+	// UUIDs as NVML reports them: "GPU-" and 32 hex digits in 8-4-4-4-12
+	// groups ("GPU-3ae1f2c4-...").
+	UUIDs []string `json:"uuids,omitempty"`
+}
+
+// DefaultDevicePluginResources are the resources NVIDIA's device plugin
+// advertises GPUs as, in its default configurations.
+var DefaultDevicePluginResources = []string{"nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"}

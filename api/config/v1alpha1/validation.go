@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -16,6 +17,12 @@ import (
 // with its field path ("nics[1].bandwidth.step").
 func (c *AgentConfig) Validate() field.ErrorList {
 	var errs field.ErrorList
+	if c.NICs != nil && len(c.NICs) == 0 {
+		// Left out, nics keeps its default; an empty list would offer no
+		// PF at all, which is too easy to write by mistake to take.
+		errs = append(errs, field.Invalid(field.NewPath("nics"), field.OmitValueType{},
+			"an empty list would offer no PF: leave nics out to offer every PF with VFs in shared mode, or write [{mode: disabled}] to offer none"))
+	}
 	for i := range c.NICs {
 		errs = append(errs, c.NICs[i].validate(field.NewPath("nics").Index(i))...)
 	}
@@ -24,6 +31,9 @@ func (c *AgentConfig) Validate() field.ErrorList {
 	}
 	if c.GPUs != nil && c.GPUs.MIGProfiles != nil {
 		errs = append(errs, c.GPUs.MIGProfiles.validate(field.NewPath("gpus", "migProfiles"))...)
+	}
+	if c.DevicePlugin != nil {
+		errs = append(errs, c.DevicePlugin.validate(field.NewPath("devicePlugin"))...)
 	}
 	return errs
 }
@@ -63,6 +73,7 @@ func (f *ProfileFilter) Offers(name string) bool {
 var (
 	pciAddressRE = regexp.MustCompile(`^([0-9a-f]{4}:)?[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$`)
 	hexIDRE      = regexp.MustCompile(`^[0-9a-f]{4}$`)
+	gpuUUIDRE    = regexp.MustCompile(`^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 )
 
 func (r *NICRule) validate(p *field.Path) field.ErrorList {
@@ -108,13 +119,16 @@ func (r *NICRule) validate(p *field.Path) field.ErrorList {
 func (b *Bandwidth) validate(p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	values := map[string]int{}
-	for _, f := range []struct{ name, value string }{{"default", b.Default}, {"minimum", b.Minimum}, {"step", b.Step}} {
+	for _, f := range []struct {
+		name  string
+		value Quantity
+	}{{"default", b.Default}, {"minimum", b.Minimum}, {"step", b.Step}} {
 		if f.value == "" {
 			continue // left empty by defaulting where another value is invalid
 		}
 		v, err := Mbps(f.value)
 		if err != nil {
-			errs = append(errs, field.Invalid(p.Child(f.name), f.value, err.Error()))
+			errs = append(errs, field.Invalid(p.Child(f.name), string(f.value), err.Error()))
 			continue
 		}
 		values[f.name] = v
@@ -125,9 +139,9 @@ func (b *Bandwidth) validate(p *field.Path) field.ErrorList {
 	def, minimum, step := values["default"], values["minimum"], values["step"]
 	switch {
 	case def < minimum:
-		errs = append(errs, field.Invalid(p.Child("default"), b.Default, fmt.Sprintf("must be at least the minimum (%s)", FormatMbps(minimum))))
+		errs = append(errs, field.Invalid(p.Child("default"), string(b.Default), fmt.Sprintf("must be at least the minimum (%s)", FormatMbps(minimum))))
 	case (def-minimum)%step != 0:
-		errs = append(errs, field.Invalid(p.Child("default"), b.Default,
+		errs = append(errs, field.Invalid(p.Child("default"), string(b.Default),
 			fmt.Sprintf("must be the minimum (%s) plus a multiple of the step (%s)", FormatMbps(minimum), FormatMbps(step))))
 	}
 	return errs
@@ -148,14 +162,71 @@ func (h *HealthConfig) validate(p *field.Path) field.ErrorList {
 	return errs
 }
 
+func (d *DevicePluginConfig) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, r := range d.Resources {
+		if err := resourcePattern(r); err != nil {
+			errs = append(errs, field.Invalid(p.Child("resources").Index(i), r, err.Error()))
+		}
+	}
+	if g := d.OwnedGPUs; g != nil {
+		sel := p.Child("ownedGPUs")
+		for i, a := range g.PCIAddresses {
+			if !pciAddressRE.MatchString(a) {
+				errs = append(errs, field.Invalid(sel.Child("pciAddresses").Index(i), a, "must be a PCI address like 0000:1b:00.0"))
+			}
+		}
+		for i, u := range g.UUIDs {
+			if !gpuUUIDRE.MatchString(u) {
+				errs = append(errs, field.Invalid(sel.Child("uuids").Index(i), u, "must be a GPU UUID as NVML reports it, like GPU-3ae1f2c4-0b6d-4e1a-9c2f-5d7e8f901234"))
+			}
+		}
+	}
+	return errs
+}
+
+// resourcePattern checks an extended resource name, or a prefix of one
+// ending in "*".
+func resourcePattern(s string) error {
+	name, prefix := strings.CutSuffix(s, "*")
+	if strings.Contains(name, "*") {
+		return errors.New(`"*" may only end a prefix`)
+	}
+	if prefix {
+		// Any name the prefix starts is to be valid: test the shortest.
+		name += "x"
+	}
+	return extendedResourceName(name)
+}
+
+// extendedResourceName checks a name as the API server checks extended
+// resource names (k8s.io/kubernetes pkg/apis/core/v1/helper
+// IsExtendedResourceName, which apiserver validation and the scheduler
+// use): a domain-prefixed name outside kubernetes.io, that prefixed with
+// "requests." is a qualified name.
+func extendedResourceName(s string) error {
+	switch {
+	case !strings.Contains(s, "/"):
+		return errors.New("must be a domain-prefixed name like nvidia.com/gpu")
+	case strings.Contains(s, "kubernetes.io/"):
+		return errors.New("must not be in the kubernetes.io domain")
+	case strings.HasPrefix(s, "requests."):
+		return errors.New(`must not start with "requests."`)
+	}
+	if msgs := validation.IsQualifiedName("requests." + s); len(msgs) > 0 {
+		return errors.New("must be an extended resource name like nvidia.com/gpu: " + strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
 // maxBandwidthMbps bounds values (100 Tb/s) far above any link, and far
 // below where the arithmetic could overflow.
 const maxBandwidthMbps = 100_000_000
 
 // Mbps reads a bandwidth value (a quantity in bits per second, "10G") in
 // Mb/s, the VF rate limit's unit. The error says what is wrong with it.
-func Mbps(s string) (int, error) {
-	q, err := resource.ParseQuantity(s)
+func Mbps(s Quantity) (int, error) {
+	q, err := resource.ParseQuantity(string(s))
 	switch {
 	case err != nil:
 		return 0, errors.New("must be a quantity in bits per second, like 10G")
@@ -170,6 +241,6 @@ func Mbps(s string) (int, error) {
 }
 
 // FormatMbps writes Mb/s as a bit-rate quantity ("10G").
-func FormatMbps(v int) string {
-	return resource.NewScaledQuantity(int64(v), resource.Mega).String()
+func FormatMbps(v int) Quantity {
+	return Quantity(resource.NewScaledQuantity(int64(v), resource.Mega).String())
 }

@@ -14,7 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/nicsim"
 )
 
 // AgentArgs are the flags the DaemonSet gives `hwdra agent`: the kubelet's
@@ -39,7 +39,7 @@ func (n *Node) AgentArgs(kubeconfig, hardware string) []string {
 // NIC netdevs are veth stand-ins in the agent's own network namespace (the
 // node's), where the agent's NRI plugin moves them into pods; then extra.
 func AgentEnv(extra ...string) []string {
-	return append([]string{mock.VethEnv + "=1"}, extra...)
+	return append([]string{nicsim.VethEnv + "=1"}, extra...)
 }
 
 // StartProcess runs any program on the node (e.g. `hwdra agent ...` as the

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -57,22 +58,52 @@ func PodWithClaim(name, claim string, paths ...string) *corev1.Pod {
 	return pod
 }
 
+// PodWithExtendedResource is a test-app pod, without claims, whose
+// container asks for count of an extended resource (limits, and so
+// requests) as pods written for a device plugin do.
+func PodWithExtendedResource(name, resource string, count int64, paths ...string) *corev1.Pod {
+	pod := TestAppPod(name, paths...)
+	q := *apiresource.NewQuantity(count, apiresource.DecimalSI)
+	pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(resource): q}
+	return pod
+}
+
 // WaitPodClaimAllocated waits until the claim generated for the pod's claim
 // "devices" is allocated and reserved for the pod, and the pod is bound to a
 // node: the scheduler's work, done before the kubelet prepares anything.
 func (n *Node) WaitPodClaimAllocated(ctx context.Context, ns, podName string, timeout time.Duration) (*resourceapi.ResourceClaim, *corev1.Pod, error) {
+	return n.waitClaimAllocated(ctx, ns, podName, timeout, func(pod *corev1.Pod) string {
+		for _, s := range pod.Status.ResourceClaimStatuses {
+			if s.Name == "devices" && s.ResourceClaimName != nil {
+				return *s.ResourceClaimName
+			}
+		}
+		return ""
+	})
+}
+
+// WaitPodExtendedClaimAllocated is WaitPodClaimAllocated for the claim
+// the scheduler made for the pod's extended resources (named in
+// status.extendedResourceClaimStatus).
+func (n *Node) WaitPodExtendedClaimAllocated(ctx context.Context, ns, podName string, timeout time.Duration) (*resourceapi.ResourceClaim, *corev1.Pod, error) {
+	return n.waitClaimAllocated(ctx, ns, podName, timeout, func(pod *corev1.Pod) string {
+		if st := pod.Status.ExtendedResourceClaimStatus; st != nil {
+			return st.ResourceClaimName
+		}
+		return ""
+	})
+}
+
+// waitClaimAllocated waits until the pod's claim (named by claimOf) is
+// allocated and reserved and the pod bound.
+func (n *Node) waitClaimAllocated(ctx context.Context, ns, podName string, timeout time.Duration, claimOf func(*corev1.Pod) string) (*resourceapi.ResourceClaim, *corev1.Pod, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		pod, err := n.Admin.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
 		if err != nil {
 			return nil, nil, err
 		}
-		var claimName string
-		for _, s := range pod.Status.ResourceClaimStatuses {
-			if s.Name == "devices" && s.ResourceClaimName != nil {
-				claimName = *s.ResourceClaimName
-			}
-		}
+		claimName := claimOf(pod)
 		if claimName != "" && pod.Spec.NodeName != "" {
 			claim, err := n.Admin.ResourceV1().ResourceClaims(ns).Get(ctx, claimName, metav1.GetOptions{})
 			if err != nil {

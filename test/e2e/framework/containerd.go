@@ -13,7 +13,10 @@ import (
 // containerdConfig is containerd 2.x's configuration (version 4) with every
 // path under the node's root. Notable settings: restrict_oom_score_adj (no
 // CAP_SYS_RESOURCE on these machines), cdi_spec_dirs = the agent's --cdi-dir,
-// NRI on with its socket in the root, the local sandbox image pinned.
+// NRI on with its socket in the root and its default validator on (a pod
+// annotated with required plugins gets no container while one is missing:
+// what the README asks of operators for VF pods), the local sandbox image
+// pinned.
 const containerdConfig = `version = 4
 root = '@ROOT@/ctrd/root'
 state = '@ROOT@/ctrd/state'
@@ -56,6 +59,8 @@ imports = []
     plugin_path = '@ROOT@/nri/plugins'
     plugin_config_path = '@ROOT@/nri/conf.d'
     disable_connections = false
+    [plugins.'io.containerd.nri.v1.nri'.default_validator]
+      enable = true
 
   [plugins.'io.containerd.server.v1.grpc']
     address = '@ROOT@/ctrd/containerd.sock'

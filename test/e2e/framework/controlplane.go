@@ -242,3 +242,35 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// RestartControlPlane restarts kube-apiserver, kube-controller-manager and
+// kube-scheduler with gates changed over the node's (the kubelet keeps
+// its own), as an upgrade or a change of the cluster's feature gates does:
+// etcd keeps every object. It returns once the API server is ready again.
+func (n *Node) RestartControlPlane(ctx context.Context, gates map[string]bool) error {
+	for k, v := range gates {
+		n.Options.FeatureGates[k] = v
+	}
+	flag := "--feature-gates=" + gateFlag(n.Options.FeatureGates)
+	procs := []*Process{n.Scheduler, n.ControllerManager, n.APIServer}
+	for _, p := range procs {
+		p.Stop(10 * time.Second)
+		for i, a := range p.Args {
+			if strings.HasPrefix(a, "--feature-gates=") {
+				p.Args[i] = flag
+			}
+		}
+	}
+	if err := n.APIServer.Start(); err != nil {
+		return err
+	}
+	if err := n.waitAPIServer(ctx, 60*time.Second); err != nil {
+		return fmt.Errorf("kube-apiserver: %w\n%s", err, n.APIServer.Tail(30))
+	}
+	for _, p := range []*Process{n.ControllerManager, n.Scheduler} {
+		if err := p.Start(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

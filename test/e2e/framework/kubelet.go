@@ -64,6 +64,12 @@ func (n *Node) kubeletConfig() map[string]any {
 	}
 }
 
+// DevicePluginDir is the kubelet's device-plugin directory: fixed in the
+// kubelet (k8s.io/kubelet pkg/apis/deviceplugin/v1beta1 DevicePluginPath),
+// whatever its --root-dir, so on the machine's own /var/lib/kubelet; the
+// chart's devicePluginDir default.
+const DevicePluginDir = "/var/lib/kubelet/device-plugins"
+
 // KubeletRoot is the kubelet's --root-dir. Its DRA paths are
 // <root>/plugins_registry (registration sockets) and <root>/plugins/<driver>.
 func (n *Node) KubeletRoot() string { return filepath.Join(n.Root, "kubelet") }

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/diff"
 
-	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/internal/state"
 )
 
@@ -23,7 +23,7 @@ import (
 // runs with hw/mock's HWDRA_MOCK_DIR set to a directory of the test, so a
 // killed and restarted agent finds the GPU instances, mediated devices and
 // VF settings the killed one left, and a test reads that state from
-// outside (mock.ReadState) to tell what leaked.
+// outside (persist.ReadState) to tell what leaked.
 
 // MockDir makes an empty directory for t's persistent mock hardware: a
 // tmpfs of its own under the node's root (the mock's sysfs trees are
@@ -51,7 +51,7 @@ func (n *Node) MockDir(t testing.TB) string {
 }
 
 // StartAgentWithEnv is StartAgent with environment variables for the agent
-// process, e.g. mock.DirEnv+"="+n.MockDir(t), after AgentEnv's. Kill the
+// process, e.g. persist.DirEnv+"="+n.MockDir(t), after AgentEnv's. Kill the
 // returned process and Start it again to restart the agent with the same
 // flags and environment (change its Env in between for another
 // environment, starting from AgentEnv). Registered before the process's
@@ -89,10 +89,10 @@ func (n *Node) StartAgentBinary(t testing.TB, bin, hardware string, env []string
 
 // WaitMockState waits until cond holds for the mock hardware's state in dir
 // and returns that state; the error shows the last state read.
-func WaitMockState(ctx context.Context, dir string, timeout time.Duration, what string, cond func(mock.State) bool) (mock.State, error) {
+func WaitMockState(ctx context.Context, dir string, timeout time.Duration, what string, cond func(persist.State) bool) (persist.State, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		s, err := mock.ReadState(dir)
+		s, err := persist.ReadState(dir)
 		if err == nil && cond(s) {
 			return s, nil
 		}
@@ -111,9 +111,9 @@ func WaitMockState(ctx context.Context, dir string, timeout time.Duration, what 
 // WaitMockBusy waits until the mock hardware in dir is in the middle of a
 // call (a GPUTimings or NICTimings name, e.g. "createGpuInstance"; it takes
 // as long as the timings given to the mock say) and returns it.
-func WaitMockBusy(ctx context.Context, dir, call string, timeout time.Duration) (mock.Operation, error) {
-	var op mock.Operation
-	_, err := WaitMockState(ctx, dir, timeout, "busy with "+call, func(s mock.State) bool {
+func WaitMockBusy(ctx context.Context, dir, call string, timeout time.Duration) (persist.Operation, error) {
+	var op persist.Operation
+	_, err := WaitMockState(ctx, dir, timeout, "busy with "+call, func(s persist.State) bool {
 		for _, o := range s.Busy {
 			if o.Call == call {
 				op = o
@@ -126,8 +126,8 @@ func WaitMockBusy(ctx context.Context, dir, call string, timeout time.Duration) 
 }
 
 // HardwareDiff is how the hardware differs between two states (what
-// mock.State.Hardware keeps), "" when it does not.
-func HardwareDiff(before, after mock.State) string {
+// persist.State.Hardware keeps), "" when it does not.
+func HardwareDiff(before, after persist.State) string {
 	b, a := before.Hardware(), after.Hardware()
 	if reflect.DeepEqual(b, a) {
 		return ""
@@ -136,7 +136,7 @@ func HardwareDiff(before, after mock.State) string {
 }
 
 // StateJSON is a state for a test's log.
-func StateJSON(s mock.State) string {
+func StateJSON(s persist.State) string {
 	s.Spec = nil
 	b, _ := json.MarshalIndent(s, "", "  ")
 	return string(b)

@@ -1,0 +1,206 @@
+package lab
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/hw/mock/model"
+	"github.com/hwdra/hwdra/hw/mock/profile"
+	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/slices/resources"
+)
+
+var updateREADME = flag.Bool("update-readme", false, "rewrite the README's table of the built-in mock profiles")
+
+const (
+	tableBegin = "<!-- mock profiles: go test ./lab -run TestREADMEProfiles -update-readme -->\n"
+	tableEnd   = "<!-- end of mock profiles -->\n"
+)
+
+// TestREADMEProfiles: the README's table of the built-in mock profiles says
+// what each has and offers and which example claims fit it, as the
+// profiles, the slices and the allocator have it.
+func TestREADMEProfiles(t *testing.T) {
+	table := profilesTable(t)
+	path := filepath.Join("..", "README.md")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(data)
+	begin, end := strings.Index(readme, tableBegin), strings.Index(readme, tableEnd)
+	if begin < 0 || end < begin {
+		t.Fatalf("README.md has no %q ... %q", tableBegin, tableEnd)
+	}
+	begin += len(tableBegin)
+	if *updateREADME {
+		if err := os.WriteFile(path, []byte(readme[:begin]+table+readme[end:]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if readme[begin:end] != table {
+		t.Errorf("README.md's table of the mock profiles is not what they offer; go test ./lab -run TestREADMEProfiles -update-readme writes:\n%s", table)
+	}
+}
+
+func profilesTable(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	files, err := readClaims([]string{filepath.Join("..", "deploy", "examples")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	b.WriteString("| profile | GPUs | GPU devices | NICs | NIC devices | examples that fit |\n|---|---|---|---|---|---|\n")
+	for _, name := range profile.Builtins() {
+		p, err := profile.Load(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, err := backend.Open("mock:" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := node.Inventory(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Close()
+		res, _ := resources.ForNode(NodeName, inv, config.Default(), device.AllFeatures, hw.Health{})
+		var objs []*resourceapi.ResourceSlice
+		for driver := range res {
+			for _, s := range resources.Objects(driver, NodeName, res[driver]) {
+				objs = append(objs, &s)
+			}
+		}
+		var fit []string
+		for _, f := range files {
+			claims := make([]*resourceapi.ResourceClaim, len(f.claims))
+			for i, c := range f.claims {
+				claims[i] = c.DeepCopy()
+			}
+			if allocateBounded(ctx, allocate.New(allocate.ClusterFeatures, NodeName, objs, classes), claims) == nil {
+				fit = append(fit, "`"+strings.TrimSuffix(filepath.Base(f.path), ".yaml")+"`")
+			}
+		}
+		examples := strings.Join(fit, ", ")
+		switch {
+		case len(fit) == len(files):
+			examples = "all"
+		case len(fit) == 0:
+			examples = "none"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", name, gpusOf(p), gpuDevices(objs), nicsOf(p), nicDevices(objs), examples)
+	}
+	return b.String()
+}
+
+func gpusOf(p profile.Profile) string {
+	var groups []string
+	for _, g := range p.GPUs {
+		s := fmt.Sprintf("%d × %s", g.Count, g.Model)
+		switch {
+		case g.Virtualization == profile.VirtualizationHostVGPU && g.VGPUFramework == profile.VGPUFrameworkVFIO:
+			s += ", vGPU host (VFIO framework)"
+		case g.Virtualization == profile.VirtualizationHostVGPU:
+			s += ", vGPU host"
+		case g.Virtualization == profile.VirtualizationPassthrough:
+			s += ", bound to vfio-pci"
+		case g.MIG && len(g.MIGInstances) > 0:
+			var in []string
+			for _, mi := range g.MIGInstances {
+				in = append(in, fmt.Sprintf("%s at slice %d", mi.Profile, mi.Start))
+			}
+			s += ", MIG on with " + strings.Join(in, " and ") + " on each"
+		case g.MIG:
+			s += ", MIG on"
+		default:
+			s += ", MIG off"
+		}
+		groups = append(groups, s)
+	}
+	return orNone(groups)
+}
+
+func gpuDevices(objs []*resourceapi.ResourceSlice) string {
+	count := map[string]int{}
+	for _, s := range objs {
+		if s.Spec.Driver != device.GPUDriver {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			if a, ok := d.Attributes[device.AttrType]; ok && a.StringValue != nil {
+				count[*a.StringValue]++
+			}
+		}
+	}
+	var kinds []string
+	for _, k := range []struct{ kind, what string }{{device.KindGPU, "whole GPUs"}, {device.KindMIG, "MIG partitions"}, {device.KindVGPU, "vGPUs"}, {device.KindPassthrough, "passthrough GPUs"}} {
+		if n := count[k.kind]; n == 1 {
+			kinds = append(kinds, "1 "+strings.TrimSuffix(k.what, "s"))
+		} else if n > 1 {
+			kinds = append(kinds, fmt.Sprintf("%d %s", n, k.what))
+		}
+	}
+	if len(kinds) == 0 {
+		return "none"
+	}
+	return strings.Join(kinds, ", ")
+}
+
+func nicsOf(p profile.Profile) string {
+	var groups []string
+	for _, g := range p.NICs {
+		m, _ := model.LookupNIC(g.Model)
+		speed, link := m.SpeedMbps, m.LinkTypes[0]
+		if g.SpeedMbps > 0 {
+			speed = g.SpeedMbps
+		}
+		if g.LinkType != "" {
+			link = g.LinkType
+		}
+		s := fmt.Sprintf("%d × %s (%dG %s), %d VFs each", g.Count, g.Model, speed/1000, map[hw.LinkType]string{hw.LinkEthernet: "Ethernet", hw.LinkInfiniBand: "InfiniBand"}[link], g.VFs)
+		if g.DefaultRoute != nil {
+			s += ", one on the default route"
+		}
+		groups = append(groups, s)
+	}
+	return orNone(groups)
+}
+
+func nicDevices(objs []*resourceapi.ResourceSlice) string {
+	n := 0
+	for _, s := range objs {
+		if s.Spec.Driver == device.NICDriver {
+			n += len(s.Spec.Devices)
+		}
+	}
+	if n == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d shared PFs", n)
+}
+
+func orNone(parts []string) string {
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "; ")
+}

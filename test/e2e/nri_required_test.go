@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hwdra/hwdra/metadata/nri"
+	"github.com/hwdra/hwdra/test/e2e/framework"
+)
+
+// TestVFPodWaitsForTheAgent: a VF pod whose sandbox starts while the agent
+// is down (killed after the kubelet prepared the pod's claim, before the
+// sandbox: a test NRI plugin holds the sandbox back until then) must not
+// run without its VF. The pod requires the agent's NRI plugin
+// (nri.RequiredPluginsAnnotation) and containerd's default validator is
+// on, as the README asks: containerd refuses the pod's containers while
+// the plugin is missing. When the agent is back, its NRI plugin moves the
+// VF into the running sandbox and the pod runs with its interface.
+func TestVFPodWaitsForTheAgent(t *testing.T) {
+	r := startHWRig(t, "nri-required", "mock:cx7", nil, nicDriver)
+	gate := r.n.StartNRIGate(t, r.ns, "vf")
+	tmpl := r.template("vf-share-10g.yaml")
+	meta := framework.MetadataPath("devices", "nic", nicDriver)
+	pod := framework.PodWithClaimTemplate("vf", tmpl, meta)
+	pod.Annotations = map[string]string{nri.RequiredPluginsAnnotation + "/pod": `["` + nri.PluginName + `"]`}
+	began := time.Now()
+	if _, err := r.n.Admin.CoreV1().Pods(r.ns).Create(r.ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the kubelet to try the pod's sandbox (its claim prepared)", 90*time.Second, func() bool { return gate.Refused() > 0 })
+	r.kill()
+	gate.Open()
+	waitFor(t, "the pod's sandbox to start without the agent", 60*time.Second, func() bool { return gate.Passed() > 0 })
+
+	// The sandbox runs; its containers wait for the agent's NRI plugin.
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		p, err := r.n.Admin.CoreV1().Pods(r.ns).Get(r.ctx, "vf", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase == corev1.PodRunning {
+			t.Fatalf("the VF pod runs while the agent is down: its containers started without the VF")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	refused := ""
+	for _, e := range r.podEvents("vf") {
+		if strings.Contains(e, nri.PluginName) && strings.Contains(e, "not present") {
+			refused = e
+		}
+	}
+	if refused == "" {
+		t.Errorf("no event says containerd refused the containers for the missing plugin: %v", r.podEvents("vf"))
+	}
+	t.Logf("while the agent is down: %s", refused)
+
+	r.restart(nil)
+	claim, out := r.waitRunning("vf", "vf-pod-agent-down-at-sandbox-to-running", began)
+	checkInterface(t, r.n, r.ctx, "vf", out, claim, result(t, claim, "nic"), meta, defaultVF)
+}
+
+// waitFor polls cond every 200 ms until it holds or timeout passes.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
