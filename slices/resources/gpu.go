@@ -398,11 +398,13 @@ func (b *gpuDevices) timeSlicedBlocks(t hw.VGPUType) []plannedDevice {
 	if !b.gpu.VGPU.Heterogeneous || perHalf == 0 || 2*perHalf < t.MaxInstances {
 		return []plannedDevice{{what: what, instances: t.MaxInstances, memory: mem}}
 	}
-	first := min(perHalf, t.MaxInstances)
-	return []plannedDevice{
-		{what: what, index: 0, instances: first, memory: half},
-		{what: what, index: 1, instances: t.MaxInstances - first, memory: mem - half},
+	// Fewer instances than fit (the VFs cap them) split evenly.
+	first := min(perHalf, (t.MaxInstances+1)/2)
+	blocks := []plannedDevice{{what: what, index: 0, instances: first, memory: half}}
+	if rest := t.MaxInstances - first; rest > 0 {
+		blocks = append(blocks, plannedDevice{what: what, index: 1, instances: rest, memory: mem - half})
 	}
+	return blocks
 }
 
 func (b *gpuDevices) full(counters bool) resourceapi.Device {
@@ -451,7 +453,11 @@ func (b *gpuDevices) timeSlicedVGPU(p plannedDevice) resourceapi.Device {
 			},
 		}
 	}
-	d.ConsumesCounters = b.consume(map[string]resourceapi.Counter{counterMemory: bytesCounter(p.memory)}, groupVGPUTimeSlice)
+	use := map[string]resourceapi.Counter{counterMemory: bytesCounter(p.memory)}
+	if b.counters.vfs > 0 {
+		use[counterVFs] = intCounter(p.instances) // all of the block's, at its first share
+	}
+	d.ConsumesCounters = b.consume(use, groupVGPUTimeSlice)
 	return d
 }
 
@@ -461,7 +467,11 @@ func (b *gpuDevices) migBackedVGPU(t hw.VGPUType, p hw.MIGProfile, pl hw.Placeme
 	d.Attributes[device.AttrPlacementStart] = integer(pl.Start)
 	d.Attributes[device.AttrPlacementSize] = integer(pl.Size)
 	d.Capacity = capacity(t.FramebufferBytes, p.Multiprocessors)
-	d.ConsumesCounters = b.consume(b.counters.placement(p, pl), groupVGPUMIG)
+	use := b.counters.placement(p, pl)
+	if b.counters.vfs > 0 {
+		use[counterVFs] = intCounter(1)
+	}
+	d.ConsumesCounters = b.consume(use, groupVGPUMIG)
 	return d
 }
 

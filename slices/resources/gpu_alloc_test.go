@@ -352,3 +352,56 @@ func TestMIGDistinctGPU(t *testing.T) {
 		})
 	}
 }
+
+// TestVGPUsNeverOutnumberVFs: each vGPU takes one of its GPU's VFs, so
+// where fewer VFs are enabled than the framebuffer and the placements
+// would hold vGPUs, a vfs counter keeps the scheduler within them: claims
+// for one vGPU, alternating between types while any fits, get at most VFs
+// vGPUs on a GPU and at least one (time-sliced with sizes mixed, where two
+// types' blocks fit the framebuffer together but hold more vGPUs than
+// VFs; MIG-backed, at disjoint placements). Where the VFs suffice, no vfs
+// counter is published.
+func TestVGPUsNeverOutnumberVFs(t *testing.T) {
+	gib := uint64(1) << 30
+	base := h100VGPU("0000:1b:00.0")
+	base.VGPU.Framework = hw.VGPUFrameworkVFIO
+	base.VGPU.Heterogeneous = true
+	base.VGPU.Types = append(base.VGPU.Types, hw.VGPUType{ID: 4, Name: "NVIDIA H100-10C", Class: "Compute", FramebufferBytes: 10 * gib, MaxInstances: 8, Creatable: true})
+	profile := func(p string) string {
+		return fmt.Sprintf(`device.attributes["gpu.hwdra.io"].type == "vgpu" && device.attributes["gpu.hwdra.io"].profile == %q`, p)
+	}
+	for _, tc := range []struct {
+		name     string
+		profiles []string
+		vfs      int
+		counter  bool
+	}{
+		{"time-sliced/3", []string{"H100-20C", "H100-10C"}, 3, true},
+		{"time-sliced/5", []string{"H100-20C", "H100-10C"}, 5, true},
+		{"mig-backed/2", []string{"H100-1-10C", "H100-3-40C"}, 2, true},
+		{"time-sliced/16", []string{"H100-20C", "H100-10C"}, 16, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := base
+			g.VGPU.VFs = tc.vfs
+			res := GPU(testNode, []hw.GPU{g}, device.AllFeatures)
+			set := res.Pools[testNode].Slices[0].SharedCounters[0]
+			if _, ok := set.Counters[counterVFs]; ok != tc.counter {
+				t.Errorf("vfs counter published %v, want %v (%v)", ok, tc.counter, set.Counters)
+			}
+			a := newAllocator(t, allocate.ClusterFeatures, ByDriver{device.GPUDriver: res})
+			n, refused := 0, 0
+			for i := 0; refused < len(tc.profiles) && n <= 64; i++ {
+				if fits(t, a, claim(request("one", device.GPUDriver, 1, profile(tc.profiles[i%len(tc.profiles)])))) {
+					n, refused = n+1, 0
+				} else {
+					refused++
+				}
+			}
+			if n == 0 || n > tc.vfs {
+				t.Errorf("%d vGPUs allocated on a GPU of %d VFs", n, tc.vfs)
+			}
+			t.Logf("%d vGPUs on %d VFs", n, tc.vfs)
+		})
+	}
+}

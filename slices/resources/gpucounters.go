@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"maps"
 	"strconv"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -15,6 +16,9 @@ import (
 const (
 	// counterMemory is the framebuffer that time-sliced vGPUs take.
 	counterMemory = "memory"
+	// counterVFs is the SR-IOV VFs that host vGPUs, one each, where they
+	// can run out first.
+	counterVFs = "vfs"
 )
 
 func memorySliceCounter(i int) string { return "memory-slice-" + strconv.Itoa(i) }
@@ -39,6 +43,8 @@ type gpuCounters struct {
 	instanceLimits map[int]int
 	// memory is the framebuffer counter's value, 0 for none.
 	memory uint64
+	// vfs is the VF counter's value, 0 for none.
+	vfs int
 }
 
 // countersFor sizes a GPU's counters for the devices it publishes.
@@ -79,6 +85,7 @@ func countersFor(g hw.GPU, planned []plannedDevice) gpuCounters {
 			}
 		}
 	}
+	c.vfs = vfLimit(g, planned, c.memory)
 	for id, pls := range byProfile {
 		p := profiles[id]
 		if maxDisjoint(pls) > p.InstanceCount {
@@ -89,6 +96,49 @@ func countersFor(g hw.GPU, planned []plannedDevice) gpuCounters {
 		}
 	}
 	return c
+}
+
+// vfLimit is the VF counter's value: the GPU's VFs where fewer are
+// enabled than the published vGPUs could take at once (each vGPU takes a
+// VF, of either framework where the GPU has VFs), 0 where the framebuffer
+// and the placements run out first (the vGPU manager enables as many VFs
+// as the GPU can host vGPUs: an H100 has 32 and hosts at most 20). At
+// once means one group's devices: time-sliced blocks as far as the
+// framebuffer (memory) holds them, or MIG-backed vGPUs at disjoint
+// placements; compatibility groups keep the two apart.
+func vfLimit(g hw.GPU, planned []plannedDevice, memory uint64) int {
+	if g.VGPU.VFs <= 0 {
+		return 0
+	}
+	var placements []hw.Placement
+	seen := map[hw.Placement]bool{}
+	most := map[uint64]int{0: 0} // framebuffer taken -> most vGPUs in it
+	for _, p := range planned {
+		switch {
+		case p.what.Kind != device.KindVGPU:
+		case p.what.Placement.Size > 0:
+			if !seen[p.what.Placement] {
+				seen[p.what.Placement] = true
+				placements = append(placements, p.what.Placement)
+			}
+		default:
+			next := maps.Clone(most)
+			for used, n := range most {
+				if u := used + p.memory; u <= memory {
+					next[u] = max(next[u], n+p.instances)
+				}
+			}
+			most = next
+		}
+	}
+	atOnce := maxDisjoint(placements)
+	for _, n := range most {
+		atOnce = max(atOnce, n)
+	}
+	if g.VGPU.VFs >= atOnce {
+		return 0
+	}
+	return g.VGPU.VFs
 }
 
 // coveredWith: some placement covers s, and every one that does covers t.
@@ -143,6 +193,9 @@ func (c gpuCounters) counterSet(name string, profiles []hw.MIGProfile) resourcea
 	set := map[string]resourceapi.Counter{}
 	if c.memory > 0 {
 		set[counterMemory] = bytesCounter(c.memory)
+	}
+	if c.vfs > 0 {
+		set[counterVFs] = intCounter(c.vfs)
 	}
 	for _, s := range c.slices {
 		set[memorySliceCounter(s)] = intCounter(1)
