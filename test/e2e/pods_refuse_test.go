@@ -21,7 +21,9 @@ import (
 // interchangeable devices (issue 19): nine 1g.10gb+me on eight H100s
 // (one each, offered at two placements each, not seven), and 21 H100-8C
 // vGPUs on two H100s that hold 20 (two blocks per GPU that claims share,
-// not ten devices each). The time, from the pod's creation to the
+// not ten devices each), and five in one request on the two
+// VFIO-framework GPUs of h100-vm (two blocks each, which a request takes
+// once). The time, from the pod's creation to the
 // scheduler's FailedScheduling event, is logged (TIMING) and bounded well
 // below the filter timeout.
 func TestUnfittableClaimRefusedAtOnce(t *testing.T) {
@@ -31,6 +33,7 @@ func TestUnfittableClaimRefusedAtOnce(t *testing.T) {
 	}{
 		{"mig-plus-me", "mock:dgx-h100", "mig.gpu.hwdra.io", "1g.10gb+me", 9},
 		{"vgpu-shares", "mock:h100-vgpu", "vgpu.gpu.hwdra.io", "H100-8C", 21},
+		{"vfio-vgpu-blocks", "mock:h100-vm", "vgpu.gpu.hwdra.io", "H100-8C", 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startScenario(t, "refuse-"+tc.name, tc.hardware, gpuDriver)
