@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/utils/ptr"
 
 	"github.com/hwdra/hwdra/slices/device"
 )
@@ -54,13 +55,13 @@ func gpus(p *pool, u *usage) []GPU {
 		g := GPU{PCIBusID: bus}
 		for _, prof := range profiles[bus] {
 			devs := byKey[key{bus, prof}]
-			pr := Profile{Profile: prof, Devices: int32(len(devs)), Allocatable: base.clone().pack(devs, u)}
+			pr := Profile{Profile: prof, Allocatable: base.clone().pack(devs, u)}
 			for _, d := range devs {
-				if u.inUse(d.Name) {
-					pr.Allocated++
-				}
+				n := instances(d.Device)
+				pr.Devices += n
+				pr.Allocated += u.shares(d.Name)
 				if d.unavailable {
-					pr.Unavailable++
+					pr.Unavailable += n
 				}
 			}
 			g.Profiles = append(g.Profiles, pr)
@@ -68,6 +69,19 @@ func gpus(p *pool, u *usage) []GPU {
 		out = append(out, g)
 	}
 	return out
+}
+
+// instances is how many instances a device stands for: one, or the
+// instances capacity of a device that claims share.
+func instances(d *resourceapi.Device) int32 {
+	if !ptr.Deref(d.AllowMultipleAllocations, false) {
+		return 1
+	}
+	c, ok := d.Capacity[device.GPUCapInstances]
+	if !ok {
+		return 1
+	}
+	return int32(c.Value.Value())
 }
 
 // budget is what is left for new devices on the pool's hardware: counters,
@@ -179,12 +193,27 @@ func (b *budget) take(d *resourceapi.Device) {
 // same except for the memory slices of their placement, so taking free
 // placements by earliest end, each while the counters still cover it,
 // reaches the most instances the placements and the counters allow
-// (interval scheduling). Devices in use or unavailable are not candidates.
+// (interval scheduling). Devices in use or unavailable are not candidates,
+// except a device that claims share (a block of time-sliced vGPUs): its
+// counters are charged at its first share, and it holds its instances
+// less the shares it has.
 func (b *budget) pack(devs []poolDevice, u *usage) int32 {
-	var cands []*resourceapi.Device
+	var (
+		cands []*resourceapi.Device
+		n     int32
+	)
 	for _, d := range devs {
-		if !d.unavailable && !u.inUse(d.Name) {
-			cands = append(cands, d.Device)
+		switch {
+		case d.unavailable:
+		case !ptr.Deref(d.AllowMultipleAllocations, false):
+			if !u.inUse(d.Name) {
+				cands = append(cands, d.Device)
+			}
+		case u.inUse(d.Name):
+			n += max(0, instances(d.Device)-u.shares(d.Name))
+		case b.fits(d.Device):
+			b.take(d.Device)
+			n += instances(d.Device)
 		}
 	}
 	slices.SortStableFunc(cands, func(x, y *resourceapi.Device) int {
@@ -192,7 +221,6 @@ func (b *budget) pack(devs []poolDevice, u *usage) int32 {
 		py, _ := placement(y)
 		return cmp.Or(cmp.Compare(px.start+px.size, py.start+py.size), cmp.Compare(px.start, py.start))
 	})
-	var n int32
 	for _, d := range cands {
 		if b.fits(d) {
 			b.take(d)

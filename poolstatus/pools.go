@@ -60,7 +60,15 @@ type usage struct {
 	deviceConsumed map[string]map[resourceapi.QualifiedName]resource.Quantity
 }
 
-func (u *usage) inUse(name string) bool { return u != nil && u.results[name] > 0 }
+func (u *usage) inUse(name string) bool { return u.shares(name) > 0 }
+
+// shares is how many non-admin results use the device.
+func (u *usage) shares(name string) int32 {
+	if u == nil {
+		return 0
+	}
+	return u.results[name]
+}
 
 // Compute reports every pool of driver in c, sorted by name.
 func Compute(c Cluster, driver string) []Pool {

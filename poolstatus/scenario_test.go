@@ -102,7 +102,7 @@ func TestDGXScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range []string{
-		`(?m)^gpu\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+5\s+208\s+3\s+205\s+0$`,
+		`(?m)^gpu\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+4\s+168\s+3\s+165\s+0$`,
 		`(?m)^sriov\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+1\s+9\s+1\s+8\s+0$`,
 		`(?m)^0000:1b:00\.0\s+full\s+1\s+0\s+0\s+0$`,
 		`(?m)^\s+1g\.10gb\s+7\s+3\s+0\s+4$`,

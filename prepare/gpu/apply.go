@@ -34,7 +34,7 @@ type applier struct {
 
 func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
 	if p.admin && p.dev.Kind != device.KindPassthrough {
-		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
+		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
 		edits, md, err := a.asItIs(p, libs)
 		md.Published = p.dev.Attributes
 		out.Edits, out.Attributes = edits, md.Attributes()
@@ -43,7 +43,7 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 	a.rec.Devices = append(a.rec.Devices, DeviceRecord{Request: p.request, Device: p.device, GPU: p.dev.PCIBusID()})
 	r := &a.rec.Devices[len(a.rec.Devices)-1]
 	a.d.use(r.GPU, a.claim)
-	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
+	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
 	if p.dev.Kind == device.KindPassthrough {
 		// No NVIDIA driver holds the GPU: nothing to switch or create,
 		// for an adminAccess request as for any.

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/hwdra/hwdra/api"
@@ -22,7 +23,10 @@ import (
 // GPU's lock: the inventory the plan is made from may be a little old.
 type devicePlan struct {
 	request, pool, device string
-	dev                   resources.GPUDevice
+	// shareID is set where the device is one that claims share (a block
+	// of time-sliced vGPUs): each share is a vGPU of its own.
+	shareID *types.UID
+	dev     resources.GPUDevice
 	// wantMIG is the MIG mode the device needs on its GPU.
 	wantMIG bool
 	// computeSlices is the MIG device's compute instance size, 0 for the
@@ -57,7 +61,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 			}
 			configs[r.Request] = cfg
 		}
-		p := devicePlan{request: r.Request, pool: r.Pool, device: r.Device, dev: dev}
+		p := devicePlan{request: r.Request, pool: r.Pool, device: r.Device, shareID: r.ShareID, dev: dev}
 		if r.AdminAccess != nil && *r.AdminAccess {
 			// Monitoring and debugging: no partition, mode or config.
 			p.admin = true
