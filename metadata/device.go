@@ -25,7 +25,7 @@ const (
 	// domain, so both name the same attribute; the qualified one stays
 	// for the readers written against earlier agents.
 	AttrVMMdevUUID = "mdevUUID"
-	AttrMdevParent        = device.GPUDriver + "/mdevParent"
+	AttrMdevParent = device.GPUDriver + "/mdevParent"
 	// AttrParentPCIBusID is, for a vGPU of the vendor-specific VFIO
 	// framework, the PCI address of its GPU: the metadata's
 	// resource.kubernetes.io/pciBusID is the VF's, which the VM opens
