@@ -278,9 +278,9 @@ func TestAgentServesTheKubelet(t *testing.T) {
 	for sample, want := range map[string]string{
 		`hwdra_claim_operation_duration_seconds_count{driver="gpu.hwdra.io",kind="mig",operation="prepare",result="success"}`:   "2",
 		`hwdra_claim_operation_duration_seconds_count{driver="gpu.hwdra.io",kind="mig",operation="unprepare",result="success"}`: "1",
-		// Two GPUs, each whole and in 25 MIG (profile, placement) devices.
+		// Two GPUs, each whole and in 20 MIG (profile, placement) devices.
 		`hwdra_published_devices{driver="gpu.hwdra.io",kind="gpu"}`: "2",
-		`hwdra_published_devices{driver="gpu.hwdra.io",kind="mig"}`: "50",
+		`hwdra_published_devices{driver="gpu.hwdra.io",kind="mig"}`: "40",
 	} {
 		if got := a.metric(sample); got != want {
 			t.Errorf("metric %s = %q, want %q", sample, got, want)

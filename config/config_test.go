@@ -114,7 +114,7 @@ func TestParseInvalid(t *testing.T) {
 		{"wrong apiVersion", "apiVersion: config.hwdra.io/v2\nkind: AgentConfig\n", `apiVersion: Unsupported value: "config.hwdra.io/v2": supported values: "config.hwdra.io/v1alpha1"`},
 		{"wrong kind", "apiVersion: config.hwdra.io/v1alpha1\nkind: Config\n", `kind: Unsupported value: "Config": supported values: "AgentConfig"`},
 		{"another hwdra kind", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\n", "kind GpuConfig (gpu.hwdra.io/v1alpha1) is no agent configuration: want kind AgentConfig, apiVersion config.hwdra.io/v1alpha1"},
-		{"unknown top-level field", header + "gpus: []\n", `unknown field "gpus"`},
+		{"unknown top-level field", header + "gpu: {}\n", `unknown field "gpu"`},
 		{"unknown nested field", header + "nics:\n- {}\n- bandwidth: {stp: 1G}\n", `unknown field "nics[1].bandwidth.stp"`},
 		{"case matters", header + "nics:\n- Mode: shared\n", `unknown field "nics[0].Mode"`},
 		{"duplicate key", header + "nics: []\nnics: []\n", `line 4: key "nics" already set in map`},

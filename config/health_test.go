@@ -40,15 +40,9 @@ func TestParseHealth(t *testing.T) {
 		wantErr: `unknown field "health.xid"`,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := Parse([]byte(tc.yaml))
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
-				}
+			c := parseCase(t, tc.yaml, tc.wantErr)
+			if c == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if got := c.HealthPolicy(); !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("policy %+v, want %+v", got, tc.want)
@@ -58,4 +52,21 @@ func TestParseHealth(t *testing.T) {
 	if p := Default().HealthPolicy(); !reflect.DeepEqual(p, HealthPolicy{}) {
 		t.Fatalf("default policy %+v", p)
 	}
+}
+
+// parseCase parses a test case's file: nil where an error containing
+// wantErr was expected and came, the configuration where none was.
+func parseCase(t *testing.T, yaml, wantErr string) *AgentConfig {
+	t.Helper()
+	c, err := Parse([]byte(yaml))
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("error %v, want one containing %q", err, wantErr)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -58,12 +58,17 @@ type rule struct {
 	bandwidth BandwidthPolicy
 }
 
-// compile turns a defaulted, valid file into rules, a health policy and
-// the device plugin's share of the node. A section the file leaves out
-// keeps its defaults: without nics, the built-in rule (index -1) offers
-// every PF with VFs, shared, with the built-in policy, as without a file.
+// compile turns a defaulted, valid file into rules, a health policy, a
+// GPU policy and the device plugin's share of the node. A section the
+// file leaves out keeps its defaults: without nics, the built-in rule
+// (index -1) offers every PF with VFs, shared, with the built-in policy,
+// as without a file.
 func compile(file *configv1alpha1.AgentConfig) *AgentConfig {
-	c := &AgentConfig{health: healthPolicy(file.Health), devicePlugin: compileDevicePlugin(file.DevicePlugin)}
+	c := &AgentConfig{
+		health:       healthPolicy(file.Health),
+		gpu:          gpuPolicy(file.GPUs),
+		devicePlugin: compileDevicePlugin(file.DevicePlugin),
+	}
 	if file.NICs == nil {
 		c.rules = []rule{{index: -1, mode: ModeShared, bandwidth: DefaultBandwidth}}
 	}

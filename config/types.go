@@ -11,6 +11,7 @@ import (
 type AgentConfig struct {
 	rules        []rule // the file's nics[], or the built-in rule
 	health       HealthPolicy
+	gpu          GPUPolicy
 	devicePlugin devicePlugin
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -28,7 +29,7 @@ func TestLabRunsTheExamples(t *testing.T) {
 	}
 	got := out.String()
 	for _, want := range []string{
-		"gpu.hwdra.io: 216 devices",
+		"gpu.hwdra.io: 176 devices",
 		"== Allocation (the scheduler's allocator) ==",
 		"request: gpu/small", // first-available picked its first subrequest
 		"gpu.hwdra.io/claim=lab-default-mig-1g-10gb-",
@@ -149,7 +150,7 @@ func TestLabBadInput(t *testing.T) {
 			"request gpu: device class tpu.example.com does not exist (classes: gpu.hwdra.io, mig.gpu.hwdra.io, passthrough.gpu.hwdra.io, share.gpu.hwdra.io, vf-share.sriov.hwdra.io, vf.sriov.hwdra.io, vgpu.gpu.hwdra.io)"},
 		"selectors exclude the class's devices": {[]string{write("sel.yaml", claimYAML("s",
 			`exactly: {deviceClassName: mig.gpu.hwdra.io, selectors: [{cel: {expression: 'device.attributes["gpu.hwdra.io"].profile == "9g.90gb"'}}]}`))},
-			"request gpu: the selectors exclude all 200 devices of class mig.gpu.hwdra.io"},
+			"request gpu: the selectors exclude all 160 devices of class mig.gpu.hwdra.io"},
 		"a share larger than the PF": {[]string{write("big.yaml", claimYAML("big",
 			"exactly: {deviceClassName: vf-share.sriov.hwdra.io, capacity: {requests: {sriov.hwdra.io/bandwidth: 1000G}}}"))},
 			"request gpu: capacity sriov.hwdra.io/bandwidth: asks for 1T, but a matching device of class vf-share.sriov.hwdra.io gives at most 400G to one allocation"},
@@ -170,7 +171,7 @@ func TestLabBadInput(t *testing.T) {
 			"constraints[0] cannot be met: no devices matching requests gpu, nic share one value of resource.kubernetes.io/numaNode"},
 		"matching devices that exclude each other": {[]string{write("me.yaml", claimYAML("me",
 			`exactly: {deviceClassName: mig.gpu.hwdra.io, count: 2, selectors: [{cel: {expression: 'device.attributes["gpu.hwdra.io"].profile == "1g.10gb+me" && device.attributes["resource.kubernetes.io"].pciBusID == "0000:1b:00.0"'}}]}`))},
-			"request gpu: 7 devices of class mig.gpu.hwdra.io match, but no 2 of them can be allocated together"},
+			"request gpu: 2 devices of class mig.gpu.hwdra.io match, but no 2 of them can be allocated together"},
 		"files that fit alone, not one after the other": {[]string{write("a.yaml", claimYAML("a", "exactly: {deviceClassName: gpu.hwdra.io, count: 5}")),
 			write("b.yaml", claimYAML("b", "exactly: {deviceClassName: gpu.hwdra.io, count: 4}"))},
 			"b.yaml:\n    the claims fit this node when nothing is allocated, but not beside the claims allocated before them:\n        claim b, request gpu:"},
@@ -304,5 +305,60 @@ func TestLabLogsInPlace(t *testing.T) {
 	}
 	if !strings.Contains(got, "hwdra.io/claim: '(checkpoint entry, ") || strings.Contains(got, `"bootID"`) {
 		t.Errorf("the CDI spec's checkpoint entry is shown whole:\n%s", got)
+	}
+}
+
+// TestLabVGPUShares: two claims for a time-sliced vGPU type share the
+// type's block on a GPU (one device, allowMultipleAllocations), and
+// prepare makes a vGPU for each share.
+func TestLabVGPUShares(t *testing.T) {
+	dir := t.TempDir()
+	var files []string
+	for _, name := range []string{"a", "b"} {
+		p := filepath.Join(dir, name+".yaml")
+		req := `exactly: {deviceClassName: vgpu.gpu.hwdra.io, selectors: [{cel: {expression: 'device.attributes["gpu.hwdra.io"].profile == "H100-10C"'}}]}`
+		if err := os.WriteFile(p, []byte(claimYAML("share-"+name, req)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, p)
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), &out, Options{Hardware: "mock:h100-vgpu", ClaimFiles: files}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	got := out.String()
+	// Both shares on the first GPU's block, each with a vGPU of its own.
+	if n := strings.Count(got, "gpu-0000-1b-00-0-vgpu-h100-10c-0"); n < 2 {
+		t.Errorf("the block is named %d times, want both claims on it", n)
+	}
+	uuids := regexp.MustCompile(`HWDRA_GPU_0000_1B_00_0_VGPU_H100_10C_0_MDEV=(\S+)`).FindAllStringSubmatch(got, -1)
+	if len(uuids) != 2 || uuids[0][1] == uuids[1][1] {
+		t.Errorf("mdev UUIDs %v, want one of its own per share", uuids)
+	}
+	for _, want := range []string{"share-a: unprepared", "share-b: unprepared"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(got)
+	}
+}
+
+// TestLabLeanMIG: an AgentConfig that leaves MIG profiles out publishes
+// fewer devices, and a claim for a profile it keeps still fits.
+func TestLabLeanMIG(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\ngpus:\n  migProfiles:\n    include: [1g.10gb, 3g.40gb, 7g.80gb]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ConfigPath: cfg, ClaimFiles: examples("mig-1g.10gb.yaml")}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for _, want := range []string{"gpu.hwdra.io: 96 devices", "mig-1g-10gb: unprepared"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q\n%s", want, out.String())
+		}
 	}
 }

@@ -18,7 +18,14 @@ const (
 	AttrGPUInstanceID     = device.GPUDriver + "/gpuInstanceID"
 	AttrComputeInstanceID = device.GPUDriver + "/computeInstanceID"
 	AttrMdevUUID          = device.GPUDriver + "/mdevUUID"
-	AttrMdevParent        = device.GPUDriver + "/mdevParent"
+	// AttrVMMdevUUID is the mdev UUID again under the key KubeVirt's
+	// virt-launcher reads, unqualified (KubeVirt VEP 10, "Required
+	// Attributes": attributes["mdevUUID"], taking precedence over
+	// resource.kubernetes.io/pciBusID). Unqualified means the driver's
+	// domain, so both name the same attribute; the qualified one stays
+	// for the readers written against earlier agents.
+	AttrVMMdevUUID = "mdevUUID"
+	AttrMdevParent = device.GPUDriver + "/mdevParent"
 	// AttrParentPCIBusID is, for a vGPU of the vendor-specific VFIO
 	// framework, the PCI address of its GPU: the metadata's
 	// resource.kubernetes.io/pciBusID is the VF's, which the VM opens
@@ -69,6 +76,7 @@ func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
 	setInt(out, AttrGPUInstanceID, g.GPUInstance)
 	setInt(out, AttrComputeInstanceID, g.ComputeInstance)
 	setString(out, AttrMdevUUID, g.MdevUUID)
+	setString(out, AttrVMMdevUUID, g.MdevUUID)
 	setString(out, AttrMdevParent, g.MdevParent)
 	if g.VF != "" {
 		if parent, ok := out[string(deviceattribute.StandardDeviceAttributePCIBusID)]; ok {

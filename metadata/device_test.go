@@ -37,10 +37,10 @@ func TestGPUAttributes(t *testing.T) {
 			"gpu.hwdra.io/gpuInstanceID": i(2), "gpu.hwdra.io/computeInstanceID": i(0),
 		},
 	}, {
-		name: "MIG-backed vGPU: its mediated device and GPU instance",
+		name: "MIG-backed vGPU: its mediated device (also under KubeVirt's key) and GPU instance",
 		gpu:  GPU{MdevUUID: "8f2c", MdevParent: "0000:1b:00.4", GPUInstance: p(5)},
 		want: map[string]resourceapi.DeviceAttribute{
-			"gpu.hwdra.io/mdevUUID": s("8f2c"), "gpu.hwdra.io/mdevParent": s("0000:1b:00.4"), "gpu.hwdra.io/gpuInstanceID": i(5),
+			"gpu.hwdra.io/mdevUUID": s("8f2c"), "mdevUUID": s("8f2c"), "gpu.hwdra.io/mdevParent": s("0000:1b:00.4"), "gpu.hwdra.io/gpuInstanceID": i(5),
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {

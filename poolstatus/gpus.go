@@ -56,24 +56,13 @@ func gpus(p *pool, u *usage) []GPU {
 		g := GPU{PCIBusID: bus}
 		for _, prof := range profiles[bus] {
 			devs := byKey[key{bus, prof}]
-			pr := Profile{Profile: prof, Devices: int32(len(devs))}
-			if len(devs) == 1 && ptr.Deref(devs[0].AllowMultipleAllocations, false) {
-				// A GPU's shares: one device, taken many times.
-				d := devs[0]
-				pr.Allocated, pr.Allocatable = u.count(d.Name), base.shares(d, u)
-				if d.unavailable {
-					pr.Unavailable = 1
-				}
-				g.Profiles = append(g.Profiles, pr)
-				continue
-			}
-			pr.Allocatable = base.clone().pack(devs, u)
+			pr := Profile{Profile: prof, Allocatable: base.clone().pack(devs, u)}
 			for _, d := range devs {
-				if u.inUse(d.Name) {
-					pr.Allocated++
-				}
+				n := instances(d.Device)
+				pr.Devices += n
+				pr.Allocated += u.shares(d.Name)
 				if d.unavailable {
-					pr.Unavailable++
+					pr.Unavailable += n
 				}
 			}
 			g.Profiles = append(g.Profiles, pr)
@@ -81,6 +70,42 @@ func gpus(p *pool, u *usage) []GPU {
 		out = append(out, g)
 	}
 	return out
+}
+
+// instances is how many instances a device stands for: one, or for a
+// device that claims share, how many shares of its request policies'
+// default sizes it holds (sharesLeft with nothing consumed).
+func instances(d *resourceapi.Device) int32 {
+	if !ptr.Deref(d.AllowMultipleAllocations, false) {
+		return 1
+	}
+	return sharesLeft(d, nil)
+}
+
+// sharesLeft is how many more shares of the request policies' default
+// sizes fit in what a shareable device's capacities have left, the least
+// over them: a block of time-sliced vGPUs holds its instances (one each)
+// less its shares; a GPU's shares device as many defaults (4Gi, 10%) as
+// its memory and compute leave. A capacity without a default is taken
+// whole by a share.
+func sharesLeft(d *resourceapi.Device, consumed map[resourceapi.QualifiedName]resource.Quantity) int32 {
+	n := int64(math.MaxInt32)
+	for name, c := range d.Capacity {
+		size := c.Value
+		if c.RequestPolicy != nil && c.RequestPolicy.Default != nil {
+			size = *c.RequestPolicy.Default
+		}
+		if size.Sign() <= 0 {
+			continue
+		}
+		left := c.Value.DeepCopy()
+		left.Sub(consumed[name])
+		n = min(n, max(0, left.MilliValue()/size.MilliValue()))
+	}
+	if n == math.MaxInt32 {
+		return 1
+	}
+	return int32(n)
 }
 
 // budget is what is left for new devices on the pool's hardware: counters,
@@ -187,46 +212,32 @@ func (b *budget) take(d *resourceapi.Device) {
 	}
 }
 
-// shares counts how many more shares of the request policy's default
-// size fit on a shareable device: none while it is tainted or, before its
-// first share, while other devices hold the counters it consumes (the
-// allocator charges them at the first share, once); then as many as its
-// capacities have left, the least over them.
-func (b *budget) shares(d poolDevice, u *usage) int32 {
-	if d.unavailable || !u.inUse(d.Name) && !b.fits(d.Device) {
-		return 0
-	}
-	var consumed map[resourceapi.QualifiedName]resource.Quantity
-	if u != nil {
-		consumed = u.deviceConsumed[d.Name]
-	}
-	n := int64(math.MaxInt32)
-	for name, c := range d.Capacity {
-		size := c.Value // no policy: a share takes it all
-		if c.RequestPolicy != nil && c.RequestPolicy.Default != nil {
-			size = *c.RequestPolicy.Default
-		}
-		left := c.Value.DeepCopy()
-		left.Sub(consumed[name])
-		if size.Sign() <= 0 {
-			continue
-		}
-		n = min(n, max(0, left.MilliValue()/size.MilliValue()))
-	}
-	return int32(n)
-}
-
 // pack counts how many of devs (one profile on one GPU) can be added to
 // what is in use: a placement packing. Instances of one profile cost the
 // same except for the memory slices of their placement, so taking free
 // placements by earliest end, each while the counters still cover it,
 // reaches the most instances the placements and the counters allow
-// (interval scheduling). Devices in use or unavailable are not candidates.
+// (interval scheduling). Devices in use or unavailable are not candidates,
+// except a device that claims share (a block of time-sliced vGPUs, a
+// GPU's shares): its counters are charged at its first share, and it
+// holds the shares its capacities have left (sharesLeft).
 func (b *budget) pack(devs []poolDevice, u *usage) int32 {
-	var cands []*resourceapi.Device
+	var (
+		cands []*resourceapi.Device
+		n     int32
+	)
 	for _, d := range devs {
-		if !d.unavailable && !u.inUse(d.Name) {
-			cands = append(cands, d.Device)
+		switch {
+		case d.unavailable:
+		case !ptr.Deref(d.AllowMultipleAllocations, false):
+			if !u.inUse(d.Name) {
+				cands = append(cands, d.Device)
+			}
+		case u.inUse(d.Name):
+			n += sharesLeft(d.Device, u.deviceConsumed[d.Name])
+		case b.fits(d.Device):
+			b.take(d.Device)
+			n += instances(d.Device)
 		}
 	}
 	slices.SortStableFunc(cands, func(x, y *resourceapi.Device) int {
@@ -234,7 +245,6 @@ func (b *budget) pack(devs []poolDevice, u *usage) int32 {
 		py, _ := placement(y)
 		return cmp.Or(cmp.Compare(px.start+px.size, py.start+py.size), cmp.Compare(px.start, py.start))
 	})
-	var n int32
 	for _, d := range cands {
 		if b.fits(d) {
 			b.take(d)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock/model"
 	"github.com/hwdra/hwdra/slices/device"
@@ -61,12 +62,29 @@ var claimSeq int
 
 // claimFor asks for count devices of one profile on one GPU.
 func claimFor(bus, profile string, count int64) *resourceapi.ResourceClaim {
+	return claimOf(bus, profile, allocate.Request("r", gpuClass.Name, count, ""))
+}
+
+// sharesFor asks for count instances of a profile published as devices
+// that claims share: one request each, since a request takes a device
+// once.
+func sharesFor(bus, profile string, count int64) *resourceapi.ResourceClaim {
+	var reqs []resourceapi.DeviceRequest
+	for i := range count {
+		reqs = append(reqs, allocate.Request(fmt.Sprintf("r%d", i), gpuClass.Name, 1, ""))
+	}
+	return claimOf(bus, profile, reqs...)
+}
+
+func claimOf(bus, profile string, reqs ...resourceapi.DeviceRequest) *resourceapi.ResourceClaim {
 	claimSeq++
 	cel := fmt.Sprintf(`device.attributes["resource.kubernetes.io"].pciBusID == %q && device.attributes["gpu.hwdra.io"].profile == %q`, bus, profile)
+	for i := range reqs {
+		reqs[i].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}
+	}
 	return &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%d", claimSeq), Namespace: "default", UID: types.UID(fmt.Sprintf("uid-%d", claimSeq))},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
-			allocate.Request("r", gpuClass.Name, count, cel)}}},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: reqs}},
 	}
 }
 
@@ -117,7 +135,7 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 						health = partitionFault(gpus[0])
 					}
 					objs := resources.Objects(device.GPUDriver, node,
-						resources.TaintedGPU(node, gpus, nil, device.AllFeatures, resources.Health{Faults: health}))
+						resources.TaintedGPU(node, gpus, nil, device.AllFeatures, resources.Health{Faults: health}, config.GPUPolicy{}))
 					ptrs := make([]*resourceapi.ResourceSlice, len(objs))
 					for i := range objs {
 						ptrs[i] = &objs[i]
@@ -179,36 +197,15 @@ func TestAllocatableIsWhatTheAllocatorCanStillAllocate(t *testing.T) {
 //
 // A claim for n+1 devices that cannot be met makes the allocator try every
 // subset of the candidates up to that size: fine for MIG placements (at
-// most 8 per profile), exponential for the up to 32 interchangeable
-// instances of a time-sliced vGPU type. Those cost the same and declare the
-// same groups (checked here), so any n of them are as good as any other:
-// n+1 fit together exactly when one more fits beside the n the allocator
-// picks.
+// most 8 per profile), exponential for many interchangeable devices. Where
+// the profile's devices cost the same and declare the same groups (checked
+// here: time-sliced vGPU blocks), any n instances are as good as any
+// other: n+1 fit together exactly when one more fits beside the n the
+// allocator picks. Instances of a block that claims share are asked one
+// request each.
 func stillAllocatable(t *testing.T, a *allocate.Allocator, objs []resourceapi.ResourceSlice, bus string, p Profile) string {
 	n := int64(p.Allocatable)
-	if p.Profile == device.ProfileShare {
-		// A GPU's shares: n more claims of one default share each fit,
-		// one more does not.
-		var taken []*resourceapi.ResourceClaim
-		defer func() {
-			for _, c := range taken {
-				a.Release(c)
-			}
-		}()
-		for range n {
-			c := claimFor(bus, p.Profile, 1)
-			if !fits(t, a, c) {
-				return "the allocator refuses that many"
-			}
-			taken = append(taken, c)
-		}
-		if one := claimFor(bus, p.Profile, 1); fits(t, a, one) {
-			a.Release(one)
-			return "the allocator allocates one more"
-		}
-		return ""
-	}
-	placed, same := candidates(objs, bus, p.Profile)
+	placed, same, shared := candidates(objs, bus, p.Profile)
 	if placed || !same {
 		if n > 0 {
 			c := claimFor(bus, p.Profile, n)
@@ -222,15 +219,19 @@ func stillAllocatable(t *testing.T, a *allocate.Allocator, objs []resourceapi.Re
 		}
 		return ""
 	}
+	ask := claimFor
+	if shared {
+		ask = sharesFor
+	}
 	var taken *resourceapi.ResourceClaim
 	if n > 0 {
-		taken = claimFor(bus, p.Profile, n)
+		taken = ask(bus, p.Profile, n)
 		if !fits(t, a, taken) {
 			return "the allocator refuses that many"
 		}
 		defer a.Release(taken)
 	}
-	if one := claimFor(bus, p.Profile, 1); fits(t, a, one) {
+	if one := ask(bus, p.Profile, 1); fits(t, a, one) {
 		a.Release(one)
 		return "the allocator allocates one more"
 	}
@@ -238,9 +239,10 @@ func stillAllocatable(t *testing.T, a *allocate.Allocator, objs []resourceapi.Re
 }
 
 // candidates reports whether the profile's devices on the GPU have
-// placements, and whether they all consume the same counters with the same
-// groups and carry the same taints (interchangeable).
-func candidates(objs []resourceapi.ResourceSlice, bus, prof string) (placed, same bool) {
+// placements, whether they all consume the same counters with the same
+// groups and carry the same taints (interchangeable), and whether claims
+// share them.
+func candidates(objs []resourceapi.ResourceSlice, bus, prof string) (placed, same, shared bool) {
 	same = true
 	first := ""
 	for _, s := range objs {
@@ -252,6 +254,7 @@ func candidates(objs []resourceapi.ResourceSlice, bus, prof string) (placed, sam
 			if _, ok := placement(d); ok {
 				placed = true
 			}
+			shared = shared || d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations
 			key := fmt.Sprint(d.ConsumesCounters, d.Taints)
 			if first == "" {
 				first = key
@@ -259,7 +262,7 @@ func candidates(objs []resourceapi.ResourceSlice, bus, prof string) (placed, sam
 			same = same && key == first
 		}
 	}
-	return placed, same
+	return placed, same, shared
 }
 
 // partitionFault faults the first placement of the GPU's first MIG

@@ -60,10 +60,10 @@ type usage struct {
 	deviceConsumed map[string]map[resourceapi.QualifiedName]resource.Quantity
 }
 
-func (u *usage) inUse(name string) bool { return u.count(name) > 0 }
+func (u *usage) inUse(name string) bool { return u.shares(name) > 0 }
 
-// count is the number of results on a device.
-func (u *usage) count(name string) int32 {
+// shares is how many non-admin results use the device.
+func (u *usage) shares(name string) int32 {
 	if u == nil {
 		return 0
 	}

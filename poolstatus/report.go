@@ -52,14 +52,15 @@ type GPU struct {
 // Profile is the devices of one profile (gpu.hwdra.io/profile) on a GPU.
 type Profile struct {
 	Profile string `json:"profile"`
-	// Devices is how many devices of the profile the GPU publishes: one
-	// per placement for MIG, one per instance for vGPU.
+	// Devices is how many instances of the profile the GPU publishes:
+	// one device per placement for MIG and MIG-backed vGPU, a device
+	// per block of instances (each share one) for time-sliced vGPU.
 	Devices int32 `json:"devices"`
-	// Allocated are those allocated to claims; for a GPU's shares (one
-	// shareable device) the shares allocated.
+	// Allocated are the instances allocated to claims (the shares of a
+	// device that claims share).
 	Allocated int32 `json:"allocated"`
-	// Unavailable are those tainted NoSchedule or NoExecute (by the agent
-	// for a fault, or by a DeviceTaintRule).
+	// Unavailable are the instances on devices tainted NoSchedule or
+	// NoExecute (by the agent for a fault, or by a DeviceTaintRule).
 	Unavailable int32 `json:"unavailable"`
 	// Allocatable is how many more instances of the profile the scheduler
 	// can still allocate on this GPU, given the placements, counters and

@@ -119,9 +119,9 @@ func TestDGXScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range []string{
-		`(?m)^gpu\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+5\s+216\s+4\s+212\s+0$`,
+		`(?m)^gpu\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+4\s+176\s+4\s+172\s+0$`,
 		`(?m)^0000:43:00\.0\s+full\s+1\s+0\s+0\s+0$`,
-		`(?m)^\s+share\s+1\s+2\s+0\s+6$`,
+		`(?m)^\s+share\s+10\s+2\s+0\s+6$`,
 		`(?m)^gpu-0000-1b-00-0-share\s+0000:1b:00\.0\s+0\s+held\s+gpu\.hwdra\.io/compute\s+100\s+0\s+100$`,
 		`(?m)^gpu-0000-43-00-0-share\s+0000:43:00\.0\s+2\s+no\s+gpu\.hwdra\.io/compute\s+100\s+40\s+60$`,
 		`(?m)^\s+gpu\.hwdra\.io/memory\s+80Gi\s+20Gi\s+60Gi$`,

@@ -426,7 +426,7 @@ func TestPublishesWhatChanged(t *testing.T) {
 	gpuLabels := map[string]string{"driver": device.GPUDriver}
 	r.wantMetric("hwdra_resource_publications_total", gpuLabels, 1)
 	r.wantMetric("hwdra_published_devices", map[string]string{"driver": device.GPUDriver, "kind": device.KindGPU}, 2)
-	r.wantMetric("hwdra_published_devices", map[string]string{"driver": device.GPUDriver, "kind": device.KindMIG}, 50)
+	r.wantMetric("hwdra_published_devices", map[string]string{"driver": device.GPUDriver, "kind": device.KindMIG}, 40)
 	if n, ok := r.metric("hwdra_resourceslice_writes_total", map[string]string{"driver": device.GPUDriver, "operation": "create"}); !ok || n != float64(len(ss)) {
 		t.Errorf("slice creates %v (present: %v), want %d", n, ok, len(ss))
 	}

@@ -41,7 +41,7 @@ type applier struct {
 func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
 	if p.admin && p.dev.Kind != device.KindPassthrough {
 		a.records, a.uuids = append(a.records, -1), append(a.uuids, "")
-		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
+		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
 		edits, md, err := a.asItIs(p, libs)
 		md.Published = p.dev.Attributes
 		out.Edits, out.Attributes = edits, md.Attributes()
@@ -51,7 +51,7 @@ func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.Contain
 	a.records, a.uuids = append(a.records, len(a.rec.Devices)-1), append(a.uuids, p.dev.GPU.UUID)
 	r := &a.rec.Devices[len(a.rec.Devices)-1]
 	a.d.use(r.GPU, a.claim)
-	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device}
+	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
 	if p.dev.Kind == device.KindPassthrough {
 		// No NVIDIA driver holds the GPU: nothing to switch or create,
 		// for an adminAccess request as for any.
@@ -77,7 +77,6 @@ func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.Contain
 	case p.dev.Kind == device.KindShare:
 		// A share's container gets the GPU; MPS holds it to its share.
 		out.Edits, err = a.fullGPU(p, libs)
-		out.ShareID = p.shareID
 	case p.dev.Kind == device.KindMIG:
 		out.Edits, md, err = a.mig(r, p, libs)
 	case p.dev.Kind == device.KindVGPU && p.dev.GPU.VGPU.Framework == hw.VGPUFrameworkVFIO:

@@ -22,7 +22,7 @@ func TestMetadataIsWhatTheSlicePublishes(t *testing.T) {
 		{"MIG", "gpus: [{model: h100-80gb, count: 1, mig: true}]", request{name: "mig", cel: `profile == "1g.10gb"`},
 			[]string{"gpu.hwdra.io/uuid", "gpu.hwdra.io/gpuInstanceID", "gpu.hwdra.io/computeInstanceID"}},
 		{"vGPU", "h100-vgpu", request{name: "vgpu", cel: `type == "vgpu" && device.attributes["gpu.hwdra.io"].migBacked`},
-			[]string{"gpu.hwdra.io/mdevUUID", "gpu.hwdra.io/mdevParent", "gpu.hwdra.io/gpuInstanceID"}},
+			[]string{"gpu.hwdra.io/mdevUUID", "mdevUUID", "gpu.hwdra.io/mdevParent", "gpu.hwdra.io/gpuInstanceID"}},
 		{"vGPU of the VFIO framework", vfioHost, request{name: "vgpu", cel: `type == "vgpu" && device.attributes["gpu.hwdra.io"].migBacked`},
 			[]string{"gpu.hwdra.io/parentPciBusID", "gpu.hwdra.io/gpuInstanceID"}},
 		{"passthrough", passthroughNode, request{name: "gpu", cel: `type == "passthrough"`}, nil},

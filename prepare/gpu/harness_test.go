@@ -22,6 +22,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
 	"github.com/hwdra/hwdra/hw/mock/drivertools"
@@ -86,7 +87,7 @@ func newEnv(t testing.TB, profile string, driverSpec bool) *env {
 		}}},
 	}}
 	var objs []*resourceapi.ResourceSlice
-	for _, s := range resources.Objects(DriverName, testNode, resources.TaintedGPU(testNode, e.gpus, e.passthrough, device.AllFeatures, resources.Health{})) {
+	for _, s := range resources.Objects(DriverName, testNode, resources.TaintedGPU(testNode, e.gpus, e.passthrough, device.AllFeatures, resources.Health{}, config.GPUPolicy{})) {
 		objs = append(objs, &s)
 	}
 	e.alloc = allocate.New(allocate.ClusterFeatures, testNode, objs, classes)

@@ -23,7 +23,11 @@ import (
 // GPU's lock: the inventory the plan is made from may be a little old.
 type devicePlan struct {
 	request, pool, device string
-	dev                   resources.GPUDevice
+	// shareID is set where the device is one that claims share (a block
+	// of time-sliced vGPUs: each share is a vGPU of its own; a GPU's
+	// shares: each an MPS client held to what it consumed).
+	shareID *types.UID
+	dev     resources.GPUDevice
 	// wantMIG is the MIG mode the device needs on its GPU.
 	wantMIG bool
 	// computeSlices is the MIG device's compute instance size, 0 for the
@@ -34,9 +38,8 @@ type devicePlan struct {
 	// sharing is how the claim's processes share the device (nil: as
 	// the driver leaves it).
 	sharing *gpuv1alpha1.Sharing
-	// share is what a GPU share consumed, its shareID the allocation's.
-	share   *shareLimits
-	shareID *types.UID
+	// share is what a GPU share consumed.
+	share *shareLimits
 }
 
 // plan is pure: the claim's allocation, its configuration and the catalog
@@ -64,7 +67,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 			}
 			configs[r.Request] = cfg
 		}
-		p := devicePlan{request: r.Request, pool: r.Pool, device: r.Device, dev: dev}
+		p := devicePlan{request: r.Request, pool: r.Pool, device: r.Device, shareID: r.ShareID, dev: dev}
 		if r.AdminAccess != nil && *r.AdminAccess {
 			// Monitoring and debugging: no partition, mode or config.
 			p.admin = true

@@ -359,3 +359,40 @@ func TestAdminAccessTakesTheDeviceAsItIs(t *testing.T) {
 		})
 	}
 }
+
+// TestVGPUSharesEachGetAVGPU: a time-sliced vGPU type is published as
+// blocks that claims share; prepare makes one vGPU for each share, in one
+// claim (two requests) as across claims, and unprepare removes only the
+// claim's own.
+func TestVGPUSharesEachGetAVGPU(t *testing.T) {
+	e := newEnv(t, "h100-vgpu", true)
+	before := e.hwState()
+	two := e.claim(request{name: "a", cel: `profile == "H100-10C"`}, request{name: "b", cel: `profile == "H100-10C"`})
+	one := e.claim(request{name: "a", cel: `profile == "H100-10C"`})
+	results := append(slices.Clone(two.Status.Allocation.Devices.Results), one.Status.Allocation.Devices.Results...)
+	for _, r := range results {
+		if r.ShareID == nil || r.Device != results[0].Device {
+			t.Fatalf("results %+v: want three shares of one block", results)
+		}
+	}
+	devs := append(e.mustPrepare(two), e.mustPrepare(one)...)
+	seen := map[string]bool{}
+	for _, d := range devs {
+		mdev := attr(d, "mdevUUID")
+		if d.ShareID == nil || seen[mdev] || len(d.CDIDeviceIDs) != 1 || seen[d.CDIDeviceIDs[0]] {
+			t.Fatalf("devices %+v: want a share ID, a vGPU and a CDI device each", devs)
+		}
+		seen[mdev], seen[d.CDIDeviceIDs[0]] = true, true
+	}
+	if got := len(e.hw.MdevUUIDs()); got != 3 {
+		t.Fatalf("%d vGPUs for three shares", got)
+	}
+	e.unprepare(two)
+	if mdevs := e.hw.MdevUUIDs(); len(mdevs) != 1 || mdevs[0] != attr(devs[2], "mdevUUID") {
+		t.Fatalf("vGPUs after unpreparing the two-share claim: %v, want %s", mdevs, attr(devs[2], "mdevUUID"))
+	}
+	e.unprepare(one)
+	if after := e.hwState(); after != before {
+		t.Errorf("after unprepare:\n%s\nwant\n%s", after, before)
+	}
+}

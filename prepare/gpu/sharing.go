@@ -89,7 +89,6 @@ func sharePlan(p *devicePlan, r resourceapi.DeviceRequestAllocationResult) error
 		return errs.ToAggregate()
 	}
 	p.share = &shareLimits{memory: uint64(memory.Value()), compute: int(compute.Value())}
-	p.shareID = r.ShareID
 	p.sharing = &gpuv1alpha1.Sharing{Strategy: gpuv1alpha1.MPS}
 	return nil
 }

@@ -30,6 +30,11 @@ const (
 	AttrUUID = GPUDriver + "/uuid"
 )
 
+// GPUCapInstances is the capacity of a GPU device that claims share (a
+// block of time-sliced vGPUs): how many shares it holds; each share takes
+// one, and prepare makes one instance for it.
+const GPUCapInstances resourceapi.QualifiedName = GPUDriver + "/instances"
+
 // Device kinds, the values of AttrType.
 const (
 	KindGPU  = "gpu"

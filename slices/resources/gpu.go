@@ -12,6 +12,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 )
 
@@ -35,8 +36,9 @@ const (
 )
 
 // Compatibility groups: devices on one GPU are co-allocated only within a
-// group, so MIG partitions and vGPUs never share a GPU, and time-sliced vGPU
-// types that the hardware cannot mix are not mixed.
+// group, so MIG partitions and vGPUs never share a GPU. (Time-sliced types
+// that the hardware cannot mix are kept apart by the framebuffer counter:
+// see timeSlicedBlocks.)
 const (
 	groupMIG           = "mig"
 	groupVGPUMIG       = "vgpu-mig"
@@ -47,15 +49,15 @@ const (
 // GPU, and per GPU the whole GPU, its MIG partitions and its vGPU types, as
 // far as the hardware can deliver them in its current mode.
 func GPU(nodeName string, gpus []hw.GPU, f device.Features) resourceslice.DriverResources {
-	return TaintedGPU(nodeName, gpus, nil, f, Health{})
+	return TaintedGPU(nodeName, gpus, nil, f, Health{}, config.GPUPolicy{})
 }
 
 // TaintedGPU is GPU with the GPUs bound to vfio-pci (passthrough devices)
-// too and the devices that h finds at fault tainted (with DeviceTaints):
-// the GPU's fault on every device of the GPU, a partition's on the
-// devices at its placement.
-func TaintedGPU(nodeName string, gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features, h Health) resourceslice.DriverResources {
-	res, _ := buildGPUs(nodeName, gpus, passthrough, f, h, false)
+// too, the devices that h finds at fault tainted (with DeviceTaints): the
+// GPU's fault on every device of the GPU, a partition's on the devices at
+// its placement; and without the MIG profiles that p leaves out.
+func TaintedGPU(nodeName string, gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features, h Health, p config.GPUPolicy) resourceslice.DriverResources {
+	res, _ := buildGPUs(nodeName, gpus, passthrough, f, h, p, false)
 	return res
 }
 
@@ -87,17 +89,18 @@ func (d GPUDevice) PCIBusID() string {
 }
 
 // GPUDevices maps every device TaintedGPU publishes for these GPUs and
-// features to what it stands for; both come from one builder.
+// features to what it stands for; both come from one builder. It includes
+// the MIG profiles a configuration may leave out: a claim allocated before
+// the configuration changed still prepares.
 func GPUDevices(gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features) map[string]GPUDevice {
-	_, catalog := buildGPUs("", gpus, passthrough, f, Health{}, true)
+	_, catalog := buildGPUs("", gpus, passthrough, f, Health{}, config.GPUPolicy{}, true)
 	return catalog
 }
 
-func buildGPUs(nodeName string, gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features, h Health, withCatalog bool) (resourceslice.DriverResources, map[string]GPUDevice) {
+func buildGPUs(nodeName string, gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features, h Health, p config.GPUPolicy, withCatalog bool) (resourceslice.DriverResources, map[string]GPUDevice) {
 	gpus = append([]hw.GPU(nil), gpus...)
 	sort.Slice(gpus, func(i, j int) bool { return gpus[i].PCIBusID < gpus[j].PCIBusID })
 
-	cache := map[string]gpuBudget{}
 	var (
 		sets    []resourceapi.CounterSet
 		devices []resourceapi.Device
@@ -107,10 +110,10 @@ func buildGPUs(nodeName string, gpus []hw.GPU, passthrough []hw.PassthroughGPU, 
 		catalog = map[string]GPUDevice{}
 	}
 	for _, g := range gpus {
-		b := gpuDevices{gpu: g, f: f, health: h, budget: budgetFor(g, cache), set: device.GPUName(g.PCIBusID), catalog: catalog}
+		b := gpuDevices{gpu: g, f: f, health: h, policy: p, set: device.GPUName(g.PCIBusID), catalog: catalog}
 		b.build()
 		if b.usesCounters {
-			sets = append(sets, b.budget.counterSet(b.set, g.MIG.Profiles))
+			sets = append(sets, b.counters.counterSet(b.set, g.MIG.Profiles))
 		}
 		devices = append(devices, b.devices...)
 	}
@@ -128,11 +131,29 @@ type gpuDevices struct {
 	common       map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 	f            device.Features
 	health       Health
-	budget       gpuBudget
+	policy       config.GPUPolicy
+	counters     gpuCounters
 	set          string
 	devices      []resourceapi.Device
 	catalog      map[string]GPUDevice // nil unless asked for
 	usesCounters bool
+	// groups: the GPU offers vGPUs, whose compatibility groups keep them
+	// apart from MIG partitions (and the GPU's other devices need groups
+	// too). Without vGPUs no device of the GPU needs a group.
+	groups bool
+}
+
+// plannedDevice is a device the GPU will publish, before its counters are
+// known.
+type plannedDevice struct {
+	what GPUDevice
+	// index: a time-sliced vGPU block's number.
+	index int
+	// instances: a time-sliced vGPU block's vGPUs; above 1 the block is
+	// one device that many claims share.
+	instances int
+	// memory: the framebuffer a time-sliced vGPU block takes.
+	memory uint64
 }
 
 func (b *gpuDevices) build() {
@@ -151,31 +172,36 @@ func (b *gpuDevices) build() {
 			b.add(b.full(false), GPUDevice{Kind: device.KindGPU})
 		}
 		for _, in := range g.MIG.Instances {
-			if p, ok := g.MIG.Profile(in.ProfileID); ok {
+			if p, ok := g.MIG.Profile(in.ProfileID); ok && b.policy.OffersMIGProfile(p.Name) {
 				b.add(b.mig(p, in.Placement, false), GPUDevice{Kind: device.KindMIG, Profile: p, Placement: in.Placement})
 			}
 		}
 		return
 	}
-	b.usesCounters = true
+	var planned []plannedDevice
 	if !hostVGPU && migOff {
-		b.add(b.full(true), GPUDevice{Kind: device.KindGPU})
-		b.addShare()
+		planned = append(planned, plannedDevice{what: GPUDevice{Kind: device.KindGPU}})
+		if b.shareable() {
+			planned = append(planned, plannedDevice{what: GPUDevice{Kind: device.KindShare}})
+		}
 	}
 	if migOn {
 		for _, p := range g.MIG.Profiles {
-			for _, pl := range b.freePlacements(p, true) {
-				b.add(b.mig(p, pl, true), GPUDevice{Kind: device.KindMIG, Profile: p, Placement: pl})
+			if !b.policy.OffersMIGProfile(p.Name) {
+				continue
+			}
+			for _, pl := range b.offeredPlacements(p, true) {
+				planned = append(planned, plannedDevice{what: GPUDevice{Kind: device.KindMIG, Profile: p, Placement: pl}})
 			}
 		}
 	}
 	if hostVGPU && b.f.CompatibilityGroups {
-		for _, t := range creatableVGPUTypes(g.VGPU) {
+		types := creatableVGPUTypes(g.VGPU)
+		b.groups = len(types) > 0
+		for _, t := range types {
 			if t.GPUInstanceProfileID == nil {
 				if migOff {
-					for i := 0; i < t.MaxInstances; i++ {
-						b.add(b.timeSlicedVGPU(t, i), GPUDevice{Kind: device.KindVGPU, VGPUType: t})
-					}
+					planned = append(planned, b.timeSlicedBlocks(t)...)
 				}
 				continue
 			}
@@ -183,10 +209,30 @@ func (b *gpuDevices) build() {
 			if !migOn || !ok {
 				continue
 			}
-			for _, pl := range b.freePlacements(p, false) {
-				b.add(b.migBackedVGPU(t, p, pl), GPUDevice{Kind: device.KindVGPU, VGPUType: t, Profile: p, Placement: pl})
+			for _, pl := range b.offeredPlacements(p, false) {
+				planned = append(planned, plannedDevice{what: GPUDevice{Kind: device.KindVGPU, VGPUType: t, Profile: p, Placement: pl}})
 			}
 		}
+	}
+	b.counters = countersFor(g, planned)
+	interleave(planned)
+	// A whole GPU with nothing to keep out needs no counters at all.
+	b.usesCounters = len(planned) > 1 || len(planned) == 1 && planned[0].what.Kind != device.KindGPU
+	for _, p := range planned {
+		var d resourceapi.Device
+		switch {
+		case p.what.Kind == device.KindGPU:
+			d = b.full(b.usesCounters)
+		case p.what.Kind == device.KindShare:
+			d = b.share()
+		case p.what.Kind == device.KindMIG:
+			d = b.mig(p.what.Profile, p.what.Placement, true)
+		case p.what.Placement.Size > 0:
+			d = b.migBackedVGPU(p.what.VGPUType, p.what.Profile, p.what.Placement)
+		default:
+			d = b.timeSlicedVGPU(p)
+		}
+		b.add(d, p.what)
 	}
 }
 
@@ -243,26 +289,127 @@ func (b *gpuDevices) add(d resourceapi.Device, what GPUDevice) {
 	}
 }
 
-// freePlacements are a profile's placements that no existing instance
+// interleave orders a GPU's devices by their rank within their profile or
+// vGPU type (the whole GPU, then each profile's first placement, then each
+// one's second, ...), keeping the order of devices of one profile. The
+// allocator evaluates a claim's selectors on every device before the first
+// that matches, so a claim for any profile now meets one of its devices
+// within the first dozen of a GPU rather than after every placement of
+// the profiles before it (a 3g.40gb came after 17 devices of an H100). A
+// profile's devices keep their order, so first-fit picks the same
+// placements as before.
+func interleave(planned []plannedDevice) {
+	type ranked struct {
+		rank int
+		p    plannedDevice
+	}
+	seen := map[string]int{}
+	list := make([]ranked, len(planned))
+	for i, p := range planned {
+		key := p.what.Kind + "/" + p.what.Profile.Name + "/" + p.what.VGPUType.Name
+		list[i] = ranked{seen[key], p}
+		seen[key]++
+	}
+	sort.SliceStable(list, func(a, b int) bool { return list[a].rank < list[b].rank })
+	for i := range list {
+		planned[i] = list[i].p
+	}
+}
+
+// offeredPlacements are a profile's placements that no existing instance
 // overlaps (or, with reuse, that an existing instance of that profile
 // occupies exactly), last first: the allocator takes devices in order, and
 // filling from the top keeps the low slices free for large profiles.
-func (b *gpuDevices) freePlacements(p hw.MIGProfile, reuse bool) []hw.Placement {
-	var out []hw.Placement
+//
+// Where the instance count rather than the placements limits a profile
+// (one "+me" instance, seven 1-slice placements), each placement would be
+// another interchangeable device to the allocator, which tries every
+// combination of them before it refuses a claim for one more instance
+// than the GPUs hold. Such a profile is offered at its highest free
+// placement(s) in each half of the GPU (and where an instance of it
+// exists): two devices instead of seven per instance. On an H100 that
+// loses one layout of the 50 with a 1g.10gb+me (4g.40gb, 1g.20gb,
+// 1g.10gb and the +me at slice 5); the lowest placements would lose two.
+func (b *gpuDevices) offeredPlacements(p hw.MIGProfile, reuse bool) []hw.Placement {
+	var free, existing []hw.Placement
 	for _, pl := range p.Placements {
 		ok := true
 		for _, in := range b.gpu.MIG.Instances {
-			if in.Placement.Overlaps(pl) && !(reuse && in.ProfileID == p.ID && in.Placement == pl) {
+			if in.Placement.Overlaps(pl) {
+				if reuse && in.ProfileID == p.ID && in.Placement == pl {
+					existing = append(existing, pl)
+				}
 				ok = false
 				break
 			}
 		}
 		if ok {
-			out = append(out, pl)
+			free = append(free, pl)
 		}
+	}
+	out := append(existing, free...)
+	if p.InstanceCount > 0 && maxDisjoint(out) > p.InstanceCount {
+		out = append(existing, highestPerHalf(free, p.InstanceCount-len(existing), b.gpu.MIG.MemorySlices)...)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Start > out[j].Start })
 	return out
+}
+
+// highestPerHalf picks, in each half of a GPU's memory slices, the
+// highest n placements that do not overlap each other.
+func highestPerHalf(placements []hw.Placement, n, slices int) []hw.Placement {
+	var out []hw.Placement
+	if n <= 0 {
+		return out
+	}
+	for _, upper := range []bool{false, true} {
+		var used uint64
+		taken := 0
+		for i := len(placements) - 1; i >= 0; i-- { // NVML lists them ascending
+			pl := placements[i]
+			if (pl.Start >= slices/2) != upper || used&placementMask(pl) != 0 || taken == n {
+				continue
+			}
+			used |= placementMask(pl)
+			taken++
+			out = append(out, pl)
+		}
+	}
+	return out
+}
+
+// timeSlicedBlocks are the devices of a time-sliced vGPU type. Its vGPUs
+// are interchangeable, so they are published as blocks that claims share
+// (allowMultipleAllocations), each share one vGPU (prepare creates it),
+// rather than one device per vGPU: a claim for one more vGPU than a GPU
+// holds then costs the allocator one device per block to refuse, not
+// every subset of the vGPUs. A block takes its framebuffer from the GPU's
+// counters once, at its first share.
+//
+// Where the GPU runs one time-sliced type at a time, one block holds all
+// of a type's vGPUs and takes all of the framebuffer. Where sizes mix
+// (heterogeneous mode), a type whose vGPUs split evenly between the two
+// halves of the framebuffer gets one block per half, so two types can
+// share a GPU; another (H100-16C: five of 16 GiB) gets one block for the
+// whole GPU.
+func (b *gpuDevices) timeSlicedBlocks(t hw.VGPUType) []plannedDevice {
+	mem := max(b.gpu.MemoryBytes, t.FramebufferBytes*uint64(t.MaxInstances))
+	what := GPUDevice{Kind: device.KindVGPU, VGPUType: t}
+	if t.MaxInstances <= 0 || t.FramebufferBytes == 0 {
+		return nil
+	}
+	half := mem / 2
+	perHalf := int(half / t.FramebufferBytes)
+	if !b.gpu.VGPU.Heterogeneous || perHalf == 0 || 2*perHalf < t.MaxInstances {
+		return []plannedDevice{{what: what, instances: t.MaxInstances, memory: mem}}
+	}
+	// Fewer instances than fit (the VFs cap them) split evenly.
+	first := min(perHalf, (t.MaxInstances+1)/2)
+	blocks := []plannedDevice{{what: what, index: 0, instances: first, memory: half}}
+	if rest := t.MaxInstances - first; rest > 0 {
+		blocks = append(blocks, plannedDevice{what: what, index: 1, instances: rest, memory: mem - half})
+	}
+	return blocks
 }
 
 func (b *gpuDevices) full(counters bool) resourceapi.Device {
@@ -272,9 +419,7 @@ func (b *gpuDevices) full(counters bool) resourceapi.Device {
 	d.Attributes[attrMIGCapable] = boolean(g.MIG.Capable)
 	d.Capacity = capacity(g.MemoryBytes, smTotal(g))
 	if counters {
-		d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{
-			CounterSet: b.set, Counters: b.budget.all(g.MIG.Profiles),
-		}}
+		d.ConsumesCounters = b.consume(b.counters.wholeGPU(), "")
 	}
 	return d
 }
@@ -286,20 +431,38 @@ func (b *gpuDevices) mig(p hw.MIGProfile, pl hw.Placement, counters bool) resour
 	d.Attributes[device.AttrPlacementSize] = integer(pl.Size)
 	d.Capacity = capacity(p.MemoryBytes, p.Multiprocessors)
 	if counters {
-		d.ConsumesCounters = b.consume(b.budget.migConsumption(p, pl), groupMIG)
+		d.ConsumesCounters = b.consume(b.counters.placement(p, pl), groupMIG)
 	}
 	return d
 }
 
-func (b *gpuDevices) timeSlicedVGPU(t hw.VGPUType, i int) resourceapi.Device {
-	d := b.vgpu(t, i)
-	group := groupVGPUTimeSlice
-	if !b.gpu.VGPU.Heterogeneous {
-		// One time-sliced type per GPU at a time: each type is its own group.
-		group = device.Name("vgpu", device.ShortVGPUName(t.Name))
-	}
+// timeSlicedVGPU is a block of time-sliced vGPUs: a device of its own
+// where it holds one, else one that claims share, each share one vGPU
+// (capacity instances) and its framebuffer (capacity memory).
+func (b *gpuDevices) timeSlicedVGPU(p plannedDevice) resourceapi.Device {
+	t := p.what.VGPUType
+	d := b.vgpu(t, p.index)
 	d.Capacity = capacity(t.FramebufferBytes, 0)
-	d.ConsumesCounters = b.consume(map[string]resourceapi.Counter{counterMemory: bytesCounter(t.FramebufferBytes)}, group)
+	if p.instances > 1 {
+		d.AllowMultipleAllocations = new(true)
+		one := resource.NewQuantity(1, resource.DecimalSI)
+		fb := resource.NewQuantity(int64(t.FramebufferBytes), resource.BinarySI)
+		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			device.GPUCapInstances: {
+				Value:         *resource.NewQuantity(int64(p.instances), resource.DecimalSI),
+				RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: one, ValidValues: []resource.Quantity{*one}},
+			},
+			capMemory: {
+				Value:         *resource.NewQuantity(int64(t.FramebufferBytes)*int64(p.instances), resource.BinarySI),
+				RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: fb, ValidValues: []resource.Quantity{*fb}},
+			},
+		}
+	}
+	use := map[string]resourceapi.Counter{counterMemory: bytesCounter(p.memory)}
+	if b.counters.vfs > 0 {
+		use[counterVFs] = intCounter(p.instances) // all of the block's, at its first share
+	}
+	d.ConsumesCounters = b.consume(use, groupVGPUTimeSlice)
 	return d
 }
 
@@ -309,7 +472,11 @@ func (b *gpuDevices) migBackedVGPU(t hw.VGPUType, p hw.MIGProfile, pl hw.Placeme
 	d.Attributes[device.AttrPlacementStart] = integer(pl.Start)
 	d.Attributes[device.AttrPlacementSize] = integer(pl.Size)
 	d.Capacity = capacity(t.FramebufferBytes, p.Multiprocessors)
-	d.ConsumesCounters = b.consume(b.budget.migConsumption(p, pl), groupVGPUMIG)
+	use := b.counters.placement(p, pl)
+	if b.counters.vfs > 0 {
+		use[counterVFs] = intCounter(1)
+	}
+	d.ConsumesCounters = b.consume(use, groupVGPUMIG)
 	return d
 }
 
@@ -325,9 +492,12 @@ func (b *gpuDevices) vgpu(t hw.VGPUType, index int) resourceapi.Device {
 	return d
 }
 
+// consume is a device's consumption of its GPU's counter set, in a
+// compatibility group where the GPU needs groups; the whole GPU (group "")
+// is never published beside vGPUs.
 func (b *gpuDevices) consume(counters map[string]resourceapi.Counter, group string) []resourceapi.DeviceCounterConsumption {
 	c := resourceapi.DeviceCounterConsumption{CounterSet: b.set, Counters: counters}
-	if b.f.CompatibilityGroups {
+	if b.groups && group != "" {
 		c.CompatibilityGroups = []string{group}
 	}
 	return []resourceapi.DeviceCounterConsumption{c}

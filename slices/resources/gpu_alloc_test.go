@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -111,13 +112,44 @@ func multisets(names []string, maxSize int) [][]string {
 	return out
 }
 
+// offered is g with each MIG profile's placements cut to those the slices
+// offer.
+func offered(g hw.GPU, res resourceslice.DriverResources) hw.GPU {
+	byProfile := map[string][]hw.Placement{}
+	for _, d := range devicesByName(res) {
+		if *d.Attributes[device.AttrType].StringValue != device.KindMIG {
+			continue
+		}
+		p := *d.Attributes[device.AttrProfile].StringValue
+		byProfile[p] = append(byProfile[p], hw.Placement{Start: int(*d.Attributes[device.AttrPlacementStart].IntValue), Size: int(*d.Attributes[device.AttrPlacementSize].IntValue)})
+	}
+	g.MIG.Profiles = slices.Clone(g.MIG.Profiles)
+	for i := range g.MIG.Profiles {
+		g.MIG.Profiles[i].Placements = byProfile[g.MIG.Profiles[i].Name]
+	}
+	return g
+}
+
+// TestPartitionSetsAllocatableExactlyWhenPlacementTableAllows: a set of
+// MIG partitions is allocatable exactly when the offered placements hold
+// it (every set of up to three, every set of four with a 1g.10gb+me, and
+// larger ones at the edges), and the offered placements hold every set the
+// hardware's table does but the one layout the +me's two placements give
+// up (gpu.go, offeredPlacements).
 func TestPartitionSetsAllocatableExactlyWhenPlacementTableAllows(t *testing.T) {
 	g := h100("0000:1b:00.0", 0)
+	_, published := gpuAllocator(t, g)
+	table := offered(g, published)
 	var names []string
 	for _, p := range g.MIG.Profiles {
 		names = append(names, p.Name)
 	}
 	sets := multisets(names, 3)
+	for _, set := range multisets(names, 3) {
+		if len(set) == 3 {
+			sets = append(sets, append([]string{"1g.10gb+me"}, set...))
+		}
+	}
 	// Larger sets at the edges of what fits.
 	sets = append(sets,
 		[]string{"4g.40gb", "3g.40gb"},
@@ -132,8 +164,12 @@ func TestPartitionSetsAllocatableExactlyWhenPlacementTableAllows(t *testing.T) {
 		[]string{"3g.40gb", "3g.40gb", "1g.10gb"},
 	)
 	accepted, refused := 0, 0
+	var lost []string
 	for _, set := range sets {
-		want := hardwareAccepts(g, set)
+		want := hardwareAccepts(table, set)
+		if hardwareAccepts(g, set) != want {
+			lost = append(lost, strings.Join(set, "+"))
+		}
 		a, res := gpuAllocator(t, g)
 		var reqs []resourceapi.DeviceRequest
 		for i, p := range set {
@@ -142,7 +178,7 @@ func TestPartitionSetsAllocatableExactlyWhenPlacementTableAllows(t *testing.T) {
 		c := claim(reqs...)
 		got := fits(t, a, c)
 		if got != want {
-			t.Errorf("%s: allocator says %v, placement table says %v", strings.Join(set, "+"), got, want)
+			t.Errorf("%s: allocator says %v, offered placements say %v", strings.Join(set, "+"), got, want)
 			continue
 		}
 		if got {
@@ -155,7 +191,10 @@ func TestPartitionSetsAllocatableExactlyWhenPlacementTableAllows(t *testing.T) {
 	if accepted < 20 || refused < 20 {
 		t.Fatalf("too few cases each way: %d accepted, %d refused", accepted, refused)
 	}
-	t.Logf("%d sets accepted, %d refused, all as the placement table says", accepted, refused)
+	if want := []string{"1g.10gb+me+1g.10gb+4g.40gb+1g.20gb"}; !slices.Equal(lost, want) {
+		t.Errorf("sets the hardware holds but the offered placements do not: %v, want %v", lost, want)
+	}
+	t.Logf("%d sets accepted, %d refused, all as the offered placements say; %v lost to the +me's two placements", accepted, refused, lost)
 }
 
 // assertNoOverlap checks the allocated partitions occupy disjoint slices.
@@ -310,6 +349,59 @@ func TestMIGDistinctGPU(t *testing.T) {
 			if got := gpuOf(c, 0) != gpuOf(c, 1); got != distinct {
 				t.Errorf("devices %v: on different GPUs %v, want %v", allocatedDevices(c), got, distinct)
 			}
+		})
+	}
+}
+
+// TestVGPUsNeverOutnumberVFs: each vGPU takes one of its GPU's VFs, so
+// where fewer VFs are enabled than the framebuffer and the placements
+// would hold vGPUs, a vfs counter keeps the scheduler within them: claims
+// for one vGPU, alternating between types while any fits, get at most VFs
+// vGPUs on a GPU and at least one (time-sliced with sizes mixed, where two
+// types' blocks fit the framebuffer together but hold more vGPUs than
+// VFs; MIG-backed, at disjoint placements). Where the VFs suffice, no vfs
+// counter is published.
+func TestVGPUsNeverOutnumberVFs(t *testing.T) {
+	gib := uint64(1) << 30
+	base := h100VGPU("0000:1b:00.0")
+	base.VGPU.Framework = hw.VGPUFrameworkVFIO
+	base.VGPU.Heterogeneous = true
+	base.VGPU.Types = append(base.VGPU.Types, hw.VGPUType{ID: 4, Name: "NVIDIA H100-10C", Class: "Compute", FramebufferBytes: 10 * gib, MaxInstances: 8, Creatable: true})
+	profile := func(p string) string {
+		return fmt.Sprintf(`device.attributes["gpu.hwdra.io"].type == "vgpu" && device.attributes["gpu.hwdra.io"].profile == %q`, p)
+	}
+	for _, tc := range []struct {
+		name     string
+		profiles []string
+		vfs      int
+		counter  bool
+	}{
+		{"time-sliced/3", []string{"H100-20C", "H100-10C"}, 3, true},
+		{"time-sliced/5", []string{"H100-20C", "H100-10C"}, 5, true},
+		{"mig-backed/2", []string{"H100-1-10C", "H100-3-40C"}, 2, true},
+		{"time-sliced/16", []string{"H100-20C", "H100-10C"}, 16, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := base
+			g.VGPU.VFs = tc.vfs
+			res := GPU(testNode, []hw.GPU{g}, device.AllFeatures)
+			set := res.Pools[testNode].Slices[0].SharedCounters[0]
+			if _, ok := set.Counters[counterVFs]; ok != tc.counter {
+				t.Errorf("vfs counter published %v, want %v (%v)", ok, tc.counter, set.Counters)
+			}
+			a := newAllocator(t, allocate.ClusterFeatures, ByDriver{device.GPUDriver: res})
+			n, refused := 0, 0
+			for i := 0; refused < len(tc.profiles) && n <= 64; i++ {
+				if fits(t, a, claim(request("one", device.GPUDriver, 1, profile(tc.profiles[i%len(tc.profiles)])))) {
+					n, refused = n+1, 0
+				} else {
+					refused++
+				}
+			}
+			if n == 0 || n > tc.vfs {
+				t.Errorf("%d vGPUs allocated on a GPU of %d VFs", n, tc.vfs)
+			}
+			t.Logf("%d vGPUs on %d VFs", n, tc.vfs)
 		})
 	}
 }

@@ -2,11 +2,15 @@ package resources
 
 import (
 	"encoding/json"
+	"fmt"
+	"maps"
 	"math/rand"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -114,11 +118,12 @@ func TestLimitsOnLargeNodes(t *testing.T) {
 			res := GPU(testNode, gpus, device.AllFeatures)
 			checkLimits(t, res)
 			devices, slices := deviceCount(res)
-			// Per H100: 1 full, its shares + 7+3+2+1+1+7+4 MIG placements.
-			if name != "8 vGPU hosts" && devices != len(gpus)*27 {
-				t.Errorf("%d devices for %d GPUs, want %d", devices, len(gpus), len(gpus)*27)
+			// Per H100: 1 full, its shares + 7+3+2+1+1+4 MIG placements,
+			// and the one 1g.10gb+me at two.
+			if name != "8 vGPU hosts" && devices != len(gpus)*22 {
+				t.Errorf("%d devices for %d GPUs, want %d", devices, len(gpus), len(gpus)*22)
 			}
-			if slices < 2+devices/64 {
+			if slices < 1+(devices+63)/64 { // counter sets, then 64 devices a slice
 				t.Errorf("%d devices in only %d slices", devices, slices)
 			}
 			t.Logf("%d devices in %d slices", devices, slices)
@@ -167,7 +172,7 @@ func TestDeliverableDevicesOnly(t *testing.T) {
 		noCounters bool
 	}{
 		{name: "MIG on, needs reset to switch", gpu: a100MIG, f: device.AllFeatures,
-			present: []string{device.MIGName(bus, "1g.10gb", 0)}, absent: []string{device.GPUName(bus)}, wantCount: 25},
+			present: []string{device.MIGName(bus, "1g.10gb", 0)}, absent: []string{device.GPUName(bus)}, wantCount: 20},
 		{name: "MIG off, needs reset to switch", gpu: a100Off, f: device.AllFeatures,
 			present: []string{device.GPUName(bus), device.ShareName(bus)}, absent: []string{device.MIGName(bus, "1g.10gb", 0)}, wantCount: 2},
 		{name: "existing 3g instance", gpu: withInstance, f: device.AllFeatures,
@@ -181,10 +186,10 @@ func TestDeliverableDevicesOnly(t *testing.T) {
 		{name: "no partitionable devices: existing instances only", gpu: withInstance, f: device.Features{},
 			present: []string{device.MIGName(bus, "3g.40gb", 4)}, wantCount: 1, noCounters: true},
 		{name: "no compatibility groups: no vGPU", gpu: h100VGPU(bus), f: device.Features{PartitionableDevices: true},
-			present: []string{device.MIGName(bus, "1g.10gb", 0)}, absent: []string{device.VGPUName(bus, "NVIDIA H100-20C", 0)}, wantCount: 25},
+			present: []string{device.MIGName(bus, "1g.10gb", 0)}, absent: []string{device.VGPUName(bus, "NVIDIA H100-20C", 0)}, wantCount: 20},
 		{name: "vGPU host", gpu: h100VGPU(bus), f: device.AllFeatures,
-			present: []string{device.VGPUName(bus, "NVIDIA H100-20C", 3), device.VGPUName(bus, "NVIDIA H100-1-10C", 6), device.MIGName(bus, "1g.10gb", 0)},
-			absent:  []string{device.GPUName(bus), device.ShareName(bus), device.VGPUName(bus, "NVIDIA H100-20C", 4)}},
+			present: []string{device.VGPUName(bus, "NVIDIA H100-20C", 0), device.VGPUName(bus, "NVIDIA H100-1-10C", 6), device.MIGName(bus, "1g.10gb", 0)},
+			absent:  []string{device.GPUName(bus), device.ShareName(bus), device.VGPUName(bus, "NVIDIA H100-20C", 1)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -218,35 +223,48 @@ func TestDeliverableDevicesOnly(t *testing.T) {
 	}
 }
 
+// TestCountersOfAnH100: the counter set holds what decides something: the
+// memory slices (slice 7 only ever goes with slice 6, so it needs no
+// counter) and the instance count of 1g.10gb+me (one instance, offered at
+// two placements); engines and memory limit nothing the slices and counts
+// do not.
 func TestCountersOfAnH100(t *testing.T) {
 	res := GPU(testNode, []hw.GPU{h100("0000:1b:00.0", 0)}, device.AllFeatures)
 	cs := res.Pools[testNode].Slices[0].SharedCounters
 	if len(cs) != 1 || cs[0].Name != "gpu-0000-1b-00-0" {
 		t.Fatalf("counter sets %+v", cs)
 	}
-	want := map[string]string{
-		"memory": "80Gi", "memory-slice-0": "1", "memory-slice-7": "1", "multiprocessors": "132",
-		"copy-engines": "8", "decoders": "7", "jpeg-engines": "7", "ofa-engines": "1",
+	want := map[string]string{"instances-1g-10gb-plus-me": "1"}
+	for s := range 7 {
+		want[fmt.Sprintf("memory-slice-%d", s)] = "1"
 	}
-	for name, v := range want {
-		if got := cs[0].Counters[name].Value; got.String() != v {
-			t.Errorf("counter %s = %s, want %s", name, got.String(), v)
+	got := map[string]string{}
+	for name, c := range cs[0].Counters {
+		got[name] = c.Value.String()
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("counters %v, want %v", got, want)
+	}
+	byName := names(res)
+	for name, want := range map[string][]string{
+		device.MIGName("0000:1b:00.0", "3g.40gb", 4):    {"memory-slice-4", "memory-slice-5", "memory-slice-6"},
+		device.MIGName("0000:1b:00.0", "1g.20gb", 6):    {"memory-slice-6"},
+		device.MIGName("0000:1b:00.0", "1g.10gb+me", 3): {"instances-1g-10gb-plus-me", "memory-slice-3"},
+		device.GPUName("0000:1b:00.0"):                  slices.Sorted(maps.Keys(want))[1:],
+	} {
+		d, ok := byName[name]
+		if !ok {
+			t.Errorf("no device %s", name)
+			continue
+		}
+		if got := slices.Sorted(maps.Keys(d.ConsumesCounters[0].Counters)); !slices.Equal(got, want) {
+			t.Errorf("%s consumes %v, want %v", name, got, want)
+		}
+		if len(d.ConsumesCounters[0].CompatibilityGroups) > 0 {
+			t.Errorf("%s has compatibility groups on a GPU without vGPUs", name)
 		}
 	}
-	if _, ok := cs[0].Counters["encoders"]; ok {
-		t.Error("encoders counter on a GPU whose profiles have none")
-	}
-	d := names(res)[device.MIGName("0000:1b:00.0", "3g.40gb", 4)]
-	c := d.ConsumesCounters[0].Counters
-	for _, s := range []string{"memory-slice-4", "memory-slice-5", "memory-slice-6", "memory-slice-7"} {
-		if _, ok := c[s]; !ok {
-			t.Errorf("3g.40gb@4 does not consume %s", s)
-		}
-	}
-	if _, ok := c["memory-slice-3"]; ok {
-		t.Error("3g.40gb@4 consumes memory-slice-3")
-	}
-	if got := d.Attributes[device.AttrProfile]; *got.StringValue != "3g.40gb" {
+	if got := byName[device.MIGName("0000:1b:00.0", "3g.40gb", 4)].Attributes[device.AttrProfile]; *got.StringValue != "3g.40gb" {
 		t.Errorf("profile attribute %q", *got.StringValue)
 	}
 }
@@ -305,17 +323,100 @@ func TestPoolRefusesDuplicateNames(t *testing.T) {
 	}
 }
 
+// TestMIGProfilesLeftOut: an AgentConfig's gpus.migProfiles leaves
+// profiles out of the slices, the counters shrink to what the rest need,
+// and the catalog prepare reads keeps them (a claim allocated before the
+// change still prepares).
+func TestMIGProfilesLeftOut(t *testing.T) {
+	cfg, err := config.Parse([]byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\ngpus:\n  migProfiles:\n    include: [1g.10gb, 3g.40gb]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus := dgx(2)
+	res, _ := ForNode(testNode, hw.Inventory{GPUs: gpus}, cfg, device.AllFeatures, hw.Health{})
+	checkLimits(t, res[device.GPUDriver])
+	published := names(res[device.GPUDriver])
+	profiles := map[string]int{}
+	for _, d := range published {
+		profiles[*d.Attributes[device.AttrProfile].StringValue]++
+	}
+	if want := map[string]int{device.ProfileFull: 2, device.ProfileShare: 2, "1g.10gb": 14, "3g.40gb": 4}; !maps.Equal(profiles, want) {
+		t.Errorf("devices per profile %v, want %v", profiles, want)
+	}
+	if cs := res[device.GPUDriver].Pools[testNode].Slices[0].SharedCounters[0]; len(cs.Counters) != 7 {
+		t.Errorf("counters %v: want memory slices 0-6 only", slices.Sorted(maps.Keys(cs.Counters)))
+	}
+	catalog := GPUDevices(gpus, nil, device.AllFeatures)
+	for name := range published {
+		if _, ok := catalog[name]; !ok {
+			t.Errorf("%s published but not in the catalog", name)
+		}
+	}
+	if _, ok := catalog[device.MIGName(gpus[0].PCIBusID, "2g.20gb", 0)]; !ok {
+		t.Error("the catalog lost a left-out profile")
+	}
+}
+
+// TestEveryKindNearTheFront: the allocator evaluates a claim's selectors on
+// every device before the first match, so each GPU lists one device of
+// every profile and vGPU type before a second of any (interleave), while
+// each profile's placements keep their order (last first).
+func TestEveryKindNearTheFront(t *testing.T) {
+	for _, gpus := range [][]hw.GPU{dgx(2), {h100VGPU("0000:1b:00.0")}} {
+		res := GPU(testNode, gpus, device.AllFeatures)
+		var order []resourceapi.Device
+		for _, s := range res.Pools[testNode].Slices {
+			order = append(order, s.Devices...)
+		}
+		kindOf := func(d resourceapi.Device) string {
+			return *d.Attributes["resource.kubernetes.io/pciBusID"].StringValue + "/" + *d.Attributes[device.AttrProfile].StringValue
+		}
+		kinds := map[string]bool{}
+		for _, d := range order {
+			kinds[kindOf(d)] = true
+		}
+		firsts := map[string]bool{}
+		lastStart := map[string]int64{}
+		for i, d := range order {
+			k := kindOf(d)
+			bus, _, _ := strings.Cut(k, "/")
+			if a, ok := d.Attributes[device.AttrPlacementStart]; ok {
+				if last, seen := lastStart[k]; seen && *a.IntValue > last {
+					t.Errorf("%s: placement %d after %d", k, *a.IntValue, last)
+				}
+				lastStart[k] = *a.IntValue
+			}
+			if !firsts[k] {
+				firsts[k] = true
+				continue
+			}
+			for other := range kinds {
+				if strings.HasPrefix(other, bus+"/") && !firsts[other] {
+					t.Errorf("device %d (%s) is a second %s before the first %s", i, d.Name, k, other)
+				}
+			}
+		}
+	}
+}
+
 // TestCreatableVGPUTypes: only what the GPU's vGPU framework can create is
 // published: nothing without a framework, only types it offers, and no
 // more instances of a type than there are VFs to host them.
 func TestCreatableVGPUTypes(t *testing.T) {
 	g := h100VGPU("0000:1b:00.0")
+	// count is the vGPUs published per type: a device each, or a block's
+	// instances.
 	count := func(g hw.GPU) map[string]int {
 		out := map[string]int{}
-		for _, d := range GPUDevices([]hw.GPU{g}, nil, device.AllFeatures) {
-			if d.Kind == device.KindVGPU {
-				out[device.ShortVGPUName(d.VGPUType.Name)]++
+		for _, d := range devicesByName(GPU(testNode, []hw.GPU{g}, device.AllFeatures)) {
+			if *d.Attributes[device.AttrType].StringValue != device.KindVGPU {
+				continue
 			}
+			n := 1
+			if c, ok := d.Capacity[device.GPUCapInstances]; ok {
+				n = int(c.Value.Value())
+			}
+			out[*d.Attributes[device.AttrProfile].StringValue] += n
 		}
 		return out
 	}

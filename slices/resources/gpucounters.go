@@ -1,7 +1,7 @@
 package resources
 
 import (
-	"fmt"
+	"maps"
 	"strconv"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -14,131 +14,167 @@ import (
 
 // Counter names of a GPU's counter set.
 const (
-	counterMemory          = "memory"
-	counterMultiprocessors = "multiprocessors"
-	counterCopyEngines     = "copy-engines"
-	counterDecoders        = "decoders"
-	counterEncoders        = "encoders"
-	counterJPEG            = "jpeg-engines"
-	counterOFA             = "ofa-engines"
+	// counterMemory is the framebuffer that time-sliced vGPUs take.
+	counterMemory = "memory"
+	// counterVFs is the SR-IOV VFs that host vGPUs, one each, where they
+	// can run out first.
+	counterVFs = "vfs"
+	// counterExclusive keeps the whole GPU and its shares apart where
+	// nothing else does (gpuCounters.exclusive).
+	counterExclusive = "gpu"
 )
-
-// engines are the per-profile amounts NVML reports, in counter order.
-var engineCounters = [...]string{counterMultiprocessors, counterCopyEngines, counterDecoders, counterEncoders, counterJPEG, counterOFA}
-
-type engineAmounts [len(engineCounters)]int
-
-func profileEngines(p hw.MIGProfile) engineAmounts {
-	return engineAmounts{p.Multiprocessors, p.CopyEngines, p.Decoders, p.Encoders, p.JPEGEngines, p.OFAEngines}
-}
 
 func memorySliceCounter(i int) string { return "memory-slice-" + strconv.Itoa(i) }
 
 func instancesCounter(p hw.MIGProfile) string { return device.Name("instances", p.Name) }
 
-// gpuBudget is what one GPU's counter set holds.
-type gpuBudget struct {
-	memory  uint64
-	slices  int
-	engines engineAmounts
-	// instanceLimits are profiles whose InstanceCount the other counters
-	// would not enforce, with that count.
+// gpuCounters is what one GPU's counter set holds: only the counters that
+// decide something, because the scheduler pays for every counter on every
+// device it considers (it copies and compares each counter set of the
+// pool for each device it tries). What the hardware accepts of MIG is
+// placements that do not overlap, at most InstanceCount of a profile
+// (NVML reports per-profile engine counts, but no whole-GPU budget that
+// would limit anything more): the memory-slice counters say the first, an
+// instance counter the second where the placements alone would allow more.
+// The whole GPU consumes every memory slice, so it and its partitions keep
+// each other out. Time-sliced vGPUs take framebuffer.
+type gpuCounters struct {
+	// slices are the memory slices that get a counter, ascending.
+	slices []int
+	// instanceLimits are profiles whose published placements allow more
+	// instances than InstanceCount, by profile ID.
 	instanceLimits map[int]int
+	// memory is the framebuffer counter's value, 0 for none.
+	memory uint64
+	// vfs is the VF counter's value, 0 for none.
+	vfs int
+	// exclusive: a counter "gpu" (1) that the whole GPU and its shares
+	// consume, where no memory slice keeps them apart (a GPU without
+	// MIG, or whose MIG mode cannot switch).
+	exclusive bool
 }
 
-// budgetFor sizes a GPU's counters. NVML reports per-profile engine counts
-// but not the whole GPU's, and the whole-GPU (7g) profile is not the sum of
-// the small ones (an H100's 7g.80gb has fewer decoders than seven 1g.10gb).
-// So each counter holds the most that any set of instances the hardware
-// accepts (non-overlapping placements, at most InstanceCount per profile)
-// can use: the counters then never refuse what the hardware allows, the
-// memory-slice counters refuse overlaps, and scarce engines (the single OFA
-// of a "+me" profile) are enforced where the table says so.
-func budgetFor(g hw.GPU, cache map[string]gpuBudget) gpuBudget {
-	key := budgetKey(g)
-	if b, ok := cache[key]; ok {
-		return b
+// countersFor sizes a GPU's counters for the devices it publishes.
+//
+// A memory slice needs no counter of its own where every device that
+// covers it also covers another slice that has one: two such devices
+// overlap there too (on an H100 every placement that covers slice 7 covers
+// slice 6). Fewer counters, same exclusions.
+func countersFor(g hw.GPU, planned []plannedDevice) gpuCounters {
+	var c gpuCounters
+	shares := false
+	var covers []hw.Placement
+	byProfile := map[int][]hw.Placement{}
+	profiles := map[int]hw.MIGProfile{}
+	for _, p := range planned {
+		switch {
+		case p.what.Kind == device.KindGPU, p.what.Kind == device.KindShare:
+			covers = append(covers, hw.Placement{Start: 0, Size: g.MIG.MemorySlices})
+			shares = shares || p.what.Kind == device.KindShare
+		case p.what.Placement.Size > 0: // MIG, MIG-backed vGPU
+			covers = append(covers, p.what.Placement)
+			id := p.what.Profile.ID
+			byProfile[id] = append(byProfile[id], p.what.Placement)
+			profiles[id] = p.what.Profile
+		default: // time-sliced vGPU
+			c.memory = max(g.MemoryBytes, p.what.VGPUType.FramebufferBytes*uint64(p.what.VGPUType.MaxInstances))
+		}
 	}
-	b := gpuBudget{memory: g.MemoryBytes, slices: g.MIG.MemorySlices}
-	if g.MIG.Capable {
-		mem, eng := maxInstanceUsage(g.MIG.Profiles)
-		b.memory = max(b.memory, mem)
-		b.engines = eng
-		for _, p := range g.MIG.Profiles {
-			if !instanceCountEnforced(p, b) {
-				if b.instanceLimits == nil {
-					b.instanceLimits = map[int]int{}
+	if len(byProfile) > 0 { // the whole GPU alone needs no slices
+		dropped := map[int]bool{}
+		for s := 0; s < g.MIG.MemorySlices; s++ {
+			for t := 0; t < g.MIG.MemorySlices; t++ {
+				if t != s && !dropped[t] && coveredWith(covers, s, t) {
+					dropped[s] = true
+					break
 				}
-				b.instanceLimits[p.ID] = p.InstanceCount
+			}
+			if !dropped[s] && coveredAtAll(covers, s) {
+				c.slices = append(c.slices, s)
 			}
 		}
 	}
-	for _, t := range g.VGPU.Types {
-		if t.GPUInstanceProfileID == nil {
-			b.memory = max(b.memory, t.FramebufferBytes*uint64(t.MaxInstances))
+	// The whole GPU and its shares keep each other out: through the
+	// memory slices where MIG partitions need them anyway, else through a
+	// counter of their own.
+	c.exclusive = shares && len(c.slices) == 0
+	c.vfs = vfLimit(g, planned, c.memory)
+	for id, pls := range byProfile {
+		p := profiles[id]
+		if maxDisjoint(pls) > p.InstanceCount {
+			if c.instanceLimits == nil {
+				c.instanceLimits = map[int]int{}
+			}
+			c.instanceLimits[id] = p.InstanceCount
 		}
 	}
-	cache[key] = b
-	return b
+	return c
 }
 
-func budgetKey(g hw.GPU) string {
-	key := fmt.Sprintf("%s/%d/%d", g.ProductName, g.MemoryBytes, g.MIG.MemorySlices)
-	for _, p := range g.MIG.Profiles {
-		key += fmt.Sprintf("/%d:%d:%d:%v:%v", p.ID, p.InstanceCount, p.MemoryBytes, profileEngines(p), p.Placements)
+// vfLimit is the VF counter's value: the GPU's VFs where fewer are
+// enabled than the published vGPUs could take at once (each vGPU takes a
+// VF, of either framework where the GPU has VFs), 0 where the framebuffer
+// and the placements run out first (the vGPU manager enables as many VFs
+// as the GPU can host vGPUs: an H100 has 32 and hosts at most 20). At
+// once means one group's devices: time-sliced blocks as far as the
+// framebuffer (memory) holds them, or MIG-backed vGPUs at disjoint
+// placements; compatibility groups keep the two apart.
+func vfLimit(g hw.GPU, planned []plannedDevice, memory uint64) int {
+	if g.VGPU.VFs <= 0 {
+		return 0
 	}
-	for _, t := range g.VGPU.Types {
-		key += fmt.Sprintf("/v%d:%d:%d", t.ID, t.FramebufferBytes, t.MaxInstances)
+	var placements []hw.Placement
+	seen := map[hw.Placement]bool{}
+	most := map[uint64]int{0: 0} // framebuffer taken -> most vGPUs in it
+	for _, p := range planned {
+		switch {
+		case p.what.Kind != device.KindVGPU:
+		case p.what.Placement.Size > 0:
+			if !seen[p.what.Placement] {
+				seen[p.what.Placement] = true
+				placements = append(placements, p.what.Placement)
+			}
+		default:
+			next := maps.Clone(most)
+			for used, n := range most {
+				if u := used + p.memory; u <= memory {
+					next[u] = max(next[u], n+p.instances)
+				}
+			}
+			most = next
+		}
 	}
-	return key
+	atOnce := maxDisjoint(placements)
+	for _, n := range most {
+		atOnce = max(atOnce, n)
+	}
+	if g.VGPU.VFs >= atOnce {
+		return 0
+	}
+	return g.VGPU.VFs
 }
 
-// maxInstanceUsage walks every set of GPU instances the placement table and
-// instance counts allow and returns, per counter, the largest use by any set.
-func maxInstanceUsage(profiles []hw.MIGProfile) (uint64, engineAmounts) {
-	type candidate struct {
-		profile int
-		mask    uint64
-		mem     uint64
-		eng     engineAmounts
-	}
-	var cands []candidate
-	for i, p := range profiles {
-		for _, pl := range p.Placements {
-			cands = append(cands, candidate{profile: i, mask: placementMask(pl), mem: p.MemoryBytes, eng: profileEngines(p)})
+// coveredWith: some placement covers s, and every one that does covers t.
+func coveredWith(covers []hw.Placement, s, t int) bool {
+	any := false
+	for _, pl := range covers {
+		if pl.Start <= s && s < pl.Start+pl.Size {
+			if !(pl.Start <= t && t < pl.Start+pl.Size) {
+				return false
+			}
+			any = true
 		}
 	}
-	count := make([]int, len(profiles))
-	var (
-		bestMem, curMem uint64
-		bestEng, curEng engineAmounts
-	)
-	var walk func(from int, used uint64)
-	walk = func(from int, used uint64) {
-		bestMem = max(bestMem, curMem)
-		for k := range curEng {
-			bestEng[k] = max(bestEng[k], curEng[k])
-		}
-		for j := from; j < len(cands); j++ {
-			c := cands[j]
-			if used&c.mask != 0 || count[c.profile] >= profiles[c.profile].InstanceCount {
-				continue
-			}
-			count[c.profile]++
-			curMem += c.mem
-			for k := range curEng {
-				curEng[k] += c.eng[k]
-			}
-			walk(j+1, used|c.mask)
-			count[c.profile]--
-			curMem -= c.mem
-			for k := range curEng {
-				curEng[k] -= c.eng[k]
-			}
+	return any
+}
+
+func coveredAtAll(covers []hw.Placement, s int) bool {
+	for _, pl := range covers {
+		if pl.Start <= s && s < pl.Start+pl.Size {
+			return true
 		}
 	}
-	walk(0, 0)
-	return bestMem, bestEng
+	return false
 }
 
 func placementMask(p hw.Placement) uint64 {
@@ -146,24 +182,6 @@ func placementMask(p hw.Placement) uint64 {
 		return 0
 	}
 	return (uint64(1)<<p.Size - 1) << p.Start
-}
-
-// instanceCountEnforced reports whether the counters alone keep the number
-// of instances of p at or below its InstanceCount.
-func instanceCountEnforced(p hw.MIGProfile, b gpuBudget) bool {
-	if maxDisjoint(p.Placements) <= p.InstanceCount {
-		return true
-	}
-	if p.MemoryBytes > 0 && int(b.memory/p.MemoryBytes) <= p.InstanceCount {
-		return true
-	}
-	need := profileEngines(p)
-	for k, amount := range need {
-		if amount > 0 && b.engines[k]/amount <= p.InstanceCount {
-			return true
-		}
-	}
-	return false
 }
 
 // maxDisjoint is the largest number of non-overlapping placements.
@@ -183,44 +201,55 @@ func maxDisjoint(placements []hw.Placement) int {
 	return best
 }
 
-// counterSet is the GPU's counter set: everything the full GPU consumes.
-func (b gpuBudget) counterSet(name string, profiles []hw.MIGProfile) resourceapi.CounterSet {
-	return resourceapi.CounterSet{Name: name, Counters: b.all(profiles)}
-}
-
-func (b gpuBudget) all(profiles []hw.MIGProfile) map[string]resourceapi.Counter {
-	c := map[string]resourceapi.Counter{counterMemory: bytesCounter(b.memory)}
-	for i := 0; i < b.slices; i++ {
-		c[memorySliceCounter(i)] = intCounter(1)
+// counterSet is the GPU's counter set.
+func (c gpuCounters) counterSet(name string, profiles []hw.MIGProfile) resourceapi.CounterSet {
+	set := map[string]resourceapi.Counter{}
+	if c.memory > 0 {
+		set[counterMemory] = bytesCounter(c.memory)
 	}
-	for k, name := range engineCounters {
-		if b.engines[k] > 0 {
-			c[name] = intCounter(b.engines[k])
-		}
+	if c.vfs > 0 {
+		set[counterVFs] = intCounter(c.vfs)
+	}
+	if c.exclusive {
+		set[counterExclusive] = intCounter(1)
+	}
+	for _, s := range c.slices {
+		set[memorySliceCounter(s)] = intCounter(1)
 	}
 	for _, p := range profiles {
-		if limit, ok := b.instanceLimits[p.ID]; ok {
-			c[instancesCounter(p)] = intCounter(limit)
+		if limit, ok := c.instanceLimits[p.ID]; ok {
+			set[instancesCounter(p)] = intCounter(limit)
 		}
 	}
-	return c
+	return resourceapi.CounterSet{Name: name, Counters: set}
 }
 
-// migConsumption is what one instance of p at placement pl consumes.
-func (b gpuBudget) migConsumption(p hw.MIGProfile, pl hw.Placement) map[string]resourceapi.Counter {
-	c := map[string]resourceapi.Counter{counterMemory: bytesCounter(p.MemoryBytes)}
-	for i := pl.Start; i < pl.Start+pl.Size; i++ {
-		c[memorySliceCounter(i)] = intCounter(1)
+// wholeGPU is what the whole GPU (and the first of its shares) consumes:
+// every memory slice, or the exclusive counter.
+func (c gpuCounters) wholeGPU() map[string]resourceapi.Counter {
+	out := make(map[string]resourceapi.Counter, len(c.slices)+1)
+	for _, s := range c.slices {
+		out[memorySliceCounter(s)] = intCounter(1)
 	}
-	for k, amount := range profileEngines(p) {
-		if amount > 0 && b.engines[k] > 0 {
-			c[engineCounters[k]] = intCounter(amount)
+	if c.exclusive {
+		out[counterExclusive] = intCounter(1)
+	}
+	return out
+}
+
+// placement is what one instance of p at pl consumes: its memory slices,
+// and one of p's instances where they are counted.
+func (c gpuCounters) placement(p hw.MIGProfile, pl hw.Placement) map[string]resourceapi.Counter {
+	out := map[string]resourceapi.Counter{}
+	for _, s := range c.slices {
+		if pl.Start <= s && s < pl.Start+pl.Size {
+			out[memorySliceCounter(s)] = intCounter(1)
 		}
 	}
-	if _, ok := b.instanceLimits[p.ID]; ok {
-		c[instancesCounter(p)] = intCounter(1)
+	if _, ok := c.instanceLimits[p.ID]; ok {
+		out[instancesCounter(p)] = intCounter(1)
 	}
-	return c
+	return out
 }
 
 func bytesCounter(v uint64) resourceapi.Counter {

@@ -10,8 +10,8 @@ import (
 // A GPU's shares: one device per GPU that is not in MIG mode (nor a vGPU
 // host), with allowMultipleAllocations, that independent claims each take
 // a share of: its memory (bytes) and compute (percent of the GPU's
-// multiprocessors), each with a request policy. It consumes the GPU's
-// whole counter set, as the whole GPU does; the scheduler's allocator
+// multiprocessors), each with a request policy. It consumes what the
+// whole GPU consumes (gpuCounters.wholeGPU); the scheduler's allocator
 // charges a shareable device's counters once, at its first share, so the
 // first share keeps the whole GPU, MIG partitions and vGPUs off the GPU,
 // and any of those keeps shares off it. Prepare runs each share under the
@@ -33,12 +33,9 @@ const (
 	shareComputeDefault = 10
 )
 
-// addShare adds the GPU's shareable device where the features allow.
-func (b *gpuDevices) addShare() {
-	if !b.f.ConsumableCapacity || b.gpu.MemoryBytes < shareMemoryStep {
-		return
-	}
-	b.add(b.share(), GPUDevice{Kind: device.KindShare})
+// shareable: the GPU offers shares where the features allow.
+func (b *gpuDevices) shareable() bool {
+	return b.f.ConsumableCapacity && b.gpu.MemoryBytes >= shareMemoryStep
 }
 
 func (b *gpuDevices) share() resourceapi.Device {
@@ -57,7 +54,7 @@ func (b *gpuDevices) share() resourceapi.Device {
 			RequestPolicy: stepPolicy(shareComputeDefault, 1, 100, 1, resource.DecimalSI),
 		},
 	}
-	d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: b.set, Counters: b.budget.all(g.MIG.Profiles)}}
+	d.ConsumesCounters = b.consume(b.counters.wholeGPU(), "")
 	return d
 }
 

@@ -3,6 +3,7 @@ package resources
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/hw/mock/model"
 	"github.com/hwdra/hwdra/slices/device"
 )
 
@@ -191,5 +193,59 @@ func TestSharesFallBack(t *testing.T) {
 	}
 	if fits(t, a, claim(profile("mig", "1g.10gb", 1))) || fits(t, a, claim(profile("gpu", device.ProfileFull, 1))) {
 		t.Error("a MIG partition or the whole GPU allocated beside shares without compatibility groups")
+	}
+}
+
+// TestShareClaimsOneLargerRefused: on every mock GPU model in every mode
+// that offers shares (eight GPUs), claims fill the node with shares of
+// the default size (4Gi, 10%) until one is refused, and that one is
+// refused within the scheduler's filter timeout; a share one step larger
+// than a GPU (its memory and 1Gi, or 101%) is refused within it too. (A
+// request for one share more than the node has share devices is
+// TestUnsatisfiableClaimsRefused's.)
+func TestShareClaimsOneLargerRefused(t *testing.T) {
+	for _, m := range model.GPUNames() {
+		for _, mode := range gpuModes {
+			t.Run(m+"/"+mode.name, func(t *testing.T) {
+				skipUnlessMode(t, m, mode.yaml)
+				res := mockGPUPool(t, m, mode.yaml, 8)
+				shares, memory := 0, int64(0)
+				for _, d := range devicesByName(res) {
+					if *d.Attributes[device.AttrType].StringValue == device.KindShare {
+						shares++
+						c := d.Capacity[device.GPUCapMemory].Value
+						memory = max(memory, c.Value())
+					}
+				}
+				if shares == 0 {
+					t.Skip("no shares in this mode")
+				}
+				a := newAllocator(t, allocate.ClusterFeatures, ByDriver{device.GPUDriver: res})
+				held := 0
+				for ; held <= 64*shares; held++ {
+					ok, _, err := allocateWithin(a, claim(gpuShare("s", "", "")))
+					if err != nil {
+						t.Fatalf("share %d: %v", held+1, err)
+					}
+					if !ok {
+						break
+					}
+				}
+				// Each GPU holds min(memory/4Gi, 100/10) default shares.
+				if want := shares * int(min(memory/shareMemoryDefault, 100/shareComputeDefault)); held != want {
+					t.Errorf("%d default shares fit on %d GPUs, want %d", held, shares, want)
+				}
+				b := newAllocator(t, allocate.ClusterFeatures, ByDriver{device.GPUDriver: res})
+				over := resource.NewQuantity(memory+shareMemoryStep, resource.BinarySI).String()
+				for _, c := range []*resourceapi.ResourceClaim{claim(gpuShare("s", over, "")), claim(gpuShare("s", "", "101"))} {
+					fits, took, err := allocateWithin(b, c)
+					if err != nil || fits {
+						t.Errorf("a share above a GPU (%v): allocated %v, %v", c.Spec.Devices.Requests[0].Exactly.Capacity.Requests, fits, err)
+					}
+					t.Logf("a share above a GPU (%v) refused in %v", c.Spec.Devices.Requests[0].Exactly.Capacity.Requests, took.Round(time.Microsecond))
+				}
+				t.Logf("%d default shares fit on %d GPUs, one more refused", held, shares)
+			})
+		}
 	}
 }

@@ -131,18 +131,10 @@ func BenchmarkProbeAndBuild(b *testing.B) {
 // the scheduler's allocator can allocate one device of each kind there.
 func TestEveryGPUModel(t *testing.T) {
 	for _, model := range model.GPUNames() {
-		for _, mode := range []struct{ name, yaml string }{
-			{"mig-off", ""},
-			{"mig-on", "\n  mig: true"},
-			{"host-vgpu", "\n  virtualization: host-vgpu"},
-		} {
+		for _, mode := range gpuModes {
 			t.Run(model+"/"+mode.name, func(t *testing.T) {
-				file := filepath.Join(t.TempDir(), "node.yaml")
-				profile := "gpus:\n- model: " + model + "\n  count: 8" + mode.yaml + "\n"
-				if err := os.WriteFile(file, []byte(profile), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				res := GPU(testNode, probe(t, "mock:"+file).GPUs, device.AllFeatures)
+				skipUnlessMode(t, model, mode.yaml)
+				res := mockGPUPool(t, model, mode.yaml, 8)
 				checkLimits(t, res)
 				kinds := map[string]bool{}
 				for _, s := range res.Pools[testNode].Slices {

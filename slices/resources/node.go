@@ -15,12 +15,13 @@ type ByDriver map[string]resourceslice.DriverResources
 
 // ForNode is the one place that decides what a node publishes: the CLI
 // prints it and the agent publishes it. Devices on hardware at fault in
-// faults (the health monitors' findings) are tainted as cfg says.
+// faults (the health monitors' findings) are tainted as cfg says, and
+// GPUs offer the MIG profiles it offers.
 func ForNode(nodeName string, inv hw.Inventory, cfg *config.AgentConfig, f device.Features, faults hw.Health) (ByDriver, []config.Skip) {
 	res := ByDriver{}
 	h := Health{Faults: faults, FatalNoExecute: cfg.HealthPolicy().FatalNoExecute}
 	if len(inv.GPUs) > 0 || len(inv.PassthroughGPUs) > 0 {
-		res[device.GPUDriver] = TaintedGPU(nodeName, inv.GPUs, inv.PassthroughGPUs, f, h)
+		res[device.GPUDriver] = TaintedGPU(nodeName, inv.GPUs, inv.PassthroughGPUs, f, h, cfg.GPUPolicy())
 	}
 	var skipped []config.Skip
 	if len(inv.PFs) > 0 {

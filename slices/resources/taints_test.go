@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -41,7 +42,7 @@ func TestGPUTaintsFromFaults(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			gpus := []hw.GPU{sick, well, vgpu}
-			res := TaintedGPU(testNode, gpus, nil, device.AllFeatures, Health{Faults: tc.faults})
+			res := TaintedGPU(testNode, gpus, nil, device.AllFeatures, Health{Faults: tc.faults}, config.GPUPolicy{})
 			catalog := GPUDevices(gpus, nil, device.AllFeatures)
 			n := 0
 			for name, d := range devicesByName(res) {
@@ -73,7 +74,7 @@ func TestGPUTaintsFromFaults(t *testing.T) {
 func TestAllocatorHonoursTaints(t *testing.T) {
 	sick, well := h100("0000:1b:00.0", 0), h100("0000:43:00.0", 0)
 	faults := hw.Health{GPUs: map[string]hw.Fault{sick.PCIBusID: {Reason: "XID79", Fatal: true}}}
-	res := TaintedGPU(testNode, []hw.GPU{sick, well}, nil, device.AllFeatures, Health{Faults: faults, FatalNoExecute: true})
+	res := TaintedGPU(testNode, []hw.GPU{sick, well}, nil, device.AllFeatures, Health{Faults: faults, FatalNoExecute: true}, config.GPUPolicy{})
 	a := newAllocator(t, allocate.ClusterFeatures, map[string]resourceslice.DriverResources{device.GPUDriver: res})
 
 	first := claim(profile("gpu", device.ProfileFull, 1))

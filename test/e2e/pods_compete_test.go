@@ -51,8 +51,8 @@ func winnerName(i int) string { return "winner-" + string(rune('a'+i)) }
 // pod (1g.10gb) runs; a vGPU pod (deploy/examples/vgpu.yaml, any type)
 // then cannot be placed and stays Pending; once the MIG pod is deleted the
 // vGPU pod runs with its mediated device. Only the compatibility groups
-// keep it off: the smallest time-sliced type (H100-4C) consumes 4Gi of the
-// GPU's memory counter and nothing else, which would fit next to a
+// keep it off: a block of time-sliced vGPUs consumes framebuffer from the
+// GPU's memory counter and no memory slice, which would fit next to a
 // 1g.10gb, but MIG and vGPU devices are in different groups and the
 // scheduler never mixes the two modes on one GPU.
 func TestPodsCompeteCompatibilityGroups(t *testing.T) {

@@ -47,6 +47,10 @@ func TestPodVGPU(t *testing.T) {
 	if mdev == "" {
 		t.Errorf("metadata has no mdevUUID: %v", attrs)
 	}
+	// KubeVirt's virt-launcher reads the unqualified key.
+	if vm, _ := attrs["mdevUUID"]["string"].(string); vm != mdev {
+		t.Errorf("metadata mdevUUID (the key KubeVirt reads) %q, want %q: %v", vm, mdev, attrs)
+	}
 	if env := gpuEnvName(res.Device, "MDEV"); r.out.Env[env] != mdev {
 		t.Errorf("container env %s=%q, metadata mdevUUID %q", env, r.out.Env[env], mdev)
 	}

@@ -18,17 +18,21 @@ import (
 )
 
 // TestCompatibilityGroupsGateOff: on a node whose apiserver and scheduler run
-// with DRADeviceCompatibilityGroups off, the apiserver silently drops every
-// compatibilityGroups field of the slices `hwdra slices` prints and keeps the
-// rest. This is the condition the agent must detect (DroppedFieldsError);
-// the agent then falls back so that the node's GPUs stay allocatable.
+// with DRADeviceCompatibilityGroups off, the apiserver keeps every field of
+// a DGX H100's slices (only GPUs that offer vGPUs carry compatibility
+// groups), and on a vGPU host it silently drops every compatibilityGroups
+// field and keeps the rest. This is the condition the agent must detect
+// (DroppedFieldsError); the agent then falls back so that the node's GPUs
+// stay allocatable.
 //
 // The file sorts last so that the shared node is started only once before it.
 func TestCompatibilityGroupsGateOff(t *testing.T) {
 	n := framework.New(t, framework.Options{FeatureGates: map[string]bool{"DRADeviceCompatibilityGroups": false}})
 	framework.RecordTiming(t, "node start (DRADeviceCompatibilityGroups off)", n.StartupTime)
 	ctx := context.Background()
-	objs := hwdraSlices(t, "mock:dgx-h100", n.Name)
+	publishSlices(t, n, hwdraSlices(t, "mock:dgx-h100", n.Name), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+
+	objs := hwdraSlices(t, "mock:h100-vgpu", n.Name)
 	creds, err := n.AgentCredentials(ctx, "")
 	if err != nil {
 		t.Fatal(err)
@@ -59,8 +63,9 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 	}
 
 	// The agent on this node detects the drop and falls back to slices the
-	// cluster understands: its GPUs stay allocatable and a pod runs.
-	agent := n.StartAgent(t, "mock:dgx-h100")
+	// cluster understands (no vGPUs): its MIG partitions stay allocatable
+	// and a pod runs.
+	agent := n.StartAgent(t, "mock:h100-vgpu")
 	if _, err := n.WaitResourceSlices(ctx, "gpu.hwdra.io", 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +78,12 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	ns := n.CreateNamespace(t, "gate-off")
-	framework.RecordTiming(t, "full GPU pod creation -> Running (compatibility groups off)", examplePodRunning(t, n, ns, "gpu-full.yaml", "gpu"))
+	t.Cleanup(func() {
+		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	framework.RecordTiming(t, "1g.10gb pod creation -> Running on a vGPU host (compatibility groups off)", examplePodRunning(t, n, ns, "mig-1g.10gb.yaml", "mig"))
 }
 
 // TestGateTurnedOffAfterSlicesStored: the agent publishes the full model

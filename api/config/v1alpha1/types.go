@@ -27,6 +27,28 @@ type AgentConfig struct {
 	// plugin by its default resource names and, while it sees it, leaves
 	// it every GPU.
 	DevicePlugin *DevicePluginConfig `json:"devicePlugin,omitempty"`
+	// GPUs tunes what the GPU driver publishes.
+	GPUs *GPUConfig `json:"gpus,omitempty"`
+}
+
+// GPUConfig tunes what the GPU driver publishes.
+type GPUConfig struct {
+	// MIGProfiles chooses the MIG profiles offered where MIG partitions
+	// are (GPUs with MIG on, and GPUs with MIG off that switch without a
+	// reset). The scheduler goes through every published device for
+	// every pending pod on every node, so a profile that no claim asks for
+	// costs scheduling time for nothing (README, "Scheduler cost").
+	// Default: every profile the GPU reports.
+	MIGProfiles *ProfileFilter `json:"migProfiles,omitempty"`
+}
+
+// ProfileFilter selects profiles by NVIDIA's names ("1g.10gb",
+// "1g.10gb+me") or by shell patterns ("*+me*", "1g.*"; * and ? match any
+// characters, as path.Match does). A profile is offered when include is
+// empty or one of its patterns matches, and none of exclude's does.
+type ProfileFilter struct {
+	Include []string `json:"include,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
 }
 
 // NICRule chooses mode and policy for the PFs its selector matches.

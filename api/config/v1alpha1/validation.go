@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"errors"
 	"fmt"
+	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -28,10 +29,45 @@ func (c *AgentConfig) Validate() field.ErrorList {
 	if c.Health != nil {
 		errs = append(errs, c.Health.validate(field.NewPath("health"))...)
 	}
+	if c.GPUs != nil && c.GPUs.MIGProfiles != nil {
+		errs = append(errs, c.GPUs.MIGProfiles.validate(field.NewPath("gpus", "migProfiles"))...)
+	}
 	if c.DevicePlugin != nil {
 		errs = append(errs, c.DevicePlugin.validate(field.NewPath("devicePlugin"))...)
 	}
 	return errs
+}
+
+// profilePatternRE: what MIG profile names are made of (lower-case
+// letters, digits, '.', '+', '-'), and the wildcards * and ?.
+var profilePatternRE = regexp.MustCompile(`^[a-z0-9.+*?-]+$`)
+
+func (f *ProfileFilter) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, l := range []struct {
+		name     string
+		patterns []string
+	}{{"include", f.Include}, {"exclude", f.Exclude}} {
+		for i, pat := range l.patterns {
+			if !profilePatternRE.MatchString(pat) {
+				errs = append(errs, field.Invalid(p.Child(l.name).Index(i), pat,
+					`must be a MIG profile name like "1g.10gb+me" or a pattern like "*+me*": lower-case letters, digits, '.', '+', '-', and the wildcards * and ?`))
+			}
+		}
+	}
+	return errs
+}
+
+// Offers reports whether the filter offers the named profile. Patterns
+// are valid (Validate).
+func (f *ProfileFilter) Offers(name string) bool {
+	if f == nil {
+		return true
+	}
+	match := func(patterns []string) bool {
+		return slices.ContainsFunc(patterns, func(p string) bool { ok, _ := path.Match(p, name); return ok })
+	}
+	return (len(f.Include) == 0 || match(f.Include)) && !match(f.Exclude)
 }
 
 var (

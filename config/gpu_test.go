@@ -1,0 +1,65 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseGPUs(t *testing.T) {
+	all := []string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb", "1g.23gb-me", "2g.45gb+me.all"}
+	for _, tc := range []struct {
+		name    string
+		yaml    string
+		offered []string
+		wantErr string
+	}{{
+		name:    "no gpus section: every profile",
+		yaml:    header,
+		offered: all,
+	}, {
+		name:    "no media-engine variants",
+		yaml:    header + "gpus:\n  migProfiles:\n    exclude: [\"*+me*\", \"*-me\"]\n",
+		offered: []string{"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb"},
+	}, {
+		name:    "one slice and the whole GPU, by name and pattern",
+		yaml:    header + "gpus:\n  migProfiles:\n    include: [\"1g.*\", 7g.80gb]\n    exclude: [1g.20gb]\n",
+		offered: []string{"1g.10gb", "1g.10gb+me", "7g.80gb", "1g.23gb-me"},
+	}, {
+		name:    "upper case",
+		yaml:    header + "gpus:\n  migProfiles:\n    include: [1G.10GB]\n",
+		wantErr: `gpus.migProfiles.include[0]: Invalid value: "1G.10GB": must be a MIG profile name`,
+	}, {
+		name:    "bracket pattern",
+		yaml:    header + "gpus:\n  migProfiles:\n    exclude: [\"[12]g.*\"]\n",
+		wantErr: `gpus.migProfiles.exclude[0]: Invalid value: "[12]g.*"`,
+	}, {
+		name:    "empty name",
+		yaml:    header + "gpus:\n  migProfiles:\n    exclude: [\"\"]\n",
+		wantErr: `gpus.migProfiles.exclude[0]: Invalid value: ""`,
+	}, {
+		name:    "unknown field",
+		yaml:    header + "gpus:\n  migProfile: {}\n",
+		wantErr: `unknown field "gpus.migProfile"`,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := parseCase(t, tc.yaml, tc.wantErr)
+			if c == nil {
+				return
+			}
+			var got []string
+			for _, p := range all {
+				if c.GPUPolicy().OffersMIGProfile(p) {
+					got = append(got, p)
+				}
+			}
+			if strings.Join(got, " ") != strings.Join(tc.offered, " ") {
+				t.Errorf("offered %v, want %v", got, tc.offered)
+			}
+		})
+	}
+	for _, p := range all {
+		if !Default().GPUPolicy().OffersMIGProfile(p) {
+			t.Errorf("the default leaves out %s", p)
+		}
+	}
+}
