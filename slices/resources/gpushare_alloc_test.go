@@ -163,6 +163,37 @@ func TestSharesExcludeTheGPUsOtherDevices(t *testing.T) {
 	}
 }
 
+// A GPU with no MIG memory slices to count (no MIG, or MIG off and
+// switching only with a reset) keeps its whole GPU and its shares apart
+// through a counter of their own, in either order.
+func TestSharesExcludeTheWholeGPUWithoutMIG(t *testing.T) {
+	noMIG := h100("0000:1b:00.0", 0)
+	noMIG.MIG = hw.MIG{}
+	offNeedsReset := h100("0000:1b:00.0", 0)
+	offNeedsReset.MIG.SwitchWithoutReset = false
+	for name, g := range map[string]hw.GPU{"no MIG": noMIG, "MIG off, switching needs a reset": offNeedsReset} {
+		t.Run(name, func(t *testing.T) {
+			res := GPU(testNode, []hw.GPU{g}, device.AllFeatures)
+			set := res.Pools[testNode].Slices[0].SharedCounters[0]
+			if c, ok := set.Counters[counterExclusive]; len(set.Counters) != 1 || !ok || c.Value.Value() != 1 {
+				t.Fatalf("counters %v, want %s alone", set.Counters, counterExclusive)
+			}
+			a := gpuAllocatorWith(t, allocate.ClusterFeatures, device.AllFeatures, g)
+			share := claim(gpuShare("s", "", "10"))
+			if !fits(t, a, share) || fits(t, a, claim(profile("gpu", device.ProfileFull, 1))) {
+				t.Fatal("the whole GPU allocated beside a share, or the share refused")
+			}
+			if !fits(t, a, claim(gpuShare("s", "", "10"))) {
+				t.Fatal("a second share refused")
+			}
+			b := gpuAllocatorWith(t, allocate.ClusterFeatures, device.AllFeatures, g)
+			if !fits(t, b, claim(profile("gpu", device.ProfileFull, 1))) || fits(t, b, claim(gpuShare("s", "", "10"))) {
+				t.Fatal("a share allocated beside the whole GPU, or the GPU refused")
+			}
+		})
+	}
+}
+
 // Where the cluster lacks a feature the model falls back as the rest of
 // it does: without consumable capacity no shares are published (a claim
 // for one is unsatisfiable, the whole GPU still allocates); without
