@@ -54,7 +54,9 @@ type Profile struct {
 	Profile string `json:"profile"`
 	// Devices is how many instances of the profile the GPU publishes:
 	// one device per placement for MIG and MIG-backed vGPU, a device
-	// per block of instances (each share one) for time-sliced vGPU.
+	// per block of instances (each share one) for time-sliced vGPU; for
+	// a GPU's shares, how many of the request policy's default size its
+	// one device holds.
 	Devices int32 `json:"devices"`
 	// Allocated are the instances allocated to claims (the shares of a
 	// device that claims share).
@@ -65,8 +67,8 @@ type Profile struct {
 	// Allocatable is how many more instances of the profile the scheduler
 	// can still allocate on this GPU, given the placements, counters and
 	// compatibility groups in use, leaving out tainted devices; for a
-	// GPU's shares, how many more of the request policy's default size
-	// (the shared devices' view says what capacity is left).
+	// GPU's shares, how many more of the default size (the shared
+	// devices' view says what capacity is left).
 	Allocatable int32 `json:"allocatable"`
 }
 
