@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -11,42 +10,11 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 
-	"github.com/hwdra/hwdra/allocate"
-	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/slices/device"
 )
-
-// allocatedWith is allocated with an opaque GPU configuration for the
-// request.
-func (a *testAgent) allocatedWith(ss []*resourceapi.ResourceSlice, name string, req resourceapi.DeviceRequest, config string) *resourceapi.ResourceClaim {
-	a.t.Helper()
-	classes, err := deploy.DeviceClasses()
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	c := &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name)},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{req},
-			Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
-				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: device.GPUDriver, Parameters: runtime.RawExtension{Raw: []byte(config)}},
-			}}},
-		}},
-	}
-	if err := allocate.New(allocate.ClusterFeatures, node, ss, classes).Allocate(context.Background(), c); err != nil {
-		a.t.Fatal(err)
-	}
-	if _, err := a.client.ResourceV1().ResourceClaims("default").Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
-		a.t.Fatal(err)
-	}
-	return c
-}
 
 // mpsDaemonPID reads the PID of the one MPS daemon the agent recorded.
 func mpsDaemonPID(t testing.TB, stateDir string) int {
