@@ -161,10 +161,9 @@ func fleet(one []resourceapi.ResourceSlice, n int) ([]*resourceapi.ResourceSlice
 // BenchmarkRefusal is the scheduler's cost, per node, of refusing one
 // request for one device more of a kind than the node holds (the goal:
 // under a second). Nodes have 8 GPUs: a DGX H100 (MIG off, switchable,
-// GPU shares offered);
-// 8 H100s in host-vGPU mode with one time-sliced size at a time
-// ("vgpu") and mixed ("vgpu-mixed"); and the DGX H100's NICs in shared
-// mode.
+// GPU shares offered); 8 H100s in host-vGPU mode with one time-sliced
+// size at a time ("vgpu") and mixed ("vgpu-mixed"); and the DGX H100's
+// NICs in shared mode.
 //
 //	go test -run '^$' -bench Refusal ./slices/resources/
 func BenchmarkRefusal(b *testing.B) {
