@@ -87,9 +87,10 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 }
 
 // TestGateTurnedOffAfterSlicesStored: the agent publishes the full model
-// (compatibility groups on MIG devices) while DRADeviceCompatibilityGroups
-// is on; then the control plane restarts with the gate off. The API server
-// keeps the stored groups (an update keeps a gated field the old object
+// (compatibility groups on the MIG devices of a vGPU host: only GPUs that
+// offer vGPUs carry groups) while DRADeviceCompatibilityGroups is on; then
+// the control plane restarts with the gate off. The API server keeps the
+// stored groups (an update keeps a gated field the old object
 // has), so no write reports a dropped field, and the scheduler, without
 // the gate, ignores every slice with groups: the node's GPU pool is
 // incomplete and a MIG pod stays pending. The agent's feature check (a
@@ -101,7 +102,7 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
 	n := framework.New(t, framework.Options{})
 	ctx := context.Background()
-	agent := n.StartAgent(t, "mock:dgx-h100", "--feature-check-interval=1h")
+	agent := n.StartAgent(t, "mock:h100-vgpu", "--feature-check-interval=1h")
 	if got := waitGPUPool(t, n, true); got == 0 {
 		t.Fatal("the full model has no device with compatibility groups: the test shows nothing")
 	}
