@@ -21,6 +21,7 @@ import (
 
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/mps"
 )
 
 // Options are the agent's settings (its command-line flags).
@@ -64,6 +65,9 @@ type Options struct {
 	PodUID string
 	// DriverRoot is the NVIDIA driver's root on "host" hardware.
 	DriverRoot backend.DriverRoot
+	// MPSCgroup is where the MPS control daemons of shared GPUs run: beside
+	// the agent's pod in a DaemonSet, so that they outlive it.
+	MPSCgroup mps.Cgroup
 	// DevicePluginDir is the kubelet's device-plugin directory, where
 	// NVIDIA's device plugin has its socket while it serves GPUs (the
 	// agent then leaves them to it); empty: not watched.

@@ -20,6 +20,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
@@ -179,6 +180,13 @@ func deviceNames(ss []*resourceapi.ResourceSlice) map[string]bool {
 // published slices and stored in the API, as the scheduler would.
 func (a *testAgent) allocated(ss []*resourceapi.ResourceSlice, name string, req resourceapi.DeviceRequest) *resourceapi.ResourceClaim {
 	a.t.Helper()
+	return a.allocatedWith(ss, name, req, "")
+}
+
+// allocatedWith is allocated with an opaque GPU configuration for the
+// request ("": none).
+func (a *testAgent) allocatedWith(ss []*resourceapi.ResourceSlice, name string, req resourceapi.DeviceRequest, config string) *resourceapi.ResourceClaim {
+	a.t.Helper()
 	classes, err := deploy.DeviceClasses()
 	if err != nil {
 		a.t.Fatal(err)
@@ -186,6 +194,11 @@ func (a *testAgent) allocated(ss []*resourceapi.ResourceSlice, name string, req 
 	c := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name)},
 		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}},
+	}
+	if config != "" {
+		c.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: device.GPUDriver, Parameters: runtime.RawExtension{Raw: []byte(config)}},
+		}}}
 	}
 	if err := allocate.New(allocate.ClusterFeatures, node, ss, classes).Allocate(context.Background(), c); err != nil {
 		a.t.Fatal(err)

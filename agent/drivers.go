@@ -14,6 +14,7 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/prepare"
 	gpuprep "github.com/hwdra/hwdra/prepare/gpu"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
@@ -37,6 +38,9 @@ type GPU struct {
 	// Unclaimed is the node as it would be without the partitions the
 	// driver made for claims: what is published.
 	Unclaimed publish.Unclaimed
+	// MPS are the driver's MPS control daemons, which the health monitor
+	// supervises.
+	MPS *mps.Manager
 }
 
 // NIC is the SR-IOV NIC driver.
@@ -80,6 +84,8 @@ type PluginOptions struct {
 	// Network moves prepared VFs into pods (NRI); nil: they stay in the
 	// host namespace.
 	Network nicprep.PodNetwork
+	// MPSCgroup is where MPS control daemons run.
+	MPSCgroup mps.Cgroup
 }
 
 // NewDrivers builds a plugin for each driver that has hardware in inv. Each
@@ -100,6 +106,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			StateDir: opts.StateDir,
 			DevRoot:  node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
 			Sysfs: node.Sysfs, DriverSpecDirs: specDirs(node.DriverSpecDirs, opts.CDIDir),
+			Programs: node.Programs, MPSCgroup: opts.MPSCgroup,
 		})
 		if err != nil {
 			return Drivers{}, err
@@ -110,7 +117,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 		if err != nil {
 			return Drivers{}, fmt.Errorf("%s: %w", device.GPUDriver, err)
 		}
-		drivers.GPU = &GPU{Driver: Driver[gpuprep.Record]{Name: device.GPUDriver, Plugin: p}, Unclaimed: d.Unclaimed}
+		drivers.GPU = &GPU{Driver: Driver[gpuprep.Record]{Name: device.GPUDriver, Plugin: p}, Unclaimed: d.Unclaimed, MPS: d.MPS()}
 	}
 	if len(inv.PFs) > 0 {
 		d, err := nicprep.New(nicprep.Options{

@@ -14,6 +14,7 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/health"
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/nvml"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -27,6 +28,9 @@ import (
 const (
 	gpuCheckInterval = 10 * time.Second
 	gpuHealthTimeout = 45 * time.Second
+	// An MPS check asks each daemon through its control pipe (a process
+	// each): cheap, and a dead daemon's clients wait for it.
+	mpsCheckInterval = 5 * time.Second
 	nicCheckInterval = 5 * time.Second
 	nicHealthTimeout = 20 * time.Second
 )
@@ -45,6 +49,7 @@ type nodeHealth struct {
 	mu      sync.Mutex
 	gpu     *health.GPUMonitor // nil until NVML is usable
 	nic     *health.NICMonitor
+	mps     *health.MPSMonitor         // nil without a GPU driver
 	held    hw.Inventory               // the last probe, with what it could not tell held
 	devices map[string][]health.Device // by driver, as last published
 }
@@ -57,12 +62,15 @@ func newNodeHealth(cfg *config.AgentConfig) *nodeHealth {
 // faults merges the monitors' findings: the publisher taints them.
 func (h *nodeHealth) faults() hw.Health {
 	h.mu.Lock()
-	gpu, nic := h.gpu, h.nic
+	gpu, nic, daemons := h.gpu, h.nic, h.mps
 	h.mu.Unlock()
 	var out hw.Health
 	if gpu != nil {
 		g := gpu.Faults()
 		out.GPUs, out.Partitions = g.GPUs, g.Partitions
+	}
+	if daemons != nil {
+		out.MPS = daemons.Faults()
 	}
 	if nic != nil {
 		n := nic.Faults()
@@ -116,6 +124,13 @@ func (h *nodeHealth) startNIC(ctx context.Context, node *backend.Node) {
 func (h *nodeHealth) startGPU(ctx context.Context, gpu *nvml.Backend) {
 	m := health.NewGPUMonitor(gpu, h.policy, gpuCheckInterval, h.onChange)
 	h.start(ctx, m, func() { h.gpu = m })
+}
+
+// startMPS starts supervising the GPU driver's MPS control daemons: one
+// that died is started again, and its devices are unhealthy meanwhile.
+func (h *nodeHealth) startMPS(ctx context.Context, daemons *mps.Manager) {
+	m := health.NewMPSMonitor(daemons, mpsCheckInterval, h.onChange)
+	h.start(ctx, m, func() { h.mps = m })
 }
 
 // start registers a monitor (register runs under h.mu), tells it what the

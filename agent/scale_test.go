@@ -61,6 +61,7 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 		req  resourceapi.DeviceRequest
 	}{
 		{"full GPU", gpuDRA, exactly("gpu.hwdra.io", "")},
+		{"GPU share", gpuDRA, exactly("share.gpu.hwdra.io", "")},
 		{"MIG 1g.10gb", gpuDRA, exactly("mig.gpu.hwdra.io", `device.attributes["gpu.hwdra.io"].profile == "1g.10gb"`)},
 		{"MIG-backed vGPU", gpuDRA, exactly("vgpu.gpu.hwdra.io", `device.attributes["gpu.hwdra.io"].migBacked`)},
 		{"time-sliced vGPU", gpuDRA, exactly("vgpu.gpu.hwdra.io", `!device.attributes["gpu.hwdra.io"].migBacked`)},
@@ -107,14 +108,14 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 	if got := atoi(t, a.metric(`hwdra_resource_publications_total{driver="gpu.hwdra.io"}`)) - atoi(t, publications); got != 1 {
 		t.Errorf("the out-of-band instance was published %d times, want once", got)
 	}
-	// On that GPU the whole GPU (MIG mode can no longer switch) and every
-	// placement overlapping the instance go, except the instance itself;
-	// everything else stays as it was.
+	// On that GPU the whole GPU and its shares (MIG mode can no longer
+	// switch) and every placement overlapping the instance go, except the
+	// instance itself; everything else stays as it was.
 	for name, d := range devicesByName(gpus) {
 		gone := false
 		if attr(d, "resource.kubernetes.io/pciBusID") == migGPU && name != static {
 			switch attr(d, device.AttrType) {
-			case device.KindGPU:
+			case device.KindGPU, device.KindShare:
 				gone = true
 			case device.KindMIG:
 				start, size := *d.Attributes["gpu.hwdra.io/placementStart"].IntValue, *d.Attributes["gpu.hwdra.io/placementSize"].IntValue

@@ -173,6 +173,7 @@ func (s *server) newDrivers(ctx context.Context, inv hw.Inventory, network nicpr
 		OnError:   s.pub.HandleError,
 		Allocated: allocatedTo(s.claims, s.opts.NodeName),
 		Network:   network,
+		MPSCgroup: s.opts.MPSCgroup,
 	})
 	if err != nil {
 		return Drivers{}, err
@@ -214,6 +215,9 @@ func (s *server) startHealth(ctx context.Context) {
 	if gpu := s.node.GPU(); gpu != nil && len(s.inv.GPUs) > 0 {
 		s.health.startGPU(ctx, gpu)
 	}
+	if d := s.drivers.GPU; d != nil {
+		s.health.startMPS(ctx, d.MPS)
+	}
 }
 
 // awaitNVML: where the PCI bus shows NVIDIA GPUs but NVML is not up (a
@@ -247,6 +251,7 @@ func (s *server) startLateGPU(ctx context.Context) error {
 		return err
 	}
 	s.health.startGPU(ctx, s.node.GPU())
+	s.health.startMPS(ctx, d.GPU.MPS)
 	s.pub.Poke()
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/drivertools"
 	"github.com/hwdra/hwdra/hw/mock/profile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/sriov"
@@ -64,6 +65,10 @@ type Node struct {
 	// spec (nil: the defaults). Set once NVML is up.
 	GPUDevRoot, GPUDevNodeRoot string
 	DriverSpecDirs             []string
+	// Programs are the NVIDIA driver's programs (nvidia-smi, the MPS
+	// control daemon): the driver root's, the mock's stand-ins on mock
+	// hardware. Set once NVML is up.
+	Programs nvml.Programs
 
 	// driverRoot is the host's NVIDIA driver (nil on mock hardware): a
 	// pending NVML is made anew from it at each retry, as the library may
@@ -101,7 +106,8 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 			Mock: m, DevRoot: m.DevRoot(), ProcRoot: m.ProcRoot(), SysfsRoot: m.Sysfs,
 			GPUDevRoot: m.DevRoot(), GPUDevNodeRoot: m.DevRoot(),
 			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
-			NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
+			NIC:      sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
+			Programs: nvml.Programs{Bin: filepath.Join(m.DriverRoot(), drivertools.BinDir)},
 		}
 		if n.Passthrough, err = vfiopci.New(m.Sysfs); err != nil {
 			return nil, errors.Join(err, m.Close())
@@ -186,6 +192,7 @@ func (n *Node) InitNVML() error {
 func (n *Node) nvmlUp() {
 	if n.driverRoot != nil {
 		n.GPUDevRoot, n.GPUDevNodeRoot = n.driverRoot.devRoot()
+		n.Programs = n.driverRoot.programs()
 	}
 }
 

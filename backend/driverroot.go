@@ -84,6 +84,28 @@ func (r DriverRoot) devRoot() (local, node string) {
 	return "/dev", "/dev"
 }
 
+// programs are the driver's programs as this process runs them: the
+// root's usr/bin, with the root's library directories that exist where
+// the root is not this process's own.
+func (r DriverRoot) programs() nvml.Programs {
+	m := r.mount()
+	p := nvml.Programs{Bin: filepath.Join(m, "usr", "bin")}
+	if m == "/" {
+		return p
+	}
+	for _, d := range driverLibDirs {
+		if dir := filepath.Join(m, d); dirExists(dir) {
+			p.LibraryPath = append(p.LibraryPath, dir)
+		}
+	}
+	return p
+}
+
+func dirExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.IsDir()
+}
+
 // specDirs are searched for the NVIDIA Container Toolkit's node-wide CDI
 // spec: the driver root's /etc/cdi and the runtime's /var/run/cdi.
 func (r DriverRoot) specDirs() []string {

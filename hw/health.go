@@ -30,6 +30,17 @@ type Health struct {
 	PFs map[string]Fault
 	// VFs by PCI address.
 	VFs map[string]Fault
+	// MPS: an MPS control daemon is down, by what it serves: the devices
+	// that run under it.
+	MPS map[MPSRef]Fault
+}
+
+// MPSRef names what an MPS control daemon serves: a GPU's shares, or one
+// GPU or MIG partition (by placement; none for a whole GPU) of a claim
+// shared through MPS.
+type MPSRef struct {
+	PartitionRef
+	Shares bool
 }
 
 // PartitionRef names a MIG partition of a GPU by where it sits.
@@ -69,7 +80,7 @@ func (h Health) NICFault(pf, vf string) (Fault, bool) {
 
 // Empty reports whether nothing is wrong.
 func (h Health) Empty() bool {
-	return len(h.GPUs) == 0 && len(h.Partitions) == 0 && len(h.PFs) == 0 && len(h.VFs) == 0
+	return len(h.GPUs) == 0 && len(h.Partitions) == 0 && len(h.PFs) == 0 && len(h.VFs) == 0 && len(h.MPS) == 0
 }
 
 // LinkFault is the fault of a PF's link as the PF reports it: down, or up

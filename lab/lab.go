@@ -148,6 +148,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	after, _ := node.Inventory(ctx)
 	section(out, "Hardware after prepare")
 	printHardwareChanges(out, inv, after)
+	printDaemons(out, drivers.GPU)
 	if opts.Keep {
 		fmt.Fprintf(out, "\nKept prepared: state in %s, CDI specs in %s\n", opts.StateDir, opts.CDIDir)
 		return nil
@@ -175,7 +176,23 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	}
 	final, _ := node.Inventory(ctx)
 	printHardwareChanges(out, inv, final)
+	printDaemons(out, drivers.GPU)
 	return nil
+}
+
+// printDaemons shows the MPS control daemons running for shared GPUs.
+func printDaemons(out io.Writer, gpu *agent.GPU) {
+	if gpu == nil {
+		return
+	}
+	ids := gpu.MPS.IDs()
+	if len(ids) == 0 {
+		fmt.Fprintln(out, "no MPS control daemons")
+	}
+	for _, id := range ids {
+		s, _ := gpu.MPS.Spec(id)
+		fmt.Fprintf(out, "MPS control daemon %s for %s: devices %s, pipe directory %s\n", id, s.Owner, strings.Join(s.Devices, ","), gpu.MPS.Dirs(id).Pipe)
+	}
 }
 
 func prepareClaims(ctx context.Context, out io.Writer, driver string, plugin kubeletplugin.DRAPlugin, claims []*resourceapi.ResourceClaim, opts Options) error {

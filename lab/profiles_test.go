@@ -152,7 +152,7 @@ func gpuDevices(objs []*resourceapi.ResourceSlice) string {
 		}
 	}
 	var kinds []string
-	for _, k := range []struct{ kind, what string }{{device.KindGPU, "whole GPUs"}, {device.KindMIG, "MIG partitions"}, {device.KindVGPU, "vGPUs"}, {device.KindPassthrough, "passthrough GPUs"}} {
+	for _, k := range []struct{ kind, what string }{{device.KindGPU, "whole GPUs"}, {device.KindMIG, "MIG partitions"}, {device.KindVGPU, "vGPUs"}, {device.KindPassthrough, "passthrough GPUs"}, {device.KindShare, "shareable GPUs"}} {
 		if n := count[k.kind]; n == 1 {
 			kinds = append(kinds, "1 "+strings.TrimSuffix(k.what, "s"))
 		} else if n > 1 {

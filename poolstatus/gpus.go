@@ -2,6 +2,7 @@ package poolstatus
 
 import (
 	"cmp"
+	"math"
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -71,17 +72,40 @@ func gpus(p *pool, u *usage) []GPU {
 	return out
 }
 
-// instances is how many instances a device stands for: one, or the
-// instances capacity of a device that claims share.
+// instances is how many instances a device stands for: one, or for a
+// device that claims share, how many shares of its request policies'
+// default sizes it holds (sharesLeft with nothing consumed).
 func instances(d *resourceapi.Device) int32 {
 	if !ptr.Deref(d.AllowMultipleAllocations, false) {
 		return 1
 	}
-	c, ok := d.Capacity[device.GPUCapInstances]
-	if !ok {
+	return sharesLeft(d, nil)
+}
+
+// sharesLeft is how many more shares of the request policies' default
+// sizes fit in what a shareable device's capacities have left, the least
+// over them: a block of time-sliced vGPUs holds its instances (one each)
+// less its shares; a GPU's shares device as many defaults (4Gi, 10%) as
+// its memory and compute leave. A capacity without a default is taken
+// whole by a share.
+func sharesLeft(d *resourceapi.Device, consumed map[resourceapi.QualifiedName]resource.Quantity) int32 {
+	n := int64(math.MaxInt32)
+	for name, c := range d.Capacity {
+		size := c.Value
+		if c.RequestPolicy != nil && c.RequestPolicy.Default != nil {
+			size = *c.RequestPolicy.Default
+		}
+		if size.Sign() <= 0 {
+			continue
+		}
+		left := c.Value.DeepCopy()
+		left.Sub(consumed[name])
+		n = min(n, max(0, left.MilliValue()/size.MilliValue()))
+	}
+	if n == math.MaxInt32 {
 		return 1
 	}
-	return int32(c.Value.Value())
+	return int32(n)
 }
 
 // budget is what is left for new devices on the pool's hardware: counters,
@@ -194,9 +218,9 @@ func (b *budget) take(d *resourceapi.Device) {
 // placements by earliest end, each while the counters still cover it,
 // reaches the most instances the placements and the counters allow
 // (interval scheduling). Devices in use or unavailable are not candidates,
-// except a device that claims share (a block of time-sliced vGPUs): its
-// counters are charged at its first share, and it holds its instances
-// less the shares it has.
+// except a device that claims share (a block of time-sliced vGPUs, a
+// GPU's shares): its counters are charged at its first share, and it
+// holds the shares its capacities have left (sharesLeft).
 func (b *budget) pack(devs []poolDevice, u *usage) int32 {
 	var (
 		cands []*resourceapi.Device
@@ -210,7 +234,7 @@ func (b *budget) pack(devs []poolDevice, u *usage) int32 {
 				cands = append(cands, d.Device)
 			}
 		case u.inUse(d.Name):
-			n += max(0, instances(d.Device)-u.shares(d.Name))
+			n += sharesLeft(d.Device, u.deviceConsumed[d.Name])
 		case b.fits(d.Device):
 			b.take(d.Device)
 			n += instances(d.Device)

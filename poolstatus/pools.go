@@ -231,6 +231,7 @@ func shareable(driver string, p *pool, u *usage) (*resourcealpha.ShareableSummar
 		full, partial int32
 		any           bool
 		devices       []SharedDevice
+		budget        *budget
 	)
 	total := map[resourceapi.QualifiedName]resource.Quantity{}
 	for _, d := range p.devices {
@@ -244,6 +245,15 @@ func shareable(driver string, p *pool, u *usage) (*resourcealpha.ShareableSummar
 			full++
 		}
 		sd := SharedDevice{Device: d.Name, PFName: stringAttr(d.Device, attrPFName), PCIAddress: stringAttr(d.Device, attrPFAddress), Unavailable: d.unavailable}
+		if len(d.ConsumesCounters) > 0 {
+			// A GPU's shares: held off while its other devices are
+			// allocated.
+			sd.GPU = stringAttr(d.Device, attrPCIBusID)
+			if budget == nil {
+				budget = newBudget(p, u)
+			}
+			sd.Held = !u.inUse(d.Name) && !budget.fits(d.Device)
+		}
 		var consumed map[resourceapi.QualifiedName]resource.Quantity
 		if u != nil {
 			sd.Allocations = u.results[d.Name]

@@ -5,7 +5,8 @@
 // computed by its definitions, so that the numbers exist on clusters
 // without that alpha API; and what no upstream view says: per GPU and
 // profile how many more instances fit beside the placements in use, and
-// per shared device (an SR-IOV PF) the capacity its shares consume.
+// per shared device (an SR-IOV PF, a GPU's shares) the capacity its
+// shares consume and what is left.
 //
 // Read lists the objects; Compute is pure; WriteTable renders.
 package poolstatus
@@ -53,16 +54,21 @@ type Profile struct {
 	Profile string `json:"profile"`
 	// Devices is how many instances of the profile the GPU publishes:
 	// one device per placement for MIG and MIG-backed vGPU, a device
-	// per block of instances (each share one) for time-sliced vGPU.
+	// per block of instances (each share one) for time-sliced vGPU; for
+	// a GPU's shares, how many of the request policy's default size its
+	// one device holds.
 	Devices int32 `json:"devices"`
-	// Allocated are the instances allocated to claims.
+	// Allocated are the instances allocated to claims (the shares of a
+	// device that claims share).
 	Allocated int32 `json:"allocated"`
 	// Unavailable are the instances on devices tainted NoSchedule or
 	// NoExecute (by the agent for a fault, or by a DeviceTaintRule).
 	Unavailable int32 `json:"unavailable"`
 	// Allocatable is how many more instances of the profile the scheduler
 	// can still allocate on this GPU, given the placements, counters and
-	// compatibility groups in use, leaving out tainted devices.
+	// compatibility groups in use, leaving out tainted devices; for a
+	// GPU's shares, how many more of the default size (the shared
+	// devices' view says what capacity is left).
 	Allocatable int32 `json:"allocatable"`
 }
 
@@ -72,10 +78,17 @@ type SharedDevice struct {
 	// PFName and PCIAddress identify an SR-IOV PF (sriov.hwdra.io).
 	PFName     string `json:"pfName,omitempty"`
 	PCIAddress string `json:"pciAddress,omitempty"`
+	// GPU is the PCI address of the GPU whose shares the device offers
+	// (gpu.hwdra.io).
+	GPU string `json:"gpu,omitempty"`
 	// Allocations is the number of claim results on the device.
 	Allocations int32 `json:"allocations"`
 	// Unavailable: tainted, no new share lands here.
 	Unavailable bool `json:"unavailable,omitempty"`
+	// Held: the GPU's other devices (the whole GPU, a MIG partition, a
+	// vGPU) are allocated and hold the counters the first share needs;
+	// no share lands here until they go.
+	Held bool `json:"held,omitempty"`
 	// Capacity per capacity name: the device's, what its allocations
 	// consume, and what is left.
 	Capacity []resourcealpha.ShareableCapacityStatus `json:"capacity"`

@@ -20,10 +20,13 @@ import (
 )
 
 // TestDGXScenario: on a mock DGX H100 as the agent publishes it, three
-// 1g.10gb on one GPU and two 150G shares of one 400G PF, allocated by the
-// scheduler's allocator with the shipped DeviceClasses. The report says 4
-// more 1g.10gb fit on that GPU (7 placements, 3 used), what else fits
-// beside them, nothing changed on the others; 100G left on that PF, 300G
+// 1g.10gb on one GPU, two shares of 10Gi and 20% of another, and two 150G
+// shares of one 400G PF, allocated by the scheduler's allocator with the
+// shipped DeviceClasses. The report says 4 more 1g.10gb fit on the first
+// GPU (7 placements, 3 used), what else fits beside them, and that it
+// takes no share; that the second GPU's shares consume 20Gi and 40%, 60Gi
+// and 60% are left (6 more of the default size) and nothing else fits
+// there; nothing changed on the others; 100G left on that PF, 300G
 // consumed in the pool; and the table says so.
 func TestDGXScenario(t *testing.T) {
 	inv, err := probe(t, "dgx-h100")
@@ -44,7 +47,7 @@ func TestDGXScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := allocate.New(allocate.ClusterFeatures, node, ptrs, classes)
-	const gpu, pf = "0000:1b:00.0", "0000:18:00.0"
+	const gpu, shareGPU, pf = "0000:1b:00.0", "0000:43:00.0", "0000:18:00.0"
 	mig := claimFor(gpu, "1g.10gb", 3)
 	mig.Spec.Devices.Requests[0].Exactly.DeviceClassName = "mig.gpu.hwdra.io"
 	claims := []*resourceapi.ResourceClaim{mig}
@@ -53,6 +56,14 @@ func TestDGXScenario(t *testing.T) {
 		share.Spec.Devices.Requests[0] = allocate.Request("r", "vf-share.sriov.hwdra.io", 1, `device.attributes["sriov.hwdra.io"].pfPciAddress == "`+pf+`"`)
 		share.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{
 			Requests: map[resourceapi.QualifiedName]resource.Quantity{device.NICCapBandwidth: resource.MustParse("150G")},
+		}
+		claims = append(claims, share)
+	}
+	for range 2 {
+		share := claimFor(shareGPU, "share", 1)
+		share.Spec.Devices.Requests[0].Exactly.DeviceClassName = "share.gpu.hwdra.io"
+		share.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{
+			Requests: map[resourceapi.QualifiedName]resource.Quantity{device.GPUCapMemory: resource.MustParse("10Gi"), device.GPUCapCompute: resource.MustParse("20")},
 		}
 		claims = append(claims, share)
 	}
@@ -75,12 +86,18 @@ func TestDGXScenario(t *testing.T) {
 		"gpu-0000-1b-00-0-mig-1g-10gb-6", "gpu-0000-1b-00-0-mig-1g-10gb-5", "gpu-0000-1b-00-0-mig-1g-10gb-4"}) {
 		t.Fatalf("allocated %v", got)
 	}
-	want := map[string]int32{"full": 0, "1g.10gb": 4, "1g.10gb+me": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 1, "4g.40gb": 1, "7g.80gb": 0}
-	idle := map[string]int32{"full": 1, "1g.10gb": 7, "1g.10gb+me": 1, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}
+	// Shares of the default size (4Gi, 10%): 10 on an idle GPU, none
+	// beside the MIG partitions, 10-4 beside the two shares of 20%.
+	want := map[string]int32{"full": 0, "1g.10gb": 4, "1g.10gb+me": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 1, "4g.40gb": 1, "7g.80gb": 0, "share": 0}
+	idle := map[string]int32{"full": 1, "1g.10gb": 7, "1g.10gb+me": 1, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1, "share": 10}
+	shared := map[string]int32{"full": 0, "1g.10gb": 0, "1g.10gb+me": 0, "1g.20gb": 0, "2g.20gb": 0, "3g.40gb": 0, "4g.40gb": 0, "7g.80gb": 0, "share": 6}
 	for _, g := range gpus {
 		w := idle
-		if g.PCIBusID == gpu {
+		switch g.PCIBusID {
+		case gpu:
 			w = want
+		case shareGPU:
+			w = shared
 		}
 		for _, p := range g.Profiles {
 			if p.Allocatable != w[p.Profile] {
@@ -88,7 +105,7 @@ func TestDGXScenario(t *testing.T) {
 			}
 		}
 	}
-	if p := r.Pools[0]; *p.AllocatedDevices != 3 || *p.UnavailableDevices != 0 || *p.AvailableDevices != *p.TotalDevices-3 {
+	if p := r.Pools[0]; *p.AllocatedDevices != 4 || *p.UnavailableDevices != 0 || *p.AvailableDevices != *p.TotalDevices-4 {
 		t.Errorf("GPU pool counts %s %s %s of %s", num(p.AllocatedDevices), num(p.AvailableDevices), num(p.UnavailableDevices), num(p.TotalDevices))
 	}
 	nic := r.Pools[1]
@@ -102,7 +119,12 @@ func TestDGXScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range []string{
-		`(?m)^gpu\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+4\s+168\s+3\s+165\s+0$`,
+		`(?m)^gpu\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+4\s+176\s+4\s+172\s+0$`,
+		`(?m)^0000:43:00\.0\s+full\s+1\s+0\s+0\s+0$`,
+		`(?m)^\s+share\s+10\s+2\s+0\s+6$`,
+		`(?m)^gpu-0000-1b-00-0-share\s+0000:1b:00\.0\s+0\s+held\s+gpu\.hwdra\.io/compute\s+100\s+0\s+100$`,
+		`(?m)^gpu-0000-43-00-0-share\s+0000:43:00\.0\s+2\s+no\s+gpu\.hwdra\.io/compute\s+100\s+40\s+60$`,
+		`(?m)^\s+gpu\.hwdra\.io/memory\s+80Gi\s+20Gi\s+60Gi$`,
 		`(?m)^sriov\.hwdra\.io\s+worker-1\s+worker-1\s+1\s+1\s+9\s+1\s+8\s+0$`,
 		`(?m)^0000:1b:00\.0\s+full\s+1\s+0\s+0\s+0$`,
 		`(?m)^\s+1g\.10gb\s+7\s+3\s+0\s+4$`,

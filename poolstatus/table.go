@@ -1,6 +1,7 @@
 package poolstatus
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"strings"
@@ -50,9 +51,9 @@ func WriteTable(w io.Writer, r Report) error {
 			}
 		}
 		if len(p.SharedDevices) > 0 || p.ShareableSummary != nil {
-			row("SHARED DEVICE", "PF", "ALLOCATIONS", "UNAVAILABLE", "CAPACITY", "TOTAL", "CONSUMED", "AVAILABLE")
+			row("SHARED DEVICE", "PF/GPU", "ALLOCATIONS", "UNAVAILABLE", "CAPACITY", "TOTAL", "CONSUMED", "AVAILABLE")
 			for _, d := range p.SharedDevices {
-				capacityRows(row, []any{d.Device, d.PFName, d.Allocations, yesNo(d.Unavailable)}, d.Capacity)
+				capacityRows(row, []any{d.Device, cmp.Or(d.PFName, d.GPU), d.Allocations, unavailableCell(d)}, d.Capacity)
 			}
 			if s := p.ShareableSummary; s != nil {
 				capacityRows(row, []any{"(pool)", "", "", ""}, s.Capacity)
@@ -81,9 +82,14 @@ func capacityRows(row func(...any), lead []any, caps []resourcealpha.ShareableCa
 	}
 }
 
-func yesNo(b bool) string {
-	if b {
+// unavailableCell says whether new shares can land on the device, and why
+// not: a taint, or the GPU's other devices holding its counters.
+func unavailableCell(d SharedDevice) string {
+	switch {
+	case d.Unavailable:
 		return "yes"
+	case d.Held:
+		return "held"
 	}
 	return "no"
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hwdra/hwdra/agent"
 	"github.com/hwdra/hwdra/metadata/nri"
+	"github.com/hwdra/hwdra/mps"
 )
 
 func agentCommand() *cobra.Command {
@@ -22,6 +23,9 @@ func agentCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.NodeName == "" {
 				return fmt.Errorf("--node-name (or NODE_NAME) is required")
+			}
+			if opts.MPSCgroup != mps.CgroupSame && opts.MPSCgroup != mps.CgroupBesidePod {
+				return fmt.Errorf("--mps-daemon-cgroup: %q is none of \"\" and %q", opts.MPSCgroup, mps.CgroupBesidePod)
 			}
 			if opts.KubeAPIQPS <= 0 || opts.KubeAPIBurst < 1 {
 				return fmt.Errorf("--kube-api-qps must be above 0 and --kube-api-burst at least 1 (have %v and %d)", opts.KubeAPIQPS, opts.KubeAPIBurst)
@@ -62,5 +66,7 @@ func agentCommand() *cobra.Command {
 	f.StringVar(&opts.MetricsAddress, "metrics-address", ":9464", "address for /metrics (Prometheus) and /healthz; empty: off")
 	f.StringVar(&opts.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory (fixed in the kubelet, whatever its --root-dir): while NVIDIA's device plugin has a socket there, or the node advertises its resources, the agent leaves the GPUs to it; empty: only the node's status is watched")
 	f.StringVar(&opts.NRISocket, "nri-socket", nri.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
+	f.StringVar((*string)(&opts.MPSCgroup), "mps-daemon-cgroup", string(mps.CgroupSame),
+		`where the MPS control daemons of shared GPUs run: "" in the agent's cgroup (an agent run as a process: they outlive it in sessions of their own), "`+string(mps.CgroupBesidePod)+`" in a cgroup beside the agent's pod, which the runtime and the kubelet leave alone when the pod goes (the DaemonSet, with hostPID)`)
 	return cmd
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/hwdra/hwdra/hw/mock/drivertools"
 	"github.com/hwdra/hwdra/hw/mock/fault"
 	"github.com/hwdra/hwdra/hw/mock/gpusim"
 	"github.com/hwdra/hwdra/hw/mock/nicsim"
@@ -46,9 +47,10 @@ type Hardware struct {
 // The trees of the mock's directory: what /sys, /proc and /dev are on a
 // host.
 const (
-	sysTree  = "sys"
-	procTree = "proc"
-	devTree  = "dev"
+	sysTree    = "sys"
+	procTree   = "proc"
+	devTree    = "dev"
+	driverTree = "driver-root"
 )
 
 // Open loads a profile (built-in name or YAML file) and builds it.
@@ -64,7 +66,7 @@ func Open(spec string) (*Hardware, error) {
 // in $HWDRA_MOCK_DIR, restoring the state an earlier process left there
 // (see persist.DirEnv).
 func New(p profile.Profile) (*Hardware, error) {
-	dir, err := persist.Open(p, sysTree, procTree, devTree, fault.InboxDir)
+	dir, err := persist.Open(p, sysTree, procTree, devTree, driverTree, fault.InboxDir)
 	if err != nil {
 		return nil, err
 	}
@@ -87,6 +89,11 @@ func (h *Hardware) build() error {
 		return fmt.Errorf("mock profile %q: %w", h.Profile.Name, err)
 	}
 	h.NVML = h.gpus.NVML
+	if len(h.Profile.GPUs) > 0 {
+		if err := drivertools.Install(h.DriverRoot()); err != nil {
+			return err
+		}
+	}
 	if h.nics, err = nicsim.Build(h.Profile, h.Sysfs, dev, h.dir.Persistent(), h.dir); err != nil {
 		return fmt.Errorf("mock profile %q: %w", h.Profile.Name, err)
 	}
@@ -126,6 +133,21 @@ func (h *Hardware) ProcRoot() string { return filepath.Join(h.dir.Path(), procTr
 // create them in a container; otherwise the directory stays without
 // device nodes (nodefs.CanMknod).
 func (h *Hardware) DevRoot() string { return filepath.Join(h.dir.Path(), devTree) }
+
+// DriverRoot is the mock node's NVIDIA driver root (what / or
+// /run/nvidia/driver is on a host): its usr/bin holds the driver's
+// programs the agent runs, nvidia-cuda-mps-control and nvidia-smi, as
+// stand-ins that record what they are told (hw/mock/drivertools).
+func (h *Hardware) DriverRoot() string { return filepath.Join(h.dir.Path(), driverTree) }
+
+// TimeSlice is the compute time slice nvidia-smi set on the GPU at a PCI
+// address (0: the default).
+func (h *Hardware) TimeSlice(busID string) (int, error) { return h.gpus.TimeSlice(busID) }
+
+// ComputeMode is the NVML compute mode of the GPU at a PCI address.
+func (h *Hardware) ComputeMode(busID string) (nvml.ComputeMode, error) {
+	return h.gpus.ComputeMode(busID)
+}
 
 // NICs is the mock's NIC side (empty when the profile has none).
 func (h *Hardware) NICs() *nicsim.NICs { return h.nics }
@@ -175,6 +197,8 @@ func (h *Hardware) Inject(f fault.Fault) error {
 		return h.SetLink(f.PF, f.Up)
 	case fault.Driver:
 		return h.SetDriverLoaded(f.Up)
+	case fault.TimeSlice:
+		return h.gpus.SetTimeSlice(f.GPU, f.TimeSlice)
 	}
-	return fmt.Errorf("unknown fault %q (known: %s, %s, %s, %s, %s)", f.Kind, fault.XID, fault.Clear, fault.GPULost, fault.Link, fault.Driver)
+	return fmt.Errorf("unknown fault %q (known: %s, %s, %s, %s, %s, %s)", f.Kind, fault.XID, fault.Clear, fault.GPULost, fault.Link, fault.Driver, fault.TimeSlice)
 }

@@ -11,8 +11,14 @@ import (
 var (
 	// CheckpointFormat is a driver's checkpoint ("<driver>.checkpoint.json"
 	// in the state directory): the boot ID and the claims it prepared.
-	// Version 1 was the envelope already.
-	CheckpointFormat = Format{Kind: "hwdra.io/checkpoint", Version: 1}
+	// Version 1 was the envelope already; version 2 added the GPU
+	// records' sharing (an agent of version 1 would not know the MPS
+	// daemons and time slices it finds there, and refuses the field).
+	// The GPU records' vf (VFIO-framework vGPUs) came within version 1:
+	// read in either.
+	CheckpointFormat = Format{Kind: "hwdra.io/checkpoint", Version: 2, Upgrades: map[int]func([]byte) ([]byte, error){
+		1: same,
+	}}
 
 	// LedgerFormat is a Ledger's entries, data a JSON object by key: the
 	// GPU instances and VFs a driver made ("<driver>.ledger.json") and
@@ -26,11 +32,17 @@ var (
 	// ClaimFormat is a prepared claim's checkpoint entry that its CDI spec
 	// keeps (annotation "hwdra.io/claim"), data {"bootID":…,"claim":…}:
 	// the claim is rebuilt from it when the checkpoint is lost. Version 1
-	// was that data alone, with no version.
-	ClaimFormat = Format{Kind: "hwdra.io/claim", Version: 2, Unversioned: 1, Upgrades: map[int]func([]byte) ([]byte, error){
-		1: func(doc []byte) ([]byte, error) { return doc, nil },
+	// was that data alone, with no version; version 3 added the GPU
+	// records' sharing, as the checkpoint's version 2.
+	ClaimFormat = Format{Kind: "hwdra.io/claim", Version: 3, Unversioned: 1, Upgrades: map[int]func([]byte) ([]byte, error){
+		1: same,
+		2: same,
 	}}
 )
+
+// same is the upgrade of a version whose data the next reads as it is
+// (it only adds fields).
+func same(doc []byte) ([]byte, error) { return doc, nil }
 
 // ledgerV1 takes a version 1 ledger's entries.
 func ledgerV1(doc []byte) ([]byte, error) {

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -30,10 +31,16 @@ type applier struct {
 	claim types.UID
 	rec   *Record
 	save  func() error
+	// records is the index in rec.Devices of each applied plan's record
+	// (-1: an adminAccess device, not recorded); uuids its GPU's or MIG
+	// device's UUID.
+	records []int
+	uuids   []string
 }
 
-func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
+func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.ContainerEdits) (prepare.Device, error) {
 	if p.admin && p.dev.Kind != device.KindPassthrough {
+		a.records, a.uuids = append(a.records, -1), append(a.uuids, "")
 		out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
 		edits, md, err := a.asItIs(p, libs)
 		md.Published = p.dev.Attributes
@@ -41,6 +48,7 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 		return out, err
 	}
 	a.rec.Devices = append(a.rec.Devices, DeviceRecord{Request: p.request, Device: p.device, GPU: p.dev.PCIBusID()})
+	a.records, a.uuids = append(a.records, len(a.rec.Devices)-1), append(a.uuids, p.dev.GPU.UUID)
 	r := &a.rec.Devices[len(a.rec.Devices)-1]
 	a.d.use(r.GPU, a.claim)
 	out := prepare.Device{Requests: []string{p.request}, Pool: p.pool, Device: p.device, ShareID: p.shareID}
@@ -56,12 +64,18 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 	if err := a.migMode(r, p.wantMIG); err != nil {
 		return prepare.Device{}, err
 	}
+	if err := a.share(ctx, r, p); err != nil {
+		return prepare.Device{}, err
+	}
 	var (
 		md  metadata.GPU
 		err error
 	)
 	switch {
 	case p.dev.Kind == device.KindGPU:
+		out.Edits, err = a.fullGPU(p, libs)
+	case p.dev.Kind == device.KindShare:
+		// A share's container gets the GPU; MPS holds it to its share.
 		out.Edits, err = a.fullGPU(p, libs)
 	case p.dev.Kind == device.KindMIG:
 		out.Edits, md, err = a.mig(r, p, libs)
@@ -70,9 +84,29 @@ func (a *applier) apply(p devicePlan, libs *cdispec.ContainerEdits) (prepare.Dev
 	case p.dev.Kind == device.KindVGPU:
 		out.Edits, md, err = a.vgpu(r, p)
 	}
+	if md.UUID != "" {
+		a.uuids[len(a.uuids)-1] = md.UUID
+	}
 	md.Published = p.dev.Attributes
 	out.Attributes = md.Attributes()
 	return out, err
+}
+
+// share makes a whole GPU's settings what its sharing needs: time slicing
+// sets its time slice, MPS makes it exclusive to the MPS server (the
+// daemon itself starts once all of the claim's devices are there).
+func (a *applier) share(ctx context.Context, r *DeviceRecord, p devicePlan) error {
+	if p.sharing == nil {
+		return nil
+	}
+	r.Sharing = &SharingRecord{}
+	if p.dev.Kind != device.KindGPU && p.dev.Kind != device.KindShare {
+		return nil // a MIG partition's GPU is others' too
+	}
+	if p.usesMPS() {
+		return a.computeMode(r, nvml.ComputeExclusiveProcess)
+	}
+	return a.timeSlice(ctx, r, p)
 }
 
 // migMode switches the GPU's MIG mode where the device needs the other

@@ -14,14 +14,27 @@ import (
 // benchPrepareUnprepare prepares and unprepares one claim through the
 // plugin per iteration, checkpoint writes (fsync of file and directory)
 // and CDI spec included, on an 8-GPU mock node with the node-wide driver
-// spec present.
-func benchPrepareUnprepare(b *testing.B, profile string, req request) {
+// spec present; claims of held are prepared before and stay.
+func benchPrepareUnprepare(b *testing.B, profile string, req request, held ...request) {
 	e := newEnv(b, profile, true)
+	before := e.hwState()
+	var kept []*resourceapi.ResourceClaim
+	for _, h := range held {
+		c := e.claim(h)
+		e.mustPrepare(c)
+		kept = append(kept, c)
+	}
 	c := e.claim(req)
+	if len(kept) > 0 {
+		// The claim lands where the held ones are (a later share of
+		// their GPU).
+		if got, want := c.Status.Allocation.Devices.Results[0].Device, kept[0].Status.Allocation.Devices.Results[0].Device; got != want {
+			b.Fatalf("the claim got %s, the held one %s", got, want)
+		}
+	}
 	ctx := klog.NewContext(context.Background(), logr.Discard())
 	claims := []*resourceapi.ResourceClaim{c}
 	refs := []kubeletplugin.NamespacedObject{{UID: c.UID}}
-	before := e.hwState()
 	var prep, unprep time.Duration
 	b.ReportAllocs()
 	for b.Loop() {
@@ -47,6 +60,9 @@ func benchPrepareUnprepare(b *testing.B, profile string, req request) {
 	b.StopTimer()
 	b.ReportMetric(float64(prep.Nanoseconds())/float64(b.N), "prepare-ns/op")
 	b.ReportMetric(float64(unprep.Nanoseconds())/float64(b.N), "unprepare-ns/op")
+	for _, k := range kept {
+		e.unprepare(k)
+	}
 	if after := e.hwState(); after != before {
 		b.Fatalf("hardware after the benchmark:\n%s\nwas\n%s", after, before)
 	}
@@ -60,4 +76,22 @@ func BenchmarkPrepareUnprepareFullGPU(b *testing.B) {
 // created and destroyed each time.
 func BenchmarkPrepareUnprepareMIG(b *testing.B) {
 	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8, mig: true}]", request{name: "mig", cel: `profile == "1g.10gb"`})
+}
+
+// The first share of a GPU: its MPS control daemon (the mock's stand-in,
+// a process started from the driver root) started, told its defaults,
+// and stopped again each time; the GPU's compute mode set and restored.
+func BenchmarkPrepareUnprepareFirstShare(b *testing.B) {
+	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", shareOf("s", "10Gi", "40"))
+}
+
+// A later share of a GPU whose daemon runs for another share: checked
+// through its control pipe, nothing started.
+func BenchmarkPrepareUnprepareLaterShare(b *testing.B) {
+	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", shareOf("s", "10Gi", "40"), shareOf("s", "20Gi", "40"))
+}
+
+// A whole GPU under MPS for one claim: its own daemon each time.
+func BenchmarkPrepareUnprepareMPSClaim(b *testing.B) {
+	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", request{name: "gpu", cel: `profile == "full"`, config: sharingConfig(`{"strategy": "MPS"}`)})
 }

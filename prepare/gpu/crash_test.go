@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/nvml"
 )
 
 // crash is what the test hook panics with: the agent dies right after a
@@ -62,14 +63,30 @@ func TestFailureAfterEachSideEffect(t *testing.T) {
 			[]string{"compute-instance"}, func(e *env) {
 				dev, _ := e.hw.NVML.DeviceGetHandleByIndex(0)
 				gi, _ := dev.GetGpuInstanceById(0)
-				cis, _ := gi.GetComputeInstances(&nvml.ComputeInstanceProfileInfo{Id: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE})
+				cis, _ := gi.GetComputeInstances(&gonvml.ComputeInstanceProfileInfo{Id: gonvml.COMPUTE_INSTANCE_PROFILE_3_SLICE})
 				cis[0].Destroy()
-				one, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-				if _, ret := gi.CreateComputeInstanceWithPlacement(&one, &nvml.ComputeInstancePlacement{Start: 2, Size: 1}); ret != nvml.SUCCESS {
+				one, _ := gi.GetComputeInstanceProfileInfo(gonvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+				if _, ret := gi.CreateComputeInstanceWithPlacement(&one, &gonvml.ComputeInstancePlacement{Start: 2, Size: 1}); ret != gonvml.SUCCESS {
 					e.t.Fatal(ret)
 				}
 				e.rescan()
 			}},
+		// An administrator made the GPU exclusive: time slicing makes it
+		// shareable for the claim, and the mode comes back.
+		{"time slicing", "gpus: [{model: h100-80gb, count: 1}]",
+			request{name: "gpu", cel: `profile == "full"`, config: sharingConfig(`{"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}`)},
+			[]string{"compute-mode", "time-slice"}, func(e *env) {
+				if err := e.nvml.SetComputeMode("0000:1b:00.0", nvml.ComputeExclusiveProcess); err != nil {
+					e.t.Fatal(err)
+				}
+			}},
+		{"MPS", "gpus: [{model: h100-80gb, count: 1}]",
+			request{name: "gpu", cel: `profile == "full"`, config: sharingConfig(`{"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}`)},
+			[]string{"compute-mode", "mps"}, nil},
+		{"GPU share", "gpus: [{model: h100-80gb, count: 1}]", shareOf("s", "10Gi", "40"), []string{"compute-mode", "mps"}, nil},
+		{"MPS on a dynamic MIG partition", "gpus: [{model: h100-80gb, count: 1}]",
+			request{name: "mig", cel: `profile == "1g.10gb"`, config: sharingConfig(`{"strategy": "MPS"}`)},
+			[]string{"mig-mode", "gpu-instance", "compute-instance", "mps"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, tc.profile, false)

@@ -14,10 +14,12 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 
@@ -57,6 +59,12 @@ type Options struct {
 	// nvidia.com/gpu) whose driver libraries and hooks containers get;
 	// nil means /etc/cdi and /var/run/cdi.
 	DriverSpecDirs []string
+	// Programs are the NVIDIA driver's programs: nvidia-smi sets time
+	// slices, nvidia-cuda-mps-control runs MPS.
+	Programs nvml.Programs
+	// MPSCgroup is where MPS control daemons' processes go: beside the
+	// agent's pod where it runs in one.
+	MPSCgroup mps.Cgroup
 }
 
 // Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
@@ -69,6 +77,8 @@ type Driver struct {
 	ledger    *state.Ledger[ledgerEntry]
 	nodes     nodeResolver
 	libs      *driverLibs
+	programs  nvml.Programs
+	mps       *mps.Manager
 
 	gpuLocks keyedlock.Locks
 	mu       sync.Mutex
@@ -84,6 +94,8 @@ type Driver struct {
 	owners map[string]types.UID
 	// users are the claims that use each GPU (by PCI bus ID).
 	users map[string]map[types.UID]bool
+	// mpsUsers are the claims that use each MPS daemon (by ID).
+	mpsUsers map[string]map[types.UID]bool
 	// reconciled: users and owners know every prepared claim (Reconcile
 	// ran). Until then MIG modes are left alone: a claim rolled back at
 	// start may share its GPU with claims not yet known.
@@ -120,6 +132,13 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
+	daemons, err := mps.Open(mps.Options{
+		Dir: filepath.Join(opts.StateDir, "mps"), StateFile: filepath.Join(opts.StateDir, DriverName+".mps.json"),
+		Programs: opts.Programs, Cgroup: opts.MPSCgroup,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
 	return &Driver{
 		nvml:      opts.NVML,
 		inventory: opts.Inventory,
@@ -129,8 +148,11 @@ func New(opts Options) (*Driver, error) {
 		ledger:    ledger,
 		nodes:     nodeResolver{dev: opts.DevRoot, nodeDev: opts.DevNodeRoot, proc: opts.ProcRoot, sys: opts.SysfsRoot},
 		libs:      newDriverLibs(opts.DriverSpecDirs),
+		programs:  opts.Programs,
+		mps:       daemons,
 		owners:    map[string]types.UID{},
 		users:     map[string]map[types.UID]bool{},
+		mpsUsers:  map[string]map[types.UID]bool{},
 	}, nil
 }
 
@@ -154,13 +176,40 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	a := &applier{d: d, claim: claim.UID, rec: &rec, save: func() error { return save(rec.clone()) }}
 	devices := make([]prepare.Device, 0, len(plans))
 	for _, p := range plans {
-		dev, err := a.apply(p, libs)
+		dev, err := a.apply(ctx, p, libs)
 		if err != nil {
 			return nil, rec, fmt.Errorf("request %q, device %s: %w", p.request, p.device, err)
 		}
 		devices = append(devices, dev)
 	}
+	if err := a.claimMPS(ctx, plans, devices); err != nil {
+		return nil, rec, err
+	}
 	return devices, rec, nil
+}
+
+// claimMPS starts the MPS daemon of the claim's MPS devices, if it has
+// any, and gives their containers its pipe, shared memory and limits.
+func (a *applier) claimMPS(ctx context.Context, plans []devicePlan, devices []prepare.Device) error {
+	s, idx := claimDaemon(a.claim, plans, a.uuids)
+	if len(idx) == 0 {
+		return nil
+	}
+	records := make([]int, len(idx))
+	edits := make([]*cdispec.ContainerEdits, len(idx))
+	for k, i := range idx {
+		records[k], edits[k] = a.records[i], devices[i].Edits
+	}
+	limits := func(k int) mps.Limits {
+		if sh := plans[idx[k]].share; sh != nil {
+			return mps.Limits{ActiveThreadPercentage: &sh.compute, PinnedMemoryLimit: &sh.memory}
+		}
+		return mps.Limits{ActiveThreadPercentage: s.ActiveThreadPercentage, PinnedMemoryLimit: s.PinnedMemoryLimit}
+	}
+	if err := a.startMPS(ctx, s, records, limits, edits); err != nil {
+		return fmt.Errorf("the claim's MPS daemon: %w", err)
+	}
+	return nil
 }
 
 // catalog maps published device names to hardware. Building it costs

@@ -14,6 +14,7 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -24,8 +25,10 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/hw/mock"
+	"github.com/hwdra/hwdra/hw/mock/drivertools"
 	"github.com/hwdra/hwdra/hw/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 	"github.com/hwdra/hwdra/slices/device"
@@ -123,6 +126,7 @@ func (e *env) restart(hook func(string) error) {
 		SysfsRoot:      e.hw.Sysfs,
 		Sysfs:          e.hw.SysfsWriter(),
 		DriverSpecDirs: []string{filepath.Join(e.dir, "etc-cdi"), filepath.Join(e.dir, "cdi")},
+		Programs:       nvml.Programs{Bin: filepath.Join(e.hw.DriverRoot(), drivertools.BinDir)},
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -146,6 +150,8 @@ type request struct {
 	name, cel string
 	config    string // opaque GpuConfig parameters, JSON
 	admin     bool   // adminAccess
+	// capacity requests, by name ("gpu.hwdra.io/compute": "40")
+	capacity map[resourceapi.QualifiedName]string
 }
 
 // claim allocates a claim of the requests with the scheduler's allocator.
@@ -166,6 +172,12 @@ func (e *env) claim(reqs ...request) *resourceapi.ResourceClaim {
 		}
 		if r.admin {
 			dr.Exactly.AdminAccess = &r.admin
+		}
+		if len(r.capacity) > 0 {
+			dr.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
+			for name, v := range r.capacity {
+				dr.Exactly.Capacity.Requests[name] = resource.MustParse(v)
+			}
 		}
 		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, dr)
 		if r.config != "" {
@@ -214,7 +226,8 @@ func (e *env) unprepare(c *resourceapi.ResourceClaim) {
 }
 
 // hwState is what a test compares before and after: GPU instances, MIG
-// modes and mediated devices of the node.
+// modes, compute modes and time slices, mediated devices and MPS control
+// daemons (recorded or running) of the node.
 func (e *env) hwState() string {
 	e.t.Helper()
 	var b strings.Builder
@@ -227,15 +240,45 @@ func (e *env) hwState() string {
 		if err != nil {
 			e.t.Fatal(err)
 		}
+		mode, err := e.nvml.ComputeMode(g.PCIBusID)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		slice, err := e.hw.TimeSlice(g.PCIBusID)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s compute=%s slice=%d\n", g.PCIBusID, mode, slice)
 		fmt.Fprintf(&b, "%s mig=%v", g.PCIBusID, on)
 		for _, gi := range list {
 			fmt.Fprintf(&b, " gi(profile %d at %d, %d CIs)", gi.ProfileID, gi.Placement.Start, len(gi.ComputeInstances))
 		}
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, "mdevs %v", e.hw.MdevUUIDs())
-	fmt.Fprintf(&b, "\nvGPU VFs %v", e.hw.VGPUVFs())
+	fmt.Fprintf(&b, "mdevs %v\nvGPU VFs %v\nMPS daemons recorded %v, running %v", e.hw.MdevUUIDs(), e.hw.VGPUVFs(), e.driver.MPS().IDs(), e.mpsProcesses())
 	return b.String()
+}
+
+// mpsProcesses are the running MPS control daemons of this env (by their
+// pipe directory under its state directory), by pipe directory.
+func (e *env) mpsProcesses() []string {
+	e.t.Helper()
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, p := range procs {
+		cmdline, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))
+		if !strings.HasPrefix(string(cmdline), drivertools.MPSControl+"\x00-f") {
+			continue
+		}
+		environ, _ := os.ReadFile(p)
+		for _, v := range strings.Split(string(environ), "\x00") {
+			if pipe, ok := strings.CutPrefix(v, mps.PipeDirEnv+"="); ok && strings.HasPrefix(pipe, e.dir) {
+				out = append(out, strings.TrimPrefix(pipe, e.dir))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // inject loads the CDI directory into a fresh cache and injects the
@@ -343,4 +386,16 @@ containerEdits:
 	if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// shareOf asks for a GPU share of memory and compute ("10Gi", "40").
+func shareOf(name, memory, compute string) request {
+	return request{name: name, cel: `type == "share"`, capacity: map[resourceapi.QualifiedName]string{
+		device.GPUCapMemory: memory, device.GPUCapCompute: compute,
+	}}
+}
+
+// sharingConfig is a GpuConfig with a sharing strategy, JSON.
+func sharingConfig(sharing string) string {
+	return `{"apiVersion": "gpu.hwdra.io/v1alpha1", "kind": "GpuConfig", "sharing": ` + sharing + `}`
 }

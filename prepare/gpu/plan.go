@@ -24,7 +24,8 @@ import (
 type devicePlan struct {
 	request, pool, device string
 	// shareID is set where the device is one that claims share (a block
-	// of time-sliced vGPUs): each share is a vGPU of its own.
+	// of time-sliced vGPUs: each share is a vGPU of its own; a GPU's
+	// shares: each an MPS client held to what it consumed).
 	shareID *types.UID
 	dev     resources.GPUDevice
 	// wantMIG is the MIG mode the device needs on its GPU.
@@ -34,6 +35,11 @@ type devicePlan struct {
 	computeSlices int
 	// admin: an adminAccess request, given the device as it is.
 	admin bool
+	// sharing is how the claim's processes share the device (nil: as
+	// the driver leaves it).
+	sharing *gpuv1alpha1.Sharing
+	// share is what a GPU share consumed.
+	share *shareLimits
 }
 
 // plan is pure: the claim's allocation, its configuration and the catalog
@@ -86,14 +92,24 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 		case device.KindVGPU:
 			// A MIG-backed vGPU's compute instances belong to its VM.
 			p.wantMIG = dev.VGPUType.GPUInstanceProfileID != nil
+		case device.KindShare:
+			if err := sharePlan(&p, r); err != nil {
+				return nil, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err)
+			}
 		default:
 			return nil, fmt.Errorf("request %q: device %q is of unknown kind %q", r.Request, r.Device, dev.Kind)
+		}
+		if err := sharingPlan(&p, cfg.Sharing); err != nil {
+			return nil, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err)
 		}
 		if g := dev.GPU.MIG; g.Enabled != p.wantMIG && !g.SwitchWithoutReset {
 			return nil, fmt.Errorf("request %q: device %q needs MIG mode %s on GPU %s, which cannot switch without a GPU reset",
 				r.Request, r.Device, onOff(p.wantMIG), dev.GPU.PCIBusID)
 		}
 		out = append(out, p)
+	}
+	if err := claimMPS(out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

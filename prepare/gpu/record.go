@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/nvml"
 )
 
 // Record is what a claim's prepare did to the hardware, kept in the
@@ -35,8 +36,23 @@ type DeviceRecord struct {
 	ComputeInstance *ComputeInstanceRecord `json:"computeInstance,omitempty"`
 	// Mdev is a vGPU's mediated device.
 	Mdev *MdevRecord `json:"mdev,omitempty"`
+	// Sharing is what prepare set up for the device to be shared.
+	Sharing *SharingRecord `json:"sharing,omitempty"`
 	// VF is a vGPU of the vendor-specific VFIO framework: the VF made one.
 	VF *VFRecord `json:"vf,omitempty"`
+}
+
+// SharingRecord is what a device's sharing changed. The GPU's settings
+// before the change are in the ledger (settings/<GPU>), GPU-wide.
+type SharingRecord struct {
+	// ComputeMode is the compute mode set on the GPU (a whole GPU under
+	// time slicing or MPS).
+	ComputeMode nvml.ComputeMode `json:"computeMode,omitempty"`
+	// TimeSlice is the time slice set on the GPU (TimeSlicing).
+	TimeSlice *int `json:"timeSlice,omitempty"`
+	// MPS is the MPS control daemon the device runs under (MPS, GPU
+	// shares).
+	MPS string `json:"mps,omitempty"`
 }
 
 // MIGModeChange: prepare switched MIG mode to Enabled.
@@ -109,6 +125,11 @@ func (r Record) clone() Record {
 			c.ComputeInstance = &ci
 		}
 		c.Mdev = clonePtr(d.Mdev)
+		if d.Sharing != nil {
+			s := *d.Sharing
+			s.TimeSlice = clonePtr(s.TimeSlice)
+			c.Sharing = &s
+		}
 		c.VF = clonePtr(d.VF)
 		out.Devices[i] = c
 	}
@@ -160,4 +181,8 @@ type ledgerEntry struct {
 	VFType uint   `json:"vfType,omitempty"`
 	// MIGEnabled is the GPU's MIG mode before the agent first switched it.
 	MIGEnabled *bool `json:"migEnabled,omitempty"`
+	// ComputeMode and TimeSlice are a GPU's compute mode and time slice
+	// before the agent first changed them (settingsKey).
+	ComputeMode nvml.ComputeMode `json:"computeMode,omitempty"`
+	TimeSlice   *int             `json:"timeSlice,omitempty"`
 }

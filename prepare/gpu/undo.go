@@ -29,7 +29,7 @@ func (d *Driver) Unprepare(ctx context.Context, claim types.UID, rec Record) err
 	var errs []error
 	for i := len(rec.Devices) - 1; i >= 0; i-- {
 		r := rec.Devices[i]
-		if err := d.undo(claim, r); err != nil {
+		if err := d.undo(ctx, claim, r); err != nil {
 			errs = append(errs, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err))
 		}
 	}
@@ -39,12 +39,19 @@ func (d *Driver) Unprepare(ctx context.Context, claim types.UID, rec Record) err
 	for _, g := range rec.gpus() {
 		if d.release(g, claim) {
 			d.restoreMIGMode(ctx, g)
+			d.restoreSettings(ctx, g)
 		}
 	}
 	return nil
 }
 
-func (d *Driver) undo(claim types.UID, r DeviceRecord) error {
+func (d *Driver) undo(ctx context.Context, claim types.UID, r DeviceRecord) error {
+	// The MPS daemon first: it may serve a MIG device destroyed below.
+	if s := r.Sharing; s != nil && s.MPS != "" {
+		if err := d.releaseMPS(ctx, s.MPS, claim); err != nil {
+			return err
+		}
+	}
 	if vf := r.VF; vf != nil {
 		if err := d.clearVF(vf.Address, vf.Type); err != nil {
 			return err
@@ -219,6 +226,19 @@ func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
 				was := !r.MIGMode.Enabled
 				put(migKey(r.GPU), ledgerEntry{GPU: r.GPU, MIGEnabled: &was})
 			}
+			if s := r.Sharing; s != nil {
+				if s.MPS != "" {
+					if d.mpsUsers[s.MPS] == nil {
+						d.mpsUsers[s.MPS] = map[types.UID]bool{}
+					}
+					d.mpsUsers[s.MPS][uid] = true
+				}
+				// What the settings were before is lost with the ledger:
+				// the defaults, which only the agent changes.
+				if e := restoredSettings(r.GPU, s); e != nil {
+					put(settingsKey(r.GPU), *e)
+				}
+			}
 		}
 	}
 }
@@ -239,21 +259,21 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 	if err != nil {
 		return nil, err
 	}
-	// vGPUs first (a MIG-backed vGPU holds its GPU instance), MIG modes
-	// last (no instance may be left).
+	// MPS daemons first (one may serve a MIG device), vGPUs next (a
+	// MIG-backed vGPU holds its GPU instance), MIG modes and GPU settings
+	// last (no instance or daemon may be left).
+	kept, errs := d.reclaimMPS(ctx, allocated.Known, mayUse)
 	order := func(key string) int {
 		switch {
 		case strings.HasPrefix(key, "mdev/"), strings.HasPrefix(key, "vf/"):
 			return 0
-		case strings.HasPrefix(key, "migmode/"):
+		case strings.HasPrefix(key, "migmode/"), strings.HasPrefix(key, "settings/"):
 			return 2
 		}
 		return 1
 	}
 	keys := d.ledger.Keys()
 	slices.SortStableFunc(keys, func(a, b string) int { return order(a) - order(b) })
-	var kept []string
-	var errs []error
 	for _, key := range keys {
 		e, ok := d.ledger.Get(key)
 		if !ok {
@@ -267,11 +287,15 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 		var err error
 		switch {
 		case owned:
-		case !allocated.Known || mayUse[key] || e.MIGEnabled != nil && mayUse[gpuKey(e.GPU)] || (e.Mdev != "" || e.VF != "") && mayUse[vgpuKey(e.GPU)]:
+		case !allocated.Known || mayUse[key] || (e.MIGEnabled != nil || isSettings(key)) && mayUse[gpuKey(e.GPU)] || (e.Mdev != "" || e.VF != "") && mayUse[vgpuKey(e.GPU)]:
 			kept = append(kept, key)
 		case e.MIGEnabled != nil:
 			if !inUse {
 				d.restoreMIGMode(ctx, e.GPU)
+			}
+		case isSettings(key):
+			if !inUse {
+				d.restoreSettings(ctx, e.GPU)
 			}
 		case e.VF != "":
 			logger.Info("Clearing the vGPU type of a VF no claim owns", "gpu", e.GPU, "vf", e.VF, "type", e.VFType)
@@ -323,6 +347,10 @@ func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[s
 		}
 		bus := dev.PCIBusID()
 		out[gpuKey(bus)] = true
+		out[mpsClaimKey(string(a.Claim))] = true
+		if dev.Kind == device.KindShare {
+			out[mpsShareKey(bus)] = true
+		}
 		if dev.Kind == device.KindVGPU {
 			out[vgpuKey(bus)] = true
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -43,6 +44,14 @@ func TestEveryPublishedDevicePrepares(t *testing.T) {
 			slices.Sort(names)
 			for i, name := range names {
 				c := allocatedTo(i, name)
+				if catalog[name].Kind == device.KindShare {
+					// As the allocator gives a share: its ID and what it consumed.
+					r := &c.Status.Allocation.Devices.Results[0]
+					r.ShareID = new(types.UID("share-" + c.Name))
+					r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{
+						device.GPUCapMemory: resource.MustParse("1Gi"), device.GPUCapCompute: resource.MustParse("10"),
+					}
+				}
 				if _, err := e.prepare(c); err != nil {
 					t.Errorf("published device %s (%s): %v", name, catalog[name].Kind, err)
 					continue

@@ -40,6 +40,10 @@ const (
 	KindGPU  = "gpu"
 	KindMIG  = "mig"
 	KindVGPU = "vgpu"
+	// KindShare is a GPU's shareable device: independent claims each take
+	// a share of its memory and compute, and run under the GPU's MPS
+	// server held to them.
+	KindShare = "share"
 	// KindPassthrough is a whole GPU bound to vfio-pci, for a VM: NVML
 	// does not see it, so it is never also a device of the other kinds.
 	KindPassthrough = "passthrough"
@@ -47,10 +51,20 @@ const (
 
 // ProfileFull is AttrProfile of a whole GPU; ProfilePassthrough of a
 // whole GPU bound to vfio-pci, kept apart so that a selector of whole GPUs
-// for containers (profile "full") never picks one a container cannot use.
+// for containers (profile "full") never picks one a container cannot use;
+// ProfileShare of a GPU's shareable device.
 const (
 	ProfileFull        = "full"
 	ProfilePassthrough = "passthrough"
+	ProfileShare       = "share"
+)
+
+// GPU capacities a claim asks for: a GPU share's memory (bytes) and
+// compute (percent of the GPU's multiprocessors), each with a request
+// policy. What a share consumed is what its MPS client is held to.
+const (
+	GPUCapMemory  resourceapi.QualifiedName = GPUDriver + "/memory"
+	GPUCapCompute resourceapi.QualifiedName = GPUDriver + "/compute"
 )
 
 // NIC attribute and capacity names, qualified with the driver name as the

@@ -60,6 +60,10 @@ func MIGName(pciBusID, profile string, start int) string {
 	return join("gpu", label(pciBusID), "mig", label(profile), strconv.Itoa(start))
 }
 
+// ShareName is the shareable device of a GPU, whose shares independent
+// claims take.
+func ShareName(pciBusID string) string { return join("gpu", label(pciBusID), "share") }
+
 // VGPUName is the device name of a vGPU of a type; index is the instance
 // number for time-sliced types and the placement start for MIG-backed ones.
 func VGPUName(pciBusID, vgpuType string, index int) string {

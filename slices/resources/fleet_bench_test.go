@@ -160,10 +160,10 @@ func fleet(one []resourceapi.ResourceSlice, n int) ([]*resourceapi.ResourceSlice
 
 // BenchmarkRefusal is the scheduler's cost, per node, of refusing one
 // request for one device more of a kind than the node holds (the goal:
-// under a second). Nodes have 8 GPUs: a DGX H100 (MIG off, switchable);
-// 8 H100s in host-vGPU mode with one time-sliced size at a time
-// ("vgpu") and mixed ("vgpu-mixed"); and the DGX H100's NICs in shared
-// mode.
+// under a second). Nodes have 8 GPUs: a DGX H100 (MIG off, switchable,
+// GPU shares offered); 8 H100s in host-vGPU mode with one time-sliced
+// size at a time ("vgpu") and mixed ("vgpu-mixed"); and the DGX H100's
+// NICs in shared mode.
 //
 //	go test -run '^$' -bench Refusal ./slices/resources/
 func BenchmarkRefusal(b *testing.B) {
@@ -181,6 +181,7 @@ func BenchmarkRefusal(b *testing.B) {
 			{driver: device.GPUDriver, typ: device.KindMIG, profile: "1g.10gb+me"},
 			{driver: device.GPUDriver, typ: device.KindMIG, profile: "3g.40gb"},
 			{driver: device.GPUDriver, typ: device.KindMIG, profile: "4g.40gb"},
+			{driver: device.GPUDriver, typ: device.KindShare, profile: device.ProfileShare, shared: true},
 		}},
 		{"vgpu", gpuNode(gpuModes[2].yaml), []kind{
 			{driver: device.GPUDriver, typ: device.KindVGPU, profile: "H100-8C", shared: true},

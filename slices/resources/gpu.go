@@ -31,7 +31,7 @@ const (
 	attrMIGProfile    = device.GPUDriver + "/migProfile" // of a MIG-backed vGPU's GPU instance
 	attrVGPUFramework = device.GPUDriver + "/vgpuFramework"
 	attrPCIDeviceID   = device.GPUDriver + "/pciDeviceID"
-	capMemory         = device.GPUDriver + "/memory"
+	capMemory         = device.GPUCapMemory
 	capSMs            = device.GPUDriver + "/multiprocessors"
 )
 
@@ -181,6 +181,9 @@ func (b *gpuDevices) build() {
 	var planned []plannedDevice
 	if !hostVGPU && migOff {
 		planned = append(planned, plannedDevice{what: GPUDevice{Kind: device.KindGPU}})
+		if b.shareable() {
+			planned = append(planned, plannedDevice{what: GPUDevice{Kind: device.KindShare}})
+		}
 	}
 	if migOn {
 		for _, p := range g.MIG.Profiles {
@@ -220,6 +223,8 @@ func (b *gpuDevices) build() {
 		switch {
 		case p.what.Kind == device.KindGPU:
 			d = b.full(b.usesCounters)
+		case p.what.Kind == device.KindShare:
+			d = b.share()
 		case p.what.Kind == device.KindMIG:
 			d = b.mig(p.what.Profile, p.what.Placement, true)
 		case p.what.Placement.Size > 0:

@@ -118,10 +118,10 @@ func TestLimitsOnLargeNodes(t *testing.T) {
 			res := GPU(testNode, gpus, device.AllFeatures)
 			checkLimits(t, res)
 			devices, slices := deviceCount(res)
-			// Per H100: 1 full + 7+3+2+1+1+4 MIG placements, and the
-			// one 1g.10gb+me at two.
-			if name != "8 vGPU hosts" && devices != len(gpus)*21 {
-				t.Errorf("%d devices for %d GPUs, want %d", devices, len(gpus), len(gpus)*21)
+			// Per H100: 1 full, its shares + 7+3+2+1+1+4 MIG placements,
+			// and the one 1g.10gb+me at two.
+			if name != "8 vGPU hosts" && devices != len(gpus)*22 {
+				t.Errorf("%d devices for %d GPUs, want %d", devices, len(gpus), len(gpus)*22)
 			}
 			if slices < 1+(devices+63)/64 { // counter sets, then 64 devices a slice
 				t.Errorf("%d devices in only %d slices", devices, slices)
@@ -174,20 +174,22 @@ func TestDeliverableDevicesOnly(t *testing.T) {
 		{name: "MIG on, needs reset to switch", gpu: a100MIG, f: device.AllFeatures,
 			present: []string{device.MIGName(bus, "1g.10gb", 0)}, absent: []string{device.GPUName(bus)}, wantCount: 20},
 		{name: "MIG off, needs reset to switch", gpu: a100Off, f: device.AllFeatures,
-			present: []string{device.GPUName(bus)}, absent: []string{device.MIGName(bus, "1g.10gb", 0)}, wantCount: 1},
+			present: []string{device.GPUName(bus), device.ShareName(bus)}, absent: []string{device.MIGName(bus, "1g.10gb", 0)}, wantCount: 2},
 		{name: "existing 3g instance", gpu: withInstance, f: device.AllFeatures,
 			present: []string{device.MIGName(bus, "3g.40gb", 4), device.MIGName(bus, "3g.40gb", 0), device.MIGName(bus, "4g.40gb", 0), device.MIGName(bus, "1g.10gb", 3)},
-			absent:  []string{device.GPUName(bus), device.MIGName(bus, "1g.10gb", 4), device.MIGName(bus, "7g.80gb", 0), device.MIGName(bus, "1g.20gb", 4)}},
-		{name: "no MIG support", gpu: noMIG, f: device.AllFeatures, present: []string{device.GPUName(bus)}, wantCount: 1},
-		{name: "no partitionable devices: full only", gpu: h100(bus, 0), f: device.Features{CompatibilityGroups: true},
-			present: []string{device.GPUName(bus)}, wantCount: 1, noCounters: true},
+			absent:  []string{device.GPUName(bus), device.ShareName(bus), device.MIGName(bus, "1g.10gb", 4), device.MIGName(bus, "7g.80gb", 0), device.MIGName(bus, "1g.20gb", 4)}},
+		{name: "no MIG support", gpu: noMIG, f: device.AllFeatures, present: []string{device.GPUName(bus), device.ShareName(bus)}, wantCount: 2},
+		{name: "no consumable capacity: no shares", gpu: noMIG, f: device.Features{PartitionableDevices: true, CompatibilityGroups: true, DeviceTaints: true},
+			present: []string{device.GPUName(bus)}, absent: []string{device.ShareName(bus)}, wantCount: 1},
+		{name: "no partitionable devices: full only", gpu: h100(bus, 0), f: device.Features{CompatibilityGroups: true, ConsumableCapacity: true},
+			present: []string{device.GPUName(bus)}, absent: []string{device.ShareName(bus)}, wantCount: 1, noCounters: true},
 		{name: "no partitionable devices: existing instances only", gpu: withInstance, f: device.Features{},
 			present: []string{device.MIGName(bus, "3g.40gb", 4)}, wantCount: 1, noCounters: true},
 		{name: "no compatibility groups: no vGPU", gpu: h100VGPU(bus), f: device.Features{PartitionableDevices: true},
 			present: []string{device.MIGName(bus, "1g.10gb", 0)}, absent: []string{device.VGPUName(bus, "NVIDIA H100-20C", 0)}, wantCount: 20},
 		{name: "vGPU host", gpu: h100VGPU(bus), f: device.AllFeatures,
 			present: []string{device.VGPUName(bus, "NVIDIA H100-20C", 0), device.VGPUName(bus, "NVIDIA H100-1-10C", 6), device.MIGName(bus, "1g.10gb", 0)},
-			absent:  []string{device.GPUName(bus), device.VGPUName(bus, "NVIDIA H100-20C", 1)}},
+			absent:  []string{device.GPUName(bus), device.ShareName(bus), device.VGPUName(bus, "NVIDIA H100-20C", 1)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -338,7 +340,7 @@ func TestMIGProfilesLeftOut(t *testing.T) {
 	for _, d := range published {
 		profiles[*d.Attributes[device.AttrProfile].StringValue]++
 	}
-	if want := map[string]int{device.ProfileFull: 2, "1g.10gb": 14, "3g.40gb": 4}; !maps.Equal(profiles, want) {
+	if want := map[string]int{device.ProfileFull: 2, device.ProfileShare: 2, "1g.10gb": 14, "3g.40gb": 4}; !maps.Equal(profiles, want) {
 		t.Errorf("devices per profile %v, want %v", profiles, want)
 	}
 	if cs := res[device.GPUDriver].Pools[testNode].Slices[0].SharedCounters[0]; len(cs.Counters) != 7 {

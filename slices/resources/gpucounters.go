@@ -19,6 +19,9 @@ const (
 	// counterVFs is the SR-IOV VFs that host vGPUs, one each, where they
 	// can run out first.
 	counterVFs = "vfs"
+	// counterExclusive keeps the whole GPU and its shares apart where
+	// nothing else does (gpuCounters.exclusive).
+	counterExclusive = "gpu"
 )
 
 func memorySliceCounter(i int) string { return "memory-slice-" + strconv.Itoa(i) }
@@ -45,6 +48,10 @@ type gpuCounters struct {
 	memory uint64
 	// vfs is the VF counter's value, 0 for none.
 	vfs int
+	// exclusive: a counter "gpu" (1) that the whole GPU and its shares
+	// consume, where no memory slice keeps them apart (a GPU without
+	// MIG, or whose MIG mode cannot switch).
+	exclusive bool
 }
 
 // countersFor sizes a GPU's counters for the devices it publishes.
@@ -55,13 +62,15 @@ type gpuCounters struct {
 // slice 6). Fewer counters, same exclusions.
 func countersFor(g hw.GPU, planned []plannedDevice) gpuCounters {
 	var c gpuCounters
+	shares := false
 	var covers []hw.Placement
 	byProfile := map[int][]hw.Placement{}
 	profiles := map[int]hw.MIGProfile{}
 	for _, p := range planned {
 		switch {
-		case p.what.Kind == device.KindGPU:
+		case p.what.Kind == device.KindGPU, p.what.Kind == device.KindShare:
 			covers = append(covers, hw.Placement{Start: 0, Size: g.MIG.MemorySlices})
+			shares = shares || p.what.Kind == device.KindShare
 		case p.what.Placement.Size > 0: // MIG, MIG-backed vGPU
 			covers = append(covers, p.what.Placement)
 			id := p.what.Profile.ID
@@ -85,6 +94,10 @@ func countersFor(g hw.GPU, planned []plannedDevice) gpuCounters {
 			}
 		}
 	}
+	// The whole GPU and its shares keep each other out: through the
+	// memory slices where MIG partitions need them anyway, else through a
+	// counter of their own.
+	c.exclusive = shares && len(c.slices) == 0
 	c.vfs = vfLimit(g, planned, c.memory)
 	for id, pls := range byProfile {
 		p := profiles[id]
@@ -197,6 +210,9 @@ func (c gpuCounters) counterSet(name string, profiles []hw.MIGProfile) resourcea
 	if c.vfs > 0 {
 		set[counterVFs] = intCounter(c.vfs)
 	}
+	if c.exclusive {
+		set[counterExclusive] = intCounter(1)
+	}
 	for _, s := range c.slices {
 		set[memorySliceCounter(s)] = intCounter(1)
 	}
@@ -208,11 +224,15 @@ func (c gpuCounters) counterSet(name string, profiles []hw.MIGProfile) resourcea
 	return resourceapi.CounterSet{Name: name, Counters: set}
 }
 
-// wholeGPU is what the whole GPU consumes: every memory slice.
+// wholeGPU is what the whole GPU (and the first of its shares) consumes:
+// every memory slice, or the exclusive counter.
 func (c gpuCounters) wholeGPU() map[string]resourceapi.Counter {
-	out := make(map[string]resourceapi.Counter, len(c.slices))
+	out := make(map[string]resourceapi.Counter, len(c.slices)+1)
 	for _, s := range c.slices {
 		out[memorySliceCounter(s)] = intCounter(1)
+	}
+	if c.exclusive {
+		out[counterExclusive] = intCounter(1)
 	}
 	return out
 }

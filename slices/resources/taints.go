@@ -35,9 +35,21 @@ func (d GPUDevice) At() *hw.Placement {
 	return &pl
 }
 
-// Fault is the device's fault in h, if any: its GPU's, or its partition's.
+// Fault is the device's fault in h, if any: its GPU's, or its
+// partition's, or that of the MPS daemon it runs under.
 func (d GPUDevice) Fault(h hw.Health) (hw.Fault, bool) {
-	return h.GPUFault(d.PCIBusID(), d.At())
+	if f, ok := h.GPUFault(d.PCIBusID(), d.At()); ok {
+		return f, true
+	}
+	if d.Kind == device.KindVGPU || d.Kind == device.KindPassthrough {
+		return hw.Fault{}, false
+	}
+	ref := hw.MPSRef{PartitionRef: hw.PartitionRef{GPU: d.GPU.PCIBusID}, Shares: d.Kind == device.KindShare}
+	if at := d.At(); at != nil {
+		ref.Placement = *at
+	}
+	f, ok := h.MPS[ref]
+	return f, ok
 }
 
 // Fault is the device's fault in h, if any: its PF's or VF's as the

@@ -95,3 +95,28 @@ func TestAllocatorHonoursTaints(t *testing.T) {
 		t.Fatalf("tolerating claim: %v, want the tainted GPU", tolerating.Status.Allocation)
 	}
 }
+
+// A down MPS daemon faults exactly the devices that run under it: a GPU's
+// shares (not the whole GPU beside them), a claim's whole GPU or MIG
+// partition.
+func TestGPUDeviceMPSFault(t *testing.T) {
+	g := hw.GPU{PCIBusID: "0000:1b:00.0"}
+	at := hw.Placement{Start: 4, Size: 2}
+	down := hw.Fault{Reason: "MPSDaemonDown"}
+	for _, tc := range []struct {
+		name   string
+		dev    GPUDevice
+		faults map[hw.MPSRef]hw.Fault
+		want   bool
+	}{
+		{"share, its daemon down", GPUDevice{Kind: device.KindShare, GPU: g}, map[hw.MPSRef]hw.Fault{{PartitionRef: hw.PartitionRef{GPU: g.PCIBusID}, Shares: true}: down}, true},
+		{"whole GPU beside its shares' daemon", GPUDevice{Kind: device.KindGPU, GPU: g}, map[hw.MPSRef]hw.Fault{{PartitionRef: hw.PartitionRef{GPU: g.PCIBusID}, Shares: true}: down}, false},
+		{"whole GPU, its claim's daemon down", GPUDevice{Kind: device.KindGPU, GPU: g}, map[hw.MPSRef]hw.Fault{{PartitionRef: hw.PartitionRef{GPU: g.PCIBusID}}: down}, true},
+		{"MIG partition, its daemon down", GPUDevice{Kind: device.KindMIG, GPU: g, Placement: at}, map[hw.MPSRef]hw.Fault{{PartitionRef: hw.PartitionRef{GPU: g.PCIBusID, Placement: at}}: down}, true},
+		{"another partition's daemon", GPUDevice{Kind: device.KindMIG, GPU: g, Placement: hw.Placement{Start: 0, Size: 2}}, map[hw.MPSRef]hw.Fault{{PartitionRef: hw.PartitionRef{GPU: g.PCIBusID, Placement: at}}: down}, false},
+	} {
+		if _, got := tc.dev.Fault(hw.Health{MPS: tc.faults}); got != tc.want {
+			t.Errorf("%s: faulted %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -28,39 +28,8 @@ import (
 // unprepares cleanly afterwards through the new agent: the MIG instance
 // destroyed, the CDI spec and the checkpoint entry gone.
 func TestAgentPodRollingUpdate(t *testing.T) {
-	n := framework.Shared(t)
-	ctx := context.Background()
-	// Hardware that outlives the agent pod, as a GPU outlives its driver:
-	// the mock's state in the pod's state directory (a host path).
-	mockDir, err := os.MkdirTemp(n.AgentPodStateDir(), "mock-")
-	if err != nil {
-		if err = os.MkdirAll(n.AgentPodStateDir(), 0o755); err == nil {
-			mockDir, err = os.MkdirTemp(n.AgentPodStateDir(), "mock-")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() { os.RemoveAll(mockDir) }) // after the agent pod stopped
-	mockDir = filepath.Join(mockDir, "hw")
-	values := n.AgentPodValues(t, framework.MockProfile(t, "one-h100", oneH100))
-	values["extraEnv"] = append(values["extraEnv"].([]any), map[string]any{"name": persist.DirEnv, "value": mockDir})
-
-	since := n.KubeletLogSize()
-	old := n.StartAgentPod(t, values)
-	if _, err := n.WaitPoolsComplete(ctx, gpuDriver, 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.WaitDriverRegistered(ctx, gpuDriver, since, 15*time.Second); err != nil {
-		t.Logf("NOTE: %v", err)
-	}
-	ns := n.CreateNamespace(t, "rolling")
-	t.Cleanup(func() {
-		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
-	s := &scenario{t: t, n: n, ns: ns, ctx: ctx, agent: old}
+	s, mockDir, values := startLastingAgentPod(t, "rolling", oneH100)
+	n, ctx, ns, old := s.n, s.ctx, s.ns, s.agent
 	initial, err := persist.ReadState(mockDir)
 	if err != nil {
 		t.Fatal(err)
@@ -119,6 +88,46 @@ func TestAgentPodRollingUpdate(t *testing.T) {
 	if recs, err := framework.ReadAgentRecords(n.AgentPodStateDir(), gpuDriver); err != nil || len(recs.Claims) != 0 || len(recs.Ledger) != 0 {
 		t.Errorf("the agent still records claims or instances after the unprepare: %+v %v", recs, err)
 	}
+}
+
+// startLastingAgentPod starts the agent pod on mock hardware (a profile's
+// YAML) that outlives it, as a GPU outlives its driver: the mock's state
+// in the pod's state directory (a host path). It returns the scenario (a
+// namespace whose pods and claims are gone when t ends), the mock's
+// directory and the chart values (to upgrade with).
+func startLastingAgentPod(t *testing.T, name, profile string) (*scenario, string, map[string]any) {
+	t.Helper()
+	n := framework.Shared(t)
+	ctx := context.Background()
+	mockDir, err := os.MkdirTemp(n.AgentPodStateDir(), "mock-")
+	if err != nil {
+		if err = os.MkdirAll(n.AgentPodStateDir(), 0o755); err == nil {
+			mockDir, err = os.MkdirTemp(n.AgentPodStateDir(), "mock-")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { os.RemoveAll(mockDir) }) // after the agent pod stopped
+	mockDir = filepath.Join(mockDir, "hw")
+	values := n.AgentPodValues(t, framework.MockProfile(t, "lasting", profile))
+	values["extraEnv"] = append(values["extraEnv"].([]any), map[string]any{"name": persist.DirEnv, "value": mockDir})
+
+	since := n.KubeletLogSize()
+	agent := n.StartAgentPod(t, values)
+	if _, err := n.WaitPoolsComplete(ctx, gpuDriver, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.WaitDriverRegistered(ctx, gpuDriver, since, 15*time.Second); err != nil {
+		t.Logf("NOTE: %v", err)
+	}
+	ns := n.CreateNamespace(t, name)
+	t.Cleanup(func() {
+		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return &scenario{t: t, n: n, ns: ns, ctx: ctx, agent: agent}, mockDir, values
 }
 
 // TestAgentPodCredentials: the agent pod authenticates with the token the

@@ -109,13 +109,21 @@ func (s *scenario) waitRunning(name, timing string, since time.Time) ran {
 	}
 	r := ran{pod: pod, timing: time.Since(since)}
 	framework.Timing(s.t, timing, r.timing)
-	// Its claim "devices", or, asking by extended resource, the claim the
-	// scheduler made for it.
+	// Its claim "devices" (made from a template, or named), or, asking by
+	// extended resource, the claim the scheduler made for it.
 	waitClaim := s.n.WaitPodClaimAllocated
-	if len(pod.Spec.ResourceClaims) == 0 {
+	switch {
+	case len(pod.Spec.ResourceClaims) == 0:
 		waitClaim = s.n.WaitPodExtendedClaimAllocated
+	case pod.Spec.ResourceClaims[0].ResourceClaimName != nil:
+		// A running pod's named claim is allocated and reserved for it.
+		r.claim, err = s.n.Admin.ResourceV1().ResourceClaims(s.ns).Get(s.ctx, *pod.Spec.ResourceClaims[0].ResourceClaimName, metav1.GetOptions{})
+		waitClaim = nil
 	}
-	if r.claim, _, err = waitClaim(s.ctx, s.ns, name, 10*time.Second); err != nil {
+	if waitClaim != nil {
+		r.claim, _, err = waitClaim(s.ctx, s.ns, name, 10*time.Second)
+	}
+	if err != nil {
 		s.t.Fatal(err)
 	}
 	if r.logs, err = s.n.WaitPodLogs(s.ctx, s.ns, name, "app", "=== END", 20*time.Second); err != nil {

@@ -23,7 +23,8 @@ import (
 // vGPUs on two H100s that hold 20 (two blocks per GPU that claims share,
 // not ten devices each), and five in one request on the two
 // VFIO-framework GPUs of h100-vm (two blocks each, which a request takes
-// once). The time, from the pod's creation to the
+// once), and nine GPU shares in one request on a DGX H100's eight GPUs
+// (one share device each, which a request takes once). The time, from the pod's creation to the
 // scheduler's FailedScheduling event, is logged (TIMING) and bounded well
 // below the filter timeout.
 func TestUnfittableClaimRefusedAtOnce(t *testing.T) {
@@ -34,6 +35,7 @@ func TestUnfittableClaimRefusedAtOnce(t *testing.T) {
 		{"mig-plus-me", "mock:dgx-h100", "mig.gpu.hwdra.io", "1g.10gb+me", 9},
 		{"vgpu-shares", "mock:h100-vgpu", "vgpu.gpu.hwdra.io", "H100-8C", 21},
 		{"vfio-vgpu-blocks", "mock:h100-vm", "vgpu.gpu.hwdra.io", "H100-8C", 5},
+		{"gpu-shares", "mock:dgx-h100", "share.gpu.hwdra.io", "share", 9},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startScenario(t, "refuse-"+tc.name, tc.hardware, gpuDriver)

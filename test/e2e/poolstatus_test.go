@@ -101,8 +101,8 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 		}
 	}
 	gpuPool, nicPool := controller[0], controller[1]
-	if ptr.Deref(gpuPool.AllocatedDevices, -1) != 3 || ptr.Deref(gpuPool.UnavailableDevices, -1) != 21 {
-		t.Errorf("controller: GPU pool allocated %v, unavailable %v; want 3 and the faulted GPU's 21", gpuPool.AllocatedDevices, gpuPool.UnavailableDevices)
+	if ptr.Deref(gpuPool.AllocatedDevices, -1) != 3 || ptr.Deref(gpuPool.UnavailableDevices, -1) != 22 {
+		t.Errorf("controller: GPU pool allocated %v, unavailable %v; want 3 and the faulted GPU's 22", gpuPool.AllocatedDevices, gpuPool.UnavailableDevices)
 	}
 	if ptr.Deref(nicPool.UnavailableDevices, -1) != 1 {
 		t.Errorf("controller: NIC pool unavailable %v, want 1 (the DeviceTaintRule's)", nicPool.UnavailableDevices)

@@ -1,6 +1,9 @@
 package v1alpha1
 
 import (
+	"slices"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -12,6 +15,14 @@ type GpuConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// MIG applies to MIG partitions.
 	MIG *MIGConfig `json:"mig,omitempty"`
+	// Sharing says how the processes of the pods and containers that use
+	// one claim's devices share them: each GPU or MIG partition by time
+	// slices or under an MPS server. Unset: as the driver leaves a device,
+	// time-sliced at the GPU's current interval. vGPUs take no sharing
+	// (their VM has the device), and GPU shares none of their own (each
+	// runs under its GPU's MPS server with the limits the scheduler
+	// counted).
+	Sharing *Sharing `json:"sharing,omitempty"`
 }
 
 // MIGConfig configures the compute instance created in a MIG partition.
@@ -23,10 +34,75 @@ type MIGConfig struct {
 	ComputeInstanceSlices *int `json:"computeInstanceSlices,omitempty"`
 }
 
-// Default fills in defaults. Nothing to default yet: an unset
-// ComputeInstanceSlices means the whole GPU instance, which depends on the
-// device and is resolved at prepare.
-func (c *GpuConfig) Default() {}
+// SharingStrategy is how a claim's processes share its devices.
+type SharingStrategy string
+
+const (
+	// TimeSlicing: processes take turns on the whole GPU, each for the
+	// time slice TimeSlicing.Interval sets. Whole GPUs only: the time
+	// slice is a setting of the physical GPU.
+	TimeSlicing SharingStrategy = "TimeSlicing"
+	// MPS: processes run at once under one CUDA MPS server per claim,
+	// each held to the limits MPS sets. Whole GPUs and MIG partitions.
+	MPS SharingStrategy = "MPS"
+)
+
+// Sharing is one of the strategies with its settings.
+type Sharing struct {
+	// Strategy is TimeSlicing or MPS.
+	Strategy SharingStrategy `json:"strategy"`
+	// TimeSlicing is TimeSlicing's setting (only with that strategy).
+	TimeSlicing *TimeSlicingConfig `json:"timeSlicing,omitempty"`
+	// MPS is MPS's settings (only with that strategy).
+	MPS *MPSConfig `json:"mps,omitempty"`
+}
+
+// TimeSliceInterval names the compute time slices the driver offers
+// (`nvidia-smi compute-policy --set-timeslice`).
+type TimeSliceInterval string
+
+const (
+	IntervalDefault TimeSliceInterval = "Default"
+	IntervalShort   TimeSliceInterval = "Short"
+	IntervalMedium  TimeSliceInterval = "Medium"
+	IntervalLong    TimeSliceInterval = "Long"
+)
+
+// Intervals are the intervals in the driver's order: the index is the
+// value nvidia-smi takes (0 Default, 1 Short, 2 Medium, 3 Long).
+var Intervals = []TimeSliceInterval{IntervalDefault, IntervalShort, IntervalMedium, IntervalLong}
+
+// TimeSlicingConfig is the time slice of a time-sliced GPU.
+type TimeSlicingConfig struct {
+	// Interval is the GPU's compute time slice while the claim is
+	// prepared. Default: Default.
+	Interval TimeSliceInterval `json:"interval,omitempty"`
+}
+
+// MPSConfig are the defaults the claim's MPS control daemon gives every
+// client, which the containers also get in their environment.
+type MPSConfig struct {
+	// DefaultActiveThreadPercentage caps the share of each GPU's
+	// multiprocessors one client may use, 1 to 100. Unset: no cap.
+	DefaultActiveThreadPercentage *int `json:"defaultActiveThreadPercentage,omitempty"`
+	// DefaultPinnedDeviceMemoryLimit caps the device memory one client
+	// may allocate on each GPU ("10Gi"), at least 1Mi. Unset: no cap.
+	DefaultPinnedDeviceMemoryLimit *resource.Quantity `json:"defaultPinnedDeviceMemoryLimit,omitempty"`
+}
+
+// Default fills in defaults. An unset ComputeInstanceSlices means the
+// whole GPU instance, which depends on the device and is resolved at
+// prepare; a time-sliced claim without an interval gets Default.
+func (c *GpuConfig) Default() {
+	if s := c.Sharing; s != nil && s.Strategy == TimeSlicing {
+		if s.TimeSlicing == nil {
+			s.TimeSlicing = &TimeSlicingConfig{}
+		}
+		if s.TimeSlicing.Interval == "" {
+			s.TimeSlicing.Interval = IntervalDefault
+		}
+	}
+}
 
 // Validate checks the values that do not depend on the device.
 func (c *GpuConfig) Validate() field.ErrorList {
@@ -36,5 +112,45 @@ func (c *GpuConfig) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(field.NewPath("mig", "computeInstanceSlices"), n, "must be between 1 and 8"))
 		}
 	}
+	if c.Sharing != nil {
+		errs = append(errs, c.Sharing.validate(field.NewPath("sharing"))...)
+	}
 	return errs
 }
+
+// minPinnedLimit is the smallest pinned memory limit MPS takes: it is
+// given in whole megabytes.
+var minPinnedLimit = resource.MustParse("1Mi")
+
+func (s *Sharing) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	switch s.Strategy {
+	case TimeSlicing:
+		if s.MPS != nil {
+			errs = append(errs, field.Forbidden(p.Child("mps"), "only with strategy MPS"))
+		}
+		if t := s.TimeSlicing; t != nil && t.Interval.Index() < 0 {
+			errs = append(errs, field.NotSupported(p.Child("timeSlicing", "interval"), t.Interval, Intervals))
+		}
+	case MPS:
+		if s.TimeSlicing != nil {
+			errs = append(errs, field.Forbidden(p.Child("timeSlicing"), "only with strategy TimeSlicing"))
+		}
+		if m := s.MPS; m != nil {
+			if v := m.DefaultActiveThreadPercentage; v != nil && (*v < 1 || *v > 100) {
+				errs = append(errs, field.Invalid(p.Child("mps", "defaultActiveThreadPercentage"), *v, "must be between 1 and 100"))
+			}
+			if v := m.DefaultPinnedDeviceMemoryLimit; v != nil && v.Cmp(minPinnedLimit) < 0 {
+				errs = append(errs, field.Invalid(p.Child("mps", "defaultPinnedDeviceMemoryLimit"), v.String(), "must be at least 1Mi"))
+			}
+		}
+	case "":
+		errs = append(errs, field.Required(p.Child("strategy"), "TimeSlicing or MPS"))
+	default:
+		errs = append(errs, field.NotSupported(p.Child("strategy"), s.Strategy, []SharingStrategy{TimeSlicing, MPS}))
+	}
+	return errs
+}
+
+// Index is the interval's value for nvidia-smi (0 to 3), -1 if unknown.
+func (i TimeSliceInterval) Index() int { return slices.Index(Intervals, i) }

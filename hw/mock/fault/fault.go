@@ -37,6 +37,10 @@ const (
 	Link Kind = "link"
 	// Driver loads (or unloads) the NVIDIA driver.
 	Driver Kind = "driver"
+	// TimeSlice is no fault: the mock's nvidia-smi sets a GPU's compute
+	// time slice (`compute-policy --set-timeslice`) through the inbox, as
+	// the real tool changes the driver's state from outside the agent.
+	TimeSlice Kind = "timeslice"
 )
 
 // Fault is one fault to inject into mock hardware.
@@ -53,6 +57,8 @@ type Fault struct {
 	PF string `json:"pf,omitempty"`
 	// Up is the link's (link) or the driver's (driver) new state.
 	Up bool `json:"up,omitempty"`
+	// TimeSlice is the time slice to set (timeslice; GPU may be a UUID).
+	TimeSlice int `json:"timeSlice,omitempty"`
 }
 
 func (f Fault) String() string {
@@ -63,6 +69,8 @@ func (f Fault) String() string {
 		return fmt.Sprintf("link %s %s", f.PF, map[bool]string{true: "up", false: "down"}[f.Up])
 	case Driver:
 		return fmt.Sprintf("driver %s", map[bool]string{true: "loaded", false: "unloaded"}[f.Up])
+	case TimeSlice:
+		return fmt.Sprintf("time slice %d on GPU %s", f.TimeSlice, f.GPU)
 	}
 	return fmt.Sprintf("%s on GPU %s", f.Kind, f.GPU)
 }

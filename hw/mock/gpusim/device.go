@@ -44,6 +44,10 @@ type gpu struct {
 	migCurrent, migPending int
 	// processes run on the GPU (SetRunningProcesses).
 	processes []nvml.ProcessInfo
+	// computeMode and timeSlice are the GPU's sharing settings
+	// (sharing.go).
+	computeMode nvml.ComputeMode
+	timeSlice   int
 	// vgpus hosted, by mdev UUID (see mdev.go).
 	active []*vgpuInstance
 
@@ -100,6 +104,7 @@ func newGPU(sd *server.Device, m *model.GPU, profileName, busID string, numa int
 	}
 	d.installMIG()
 	d.installVGPU()
+	d.installSharing()
 	return d
 }
 

@@ -63,8 +63,9 @@ func (d *gpu) snapshot() persist.GPUState {
 	defer d.RUnlock()
 	s := persist.GPUState{
 		BusID: d.busID, UUID: d.UUID,
-		MIG:        persist.MIGState{Current: d.migCurrent == nvml.DEVICE_MIG_ENABLE, Pending: d.migPending == nvml.DEVICE_MIG_ENABLE},
-		NextSerial: d.nextSerial.Load(),
+		MIG:         persist.MIGState{Current: d.migCurrent == nvml.DEVICE_MIG_ENABLE, Pending: d.migPending == nvml.DEVICE_MIG_ENABLE},
+		NextSerial:  d.nextSerial.Load(),
+		ComputeMode: int(d.computeMode), TimeSlice: d.timeSlice,
 	}
 	s.Lost, s.RecoveryAction = d.healthState()
 	for _, p := range d.processes {
@@ -113,6 +114,7 @@ func (d *gpu) restore(s persist.GPUState) error {
 	}
 	d.migCurrent, d.migPending = mode(s.MIG.Current), mode(s.MIG.Pending)
 	d.MigMode = d.migCurrent
+	d.computeMode, d.timeSlice = nvml.ComputeMode(s.ComputeMode), s.TimeSlice
 	d.processes = nil
 	for _, pid := range s.Processes {
 		d.processes = append(d.processes, nvml.ProcessInfo{Pid: pid})

@@ -75,6 +75,10 @@ type GPUState struct {
 	// driver's recovery action field (NVML's values, 0: none).
 	Lost           bool   `json:"lost,omitempty"`
 	RecoveryAction uint32 `json:"recoveryAction,omitempty"`
+	// ComputeMode is NVML's compute mode (0: default); TimeSlice the
+	// compute time slice nvidia-smi set (0: default).
+	ComputeMode int `json:"computeMode,omitempty"`
+	TimeSlice   int `json:"timeSlice,omitempty"`
 }
 
 // MIGState is a GPU's MIG mode: current, and pending until a reset

@@ -36,6 +36,8 @@ const (
 	CallClearGPU               = "clearGpu"
 	CallSetLink                = "setLink"
 	CallLoadDriver             = "loadDriver"
+	CallSetComputeMode         = "setComputeMode"
+	CallSetTimeSlice           = "setTimeSlice"
 )
 
 // envTimings parses TimingsEnv.
