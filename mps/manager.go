@@ -96,8 +96,12 @@ func (m *Manager) Start(ctx context.Context, s Spec) error {
 // start starts the daemon anew; the caller holds its lock.
 func (m *Manager) start(ctx context.Context, s Spec) error {
 	if r, ok := m.state.Get(s.ID); ok {
-		// A process that no longer answers, or a leftover: gone first.
-		m.kill(r)
+		// A process that no longer answers, or a leftover: gone first. One
+		// that outlives SIGKILL (stuck in the driver) keeps its pipe: no
+		// second daemon beside it.
+		if err := m.kill(r); err != nil {
+			return err
+		}
 	}
 	if err := m.state.Put(s.ID, record{Spec: s}); err != nil {
 		return err
