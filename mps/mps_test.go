@@ -91,6 +91,19 @@ func commands(t *testing.T, m *Manager, id string) map[int][]string {
 	return out
 }
 
+// started is a manager with the test spec's daemon running (stopped at
+// the test's end) and the daemon's PID.
+func started(t *testing.T, ctx context.Context) (*Manager, Spec, int) {
+	t.Helper()
+	m := newManager(t, t.TempDir())
+	s := testSpec()
+	if err := m.Start(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Stop(context.Background(), s.ID) })
+	return m, s, pidOf(t, m, s.ID)
+}
+
 func pidOf(t *testing.T, m *Manager, id string) int {
 	r, ok := m.state.Get(id)
 	if !ok {
@@ -104,13 +117,7 @@ func pidOf(t *testing.T, m *Manager, id string) int {
 // record.
 func TestStartStop(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	m := newManager(t, t.TempDir())
-	s := testSpec()
-	if err := m.Start(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Stop(context.Background(), s.ID) })
-	pid := pidOf(t, m, s.ID)
+	m, s, pid := started(t, ctx)
 	if err := m.Check(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -180,13 +187,7 @@ func TestAdopt(t *testing.T) {
 // A daemon that died is found down and started again, with its defaults.
 func TestSuperviseRestarts(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	m := newManager(t, t.TempDir())
-	s := testSpec()
-	if err := m.Start(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Stop(context.Background(), s.ID) })
-	pid := pidOf(t, m, s.ID)
+	m, s, pid := started(t, ctx)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
