@@ -43,10 +43,12 @@ func TestDeployManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	renders := map[string]string{"deploy/hwdra.yaml": string(plain)}
-	// A DeviceClass per MIG profile offered as an extended resource, on
-	// top of the six.
-	classCount := map[string]int{"deploy/hwdra.yaml": 6, "chart, default values": 6, "chart, the suite's values": 6,
-		"chart, ci/mock-values.yaml": 6 + len(ciValues["extendedResources"].(map[string]any)["migProfiles"].([]any))}
+	// The chart's classes (gpu, mig, vgpu, passthrough and share of
+	// gpu.hwdra.io; vf-share and vf of sriov.hwdra.io), and a DeviceClass
+	// per MIG profile offered as an extended resource on top.
+	const nClasses = 7
+	classCount := map[string]int{"deploy/hwdra.yaml": nClasses, "chart, default values": nClasses, "chart, the suite's values": nClasses,
+		"chart, ci/mock-values.yaml": nClasses + len(ciValues["extendedResources"].(map[string]any)["migProfiles"].([]any))}
 	for name, values := range map[string]map[string]any{
 		"chart, default values":      nil,
 		"chart, ci/mock-values.yaml": ciValues,
