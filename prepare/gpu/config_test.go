@@ -220,12 +220,7 @@ func TestMIGModeNotSwitchedUnderRunningProcesses(t *testing.T) {
 	if _, err := e.prepare(c); err == nil || !strings.Contains(err.Error(), "1 processes run on the GPU") {
 		t.Fatalf("prepare: %v", err)
 	}
-	if got := e.hwState(); got != before {
-		t.Errorf("hardware:\n%s\nwas\n%s", got, before)
-	}
-	if keys := e.ledgerKeys(); len(keys) != 0 {
-		t.Errorf("ledger %v", keys)
-	}
+	e.wantAsBefore(t, before, "after the refused prepare")
 	e.hw.SetRunningProcesses(e.gpus[0].PCIBusID)
 	e.mustPrepare(c)
 	e.unprepare(c)

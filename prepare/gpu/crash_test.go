@@ -104,12 +104,7 @@ func TestFailureAfterEachSideEffect(t *testing.T) {
 			}
 			clean := func(when string) {
 				t.Helper()
-				if got := e.hwState(); got != before {
-					t.Errorf("%s: hardware\n%s\nwant\n%s", when, got, before)
-				}
-				if keys := e.ledgerKeys(); len(keys) != 0 {
-					t.Errorf("%s: ledger %v", when, keys)
-				}
+				e.wantAsBefore(t, before, when)
 				if specs, _ := filepath.Glob(filepath.Join(e.dir, "cdi", "*")); len(specs) != 0 {
 					t.Errorf("%s: CDI specs %v", when, specs)
 				}
@@ -298,12 +293,7 @@ func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
 						e.unprepare(c)
 					}
 				}
-				if got := e.hwState(); got != before {
-					t.Errorf("after unprepare:\n%s\nwant\n%s", got, before)
-				}
-				if keys := e.ledgerKeys(); len(keys) != 0 {
-					t.Errorf("ledger %v", keys)
-				}
+				e.wantAsBefore(t, before, "after unprepare")
 				if specs, _ := filepath.Glob(filepath.Join(e.dir, "cdi", DriverName+"_claim_*")); len(specs) != 0 {
 					t.Errorf("CDI specs left: %v", specs)
 				}

@@ -305,6 +305,18 @@ func (e *env) inject(devs []kubeletplugin.Device) *oci.Spec {
 	return spec
 }
 
+// wantAsBefore: the hardware is as it was before (hwState) and the
+// ledger empty: nothing left behind. when says at which point.
+func (e *env) wantAsBefore(t *testing.T, before, when string) {
+	t.Helper()
+	if got := e.hwState(); got != before {
+		t.Errorf("%s: hardware\n%s\nwant\n%s", when, got, before)
+	}
+	if keys := e.ledgerKeys(); len(keys) != 0 {
+		t.Errorf("%s: ledger %v", when, keys)
+	}
+}
+
 // ledgerKeys reads the driver's ledger file.
 func (e *env) ledgerKeys() []string {
 	raw, err := state.Read(e.driver.ledger.Path(), state.LedgerFormat)

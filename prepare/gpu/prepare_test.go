@@ -286,12 +286,7 @@ func TestPrepareUnprepare(t *testing.T) {
 				t.Errorf("second prepare: %v, hardware\n%s", again[0].CDIDeviceIDs, e.hwState())
 			}
 			e.unprepare(c)
-			if after := e.hwState(); after != before {
-				t.Errorf("after unprepare:\n%s\nwant\n%s", after, before)
-			}
-			if keys := e.ledgerKeys(); len(keys) != 0 {
-				t.Errorf("ledger after unprepare: %v", keys)
-			}
+			e.wantAsBefore(t, before, "after unprepare")
 			if entries, _ := os.ReadDir(filepath.Join(e.dir, "cdi")); len(entries) != 0 {
 				t.Errorf("CDI specs left: %v", entries)
 			}

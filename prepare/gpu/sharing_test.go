@@ -77,12 +77,7 @@ func TestTimeSlicing(t *testing.T) {
 		t.Errorf("MPS daemons for a time-sliced claim: %v", ids)
 	}
 	e.unprepare(c)
-	if after := e.hwState(); after != before {
-		t.Errorf("after unprepare:\n%s\nwant\n%s", after, before)
-	}
-	if keys := e.ledgerKeys(); len(keys) != 0 {
-		t.Errorf("ledger %v", keys)
-	}
+	e.wantAsBefore(t, before, "after unprepare")
 }
 
 // One claim over two GPUs with MPS: one daemon serves both with the
@@ -262,12 +257,7 @@ func TestSharingRefused(t *testing.T) {
 					t.Errorf("error %q does not say %q", err, want)
 				}
 			}
-			if got := e.hwState(); got != before {
-				t.Errorf("hardware touched:\n%s\nwas\n%s", got, before)
-			}
-			if keys := e.ledgerKeys(); len(keys) != 0 {
-				t.Errorf("ledger %v", keys)
-			}
+			e.wantAsBefore(t, before, "after the refused prepare")
 		})
 	}
 }
