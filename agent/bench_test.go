@@ -13,8 +13,8 @@ import (
 
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 
-	"github.com/hwdra/hwdra/hw/mock/fault"
-	"github.com/hwdra/hwdra/hw/mock/persist"
+	"github.com/hwdra/hwdra/mock/fault"
+	"github.com/hwdra/hwdra/mock/persist"
 	"github.com/hwdra/hwdra/slices/device"
 )
 

@@ -109,12 +109,9 @@ func (h *nodeHealth) probed(inv hw.Inventory) hw.Inventory {
 // startNIC starts the NIC monitor on the node's netdevs: the host's, or a
 // mock's veth stand-ins in their namespace (without them, sysfs only).
 func (h *nodeHealth) startNIC(ctx context.Context, node *backend.Node) {
-	links := &health.LinkSource{}
-	if node.Mock != nil {
-		links.Netns = node.Mock.NICs().Netns()
-		if !node.Mock.NICs().HasVeths() {
-			links = nil
-		}
+	links := &health.LinkSource{Netns: node.HostNetns}
+	if node.NoLinks {
+		links = nil
 	}
 	m := health.NewNICMonitor(node.SysfsRoot, links, nicCheckInterval, h.onChange)
 	h.start(ctx, m, func() { h.nic = m })

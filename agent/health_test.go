@@ -19,10 +19,10 @@ import (
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/hwdra/hwdra/hw/mock/fault"
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
-	"github.com/hwdra/hwdra/hw/mock/persist"
-	"github.com/hwdra/hwdra/metadata/nritest"
+	"github.com/hwdra/hwdra/mock/fault"
+	"github.com/hwdra/hwdra/mock/mocktest"
+	"github.com/hwdra/hwdra/mock/persist"
+	"github.com/hwdra/hwdra/podnet/nritest"
 	"github.com/hwdra/hwdra/slices/device"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/metadata"
-	"github.com/hwdra/hwdra/metadata/nri"
+	"github.com/hwdra/hwdra/podnet"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -26,7 +26,7 @@ import (
 // podNetwork is the NIC driver's NRI side: the plugin that moves VFs into
 // pods and the writer of their claims' status.
 type podNetwork struct {
-	plugin *nri.Plugin
+	plugin *podnet.Plugin
 	status *metadata.StatusWriter
 	pods   coreinformers.PodInformer // the node's pods
 	done   chan struct{}             // closed when the plugin has stopped
@@ -48,7 +48,7 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 	status := metadata.NewStatusWriter(client, device.NICDriver)
 	status.OnWrite = func(err error) { m.statusWrites.WithLabelValues(result(err)).Inc() }
 	pods := nodePods(client, opts.NodeName)
-	p, err := nri.New(nri.Options{
+	p, err := podnet.New(podnet.Options{
 		DriverName: device.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
 		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Settle: node.Settle,
 		PodClaims: podClaims(pods.Lister()), ObserveHook: m.observeHook,

@@ -23,7 +23,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/hwdra/hwdra/metadata/nritest"
+	"github.com/hwdra/hwdra/podnet/nritest"
 
 	"github.com/hwdra/hwdra/slices/device"
 )

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,9 +16,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
-	"github.com/hwdra/hwdra/hw/mock/drivertools"
-	"github.com/hwdra/hwdra/hw/mock/profile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/sriov"
 	"github.com/hwdra/hwdra/vfiopci"
@@ -57,8 +55,9 @@ type Node struct {
 	// Settle makes sysfs current after netdevs moved: nil on a host (the
 	// kernel's sysfs is); the mock's follows link events otherwise.
 	Settle func()
-	// Mock is set for mock hardware.
-	Mock *mock.Hardware
+	// NoLinks: the NICs' netdevs are not links netlink can watch (mock
+	// NICs without veth stand-ins): link health comes from sysfs alone.
+	NoLinks bool
 	// GPUDevRoot is where the GPUs' device nodes are, GPUDevNodeRoot the
 	// same directory as the node names it (they differ in a container);
 	// DriverSpecDirs are searched for the NVIDIA Container Toolkit's CDI
@@ -74,6 +73,9 @@ type Node struct {
 	// pending NVML is made anew from it at each retry, as the library may
 	// have appeared since.
 	driverRoot *DriverRoot
+	// sim is the simulated hardware behind a mock node (mock.go), nil on
+	// a host; Close removes it.
+	sim io.Closer
 }
 
 // Options say how to open the hardware.
@@ -97,28 +99,9 @@ func OpenWith(spec string, opts Options) (*Node, error) {
 	case spec == Host:
 		return openHost(opts.DriverRoot, logger), nil
 	case strings.HasPrefix(spec, MockPrefix):
-		m, err := mock.Open(strings.TrimPrefix(spec, MockPrefix))
-		if err != nil {
-			return nil, err
-		}
-		nics := m.NICs()
-		n := &Node{
-			Mock: m, DevRoot: m.DevRoot(), ProcRoot: m.ProcRoot(), SysfsRoot: m.Sysfs,
-			GPUDevRoot: m.DevRoot(), GPUDevNodeRoot: m.DevRoot(),
-			Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(), HostNetns: nics.Netns(), Settle: nics.Settle,
-			NIC:      sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
-			Programs: nvml.Programs{Bin: filepath.Join(m.DriverRoot(), drivertools.BinDir)},
-		}
-		if n.Passthrough, err = vfiopci.New(m.Sysfs); err != nil {
-			return nil, errors.Join(err, m.Close())
-		}
-		if len(m.Profile.GPUs) > 0 {
-			n.openNVML(nvml.New(m.NVML, nvml.WithSysfs(m.Sysfs)), logger)
-		}
-		return n, nil
+		return openMock(strings.TrimPrefix(spec, MockPrefix), logger)
 	default:
-		return nil, fmt.Errorf("--hardware %q: want %q or %q<profile> (built-in profiles: %s)",
-			spec, Host, MockPrefix, strings.Join(profile.Builtins(), ", "))
+		return nil, fmt.Errorf("--hardware %q: want %q or %q<profile>%s", spec, Host, MockPrefix, mockProfiles())
 	}
 }
 
@@ -253,8 +236,8 @@ func (n *Node) Close() error {
 	if gpu := n.GPU(); gpu != nil {
 		errs = append(errs, gpu.Shutdown())
 	}
-	if n.Mock != nil {
-		errs = append(errs, n.Mock.Close())
+	if n.sim != nil {
+		errs = append(errs, n.sim.Close())
 	}
 	return errors.Join(errs...)
 }

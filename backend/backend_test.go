@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
-	"github.com/hwdra/hwdra/hw/mock/persist"
+	"github.com/hwdra/hwdra/mock/mocktest"
+	"github.com/hwdra/hwdra/mock/persist"
 )
 
 func TestOpenRejectsUnknownHardware(t *testing.T) {
@@ -65,7 +65,7 @@ func TestNVMLPending(t *testing.T) {
 	if err := n.InitNVML(); err == nil {
 		t.Fatal("InitNVML succeeded without the driver")
 	}
-	if err := n.Mock.SetDriverLoaded(true); err != nil {
+	if err := n.Mock().SetDriverLoaded(true); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.InitNVML(); err != nil {

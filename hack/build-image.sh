@@ -5,14 +5,17 @@
 # last line of output.
 #
 # The binary is built as the image needs it: -tags nolab (no lab, so no
-# scheduler allocator and no CEL in the agent), grpcnotrace (gRPC without
-# x/net/trace and its html/template), -trimpath -ldflags='-s -w'. The image
+# scheduler allocator and no CEL in the agent), nomock (no hardware
+# simulator: `--hardware mock:...` and `hwdra mock` are refused),
+# grpcnotrace (gRPC without x/net/trace and its html/template), -trimpath
+# -ldflags='-s -w'. HWDRA_IMAGE_SIMULATOR=1 keeps the simulator in, for
+# test clusters whose nodes run on mock hardware (the real-node suite). The image
 # holds /hwdra and the glibc files it and the host's libnvidia-ml need
 # (hack/buildimage); the NVIDIA driver itself comes from the host.
 #
 # HWDRA_IMAGE_REPOSITORY (default localhost/hwdra), HWDRA_IMAGE_TAG (default
 # the chart's appVersion) and HWDRA_IMAGE_OUTPUT (default _output) change
-# what is built where.
+# what is built where; HWDRA_IMAGE_SIMULATOR=1 builds the test image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_ENABLED=1
@@ -26,8 +29,10 @@ out=$(cd "$out" && pwd)
 
 # The version is the tag and the commit the checkout's (hack/version-ldflags.sh):
 # Go's own VCS stamp is absent where the build has no .git.
-go build -trimpath -tags nolab,grpcnotrace -ldflags "-s -w $(HWDRA_VERSION=$tag hack/version-ldflags.sh)" \
+tags=nolab,nomock,grpcnotrace
+[ "${HWDRA_IMAGE_SIMULATOR:-}" = 1 ] && tags=nolab,grpcnotrace
+go build -trimpath -tags "$tags" -ldflags "-s -w $(HWDRA_VERSION=$tag hack/version-ldflags.sh)" \
   -o "$out/image-$tag/hwdra" ./cmd/hwdra
 go run ./hack/buildimage --binary "$out/image-$tag/hwdra" --ref "$repo:$tag" --out "$out/hwdra-$tag.oci.tar"
-echo "build-image: $repo:$tag ($(du -h "$out/hwdra-$tag.oci.tar" | cut -f1))" >&2
+echo "build-image: $repo:$tag, -tags $tags ($(du -h "$out/hwdra-$tag.oci.tar" | cut -f1))" >&2
 echo "$out/hwdra-$tag.oci.tar"

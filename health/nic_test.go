@@ -11,7 +11,7 @@ import (
 
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/metadata/nritest"
+	"github.com/hwdra/hwdra/podnet/nritest"
 )
 
 const nicProfile = `nics: [{model: cx7, count: 2, vfs: 4, netdevs: [pfa, pfb], pciAddresses: ["0000:17:00.0", "0000:b1:00.0"]}]`
@@ -56,14 +56,14 @@ func TestNICMonitorChecks(t *testing.T) {
 		t.Fatalf("healthy NICs: %+v, %d notices", f, notified)
 	}
 
-	if err := n.Mock.SetLink("pfa", false); err != nil {
+	if err := n.Mock().SetLink("pfa", false); err != nil {
 		t.Fatal(err)
 	}
 	m.check(logger)
 	if got := reasons(m.Faults().PFs); len(got) != 1 || got["0000:17:00.0"] != "LinkDown" || notified != 1 {
 		t.Fatalf("link down: %v, %d notices", got, notified)
 	}
-	if err := n.Mock.SetLink("0000:17:00.0", true); err != nil {
+	if err := n.Mock().SetLink("0000:17:00.0", true); err != nil {
 		t.Fatal(err)
 	}
 	m.check(logger)
@@ -106,7 +106,7 @@ func TestNICMonitorNetlink(t *testing.T) {
 	nritest.HostNetns(t)
 	n, inv := openNICs(t)
 	notified := make(chan struct{}, 16)
-	m := NewNICMonitor(n.SysfsRoot, &LinkSource{Netns: n.Mock.NICs().Netns()}, time.Hour, func() { notified <- struct{}{} })
+	m := NewNICMonitor(n.SysfsRoot, &LinkSource{Netns: n.Mock().NICs().Netns()}, time.Hour, func() { notified <- struct{}{} })
 	m.Probed(inv)
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
@@ -126,11 +126,11 @@ func TestNICMonitorNetlink(t *testing.T) {
 	for !m.Alive(time.Minute) { // the first check has run: the watch is on
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := n.Mock.SetLink("pfb", false); err != nil {
+	if err := n.Mock().SetLink("pfb", false); err != nil {
 		t.Fatal(err)
 	}
 	waitFor("LinkDown fault", func(h hw.Health) bool { return h.PFs["0000:b1:00.0"].Reason == "LinkDown" })
-	if err := n.Mock.SetLink("pfb", true); err != nil {
+	if err := n.Mock().SetLink("pfb", true); err != nil {
 		t.Fatal(err)
 	}
 	waitFor("recovery", func(h hw.Health) bool { return h.Empty() })

@@ -16,8 +16,8 @@ import (
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/model"
-	"github.com/hwdra/hwdra/hw/mock/profile"
+	"github.com/hwdra/hwdra/mock/model"
+	"github.com/hwdra/hwdra/mock/profile"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 )

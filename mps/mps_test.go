@@ -13,7 +13,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/drivertools"
+	"github.com/hwdra/hwdra/mock/drivertools"
 	"github.com/hwdra/hwdra/nvml"
 )
 

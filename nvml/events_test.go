@@ -9,9 +9,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
-	"github.com/hwdra/hwdra/hw/mock/fault"
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/mock"
+	"github.com/hwdra/hwdra/mock/fault"
+	"github.com/hwdra/hwdra/mock/mocktest"
 )
 
 // watch starts WatchEvents on a mock and returns its events.

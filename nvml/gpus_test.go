@@ -9,9 +9,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
-	"github.com/hwdra/hwdra/hw/mock/model"
+	"github.com/hwdra/hwdra/mock"
+	"github.com/hwdra/hwdra/mock/mocktest"
+	"github.com/hwdra/hwdra/mock/model"
 )
 
 // inventory reads a mock profile through the backend.

@@ -63,7 +63,7 @@ func profileName(index int, info nvml.GpuInstanceProfileInfo, totalBytes uint64)
 	return fmt.Sprintf("%dg.%dgb%s", info.SliceCount, migGB(totalBytes, info.MemorySizeMB), profileSuffix[index])
 }
 
-// profileInfoV3 is implemented by hw/mock/gpusim's devices. go-nvml's
+// profileInfoV3 is implemented by mock/gpusim's devices. go-nvml's
 // GetGpuInstanceProfileInfoV returns a handler whose V2/V3 always call the
 // C library, so no mock can answer through it.
 type profileInfoV3 interface {

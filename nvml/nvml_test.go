@@ -15,7 +15,7 @@ import (
 	nvmlmock "github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/mock/mocktest"
 )
 
 // tripwireLib is an nvml.Interface whose Init answers init and whose every

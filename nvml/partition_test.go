@@ -11,8 +11,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/mock"
+	"github.com/hwdra/hwdra/mock/mocktest"
 )
 
 func backend(t *testing.T, profile string) (*Backend, *mock.Hardware) {

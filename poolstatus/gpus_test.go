@@ -19,7 +19,7 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/model"
+	"github.com/hwdra/hwdra/mock/model"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 )

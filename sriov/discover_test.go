@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock"
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/mock"
+	"github.com/hwdra/hwdra/mock/mocktest"
 	"github.com/hwdra/hwdra/sriov"
 )
 

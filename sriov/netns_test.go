@@ -10,8 +10,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/hwdra/hwdra/hw/mock/nicsim"
-	"github.com/hwdra/hwdra/metadata/nritest"
+	"github.com/hwdra/hwdra/mock/nicsim"
+	"github.com/hwdra/hwdra/podnet/nritest"
 	"github.com/hwdra/hwdra/sriov"
 )
 

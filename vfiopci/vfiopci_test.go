@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/mock/mocktest"
 )
 
 // TestGPUs: on a mock node with GPUs of every kind, exactly the ones bound

@@ -9,8 +9,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/agent"
-	"github.com/hwdra/hwdra/metadata/nri"
 	"github.com/hwdra/hwdra/mps"
+	"github.com/hwdra/hwdra/podnet"
 )
 
 func agentCommand() *cobra.Command {
@@ -65,7 +65,7 @@ func agentCommand() *cobra.Command {
 	f.DurationVar(&opts.FeatureCheck, "feature-check-interval", 10*time.Minute, "how often to check which DRA feature gates the API server has on (one dry-run ResourceSlice create each, also at start): a gate turned off makes the agent publish a model without it")
 	f.StringVar(&opts.MetricsAddress, "metrics-address", ":9464", "address for /metrics (Prometheus) and /healthz; empty: off")
 	f.StringVar(&opts.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory (fixed in the kubelet, whatever its --root-dir): while NVIDIA's device plugin has a socket there, or the node advertises its resources, the agent leaves the GPUs to it; empty: only the node's status is watched")
-	f.StringVar(&opts.NRISocket, "nri-socket", nri.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
+	f.StringVar(&opts.NRISocket, "nri-socket", podnet.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
 	f.StringVar((*string)(&opts.MPSCgroup), "mps-daemon-cgroup", string(mps.CgroupSame),
 		`where the MPS control daemons of shared GPUs run: "" in the agent's cgroup (an agent run as a process: they outlive it in sessions of their own), "`+string(mps.CgroupBesidePod)+`" in a cgroup beside the agent's pod, which the runtime and the kubelet leave alone when the pod goes (the DaemonSet, with hostPID)`)
 	return cmd

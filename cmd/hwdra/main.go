@@ -37,6 +37,9 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logs, root.PersistentFlags())
-	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand(), poolStatusCommand(), mockCommand(), versionCommand())
+	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand(), poolStatusCommand(), versionCommand())
+	if mock := mockCommand(); mock != nil {
+		root.AddCommand(mock)
+	}
 	return root
 }

@@ -13,8 +13,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
-	"github.com/hwdra/hwdra/hw/mock/persist"
+	"github.com/hwdra/hwdra/mock/mocktest"
+	"github.com/hwdra/hwdra/mock/persist"
 )
 
 func run(t *testing.T, args ...string) (string, error) {

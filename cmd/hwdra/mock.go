@@ -1,3 +1,5 @@
+//go:build !nomock
+
 package main
 
 import (
@@ -7,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/hwdra/hwdra/hw/mock/fault"
-	"github.com/hwdra/hwdra/hw/mock/persist"
+	"github.com/hwdra/hwdra/mock/fault"
+	"github.com/hwdra/hwdra/mock/persist"
 )
 
 func mockCommand() *cobra.Command {

@@ -15,8 +15,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/gpusim"
-	"github.com/hwdra/hwdra/hw/mock/nodefs"
+	"github.com/hwdra/hwdra/mock/gpusim"
+	"github.com/hwdra/hwdra/mock/nodefs"
 	"github.com/hwdra/hwdra/slices/device"
 )
 

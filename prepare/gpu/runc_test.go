@@ -15,7 +15,7 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/hwdra/hwdra/hw/mock/nodefs"
+	"github.com/hwdra/hwdra/mock/nodefs"
 )
 
 // A real runtime creates the device nodes of a MIG device's CDI spec in a

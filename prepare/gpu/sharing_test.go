@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/hwdra/hwdra/hw/mock/drivertools"
+	"github.com/hwdra/hwdra/mock/drivertools"
 	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"

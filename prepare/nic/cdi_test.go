@@ -14,7 +14,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/hwdra/hwdra/hw/mock/nodefs"
+	"github.com/hwdra/hwdra/mock/nodefs"
 )
 
 // TestCDI: the specs prepare writes load into the CDI cache and inject

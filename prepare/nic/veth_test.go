@@ -6,7 +6,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/hwdra/hwdra/metadata/nritest"
+	"github.com/hwdra/hwdra/podnet/nritest"
 )
 
 // TestVethMTU: with veth stand-ins for the netdevs (in a throwaway

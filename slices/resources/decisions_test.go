@@ -5,7 +5,7 @@ import (
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	mockprofile "github.com/hwdra/hwdra/hw/mock/profile"
+	mockprofile "github.com/hwdra/hwdra/mock/profile"
 	"github.com/hwdra/hwdra/slices/device"
 )
 

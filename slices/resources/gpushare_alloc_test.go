@@ -12,7 +12,7 @@ import (
 
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/model"
+	"github.com/hwdra/hwdra/mock/model"
 	"github.com/hwdra/hwdra/slices/device"
 )
 

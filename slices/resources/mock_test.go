@@ -12,8 +12,8 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/model"
-	mockprofile "github.com/hwdra/hwdra/hw/mock/profile"
+	"github.com/hwdra/hwdra/mock/model"
+	mockprofile "github.com/hwdra/hwdra/mock/profile"
 	"github.com/hwdra/hwdra/slices/device"
 )
 

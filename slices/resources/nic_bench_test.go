@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/hwdra/hwdra/config"
-	"github.com/hwdra/hwdra/hw/mock/mocktest"
+	"github.com/hwdra/hwdra/mock/mocktest"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/sriov"
 )

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hwdra/hwdra/hw/mock/model"
+	"github.com/hwdra/hwdra/mock/model"
 	"github.com/hwdra/hwdra/slices/device"
 
 	resourceapi "k8s.io/api/resource/v1"

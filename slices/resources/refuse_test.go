@@ -20,8 +20,8 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/model"
-	mockprofile "github.com/hwdra/hwdra/hw/mock/profile"
+	"github.com/hwdra/hwdra/mock/model"
+	mockprofile "github.com/hwdra/hwdra/mock/profile"
 )
 
 // gpuModes are the modes every mock GPU model is tested in: MIG off as

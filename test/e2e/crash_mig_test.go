@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hwdra/hwdra/hw/mock/persist"
+	"github.com/hwdra/hwdra/mock/persist"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )

@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/hwdra/hwdra/hw/mock/persist"
+	"github.com/hwdra/hwdra/mock/persist"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )

@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/hw/mock/persist"
+	"github.com/hwdra/hwdra/mock/persist"
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )

@@ -8,7 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hwdra/hwdra/metadata/nri"
+	"github.com/hwdra/hwdra/podnet"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -16,7 +16,7 @@ import (
 // is down (killed after the kubelet prepared the pod's claim, before the
 // sandbox: a test NRI plugin holds the sandbox back until then) must not
 // run without its VF. The pod requires the agent's NRI plugin
-// (nri.RequiredPluginsAnnotation) and containerd's default validator is
+// (podnet.RequiredPluginsAnnotation) and containerd's default validator is
 // on, as the README asks: containerd refuses the pod's containers while
 // the plugin is missing. When the agent is back, its NRI plugin moves the
 // VF into the running sandbox and the pod runs with its interface.
@@ -26,7 +26,7 @@ func TestVFPodWaitsForTheAgent(t *testing.T) {
 	tmpl := r.template("vf-share-10g.yaml")
 	meta := framework.MetadataPath("devices", "nic", nicDriver)
 	pod := framework.PodWithClaimTemplate("vf", tmpl, meta)
-	pod.Annotations = map[string]string{nri.RequiredPluginsAnnotation + "/pod": `["` + nri.PluginName + `"]`}
+	pod.Annotations = map[string]string{podnet.RequiredPluginsAnnotation + "/pod": `["` + podnet.PluginName + `"]`}
 	began := time.Now()
 	if _, err := r.n.Admin.CoreV1().Pods(r.ns).Create(r.ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestVFPodWaitsForTheAgent(t *testing.T) {
 	}
 	refused := ""
 	for _, e := range r.podEvents("vf") {
-		if strings.Contains(e, nri.PluginName) && strings.Contains(e, "not present") {
+		if strings.Contains(e, podnet.PluginName) && strings.Contains(e, "not present") {
 			refused = e
 		}
 	}

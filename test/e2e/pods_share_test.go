@@ -16,13 +16,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/hwdra/hwdra/hw/mock/drivertools"
+	"github.com/hwdra/hwdra/mock/drivertools"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
 // Sharing a GPU among pods: GPU shares that independent claims take, and
 // one claim shared through MPS. The MPS control daemons are the mock
-// driver's stand-in (hw/mock/drivertools), started by the agent pod from
+// driver's stand-in (mock/drivertools), started by the agent pod from
 // its driver root in the node's PID namespace; their directories are
 // under the agent's state directory, a host path the test reads.
 

@@ -36,7 +36,8 @@ var (
 	agentImagesErr  error
 )
 
-// buildAgentImages runs hack/build-image.sh for both tags into dir.
+// buildAgentImages runs hack/build-image.sh for both tags into dir, with
+// the hardware simulator in (the product image has none).
 func buildAgentImages(dir string) ([]string, error) {
 	agentImagesOnce.Do(func() {
 		if p := os.Getenv(envAgentImages); p != "" {
@@ -51,7 +52,9 @@ func buildAgentImages(dir string) ([]string, error) {
 		for _, tag := range []string{AgentImageTag, AgentImageTagNext} {
 			cmd := exec.Command(filepath.Join(root, "hack", "build-image.sh"))
 			cmd.Dir = root
-			cmd.Env = append(os.Environ(), "HWDRA_IMAGE_REPOSITORY="+AgentImageRepository, "HWDRA_IMAGE_TAG="+tag, "HWDRA_IMAGE_OUTPUT="+dir)
+			cmd.Env = append(os.Environ(), "HWDRA_IMAGE_REPOSITORY="+AgentImageRepository, "HWDRA_IMAGE_TAG="+tag, "HWDRA_IMAGE_OUTPUT="+dir,
+				// The suite's nodes run on mock hardware: the test image keeps the simulator.
+				"HWDRA_IMAGE_SIMULATOR=1")
 			out, err := cmd.Output()
 			if err != nil {
 				agentImagesErr = fmt.Errorf("hack/build-image.sh (tag %s): %v: %s", tag, err, exitStderr(err))

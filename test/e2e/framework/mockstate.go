@@ -15,12 +15,12 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/diff"
 
-	"github.com/hwdra/hwdra/hw/mock/persist"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/mock/persist"
 )
 
 // Mock hardware that outlives the agent, as real hardware does: the agent
-// runs with hw/mock's HWDRA_MOCK_DIR set to a directory of the test, so a
+// runs with mock's HWDRA_MOCK_DIR set to a directory of the test, so a
 // killed and restarted agent finds the GPU instances, mediated devices and
 // VF settings the killed one left, and a test reads that state from
 // outside (persist.ReadState) to tell what leaked.

@@ -30,7 +30,7 @@ func Timing(t testing.TB, scenario string, d time.Duration) {
 	t.Logf("TIMING %s %v", strings.ReplaceAll(scenario, " ", "_"), d.Round(time.Millisecond))
 }
 
-// MockProfile writes a mock hardware profile (hw/mock/profile's schema) to a
+// MockProfile writes a mock hardware profile (mock/profile's schema) to a
 // file name.yaml in t's temp directory and returns the --hardware value
 // for it, "mock:<file>".
 func MockProfile(t testing.TB, name, yaml string) string {
