@@ -4,7 +4,8 @@
 // hardware offers (package publish), streams device health (health.go),
 // moves VFs into pods through NRI (nri.go), answers probes (probes.go) and
 // hands the node over in a rolling update (handover.go). serve.go puts it
-// together, step by step.
+// together, step by step; loop.go says which part calls which through
+// which interface.
 package agent
 
 import (

@@ -69,18 +69,20 @@ func (d Drivers) All() iter.Seq2[string, kubeletplugin.DRAPlugin] {
 // PluginOptions say where drivers keep state and write CDI specs.
 type PluginOptions struct {
 	StateDir, CDIDir string
-	// Current returns the last probed inventory and the slice features in
-	// use: prepare looks allocated devices up in what was published.
-	Current func() (hw.Inventory, device.Features)
+	// Published is what the node publishes now: prepare looks allocated
+	// devices up in it.
+	Published prepare.Published
 	// Config decides which PFs are offered and how.
 	Config *config.AgentConfig
 	// NodeName is the pool name.
 	NodeName string
-	// OnError gets background errors of the kubelet plugin helpers.
-	OnError func(ctx context.Context, err error, msg string)
-	// Allocated lists the claims allocated to this node: hardware state
-	// one of them may use is never reclaimed. Nil: no API server (the lab).
-	Allocated func(context.Context) ([]*resourceapi.ResourceClaim, error)
+	// Errors gets background errors of the kubelet plugin helpers; nil:
+	// logged.
+	Errors prepare.ErrorHandler
+	// Cluster says which claims are allocated to this node: hardware
+	// state one of them may use is never reclaimed. Nil: no API server
+	// (the lab).
+	Cluster prepare.Cluster
 	// Network moves prepared VFs into pods (NRI); nil: they stay in the
 	// host namespace.
 	Network nicprep.PodNetwork
@@ -100,7 +102,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 		d, err := gpuprep.New(gpuprep.Options{
 			NVML: gpu, // nil where only GPUs bound to vfio-pci are there
 			Inventory: func(context.Context) (hw.Inventory, device.Features, error) {
-				inv, f := opts.Current()
+				inv, f := opts.Published.Current()
 				return inv, f, nil
 			},
 			StateDir: opts.StateDir,
@@ -112,21 +114,16 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			return Drivers{}, err
 		}
 		p, err := prepare.New(ctx, d, prepare.Options{
-			DriverName: device.GPUDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
+			DriverName: device.GPUDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, Errors: opts.Errors, Cluster: opts.Cluster,
 		})
 		if err != nil {
 			return Drivers{}, fmt.Errorf("%s: %w", device.GPUDriver, err)
 		}
-		drivers.GPU = &GPU{Driver: Driver[gpuprep.Record]{Name: device.GPUDriver, Plugin: p}, Unclaimed: d.Unclaimed, MPS: d.MPS()}
+		drivers.GPU = &GPU{Driver: Driver[gpuprep.Record]{Name: device.GPUDriver, Plugin: p}, Unclaimed: d, MPS: d.MPS()}
 	}
 	if len(inv.PFs) > 0 {
 		d, err := nicprep.New(nicprep.Options{
-			VFs: node.VFs,
-			Inventory: func(context.Context) ([]config.NICOffer, device.Features, error) {
-				inv, f := opts.Current()
-				offers, _ := opts.Config.Resolve(inv.PFs)
-				return offers, f, nil
-			},
+			VFs: node.VFs, Published: opts.Published, Config: opts.Config,
 			SysfsRoot: node.SysfsRoot, DevRoot: node.DevRoot,
 			StateDir: opts.StateDir, NodeName: opts.NodeName, Network: opts.Network,
 		})
@@ -134,7 +131,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			return Drivers{}, err
 		}
 		p, err := prepare.New(ctx, d, prepare.Options{
-			DriverName: device.NICDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, OnError: opts.OnError, Allocated: opts.Allocated,
+			DriverName: device.NICDriver, StateDir: opts.StateDir, CDIDir: opts.CDIDir, Errors: opts.Errors, Cluster: opts.Cluster,
 		})
 		if err != nil {
 			return Drivers{}, fmt.Errorf("%s: %w", device.NICDriver, err)
@@ -157,29 +154,34 @@ func specDirs(node []string, cdiDir string) []string {
 	return append(slices.Clone(node), cdiDir)
 }
 
-// allocatedTo lists the claims with a device allocated from a pool of the
-// node (the pools of a node agent are named after its node), a page at a
-// time. Asked at start and while hardware state no prepared claim holds
-// waits to be reclaimed; not on any prepare's path.
-func allocatedTo(client kubernetes.Interface, node string) func(context.Context) ([]*resourceapi.ResourceClaim, error) {
-	return func(ctx context.Context) ([]*resourceapi.ResourceClaim, error) {
-		var out []*resourceapi.ResourceClaim
-		opts := metav1.ListOptions{Limit: 500}
-		for {
-			list, err := client.ResourceV1().ResourceClaims("").List(ctx, opts)
-			if err != nil {
-				return nil, err
+// nodeClaims is the API server's word on the claims allocated to a node
+// (prepare.Cluster).
+type nodeClaims struct {
+	client kubernetes.Interface
+	node   string
+}
+
+// AllocatedClaims lists the claims with a device allocated from a pool of
+// the node (the pools of a node agent are named after its node), a page
+// at a time. Asked at start and while hardware state no prepared claim
+// holds waits to be reclaimed; not on any prepare's path.
+func (n nodeClaims) AllocatedClaims(ctx context.Context) ([]*resourceapi.ResourceClaim, error) {
+	var out []*resourceapi.ResourceClaim
+	opts := metav1.ListOptions{Limit: 500}
+	for {
+		list, err := n.client.ResourceV1().ResourceClaims("").List(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		for i := range list.Items {
+			c := &list.Items[i]
+			if c.Status.Allocation != nil && slices.ContainsFunc(c.Status.Allocation.Devices.Results,
+				func(r resourceapi.DeviceRequestAllocationResult) bool { return r.Pool == n.node }) {
+				out = append(out, c)
 			}
-			for i := range list.Items {
-				c := &list.Items[i]
-				if c.Status.Allocation != nil && slices.ContainsFunc(c.Status.Allocation.Devices.Results,
-					func(r resourceapi.DeviceRequestAllocationResult) bool { return r.Pool == node }) {
-					out = append(out, c)
-				}
-			}
-			if opts.Continue = list.Continue; opts.Continue == "" {
-				return out, nil
-			}
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out, nil
 		}
 	}
 }

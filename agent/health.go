@@ -59,8 +59,9 @@ func newNodeHealth(cfg *config.AgentConfig) *nodeHealth {
 		changed: health.NewBroadcast(), republish: make(chan struct{}, 1), devices: map[string][]health.Device{}}
 }
 
-// faults merges the monitors' findings: the publisher taints them.
-func (h *nodeHealth) faults() hw.Health {
+// Faults merges the monitors' findings: the publisher taints them
+// (publish.Health).
+func (h *nodeHealth) Faults() hw.Health {
 	h.mu.Lock()
 	gpu, nic, daemons := h.gpu, h.nic, h.mps
 	h.mu.Unlock()
@@ -88,10 +89,10 @@ func (h *nodeHealth) onChange() {
 	}
 }
 
-// probed sees each of the publisher's probes: what a probe could not tell
+// Probed sees each of the publisher's probes: what a probe could not tell
 // is held from the last one (health.Hold), and the monitors learn what it
-// found, before the slices are built from it.
-func (h *nodeHealth) probed(inv hw.Inventory) hw.Inventory {
+// found, before the slices are built from it (publish.Health).
+func (h *nodeHealth) Probed(inv hw.Inventory) hw.Inventory {
 	h.mu.Lock()
 	inv = health.Hold(h.held, inv)
 	h.held = inv
@@ -144,9 +145,10 @@ func (h *nodeHealth) start(ctx context.Context, m interface {
 	go m.Run(ctx)
 }
 
-// published: the publisher handed a driver's slices, built from inv with
-// features f, to the API. They are what the driver's stream reports on.
-func (h *nodeHealth) published(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features) {
+// Published: the publisher handed a driver's slices, built from inv with
+// features f, to the API. They are what the driver's stream reports on
+// (publish.Health).
+func (h *nodeHealth) Published(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features) {
 	devices := h.catalog(driver, res, inv, f)
 	h.mu.Lock()
 	h.devices[driver] = devices
@@ -183,32 +185,44 @@ func devicesOf[T health.Faulty](res resourceslice.DriverResources, catalog map[s
 
 // stream is a driver's health stream.
 func (h *nodeHealth) stream(driver string) health.Stream {
-	timeout, alive := nicHealthTimeout, func(d time.Duration) bool {
-		h.mu.Lock()
-		m := h.nic
-		h.mu.Unlock()
-		return m != nil && m.Alive(d)
-	}
+	timeout := nicHealthTimeout
 	if driver == device.GPUDriver {
-		timeout, alive = gpuHealthTimeout, func(d time.Duration) bool {
-			h.mu.Lock()
-			m := h.gpu
-			h.mu.Unlock()
-			return m != nil && m.Alive(d)
-		}
+		timeout = gpuHealthTimeout
 	}
-	return health.Stream{
-		Devices: func() []health.Device {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			return h.devices[driver]
-		},
-		Health:  h.faults,
-		Alive:   alive,
-		Changed: h.changed.Changed,
-		Timeout: timeout,
-	}
+	return health.Stream{Source: driverHealth{h, driver}, Timeout: timeout}
 }
+
+// driverHealth is the node's health as one driver's stream sees it
+// (health.Source).
+type driverHealth struct {
+	*nodeHealth
+	driver string
+}
+
+// Devices are the driver's devices as last published.
+func (d driverHealth) Devices() []health.Device {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.devices[d.driver]
+}
+
+// Alive: the driver's monitor checked its devices within within.
+func (d driverHealth) Alive(within time.Duration) bool {
+	d.mu.Lock()
+	var m interface{ Alive(time.Duration) bool }
+	if d.driver == device.GPUDriver {
+		if d.gpu != nil {
+			m = d.gpu
+		}
+	} else if d.nic != nil {
+		m = d.nic
+	}
+	d.mu.Unlock()
+	return m != nil && m.Alive(within)
+}
+
+// Changed is closed at the next change of faults or published devices.
+func (d driverHealth) Changed() <-chan struct{} { return d.changed.Changed() }
 
 // withHealth serves the kubelet's health stream for a driver's plugin.
 func withHealth(p kubeletplugin.DRAPlugin, s health.Stream) kubeletplugin.DRAPlugin {

@@ -105,9 +105,14 @@ func claimKind(kinds []string) string {
 	return out
 }
 
-// observeHook records one NRI hook.
-func (m *metrics) observeHook(hook string, took time.Duration, err error) {
+// ObserveHook records one NRI hook (podnet.HookObserver).
+func (m *metrics) ObserveHook(hook string, took time.Duration, err error) {
 	m.hooks.WithLabelValues(hook, result(err)).Observe(took.Seconds())
+}
+
+// ObserveStatusWrite counts one claim status write (metadata.WriteObserver).
+func (m *metrics) ObserveStatusWrite(err error) {
+	m.statusWrites.WithLabelValues(result(err)).Inc()
 }
 
 // deviceHealthDesc: one series per device and state, 1 for the device's

@@ -45,13 +45,12 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 		logger.Info("NRI is off (--nri-socket is empty): VF netdevs stay in the host network namespace and pods get no interface, no network metadata and no claim network status")
 		return nil, nil
 	}
-	status := metadata.NewStatusWriter(client, device.NICDriver)
-	status.OnWrite = func(err error) { m.statusWrites.WithLabelValues(result(err)).Inc() }
+	status := metadata.NewStatusWriter(client, device.NICDriver, m)
 	pods := nodePods(client, opts.NodeName)
 	p, err := podnet.New(podnet.Options{
 		DriverName: device.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
-		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Settle: node.Settle,
-		PodClaims: podClaims(pods.Lister()), ObserveHook: m.observeHook,
+		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Sysfs: node,
+		Pods: podClaims{pods.Lister()}, Observer: m,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("NRI plugin: %w", err)
@@ -59,7 +58,7 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 	return &podNetwork{plugin: p, status: status, pods: pods, done: make(chan struct{})}, nil
 }
 
-// nodePods is an informer of the node's pods, each cut to what PodClaims
+// nodePods is an informer of the node's pods, each cut to what podClaims
 // reads: the NRI plugin learns from it which claims a pod names (a second
 // pod sharing a claim is in no prepare record).
 func nodePods(client kubernetes.Interface, node string) coreinformers.PodInformer {
@@ -79,22 +78,24 @@ func nodePods(client kubernetes.Interface, node string) coreinformers.PodInforme
 	return factory.Core().V1().Pods()
 }
 
-// podClaims names the ResourceClaims of a pod the lister has (nil for
-// one it does not know, or one of the same name with another UID).
-func podClaims(lister corelisters.PodLister) func(namespace, name string, uid types.UID) []string {
-	return func(namespace, name string, uid types.UID) []string {
-		pod, err := lister.Pods(namespace).Get(name)
-		if err != nil || pod.UID != uid {
-			return nil
-		}
-		var out []string
-		for i := range pod.Spec.ResourceClaims {
-			if n, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[i]); err == nil && n != nil {
-				out = append(out, *n)
-			}
-		}
-		return out
+// podClaims are the node's pods as the NRI plugin asks about them
+// (podnet.Pods).
+type podClaims struct{ lister corelisters.PodLister }
+
+// ClaimsOf names the ResourceClaims of a pod the lister has (nil for one
+// it does not know, or one of the same name with another UID).
+func (p podClaims) ClaimsOf(namespace, name string, uid types.UID) []string {
+	pod, err := p.lister.Pods(namespace).Get(name)
+	if err != nil || pod.UID != uid {
+		return nil
 	}
+	var out []string
+	for i := range pod.Spec.ResourceClaims {
+		if n, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[i]); err == nil && n != nil {
+			out = append(out, *n)
+		}
+	}
+	return out
 }
 
 // network is what the NIC driver sees of it (nil without NRI).
@@ -119,7 +120,7 @@ func (n *podNetwork) run(ctx context.Context, nic *NIC) {
 	go func() {
 		defer close(n.done)
 		defer n.plugin.Close()
-		_ = n.plugin.Run(ctx, nic.Plugin.Claims, nic.helper)
+		_ = n.plugin.Run(ctx, nic.Plugin, nic.helper)
 	}()
 	klog.FromContext(ctx).Info("NRI plugin started", "socket", n.plugin.Socket())
 }

@@ -124,14 +124,12 @@ func (s *server) startPublisher(ctx context.Context) error {
 	s.health = newNodeHealth(s.cfg)
 	s.devicePlugin = deviceplugin.New(deviceplugin.Options{
 		Dir: s.opts.DevicePluginDir, NodeName: s.opts.NodeName, Client: s.slices,
-		Resource: s.cfg.DevicePluginResource, Registry: s.m.registry,
+		Resources: s.cfg, Registry: s.m.registry,
 	})
 	s.pub = publish.New(publish.Options{
 		NodeName: s.opts.NodeName, Client: s.slices, Config: s.cfg, Registry: s.m.registry,
-		Probe: s.node.Inventory, Inventory: s.inv,
-		Faults: s.health.faults, Probed: s.health.probed, Published: s.health.published,
+		Hardware: s.node, Inventory: s.inv, Health: s.health, DevicePlugin: s.devicePlugin,
 		RecheckFeatures: s.opts.FeatureCheck,
-		DevicePlugin:    s.devicePlugin.Why,
 	})
 	s.onStop(s.pub.Stop)
 	collector := healthCollector{s.health}
@@ -167,11 +165,11 @@ func (s *server) newDrivers(ctx context.Context, inv hw.Inventory, network nicpr
 	d, err := NewDrivers(ctx, s.node, inv, PluginOptions{
 		StateDir:  s.opts.StateDir,
 		CDIDir:    s.opts.CDIDir,
-		Current:   s.pub.Current,
+		Published: s.pub,
 		Config:    s.cfg,
 		NodeName:  s.opts.NodeName,
-		OnError:   s.pub.HandleError,
-		Allocated: allocatedTo(s.claims, s.opts.NodeName),
+		Errors:    s.pub,
+		Cluster:   nodeClaims{s.claims, s.opts.NodeName},
 		Network:   network,
 		MPSCgroup: s.opts.MPSCgroup,
 	})

@@ -52,9 +52,6 @@ type Node struct {
 	// HostNetns is where the node's netdevs are when in no pod: "" for
 	// the agent's own namespace, or the mock's stand-in for it.
 	HostNetns string
-	// Settle makes sysfs current after netdevs moved: nil on a host (the
-	// kernel's sysfs is); the mock's follows link events otherwise.
-	Settle func()
 	// NoLinks: the NICs' netdevs are not links netlink can watch (mock
 	// NICs without veth stand-ins): link health comes from sysfs alone.
 	NoLinks bool
@@ -76,6 +73,17 @@ type Node struct {
 	// sim is the simulated hardware behind a mock node (mock.go), nil on
 	// a host; Close removes it.
 	sim io.Closer
+	// settle makes the simulated sysfs follow netdevs that moved (nil on
+	// a host).
+	settle func()
+}
+
+// Settle makes sysfs current after netdevs moved: the kernel's is at once;
+// the simulator's follows link events.
+func (n *Node) Settle() {
+	if n.settle != nil {
+		n.settle()
+	}
 }
 
 // Options say how to open the hardware.

@@ -31,7 +31,7 @@ func openMock(spec string, logger klog.Logger) (*Node, error) {
 		sim: m, DevRoot: m.DevRoot(), ProcRoot: m.ProcRoot(), SysfsRoot: m.Sysfs,
 		GPUDevRoot: m.DevRoot(), GPUDevNodeRoot: m.DevRoot(),
 		Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(),
-		HostNetns: nics.Netns(), Settle: nics.Settle, NoLinks: !nics.HasVeths(),
+		HostNetns: nics.Netns(), settle: nics.Settle, NoLinks: !nics.HasVeths(),
 		NIC:      sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		Programs: nvml.Programs{Bin: filepath.Join(m.DriverRoot(), drivertools.BinDir)},
 	}

@@ -138,7 +138,7 @@ func TestWatcher(t *testing.T) {
 	dir := t.TempDir()
 	client := fake.NewClientset(nodeWith(nil, nil))
 	reg := prometheus.NewRegistry()
-	w := New(Options{Dir: dir, NodeName: "worker-1", Client: client, Resource: gpuResource, Registry: reg})
+	w := New(Options{Dir: dir, NodeName: "worker-1", Client: client, Resources: config.Default(), Registry: reg})
 	if got := w.Why(); len(got) != 1 || !strings.Contains(got[0], "not read yet") {
 		t.Fatalf("before the node's status is read: %q", got)
 	}
@@ -211,7 +211,7 @@ func TestWatcherWithoutDirectory(t *testing.T) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	client := fake.NewClientset(nodeWith(map[string]int64{"nvidia.com/mig-1g.10gb": 7}, nil))
-	w := New(Options{Dir: filepath.Join(t.TempDir(), "missing"), NodeName: "worker-1", Client: client, Resource: gpuResource, Registry: prometheus.NewRegistry()})
+	w := New(Options{Dir: filepath.Join(t.TempDir(), "missing"), NodeName: "worker-1", Client: client, Resources: config.Default(), Registry: prometheus.NewRegistry()})
 	if err := w.Start(ctx, nil); err != nil {
 		t.Fatal(err)
 	}

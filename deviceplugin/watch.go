@@ -29,11 +29,15 @@ type Options struct {
 	// Client: the node is not watched.
 	NodeName string
 	Client   kubernetes.Interface
-	// Resource tells the plugin's GPU resources
-	// (config.AgentConfig.DevicePluginResource).
-	Resource func(string) bool
+	// Resources tells the plugin's GPU resources (config.AgentConfig).
+	Resources Resources
 	// Registry takes the watcher's metric.
 	Registry prometheus.Registerer
+}
+
+// Resources tells the device plugin's GPU resources by name.
+type Resources interface {
+	DevicePluginResource(name string) bool
 }
 
 // Watcher keeps the signals of the device plugin current.
@@ -176,7 +180,7 @@ func (w *Watcher) scanDir(logger klog.Logger) {
 		logger.Error(err, "Reading the kubelet's device-plugin directory")
 		return
 	}
-	w.set(logger, SourceSocket, FromSockets(w.opts.Dir, entries, w.opts.Resource))
+	w.set(logger, SourceSocket, FromSockets(w.opts.Dir, entries, w.opts.Resources.DevicePluginResource))
 }
 
 // watchNode runs an informer on this node alone.
@@ -189,7 +193,7 @@ func (w *Watcher) watchNode(ctx context.Context) {
 	inf := factory.Core().V1().Nodes().Informer()
 	seen := func(obj any) {
 		if n, ok := obj.(*v1.Node); ok && n.Name == w.opts.NodeName {
-			w.set(logger, SourceNode, FromNode(n, w.opts.Resource))
+			w.set(logger, SourceNode, FromNode(n, w.opts.Resources.DevicePluginResource))
 		}
 	}
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{

@@ -23,18 +23,24 @@ type Faulty interface {
 	Fault(hw.Health) (hw.Fault, bool)
 }
 
-// Stream reports one driver's devices to the kubelet (WatchHealthStatus).
-type Stream struct {
+// Source is what a driver's stream reports on: the agent's node health,
+// seen from one driver.
+type Source interface {
 	// Devices are the driver's published devices now.
-	Devices func() []Device
-	// Health is what the monitors find wrong now.
-	Health func() hw.Health
+	Devices() []Device
+	// Faults are what the monitors find wrong now.
+	Faults() hw.Health
 	// Alive reports whether the driver's monitor completed a check
 	// within d. A stalled monitor's devices are not re-sent: the kubelet
 	// lets them decay to Unknown instead of trusting stale news.
-	Alive func(d time.Duration) bool
-	// Changed is closed at the next change of devices or health.
-	Changed func() <-chan struct{}
+	Alive(d time.Duration) bool
+	// Changed is closed at the next change of devices or faults.
+	Changed() <-chan struct{}
+}
+
+// Stream reports one driver's devices to the kubelet (WatchHealthStatus).
+type Stream struct {
+	Source Source
 	// Timeout is every device's HealthCheckTimeout; each device is
 	// re-sent every Timeout/3.
 	Timeout time.Duration
@@ -60,7 +66,7 @@ func (s Stream) Watch(ctx context.Context, reports chan<- kubeletplugin.DeviceHe
 	full := true
 	stalled := false
 	for {
-		changed := s.Changed() // before reading: a change meanwhile is not lost
+		changed := s.Source.Changed() // before reading: a change meanwhile is not lost
 		now := s.current()
 		var out []kubeletplugin.DeviceHealth
 		for d, st := range now {
@@ -85,7 +91,7 @@ func (s Stream) Watch(ctx context.Context, reports chan<- kubeletplugin.DeviceHe
 			return nil
 		case <-changed:
 		case <-ticker.C:
-			alive := s.Alive(s.Timeout - resend)
+			alive := s.Source.Alive(s.Timeout - resend)
 			if !alive && !stalled {
 				logger.Error(nil, "The health monitor has not checked the devices for too long: not vouching for them, the kubelet will report them Unknown", "within", s.Timeout-resend)
 			}
@@ -97,8 +103,8 @@ func (s Stream) Watch(ctx context.Context, reports chan<- kubeletplugin.DeviceHe
 
 // current is every device's health now.
 func (s Stream) current() map[deviceKey]status {
-	h := s.Health()
-	devices := s.Devices()
+	h := s.Source.Faults()
+	devices := s.Source.Devices()
 	out := make(map[deviceKey]status, len(devices))
 	for _, d := range devices {
 		st := status{health: kubeletplugin.HealthStatusHealthy}
@@ -120,7 +126,7 @@ type DeviceState struct {
 // while the monitor has not checked within 2/3 of the timeout (the stream
 // then stops re-sending and the kubelet lets the devices decay).
 func (s Stream) States() []DeviceState {
-	alive := s.Alive == nil || s.Alive(2*s.Timeout/3)
+	alive := s.Source.Alive(2 * s.Timeout / 3)
 	cur := s.current()
 	out := make([]DeviceState, 0, len(cur))
 	for k, st := range cur {

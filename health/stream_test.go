@@ -27,14 +27,13 @@ type fakeNode struct {
 }
 
 func (n *fakeNode) stream(timeout time.Duration) Stream {
-	return Stream{
-		Devices: func() []Device { n.mu.Lock(); defer n.mu.Unlock(); return n.devices },
-		Health:  func() hw.Health { n.mu.Lock(); defer n.mu.Unlock(); return n.health },
-		Alive:   func(time.Duration) bool { n.mu.Lock(); defer n.mu.Unlock(); return n.alive },
-		Changed: n.changed.Changed,
-		Timeout: timeout,
-	}
+	return Stream{Source: n, Timeout: timeout}
 }
+
+func (n *fakeNode) Devices() []Device        { n.mu.Lock(); defer n.mu.Unlock(); return n.devices }
+func (n *fakeNode) Faults() hw.Health        { n.mu.Lock(); defer n.mu.Unlock(); return n.health }
+func (n *fakeNode) Alive(time.Duration) bool { n.mu.Lock(); defer n.mu.Unlock(); return n.alive }
+func (n *fakeNode) Changed() <-chan struct{} { return n.changed.Changed() }
 
 func (n *fakeNode) set(f func(*fakeNode)) {
 	n.mu.Lock()

@@ -131,8 +131,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	}
 	defer func() { err = errors.Join(err, notAllocated(results)) }()
 
-	current := func() (hw.Inventory, device.Features) { return inv, device.AllFeatures }
-	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Current: current, Config: cfg, NodeName: NodeName})
+	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Published: published(inv), Config: cfg, NodeName: NodeName})
 	if err != nil {
 		return err
 	}
@@ -346,3 +345,9 @@ func (p *linePrefixer) Write(b []byte) (int, error) {
 	}
 	return len(b), nil
 }
+
+// published is what the lab "publishes": the node as probed, with every
+// feature (prepare.Published).
+type published hw.Inventory
+
+func (p published) Current() (hw.Inventory, device.Features) { return hw.Inventory(p), device.AllFeatures }

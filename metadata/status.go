@@ -103,8 +103,8 @@ type StatusWriter struct {
 	client kubernetes.Interface
 	driver string
 	queue  workqueue.TypedRateLimitingInterface[types.UID]
-	// OnWrite, if set, sees each API request's outcome (metrics).
-	OnWrite func(err error)
+	// observer, if set, sees each API request's outcome (metrics).
+	observer WriteObserver
 
 	mu      sync.Mutex
 	pending map[types.UID]pendingStatus
@@ -116,14 +116,20 @@ type pendingStatus struct {
 	seq uint64
 }
 
-// NewStatusWriter writes with client, as driver's field manager.
-func NewStatusWriter(client kubernetes.Interface, driver string) *StatusWriter {
-	return newStatusWriter(client, driver, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](200*time.Millisecond, time.Minute))
+// WriteObserver learns each status write's outcome (the agent's metrics).
+type WriteObserver interface {
+	ObserveStatusWrite(err error)
 }
 
-func newStatusWriter(client kubernetes.Interface, driver string, rl workqueue.TypedRateLimiter[types.UID]) *StatusWriter {
+// NewStatusWriter writes with client, as driver's field manager; observer
+// (nil: none) sees each API request's outcome.
+func NewStatusWriter(client kubernetes.Interface, driver string, observer WriteObserver) *StatusWriter {
+	return newStatusWriter(client, driver, observer, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](200*time.Millisecond, time.Minute))
+}
+
+func newStatusWriter(client kubernetes.Interface, driver string, observer WriteObserver, rl workqueue.TypedRateLimiter[types.UID]) *StatusWriter {
 	return &StatusWriter{
-		client: client, driver: driver, pending: map[types.UID]pendingStatus{},
+		client: client, driver: driver, observer: observer, pending: map[types.UID]pendingStatus{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(rl, workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: driver + "-claim-status"}),
 	}
 }
@@ -234,8 +240,8 @@ func (w *StatusWriter) write(ctx context.Context, cs ClaimStatus) error {
 }
 
 func (w *StatusWriter) wrote(err error) {
-	if w.OnWrite != nil {
-		w.OnWrite(err)
+	if w.observer != nil {
+		w.observer.ObserveStatusWrite(err)
 	}
 }
 

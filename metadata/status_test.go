@@ -24,6 +24,16 @@ import (
 
 const testDriver = "sriov.hwdra.io"
 
+// writeCounter counts a StatusWriter's API requests and their failures.
+type writeCounter struct{ all, errs atomic.Int32 }
+
+func (c *writeCounter) ObserveStatusWrite(err error) {
+	c.all.Add(1)
+	if err != nil {
+		c.errs.Add(1)
+	}
+}
+
 func TestApplyConfiguration(t *testing.T) {
 	share := types.UID("share-1")
 	at := metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
@@ -99,14 +109,8 @@ func TestStatusWriter(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	w := newStatusWriter(client, testDriver, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, 10*time.Millisecond))
-	var writes, errs atomic.Int32
-	w.OnWrite = func(err error) {
-		writes.Add(1)
-		if err != nil {
-			errs.Add(1)
-		}
-	}
+	var writes writeCounter
+	w := newStatusWriter(client, testDriver, &writes, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, 10*time.Millisecond))
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go w.Run(runCtx)
@@ -116,8 +120,8 @@ func TestStatusWriter(t *testing.T) {
 	w.Set(ClaimStatus{Claim: ref, Time: metav1.Now(), Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Message: "latest",
 		Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}})
 	waitUntil(t, "status written", func() bool { return w.Pending() == 0 })
-	if errs.Load() != 3 || writes.Load() != 4 {
-		t.Errorf("%d writes, %d failed; want 4 and 3 (three refusals, then one write of the latest status)", writes.Load(), errs.Load())
+	if writes.errs.Load() != 3 || writes.all.Load() != 4 {
+		t.Errorf("%d writes, %d failed; want 4 and 3 (three refusals, then one write of the latest status)", writes.all.Load(), writes.errs.Load())
 	}
 	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "c", metav1.GetOptions{})
 	if err != nil {
@@ -150,11 +154,11 @@ func TestStatusWriter(t *testing.T) {
 	}
 
 	// A claim that is gone is dropped, not retried.
-	before := writes.Load()
+	before := writes.all.Load()
 	w.Set(ClaimStatus{Claim: ClaimRef{UID: "uid-2", Namespace: "ns", Name: "gone"}, Time: metav1.Now()})
 	waitUntil(t, "gone claim dropped", func() bool { return w.Pending() == 0 })
 	time.Sleep(50 * time.Millisecond)
-	if n := writes.Load() - before; n != 1 {
+	if n := writes.all.Load() - before; n != 1 {
 		t.Errorf("%d writes for a claim that is gone, want 1", n)
 	}
 }
@@ -197,7 +201,7 @@ func TestStatusWriterWhenApplyDropsAllocation(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	w := newStatusWriter(client, testDriver, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, 10*time.Millisecond))
+	w := newStatusWriter(client, testDriver, nil, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, 10*time.Millisecond))
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go w.Run(runCtx)

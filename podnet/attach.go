@@ -84,8 +84,8 @@ func (p *Plugin) attachAll(ctx context.Context, pd pod, atts []attachment) (done
 }
 
 func (p *Plugin) settle() {
-	if p.opts.Settle != nil {
-		p.opts.Settle()
+	if p.opts.Sysfs != nil {
+		p.opts.Sysfs.Settle()
 	}
 }
 

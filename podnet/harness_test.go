@@ -25,6 +25,7 @@ import (
 
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/mock"
 	"github.com/hwdra/hwdra/mock/mocktest"
@@ -66,11 +67,11 @@ type env struct {
 	mu    sync.Mutex
 	pods  map[types.UID]*api.PodSandbox // running, as the runtime lists them
 	netns map[string]func() error       // pod namespaces' removers
-	uses  map[types.UID][]string        // the claims each pod names (PodClaims)
+	uses  map[types.UID][]string        // the claims each pod names (ClaimsOf)
 }
 
-// podClaims is the plugin's PodClaims: the claim names env.uses has.
-func (e *env) podClaims(_, _ string, uid types.UID) []string {
+// ClaimsOf is the plugin's Pods: the claim names env.uses has.
+func (e *env) ClaimsOf(_, _ string, uid types.UID) []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.uses[uid]
@@ -97,7 +98,7 @@ func newEnv(t *testing.T, profile string) *env {
 	e.sock = filepath.Join(e.dir, "nri.sock")
 	e.alloc = e.allocator()
 	e.client = fake.NewClientset()
-	e.status = metadata.NewStatusWriter(e.client, device.NICDriver)
+	e.status = metadata.NewStatusWriter(e.client, device.NICDriver, nil)
 	sctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	go e.status.Run(sctx)
@@ -124,6 +125,13 @@ func (e *env) allocator() *allocate.Allocator {
 	return allocate.New(allocate.ClusterFeatures, testNode, objs, []*resourceapi.DeviceClass{class})
 }
 
+// published is a node that publishes an inventory with every feature.
+type published hw.Inventory
+
+func (p published) Current() (hw.Inventory, device.Features) {
+	return hw.Inventory(p), device.AllFeatures
+}
+
 // startAgent starts (or, after stopAgent, restarts) the agent's side: NRI
 // plugin, NIC driver and prepare plugin on the env's state directory.
 func (e *env) startAgent() {
@@ -131,8 +139,8 @@ func (e *env) startAgent() {
 	state := filepath.Join(e.dir, "state")
 	var err error
 	e.net, err = New(Options{DriverName: device.NICDriver, Socket: e.sock, StateDir: state, SysfsRoot: e.hw.Sysfs,
-		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Settle: e.hw.NICs().Settle,
-		PodClaims: e.podClaims})
+		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Sysfs: e.hw.NICs(),
+		Pods: e})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -140,12 +148,9 @@ func (e *env) startAgent() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	offers, _ := config.Default().Resolve(pfs)
 	d, err := nic.New(nic.Options{
-		VFs: e.hw.NICs().VFConfigurator(),
-		Inventory: func(context.Context) ([]config.NICOffer, device.Features, error) {
-			return offers, device.AllFeatures, nil
-		},
+		VFs:       e.hw.NICs().VFConfigurator(),
+		Published: published{PFs: pfs}, Config: config.Default(),
 		SysfsRoot: e.hw.Sysfs, DevRoot: e.hw.DevRoot(), StateDir: state, NodeName: testNode, BootID: testBoot, Network: e.net,
 	})
 	if err != nil {
@@ -160,7 +165,7 @@ func (e *env) startAgent() {
 	e.stopRun, e.runDone = cancel, make(chan struct{})
 	go func() {
 		defer close(e.runDone)
-		_ = e.net.Run(ctx, e.nic.Claims, e.meta)
+		_ = e.net.Run(ctx, e.nic, e.meta)
 	}()
 	e.t.Cleanup(e.stopAgent)
 }

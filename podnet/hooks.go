@@ -64,7 +64,7 @@ func (h *hooks) Synchronize(ctx context.Context, pods []*api.PodSandbox, _ []*ap
 		uids = append(uids, uid)
 	}
 	sort.Slice(uids, func(i, j int) bool { return uids[i] < uids[j] })
-	claims := p.claims()
+	claims := p.prepared.Claims()
 	for _, uid := range uids {
 		pd := running[uid]
 		if err := p.runPod(ctx, pd, claims, true); err != nil {
@@ -80,7 +80,7 @@ func (h *hooks) Synchronize(ctx context.Context, pods []*api.PodSandbox, _ []*ap
 // any of its containers exists.
 func (h *hooks) RunPodSandbox(ctx context.Context, sb *api.PodSandbox) (err error) {
 	defer h.observe("RunPodSandbox", time.Now(), &err)
-	return h.p.runPod(ctx, podOf(sb), h.p.claims(), false)
+	return h.p.runPod(ctx, podOf(sb), h.p.prepared.Claims(), false)
 }
 
 // CreateContainer lets a container of a pod with VFs be created only
@@ -112,10 +112,10 @@ func (h *hooks) RemovePodSandbox(ctx context.Context, sb *api.PodSandbox) (err e
 	return h.p.stopPod(ctx, sb)
 }
 
-// observe reports a hook's duration and error (Options.ObserveHook).
+// observe reports a hook's duration and error (Options.Observer).
 func (h *hooks) observe(hook string, start time.Time, err *error) {
-	if f := h.p.opts.ObserveHook; f != nil {
-		f(hook, time.Since(start), *err)
+	if o := h.p.opts.Observer; o != nil {
+		o.ObserveHook(hook, time.Since(start), *err)
 	}
 }
 
@@ -216,7 +216,7 @@ func (p *Plugin) runPod(ctx context.Context, pd pod, claims map[types.UID]prepar
 // ensurePod makes sure every VF of the pod is in it (CreateContainer): it
 // attaches what is missing, as on resync, and fails when it cannot.
 func (p *Plugin) ensurePod(ctx context.Context, pd pod) error {
-	claims := p.claims()
+	claims := p.prepared.Claims()
 	atts, err := plan(pd, claims, p.uses(pd))
 	if err != nil {
 		return fmt.Errorf("pod %s: %w", pd.Ref, err)
@@ -231,12 +231,12 @@ func (p *Plugin) ensurePod(ctx context.Context, pd pod) error {
 }
 
 // uses are the names of the ResourceClaims the pod refers to, as far as
-// Options.PodClaims knows the pod.
+// Options.Pods knows the pod.
 func (p *Plugin) uses(pd pod) []string {
-	if p.opts.PodClaims == nil {
+	if p.opts.Pods == nil {
 		return nil
 	}
-	return p.opts.PodClaims(pd.Namespace, pd.Name, pd.UID)
+	return p.opts.Pods.ClaimsOf(pd.Namespace, pd.Name, pd.UID)
 }
 
 // RequiredPluginsAnnotation is NRI's pod annotation naming the plugins a

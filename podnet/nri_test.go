@@ -456,7 +456,7 @@ func TestVFGoneWithItsNamespace(t *testing.T) {
 
 // TestSharedClaimServesOnePodAtATime: a claim with a VF, prepared for pod
 // a, also named by pod b (the kubelet prepares a claim once, so b is in no
-// record; PodClaims knows it). b's sandbox is refused with an error that
+// record; Pods knows it). b's sandbox is refused with an error that
 // says why and what to do, and so is any container of b; the claim's
 // status keeps a's interface (b's refusal is not the claim's failure).
 // Once a is gone, b's next sandbox gets the VF.

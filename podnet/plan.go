@@ -16,9 +16,11 @@ import (
 	"github.com/hwdra/hwdra/sriov"
 )
 
-// Claims returns the NIC driver's prepared claims by UID
-// (prepare.Plugin.Claims).
-type Claims func() map[types.UID]prepare.Claim[nic.Record]
+// Prepared is what the NIC driver holds: its prepared claims by UID, a
+// snapshot that never waits on a checkpoint write (prepare.Plugin).
+type Prepared interface {
+	Claims() map[types.UID]prepare.Claim[nic.Record]
+}
 
 // attachment is the plan for one VF of a pod: which netdev goes in, under
 // which name and with which settings.

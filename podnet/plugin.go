@@ -55,18 +55,35 @@ type Options struct {
 	// ReturnWait bounds how long returning a VF waits for the kernel to
 	// bring it back from a destroyed namespace (default 1 s).
 	ReturnWait time.Duration
-	// Settle, if set, is called after netdevs moved, so that the
-	// hardware's view of them (sysfs) is current before anyone reads it:
-	// the kernel's is at once; the mock's follows link events.
-	Settle func()
-	// PodClaims, if set, names the ResourceClaims a pod refers to (by
-	// namespace, name and UID; nil when it does not know the pod): a pod
-	// that shares a claim prepared for another one is found through it.
-	PodClaims func(namespace, name string, uid types.UID) []string
-	// ObserveHook, if set, learns how long each runtime hook took
-	// ("RunPodSandbox", ...) and its error: the runtime waits for it (and
-	// drops a plugin that misses its timeout, 2 s in containerd).
-	ObserveHook func(hook string, took time.Duration, err error)
+	// Sysfs, if set, is made current after netdevs moved, before anyone
+	// reads it (backend.Node): the kernel's is at once; the mock's
+	// follows link events.
+	Sysfs Settler
+	// Pods, if set, names the ResourceClaims a pod refers to: a pod that
+	// shares a claim prepared for another one is found through it.
+	Pods Pods
+	// Observer, if set, learns how long each runtime hook took and its
+	// error: the runtime waits for it (and drops a plugin that misses its
+	// timeout, 2 s in containerd).
+	Observer HookObserver
+}
+
+// Settler makes the hardware's view of netdevs current.
+type Settler interface {
+	Settle()
+}
+
+// Pods knows the node's pods.
+type Pods interface {
+	// ClaimsOf names the ResourceClaims a pod refers to (by namespace,
+	// name and UID); nil when it does not know the pod.
+	ClaimsOf(namespace, name string, uid types.UID) []string
+}
+
+// HookObserver learns each runtime hook's duration and error
+// ("RunPodSandbox", ...).
+type HookObserver interface {
+	ObserveHook(hook string, took time.Duration, err error)
 }
 
 // MetadataWriter rewrites a request's KEP-5304 metadata file
@@ -83,8 +100,8 @@ type Plugin struct {
 	vfs    keyedlock.Locks // by VF PCI address
 
 	// Set by Run, before the first connection.
-	claims Claims
-	meta   MetadataWriter
+	prepared Prepared
+	meta     MetadataWriter
 
 	mu        sync.Mutex
 	synced    bool // connected and synchronized with the runtime
@@ -169,11 +186,11 @@ func (p *Plugin) setSynced(ok bool, err error) {
 
 // Run connects to the runtime's NRI socket and serves its hooks until ctx
 // ends, reconnecting with backoff (250 ms doubling to 10 s) whenever the
-// runtime goes away or restarts. claims are the prepared NIC claims and
-// meta writes their metadata files.
-func (p *Plugin) Run(ctx context.Context, claims Claims, meta MetadataWriter) error {
+// runtime goes away or restarts. prepared holds the prepared NIC claims
+// and meta writes their metadata files.
+func (p *Plugin) Run(ctx context.Context, prepared Prepared, meta MetadataWriter) error {
 	logger := klog.FromContext(ctx).WithName("nri")
-	p.claims, p.meta = claims, meta
+	p.prepared, p.meta = prepared, meta
 	const minBackoff, maxBackoff = 250 * time.Millisecond, 10 * time.Second
 	backoff := minBackoff
 	for {

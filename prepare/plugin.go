@@ -20,8 +20,10 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/slices/device"
 )
 
 // Device is one prepared device of a claim, as the checkpoint keeps it.
@@ -69,6 +71,26 @@ type Driver[R any] interface {
 	Reclaim(ctx context.Context, allocated Allocated) (kept []string, err error)
 }
 
+// ErrorHandler takes background errors (publish.Publisher: a field the
+// API server dropped makes it fall back to a model the cluster keeps).
+type ErrorHandler interface {
+	HandleError(ctx context.Context, err error, msg string)
+}
+
+// Cluster is what the API server says about this node's claims.
+type Cluster interface {
+	// AllocatedClaims lists the claims with a device allocated from a
+	// pool of this node.
+	AllocatedClaims(ctx context.Context) ([]*resourceapi.ResourceClaim, error)
+}
+
+// Published is what the node publishes now (publish.Publisher): the last
+// probed inventory and the slice features in use. A driver looks an
+// allocated device up in it, not in the hardware of the moment.
+type Published interface {
+	Current() (hw.Inventory, device.Features)
+}
+
 // Options configure a Plugin.
 type Options struct {
 	DriverName string
@@ -78,12 +100,13 @@ type Options struct {
 	CDIDir string
 	// BootID of the running kernel; empty reads /proc.
 	BootID string
-	// OnError gets background errors (ResourceSlice publishing).
-	OnError func(ctx context.Context, err error, msg string)
-	// Allocated lists the claims allocated to this node's pools, for
+	// Errors gets the kubelet plugin library's background errors; nil:
+	// they are logged.
+	Errors ErrorHandler
+	// Cluster says which claims are allocated to this node's pools, for
 	// Reclaim. Nil: there is no API server (the lab), and only prepared
 	// claims hold hardware state.
-	Allocated func(ctx context.Context) ([]*resourceapi.ResourceClaim, error)
+	Cluster Cluster
 	// ReclaimInterval is how often Reclaim runs again while it keeps
 	// something (default 1 minute).
 	ReclaimInterval time.Duration
@@ -345,8 +368,8 @@ func (p *Plugin[R]) commit(cp *Checkpoint[R]) error {
 
 // HandleError implements kubeletplugin.DRAPlugin.
 func (p *Plugin[R]) HandleError(ctx context.Context, err error, msg string) {
-	if p.opts.OnError != nil {
-		p.opts.OnError(ctx, err, msg)
+	if p.opts.Errors != nil {
+		p.opts.Errors.HandleError(ctx, err, msg)
 		return
 	}
 	klog.FromContext(ctx).Error(err, msg)

@@ -376,6 +376,13 @@ func TestNewerCheckpointIsLeftAlone(t *testing.T) {
 	}
 }
 
+// clusterFunc is a Cluster of one function.
+type clusterFunc func(context.Context) ([]*resourceapi.ResourceClaim, error)
+
+func (f clusterFunc) AllocatedClaims(ctx context.Context) ([]*resourceapi.ResourceClaim, error) {
+	return f(ctx)
+}
+
 // TestReclaimKeepsWhatAllocatedClaimsMayUse: state left with no record at
 // all (checkpoint and CDI spec lost) is kept while the API server says a
 // claim allocated to the node may use it, or cannot be asked, and
@@ -387,12 +394,12 @@ func TestReclaimKeepsWhatAllocatedClaimsMayUse(t *testing.T) {
 	listErr := errors.New("API server unreachable")
 	var fail atomic.Bool
 	fail.Store(true)
-	list := func(context.Context) ([]*resourceapi.ResourceClaim, error) {
+	list := clusterFunc(func(context.Context) ([]*resourceapi.ResourceClaim, error) {
 		if fail.Load() {
 			return nil, listErr
 		}
 		return *allocated.Load(), nil
-	}
+	})
 	c := testClaim("u1")
 	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
 		{Request: "req", Driver: "test.hwdra.io", Pool: "node", Device: "dev-0"},
@@ -400,7 +407,7 @@ func TestReclaimKeepsWhatAllocatedClaimsMayUse(t *testing.T) {
 	claims := []*resourceapi.ResourceClaim{c}
 	allocated.Store(&claims)
 	newPluginWith(t, l, Options{DriverName: "test.hwdra.io", StateDir: filepath.Join(dir, "state"), CDIDir: filepath.Join(dir, "cdi"),
-		BootID: "boot-1", Allocated: list, ReclaimInterval: 10 * time.Millisecond})
+		BootID: "boot-1", Cluster: list, ReclaimInterval: 10 * time.Millisecond})
 	if len(l.held) != 3 {
 		t.Fatalf("removed while the API server could not be asked: %v", l.held)
 	}

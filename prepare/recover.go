@@ -118,13 +118,13 @@ type AllocatedDevice struct {
 	ShareID      *types.UID
 }
 
-// allocated asks the API server (Options.Allocated) for this driver's
+// allocated asks the API server (Options.Cluster) for this driver's
 // devices of claims it has not prepared.
 func (p *Plugin[R]) allocated(ctx context.Context) Allocated {
-	if p.opts.Allocated == nil {
+	if p.opts.Cluster == nil {
 		return Allocated{Known: true} // no API server: only prepared claims hold anything
 	}
-	claims, err := p.opts.Allocated(ctx)
+	claims, err := p.opts.Cluster.AllocatedClaims(ctx)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot list the claims allocated to this node: hardware state no prepared claim holds is kept until they can be listed")
 		return Allocated{}

@@ -46,12 +46,12 @@ func (r *rig) stored(driver string) int {
 // NIC's pool is not touched.
 func TestLeavesGPUsToTheDevicePlugin(t *testing.T) {
 	var signals atomic.Pointer[[]string]
-	r := newRig(t, twoGPUsOneNIC, Options{DevicePlugin: func() []string {
+	r := newRig(t, twoGPUsOneNIC, Options{DevicePlugin: devicePluginFunc(func() []string {
 		if p := signals.Load(); p != nil {
 			return *p
 		}
 		return nil
-	}})
+	})})
 	r.serve(device.GPUDriver, device.NICDriver)
 	gpus := deviceNames(r.pool(device.GPUDriver, nil))
 	r.pool(device.NICDriver, nil)
@@ -104,12 +104,12 @@ func TestLeavesGPUsToTheDevicePlugin(t *testing.T) {
 // publishes exactly its GPUs, whether or not it sees the device plugin.
 func TestPublishesOwnedGPUsOnly(t *testing.T) {
 	var serves atomic.Bool
-	r := newRig(t, twoGPUs, Options{DevicePlugin: func() []string {
+	r := newRig(t, twoGPUs, Options{DevicePlugin: devicePluginFunc(func() []string {
 		if serves.Load() {
 			return []string{"the node advertises nvidia.com/gpu=1"}
 		}
 		return nil
-	}})
+	})})
 	r.pub.Refresh(r.ctx)
 	inv, _ := r.pub.Current()
 	if len(inv.GPUs) != 2 {

@@ -44,29 +44,18 @@ type Options struct {
 	Config *config.AgentConfig
 	// Registry takes the publisher's metrics.
 	Registry prometheus.Registerer
-	// Probe reads the node's hardware.
-	Probe func(context.Context) (hw.Inventory, error)
+	// Hardware is what the publisher probes: the node's backends.
+	Hardware Hardware
 	// Inventory is what the node held when first read: Current until the
 	// first Refresh.
 	Inventory hw.Inventory
-
-	// Faults are the health monitors' findings now: devices on hardware at
-	// fault are published tainted. Nil: no faults.
-	Faults func() hw.Health
-	// Probed, if set, sees each probe's inventory and returns the one to
-	// publish (the agent's health wiring holds what a probe could not
-	// tell and lets its monitors learn what it found).
-	Probed func(hw.Inventory) hw.Inventory
-	// Published, if set, learns each publication: a driver's resources as
-	// handed to the API, and the inventory and features they were built
-	// from.
-	Published func(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features)
-
-	// DevicePlugin, if set, says why NVIDIA's device plugin is taken to
-	// serve GPUs on the node now (deviceplugin.Watcher.Why); nothing: it
-	// is not. The GPUs the configuration does not give the agent then are
-	// left out of the slices (config.AgentConfig.OwnGPUs).
-	DevicePlugin func() []string
+	// Health is the health side of the loop; nil: no faults, nobody to
+	// tell.
+	Health Health
+	// DevicePlugin says whether NVIDIA's device plugin serves GPUs on the
+	// node; nil: it does not. The GPUs the configuration does not give the
+	// agent are then left out of the slices (config.AgentConfig.OwnGPUs).
+	DevicePlugin DevicePlugin
 
 	// RecheckFeatures is how often Run checks which DRA features' fields
 	// the API server keeps (features.go: one dry-run create each time);
@@ -74,12 +63,38 @@ type Options struct {
 	RecheckFeatures time.Duration
 }
 
+// Hardware reads the node's hardware: backend.Node.
+type Hardware interface {
+	Inventory(ctx context.Context) (hw.Inventory, error)
+}
+
+// Health is the health side of the loop (the agent's node health). It
+// sees each probe and returns the inventory to publish (it holds what a
+// probe could not tell, and its monitors learn what the probe found);
+// its Faults are published as taints; it learns each publication (a
+// driver's resources as handed to the API, and the inventory and
+// features they were built from), which its kubelet health streams
+// report on.
+type Health interface {
+	Probed(hw.Inventory) hw.Inventory
+	Faults() hw.Health
+	Published(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features)
+}
+
+// DevicePlugin says why NVIDIA's device plugin is taken to serve GPUs on
+// the node now (deviceplugin.Watcher); nothing: it is not.
+type DevicePlugin interface {
+	Why() []string
+}
+
 // Unclaimed is a driver's view of the node without the hardware state it
 // made for claims: it probes through probe and leaves that state out
-// (prepare/gpu's Driver.Unclaimed, which repeats the probe while its
-// ledger changed meanwhile). The slices are built from this view, so
-// preparing and unpreparing claims never rewrites them.
-type Unclaimed func(probe func() (hw.Inventory, error)) (hw.Inventory, error)
+// (prepare/gpu's Driver, which repeats the probe while its ledger changed
+// meanwhile). The slices are built from this view, so preparing and
+// unpreparing claims never rewrites them.
+type Unclaimed interface {
+	Unclaimed(probe func() (hw.Inventory, error)) (hw.Inventory, error)
+}
 
 // Publisher keeps each served driver's ResourceSlices equal to what the
 // hardware can deliver. It probes on a timer, when poked and when told of
@@ -217,14 +232,14 @@ func (p *Publisher) probe(ctx context.Context) (hw.Inventory, error) {
 	p.mu.Lock()
 	views := p.unclaimed
 	p.mu.Unlock()
-	probe := func() (hw.Inventory, error) { return p.opts.Probe(ctx) }
+	probe := func() (hw.Inventory, error) { return p.opts.Hardware.Inventory(ctx) }
 	for _, u := range views {
 		inner := probe
-		probe = func() (hw.Inventory, error) { return u(inner) }
+		probe = func() (hw.Inventory, error) { return u.Unclaimed(inner) }
 	}
 	inv, err := probe()
-	if p.opts.Probed != nil {
-		inv = p.opts.Probed(inv)
+	if p.opts.Health != nil {
+		inv = p.opts.Health.Probed(inv)
 	}
 	return inv, err
 }
@@ -239,10 +254,10 @@ func (p *Publisher) Current() (hw.Inventory, device.Features) {
 
 // faults is what the health monitors found wrong now.
 func (p *Publisher) faults() hw.Health {
-	if p.opts.Faults == nil {
+	if p.opts.Health == nil {
 		return hw.Health{}
 	}
-	return p.opts.Faults()
+	return p.opts.Health.Faults()
 }
 
 // Publish builds the served drivers' slices from the last probe and hands
@@ -273,8 +288,8 @@ func (p *Publisher) Publish(ctx context.Context) error {
 		p.countKinds(driver, want)
 		p.toVerify(driver, errNotVerified)
 		logger.V(2).Info("Publishing changed devices", "driver", driver, "devices", countDevices(want))
-		if p.opts.Published != nil {
-			p.opts.Published(driver, want, inv, features)
+		if p.opts.Health != nil {
+			p.opts.Health.Published(driver, want, inv, features)
 		}
 	}
 	return errors.Join(errs...)
@@ -359,7 +374,7 @@ type withholding struct {
 func (p *Publisher) owned(inv hw.Inventory) (hw.Inventory, withholding) {
 	var signals []string
 	if p.opts.DevicePlugin != nil {
-		signals = p.opts.DevicePlugin()
+		signals = p.opts.DevicePlugin.Why()
 	}
 	own, left, why := p.opts.Config.OwnGPUs(inv.GPUs, len(signals) > 0)
 	if len(signals) > 0 && len(left) > 0 {

@@ -67,8 +67,8 @@ func newRig(t *testing.T, profile string, opts Options, before ...func(*fake.Cli
 	if opts.Config == nil {
 		opts.Config = config.Default()
 	}
-	if opts.Probe == nil {
-		opts.Probe = n.Inventory
+	if opts.Hardware == nil {
+		opts.Hardware = n
 	}
 	r.pub = New(opts)
 	t.Cleanup(r.pub.Stop)
@@ -410,15 +410,15 @@ func TestPublishesWhatChanged(t *testing.T) {
 		published []string
 		builtFrom hw.Inventory
 	)
-	r := newRig(t, twoGPUs, Options{
-		Faults: func() hw.Health { mu.Lock(); defer mu.Unlock(); return faults },
-		Published: func(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features) {
+	r := newRig(t, twoGPUs, Options{Health: healthFuncs{
+		faults: func() hw.Health { mu.Lock(); defer mu.Unlock(); return faults },
+		published: func(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features) {
 			mu.Lock()
 			defer mu.Unlock()
 			published = append(published, driver)
 			builtFrom = inv
 		},
-	})
+	}})
 	r.serve(device.GPUDriver)
 	ss := r.pool(device.GPUDriver, nil)
 	r.verified()
@@ -475,24 +475,24 @@ func TestPublishesWhatChanged(t *testing.T) {
 // TestProbesThroughUnclaimedViews: each probe goes through every driver's
 // unclaimed view, then the Probed hook; Current is what came out.
 func TestProbesThroughUnclaimedViews(t *testing.T) {
-	r := newRig(t, twoGPUs, Options{
+	r := newRig(t, twoGPUs, Options{Health: healthFuncs{
 		// The health wiring's hold: here it marks what it saw.
-		Probed: func(inv hw.Inventory) hw.Inventory {
+		probed: func(inv hw.Inventory) hw.Inventory {
 			inv.UnreadableGPUs = append(inv.UnreadableGPUs, hw.UnreadableGPU{Index: 9, Error: "seen"})
 			return inv
 		},
-	})
+	}})
 	first, _ := r.pub.Current()
 	if len(first.GPUs) != 0 {
 		t.Fatalf("Current before any probe: %d GPUs, want the Inventory option's (none)", len(first.GPUs))
 	}
 	probes := 0
-	r.pub.AddUnclaimed(func(probe func() (hw.Inventory, error)) (hw.Inventory, error) {
+	r.pub.AddUnclaimed(unclaimedFunc(func(probe func() (hw.Inventory, error)) (hw.Inventory, error) {
 		probes++
 		inv, err := probe()
 		inv.GPUs = inv.GPUs[:1] // the other one is a claim's
 		return inv, err
-	})
+	}))
 	if !r.pub.Refresh(r.ctx) {
 		t.Fatal("refresh: context ended")
 	}

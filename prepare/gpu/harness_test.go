@@ -136,12 +136,25 @@ func (e *env) restart(hook func(string) error) {
 	e.t.Cleanup(cancel) // the plugin's background reclaim
 	p, err := prepare.New[Record](ctx, d, prepare.Options{
 		DriverName: DriverName, StateDir: filepath.Join(e.dir, "state"), CDIDir: filepath.Join(e.dir, "cdi"), BootID: "boot-1",
-		Allocated: e.allocated, ReclaimInterval: 10 * time.Millisecond,
+		Cluster: e.cluster(), ReclaimInterval: 10 * time.Millisecond,
 	})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	e.driver, e.plugin = d, p
+}
+
+// cluster is the API server as the env's allocated says it; nil without.
+func (e *env) cluster() prepare.Cluster {
+	if e.allocated == nil {
+		return nil
+	}
+	return e
+}
+
+// AllocatedClaims implements prepare.Cluster.
+func (e *env) AllocatedClaims(ctx context.Context) ([]*resourceapi.ResourceClaim, error) {
+	return e.allocated(ctx)
 }
 
 // request asks for one device matching a CEL expression on the driver's

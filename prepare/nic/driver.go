@@ -31,9 +31,11 @@ type Options struct {
 	// VFs reads and sets VF configuration (sriov.NetlinkVFConfigurator on
 	// a host, the mock's VFRecorder in tests).
 	VFs hw.VFConfigurator
-	// Inventory returns the PFs the agent offers now and the cluster's
-	// features: prepare looks devices up in what they publish.
-	Inventory func(ctx context.Context) ([]config.NICOffer, device.Features, error)
+	// Published is what the node publishes now: prepare looks devices up
+	// in the PFs it offers (Config.Resolve) with the features in use.
+	Published prepare.Published
+	// Config decides which PFs are offered and how.
+	Config *config.AgentConfig
 	// SysfsRoot ("/sys") and DevRoot ("/dev") are the host's.
 	SysfsRoot, DevRoot string
 	// StateDir holds the ledger, "sriov.hwdra.io.ledger.json".
@@ -85,8 +87,8 @@ const LedgerFile = device.NICDriver + ".ledger.json"
 // New opens the ledger. Hand the Driver to prepare.New, which calls
 // Reconcile before any prepare.
 func New(opts Options) (*Driver, error) {
-	if opts.VFs == nil || opts.Inventory == nil || opts.StateDir == "" {
-		return nil, errors.New("nic: VFs, Inventory and StateDir are required")
+	if opts.VFs == nil || opts.Published == nil || opts.Config == nil || opts.StateDir == "" {
+		return nil, errors.New("nic: VFs, Published, Config and StateDir are required")
 	}
 	if opts.SysfsRoot == "" {
 		opts.SysfsRoot = sriov.DefaultSysfsRoot
@@ -116,10 +118,8 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		}
 	}
 	rec.Pods = reservedPods(claim)
-	offers, features, err := d.opts.Inventory(ctx)
-	if err != nil {
-		return nil, rec, fmt.Errorf("NIC inventory: %w", err)
-	}
+	inv, features := d.opts.Published.Current()
+	offers, _ := d.opts.Config.Resolve(inv.PFs)
 	catalog := resources.NICDevices(offers, features)
 	// Plan and reserve under the locks of every PF the claim uses, so that
 	// concurrent claims on one PF never pick the same VF.

@@ -42,7 +42,8 @@ type env struct {
 	hw     *mock.Hardware
 	vfs    *nicsim.VFRecorder
 	dir    string
-	offers []config.NICOffer
+	pfs    []hw.PF // what the node publishes (Current)
+	cfg    *config.AgentConfig
 	alloc  *allocate.Allocator
 	driver *Driver
 	plugin *prepare.Plugin[Record]
@@ -77,7 +78,7 @@ func newEnv(t testing.TB, profile, agentConfig string) *env {
 	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: device.NICDriver},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 			Expression: fmt.Sprintf("device.driver == %q", device.NICDriver)}}}}}
-	e := &env{t: t, hw: h, vfs: h.NICs().VFConfigurator(), dir: t.TempDir(), offers: offers,
+	e := &env{t: t, hw: h, vfs: h.NICs().VFConfigurator(), dir: t.TempDir(), pfs: pfs, cfg: cfg,
 		alloc: allocate.New(allocate.ClusterFeatures, testNode, objs, []*resourceapi.DeviceClass{class})}
 	e.initial = e.vfs.Snapshot()
 	e.start()
@@ -95,14 +96,17 @@ func openNode(t testing.TB, profile string) (*mock.Hardware, []hw.PF) {
 	return h, pfs
 }
 
+// Current is what the node publishes: the env's PFs, every feature.
+func (e *env) Current() (hw.Inventory, device.Features) {
+	return hw.Inventory{PFs: e.pfs}, device.AllFeatures
+}
+
 // newDriver is a driver over the env's hardware and state dir.
 func (e *env) newDriver() *Driver {
 	e.t.Helper()
 	d, err := New(Options{
 		VFs: e.vfs,
-		Inventory: func(context.Context) ([]config.NICOffer, device.Features, error) {
-			return e.offers, device.AllFeatures, nil
-		},
+		Published: e, Config: e.cfg,
 		SysfsRoot: e.hw.Sysfs, DevRoot: e.hw.DevRoot(), StateDir: e.stateDir(),
 		NodeName: testNode, BootID: testBoot,
 	})

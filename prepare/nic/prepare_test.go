@@ -204,7 +204,7 @@ func TestNoFreeVF(t *testing.T) {
 func TestUnknownDevice(t *testing.T) {
 	e := newEnv(t, cx7Node, "")
 	c := e.allocate(newClaim("", share("nic", "1G")))
-	e.offers = nil
+	e.pfs = nil
 	_, err := e.prepare(c)
 	if err == nil || !strings.Contains(err.Error(), "device nic-0000-17-00-0 is not among this node's sriov.hwdra.io devices") {
 		t.Fatalf("got %v", err)

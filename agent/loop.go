@@ -1,0 +1,60 @@
+package agent
+
+import (
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/deviceplugin"
+	"github.com/hwdra/hwdra/health"
+	"github.com/hwdra/hwdra/metadata"
+	"github.com/hwdra/hwdra/podnet"
+	"github.com/hwdra/hwdra/prepare"
+	gpuprep "github.com/hwdra/hwdra/prepare/gpu"
+	nicprep "github.com/hwdra/hwdra/prepare/nic"
+	"github.com/hwdra/hwdra/publish"
+)
+
+// The runtime loop: publish reads the hardware and what prepare made,
+// prepare reads what was published, health feeds both, and pod networking
+// reads what prepare holds. Each arrow is a small interface, declared by
+// the package that calls it; serve.go wires them, and this file says who
+// implements which (the compiler checks it):
+//
+//	caller                     interface                 implemented by
+//	publish.Publisher      --> publish.Hardware          backend.Node: probes the node
+//	publish.Publisher      --> publish.Unclaimed         gpuprep.Driver: leaves the claims' partitions out of a probe
+//	publish.Publisher      --> publish.Health            nodeHealth: holds what a probe cannot tell, faults to taint, learns each publication
+//	publish.Publisher      --> publish.DevicePlugin      deviceplugin.Watcher: GPUs NVIDIA's device plugin serves are withheld
+//	prepare/gpu, /nic      --> prepare.Published         publish.Publisher: an allocated device is looked up in what was published
+//	prepare.Plugin         --> prepare.ErrorHandler      publish.Publisher: a field the API server dropped makes it fall back
+//	prepare.Plugin         --> prepare.Cluster           nodeClaims: reclaim keeps what an allocated claim may use
+//	health.Stream          --> health.Source             driverHealth: a driver's published devices and their faults, for the kubelet
+//	podnet.Plugin          --> podnet.Prepared           prepare.Plugin (NIC): the prepared claims whose VFs go into pods
+//	podnet.Plugin          --> podnet.MetadataWriter     kubeletplugin.Helper (NIC): the deferred network metadata
+//	podnet.Plugin          --> podnet.Pods               podClaims: the claims a pod names
+//	podnet.Plugin          --> podnet.Settler            backend.Node: sysfs current after a netdev moved
+//	podnet.Plugin          --> podnet.HookObserver       metrics: each runtime hook's duration
+//	metadata.StatusWriter  --> metadata.WriteObserver    metrics: each claim status write
+//	deviceplugin.Watcher   --> deviceplugin.Resources    config.AgentConfig: the device plugin's resource names
+//
+// The health monitors close the loop from the other side: a change of
+// faults notifies the streams and wakes the publisher (nodeHealth.onChange),
+// which republishes with taints.
+var (
+	_ publish.Hardware       = (*backend.Node)(nil)
+	_ publish.Unclaimed      = (*gpuprep.Driver)(nil)
+	_ publish.Health         = (*nodeHealth)(nil)
+	_ publish.DevicePlugin   = (*deviceplugin.Watcher)(nil)
+	_ prepare.Published      = (*publish.Publisher)(nil)
+	_ prepare.ErrorHandler   = (*publish.Publisher)(nil)
+	_ prepare.Cluster        = nodeClaims{}
+	_ health.Source          = driverHealth{}
+	_ podnet.Prepared        = (*prepare.Plugin[nicprep.Record])(nil)
+	_ podnet.MetadataWriter  = (*kubeletplugin.Helper)(nil)
+	_ podnet.Pods            = podClaims{}
+	_ podnet.Settler         = (*backend.Node)(nil)
+	_ podnet.HookObserver    = (*metrics)(nil)
+	_ metadata.WriteObserver = (*metrics)(nil)
+	_ deviceplugin.Resources = (*config.AgentConfig)(nil)
+)
