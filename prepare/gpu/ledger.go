@@ -1,0 +1,156 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/nvml"
+)
+
+// ledgerEntry describes a GPU instance or mediated device the agent made,
+// or the MIG mode a GPU had before the agent switched it, so that the
+// state is undone when no prepared claim needs it any more, also after
+// the claims' records are lost.
+type ledgerEntry struct {
+	GPU string `json:"gpu"`
+	// GPU instance: profile and placement.
+	Profile   int           `json:"profile,omitempty"`
+	Placement *hw.Placement `json:"placement,omitempty"`
+	// Mediated device.
+	Mdev string `json:"mdev,omitempty"`
+	// VF made a vGPU of VFType (the vendor-specific VFIO framework).
+	VF     string `json:"vf,omitempty"`
+	VFType uint   `json:"vfType,omitempty"`
+	// MIGEnabled is the GPU's MIG mode before the agent first switched it.
+	MIGEnabled *bool `json:"migEnabled,omitempty"`
+	// ComputeMode and TimeSlice are a GPU's compute mode and time slice
+	// before the agent first changed them (settingsKey).
+	ComputeMode nvml.ComputeMode `json:"computeMode,omitempty"`
+	TimeSlice   *int             `json:"timeSlice,omitempty"`
+}
+
+// Ledger keys of the hardware state the agent creates.
+func giKey(gpu string, profile int, at hw.Placement) string {
+	return fmt.Sprintf("gi/%s/%d/%d", gpu, profile, at.Start)
+}
+
+func mdevKey(uuid string) string { return "mdev/" + uuid }
+
+func vfKey(vf string) string { return "vf/" + vf }
+
+func migKey(gpu string) string { return "migmode/" + gpu }
+
+// settingsKey is the ledger key of a GPU's settings before the agent
+// first changed them.
+func settingsKey(gpu string) string { return "settings/" + gpu }
+
+func isSettings(key string) bool { return strings.HasPrefix(key, "settings/") }
+
+func gpuKey(gpu string) string  { return "gpu/" + gpu }
+func vgpuKey(gpu string) string { return "vgpu/" + gpu }
+
+// Keys of mayUse for MPS daemons: a claim allocated to the node may use
+// its own daemon, and a GPU's allocated share its GPU's.
+func mpsClaimKey(claim string) string { return "mps-claim/" + claim }
+func mpsShareKey(gpu string) string   { return "mps-share/" + gpu }
+
+// recordSettings records what a GPU's settings were before a change, in
+// the GPU's settings entry (kept from the first change on).
+func (d *Driver) recordSettings(gpu string, set func(*ledgerEntry)) error {
+	e, ok := d.ledger.Get(settingsKey(gpu))
+	if !ok {
+		e = ledgerEntry{GPU: gpu}
+	}
+	before := e
+	set(&e)
+	if ok && before == e {
+		return nil
+	}
+	return d.ledger.Put(settingsKey(gpu), e)
+}
+
+// restoredSettings is the settings entry a record of a lost ledger
+// implies: the defaults, if the record changed a setting.
+func restoredSettings(gpu string, s *SharingRecord) *ledgerEntry {
+	if s.ComputeMode == "" && s.TimeSlice == nil {
+		return nil
+	}
+	e := &ledgerEntry{GPU: gpu}
+	if s.ComputeMode != "" {
+		e.ComputeMode = nvml.ComputeDefault
+	}
+	if s.TimeSlice != nil {
+		e.TimeSlice = new(int)
+	}
+	return e
+}
+
+// own records that a claim uses the GPU instance at key; it fails when
+// another prepared claim does.
+func (d *Driver) own(key string, claim types.UID) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if other, ok := d.owners[key]; ok && other != claim {
+		return fmt.Errorf("the GPU instance (%s) is in use by claim %s", key, other)
+	}
+	d.owners[key] = claim
+	return nil
+}
+
+func (d *Driver) disown(key string, claim types.UID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.owners[key] == claim {
+		delete(d.owners, key)
+	}
+}
+
+// use records that a claim uses a GPU.
+func (d *Driver) use(gpu string, claim types.UID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.users[gpu] == nil {
+		d.users[gpu] = map[types.UID]bool{}
+	}
+	d.users[gpu][claim] = true
+}
+
+// release records that a claim no longer uses a GPU and tells whether the
+// GPU is free now (and the driver knows all claims).
+func (d *Driver) release(gpu string, claim types.UID) (free bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.users[gpu], claim)
+	return d.reconciled && len(d.users[gpu]) == 0
+}
+
+// useMPS records that a claim uses an MPS daemon.
+func (d *Driver) useMPS(id string, claim types.UID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mpsUsers[id] == nil {
+		d.mpsUsers[id] = map[types.UID]bool{}
+	}
+	d.mpsUsers[id][claim] = true
+}
+
+// releaseMPS records that a claim no longer uses an MPS daemon and
+// stops the daemon when no claim does (and the driver knows all claims:
+// until then Reclaim stops it).
+func (d *Driver) releaseMPS(ctx context.Context, id string, claim types.UID) error {
+	d.mu.Lock()
+	delete(d.mpsUsers[id], claim)
+	unused := d.reconciled && len(d.mpsUsers[id]) == 0
+	if unused {
+		delete(d.mpsUsers, id)
+	}
+	d.mu.Unlock()
+	if !unused {
+		return nil
+	}
+	return d.mps.Stop(ctx, id)
+}
