@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"context"
 	"fmt"
 	"strings"
 
@@ -138,19 +137,16 @@ func (d *Driver) useMPS(id string, claim types.UID) {
 	d.mpsUsers[id][claim] = true
 }
 
-// releaseMPS records that a claim no longer uses an MPS daemon and
-// stops the daemon when no claim does (and the driver knows all claims:
-// until then Reclaim stops it).
-func (d *Driver) releaseMPS(ctx context.Context, id string, claim types.UID) error {
+// releaseMPS records that a claim no longer uses an MPS daemon and tells
+// whether no claim does now (and the driver knows all claims: until then
+// Reclaim stops it).
+func (d *Driver) releaseMPS(id string, claim types.UID) (unused bool) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	delete(d.mpsUsers[id], claim)
-	unused := d.reconciled && len(d.mpsUsers[id]) == 0
+	unused = d.reconciled && len(d.mpsUsers[id]) == 0
 	if unused {
 		delete(d.mpsUsers, id)
 	}
-	d.mu.Unlock()
-	if !unused {
-		return nil
-	}
-	return d.mps.Stop(ctx, id)
+	return unused
 }

@@ -43,8 +43,9 @@ func (d *Driver) Unprepare(ctx context.Context, claim types.UID, rec Record) err
 
 func (d *Driver) undo(ctx context.Context, claim types.UID, r DeviceRecord) error {
 	// The MPS daemon first: it may serve a MIG device destroyed below.
-	if s := r.Sharing; s != nil && s.MPS != "" {
-		if err := d.releaseMPS(ctx, s.MPS, claim); err != nil {
+	// It stops with its last claim.
+	if s := r.Sharing; s != nil && s.MPS != "" && d.releaseMPS(s.MPS, claim) {
+		if err := d.mps.Stop(ctx, s.MPS); err != nil {
 			return err
 		}
 	}
