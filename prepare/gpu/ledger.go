@@ -112,10 +112,7 @@ func (d *Driver) disown(key string, claim types.UID) {
 func (d *Driver) use(gpu string, claim types.UID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.users[gpu] == nil {
-		d.users[gpu] = map[types.UID]bool{}
-	}
-	d.users[gpu][claim] = true
+	addUser(d.users, gpu, claim)
 }
 
 // release records that a claim no longer uses a GPU and tells whether the
@@ -123,18 +120,14 @@ func (d *Driver) use(gpu string, claim types.UID) {
 func (d *Driver) release(gpu string, claim types.UID) (free bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	delete(d.users[gpu], claim)
-	return d.reconciled && len(d.users[gpu]) == 0
+	return dropUser(d.users, gpu, claim) && d.reconciled
 }
 
 // useMPS records that a claim uses an MPS daemon.
 func (d *Driver) useMPS(id string, claim types.UID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.mpsUsers[id] == nil {
-		d.mpsUsers[id] = map[types.UID]bool{}
-	}
-	d.mpsUsers[id][claim] = true
+	addUser(d.mpsUsers, id, claim)
 }
 
 // releaseMPS records that a claim no longer uses an MPS daemon and tells
@@ -143,10 +136,25 @@ func (d *Driver) useMPS(id string, claim types.UID) {
 func (d *Driver) releaseMPS(id string, claim types.UID) (unused bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	delete(d.mpsUsers[id], claim)
-	unused = d.reconciled && len(d.mpsUsers[id]) == 0
-	if unused {
-		delete(d.mpsUsers, id)
+	return dropUser(d.mpsUsers, id, claim) && d.reconciled
+}
+
+// addUser records in users (the driver's users or mpsUsers, d.mu held)
+// that a claim uses what key names.
+func addUser(users map[string]map[types.UID]bool, key string, claim types.UID) {
+	if users[key] == nil {
+		users[key] = map[types.UID]bool{}
 	}
-	return unused
+	users[key][claim] = true
+}
+
+// dropUser records in users (d.mu held) that a claim no longer uses what
+// key names, and tells whether no claim does.
+func dropUser(users map[string]map[types.UID]bool, key string, claim types.UID) (none bool) {
+	delete(users[key], claim)
+	if len(users[key]) > 0 {
+		return false
+	}
+	delete(users, key)
+	return true
 }

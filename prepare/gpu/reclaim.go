@@ -37,10 +37,7 @@ func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
 	}
 	for uid, rec := range owned {
 		for _, r := range rec.Devices {
-			if d.users[r.GPU] == nil {
-				d.users[r.GPU] = map[types.UID]bool{}
-			}
-			d.users[r.GPU][uid] = true
+			addUser(d.users, r.GPU, uid)
 			if gi := r.GPUInstance; gi != nil {
 				key := giKey(r.GPU, gi.Profile, gi.Placement)
 				d.owners[key] = uid
@@ -63,10 +60,7 @@ func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
 			}
 			if s := r.Sharing; s != nil {
 				if s.MPS != "" {
-					if d.mpsUsers[s.MPS] == nil {
-						d.mpsUsers[s.MPS] = map[types.UID]bool{}
-					}
-					d.mpsUsers[s.MPS][uid] = true
+					addUser(d.mpsUsers, s.MPS, uid)
 				}
 				// What the settings were before is lost with the ledger:
 				// the defaults, which only the agent changes.
