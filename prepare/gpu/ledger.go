@@ -32,30 +32,46 @@ type ledgerEntry struct {
 	TimeSlice   *int             `json:"timeSlice,omitempty"`
 }
 
-// Ledger keys of the hardware state the agent creates.
+// Ledger keys: one constructor per kind of entry, and a predicate where
+// Reclaim recognises the kind by its key. Keys are persisted (an older
+// agent's ledger is read as it is): a changed format orphans its entries.
+//
+//	gi/<GPU>/<profile>/<placement start>  a GPU instance the agent made
+//	mdev/<UUID>                           a mediated device (vGPU) it made
+//	vf/<VF address>                       a VF it made a vGPU
+//	migmode/<GPU>                         the GPU's MIG mode before it first switched it
+//	settings/<GPU>                        the GPU's compute mode and time slice before it first changed them
+
+// giKey is the ledger key of a GPU instance the agent made; mayUse keys
+// an allocated MIG device's (or MIG-backed vGPU's) instance the same way.
 func giKey(gpu string, profile int, at hw.Placement) string {
 	return fmt.Sprintf("gi/%s/%d/%d", gpu, profile, at.Start)
 }
 
-func mdevKey(uuid string) string { return "mdev/" + uuid }
-
-func vfKey(vf string) string { return "vf/" + vf }
-
-func migKey(gpu string) string { return "migmode/" + gpu }
-
-// settingsKey is the ledger key of a GPU's settings before the agent
-// first changed them.
+func mdevKey(uuid string) string    { return "mdev/" + uuid }
+func isMdevKey(key string) bool     { return strings.HasPrefix(key, mdevKey("")) }
+func vfKey(vf string) string        { return "vf/" + vf }
+func isVFKey(key string) bool       { return strings.HasPrefix(key, vfKey("")) }
+func migKey(gpu string) string      { return "migmode/" + gpu }
+func isMIGKey(key string) bool      { return strings.HasPrefix(key, migKey("")) }
 func settingsKey(gpu string) string { return "settings/" + gpu }
+func isSettings(key string) bool    { return strings.HasPrefix(key, settingsKey("")) }
 
-func isSettings(key string) bool { return strings.HasPrefix(key, "settings/") }
-
-func gpuKey(gpu string) string  { return "gpu/" + gpu }
-func vgpuKey(gpu string) string { return "vgpu/" + gpu }
-
-// Keys of mayUse for MPS daemons: a claim allocated to the node may use
-// its own daemon, and a GPU's allocated share its GPU's.
+// Keys of mayUse (Reclaim) beside giKey: what the devices allocated to
+// the node and not prepared here may use.
+//
+//	gpu/<GPU>          its MIG mode and settings (any device of the GPU)
+//	vgpu/<GPU>         its mediated devices and vGPU VFs (a vGPU of the GPU)
+//	mps-claim/<claim>  the claim's MPS daemon (a claim allocated to the node)
+//	mps-share/<GPU>    the daemon of the GPU's shares (an allocated share)
+func gpuKey(gpu string) string        { return "gpu/" + gpu }
+func vgpuKey(gpu string) string       { return "vgpu/" + gpu }
 func mpsClaimKey(claim string) string { return "mps-claim/" + claim }
 func mpsShareKey(gpu string) string   { return "mps-share/" + gpu }
+
+// mpsKey names an MPS daemon that Reclaim keeps, in its list beside the
+// ledger keys it keeps.
+func mpsKey(id string) string { return "mps/" + id }
 
 // recordSettings records what a GPU's settings were before a change, in
 // the GPU's settings entry (kept from the first change on).

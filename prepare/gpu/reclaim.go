@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -94,9 +93,9 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 	kept, errs := d.reclaimMPS(ctx, allocated.Known, mayUse)
 	order := func(key string) int {
 		switch {
-		case strings.HasPrefix(key, "mdev/"), strings.HasPrefix(key, "vf/"):
+		case isMdevKey(key), isVFKey(key):
 			return 0
-		case strings.HasPrefix(key, "migmode/"), strings.HasPrefix(key, "settings/"):
+		case isMIGKey(key), isSettings(key):
 			return 2
 		}
 		return 1
@@ -190,7 +189,7 @@ func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[s
 // reclaimMPS stops the MPS daemons no prepared claim uses and no claim
 // allocated to the node may use (everything is kept while that is not
 // known); it returns those it keeps for a claim that is not prepared
-// ("mps/<id>"). Each is judged under its GPUs' locks, against the live
+// (mpsKey). Each is judged under its GPUs' locks, against the live
 // users.
 func (d *Driver) reclaimMPS(ctx context.Context, known bool, mayUse map[string]bool) (kept []string, errs []error) {
 	for _, id := range d.mps.IDs() {
@@ -213,11 +212,11 @@ func (d *Driver) reclaimMPS(ctx context.Context, known bool, mayUse map[string]b
 		switch {
 		case used:
 		case !known || may:
-			kept = append(kept, "mps/"+id)
+			kept = append(kept, mpsKey(id))
 		default:
 			klog.FromContext(ctx).Info("Stopping an MPS control daemon no claim uses", "daemon", id, "devices", s.Devices)
 			if err := d.mps.Stop(ctx, id); err != nil {
-				kept = append(kept, "mps/"+id)
+				kept = append(kept, mpsKey(id))
 				errs = append(errs, fmt.Errorf("MPS daemon %s: %w", id, err))
 			}
 		}
