@@ -22,11 +22,11 @@ import (
 // never deadlock).
 func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
 	var rec Record
-	inv, features, err := d.inventory(ctx)
+	catalog, err := d.catalog(ctx)
 	if err != nil {
-		return nil, rec, fmt.Errorf("GPU inventory: %w", err)
+		return nil, rec, err
 	}
-	plans, err := plan(claim, d.catalog(inv, features))
+	plans, err := plan(claim, catalog)
 	if err != nil {
 		return nil, rec, err
 	}

@@ -153,18 +153,22 @@ func New(opts Options) (*Driver, error) {
 	}, nil
 }
 
-// catalog maps published device names to hardware. Building it costs
-// milliseconds on an 8-GPU node, so the last one is kept while the
-// inventory stays the same (the agent's scan between changes). Inventory
-// must not change a slice it returned.
-func (d *Driver) catalog(inv hw.Inventory, f device.Features) map[string]resources.GPUDevice {
+// catalog maps published device names to hardware, from the inventory
+// now. Building it costs milliseconds on an 8-GPU node, so the last one
+// is kept while the inventory stays the same (the agent's scan between
+// changes). Inventory must not change a slice it returned.
+func (d *Driver) catalog(ctx context.Context) (map[string]resources.GPUDevice, error) {
+	inv, f, err := d.inventory(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("GPU inventory: %w", err)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cat.devices == nil || d.cat.features != f || !reflect.DeepEqual(d.cat.gpus, inv.GPUs) || !reflect.DeepEqual(d.cat.passthrough, inv.PassthroughGPUs) {
 		d.cat.gpus, d.cat.passthrough, d.cat.features = inv.GPUs, inv.PassthroughGPUs, f
 		d.cat.devices = resources.GPUDevices(inv.GPUs, inv.PassthroughGPUs, f)
 	}
-	return d.cat.devices
+	return d.cat.devices, nil
 }
 
 // uuidOf is a GPU's UUID from the last inventory.

@@ -160,11 +160,10 @@ func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[s
 	if len(allocated.Devices) == 0 {
 		return out, nil
 	}
-	inv, features, err := d.inventory(ctx)
+	catalog, err := d.catalog(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("GPU inventory: %w", err)
+		return nil, err
 	}
-	catalog := d.catalog(inv, features)
 	for _, a := range allocated.Devices {
 		dev, ok := catalog[a.Device]
 		if !ok {
