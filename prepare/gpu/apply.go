@@ -43,7 +43,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		}
 		devices = append(devices, dev)
 	}
-	if err := a.claimMPS(ctx, plans, devices); err != nil {
+	if err := a.startClaimMPS(ctx, plans, devices); err != nil {
 		return nil, rec, err
 	}
 	return devices, rec, nil

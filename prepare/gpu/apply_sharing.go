@@ -42,9 +42,9 @@ func (a *applier) share(ctx context.Context, r *DeviceRecord, p devicePlan) erro
 	return a.timeSlice(ctx, r, p)
 }
 
-// claimMPS starts the MPS daemon of the claim's MPS devices, if it has
-// any, and gives their containers its pipe, shared memory and limits.
-func (a *applier) claimMPS(ctx context.Context, plans []devicePlan, devices []prepare.Device) error {
+// startClaimMPS starts the MPS daemon of the claim's MPS devices, if it
+// has any, and gives their containers its pipe, shared memory and limits.
+func (a *applier) startClaimMPS(ctx context.Context, plans []devicePlan, devices []prepare.Device) error {
 	s, idx := claimDaemon(a.claim, plans, a.uuids)
 	if len(idx) == 0 {
 		return nil

@@ -55,7 +55,7 @@ func isVFKey(key string) bool       { return strings.HasPrefix(key, vfKey("")) }
 func migKey(gpu string) string      { return "migmode/" + gpu }
 func isMIGKey(key string) bool      { return strings.HasPrefix(key, migKey("")) }
 func settingsKey(gpu string) string { return "settings/" + gpu }
-func isSettings(key string) bool    { return strings.HasPrefix(key, settingsKey("")) }
+func isSettingsKey(key string) bool { return strings.HasPrefix(key, settingsKey("")) }
 
 // Keys of mayUse (Reclaim) beside giKey: what the devices allocated to
 // the node and not prepared here may use.

@@ -24,7 +24,7 @@ func TestLedgerKeys(t *testing.T) {
 			t.Errorf("key %q, want %q", got, want)
 		}
 	}
-	for name, is := range map[string]func(string) bool{"mdev/": isMdevKey, "vf/": isVFKey, "migmode/": isMIGKey, "settings/": isSettings} {
+	for name, is := range map[string]func(string) bool{"mdev/": isMdevKey, "vf/": isVFKey, "migmode/": isMIGKey, "settings/": isSettingsKey} {
 		for key := range keys {
 			if want := strings.HasPrefix(key, name); is(key) != want {
 				t.Errorf("%s predicate on %q: %v", name, key, !want)

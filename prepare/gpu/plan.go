@@ -111,7 +111,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 		}
 		out = append(out, p)
 	}
-	if err := claimMPS(out); err != nil {
+	if err := checkClaimMPS(out); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -207,12 +207,12 @@ func (p *devicePlan) usesMPS() bool {
 	return p.sharing != nil && p.sharing.Strategy == gpuv1alpha1.MPS
 }
 
-// claimMPS checks that a claim's devices that run under MPS run under
-// one daemon (a container reaches one daemon, through one pipe
+// checkClaimMPS checks that a claim's devices that run under MPS run
+// under one daemon (a container reaches one daemon, through one pipe
 // directory), with one configuration, and that the claim has no other
 // GPU devices beside them (their processes would go through the daemon,
 // which does not serve them).
-func claimMPS(plans []devicePlan) error {
+func checkClaimMPS(plans []devicePlan) error {
 	for _, p := range plans {
 		if p.share != nil && len(plans) > 1 {
 			return fmt.Errorf("request %q: a claim with a GPU share has no other device (its containers reach one MPS daemon, held to the share's limits)", p.request)

@@ -95,7 +95,7 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 		switch {
 		case isMdevKey(key), isVFKey(key):
 			return 0
-		case isMIGKey(key), isSettings(key):
+		case isMIGKey(key), isSettingsKey(key):
 			return 2
 		}
 		return 1
@@ -115,13 +115,13 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 		var err error
 		switch {
 		case owned:
-		case !allocated.Known || mayUse[key] || (e.MIGEnabled != nil || isSettings(key)) && mayUse[gpuKey(e.GPU)] || (e.Mdev != "" || e.VF != "") && mayUse[vgpuKey(e.GPU)]:
+		case !allocated.Known || mayUse[key] || (e.MIGEnabled != nil || isSettingsKey(key)) && mayUse[gpuKey(e.GPU)] || (e.Mdev != "" || e.VF != "") && mayUse[vgpuKey(e.GPU)]:
 			kept = append(kept, key)
 		case e.MIGEnabled != nil:
 			if !inUse {
 				d.restoreMIGMode(ctx, e.GPU)
 			}
-		case isSettings(key):
+		case isSettingsKey(key):
 			if !inUse {
 				d.restoreSettings(ctx, e.GPU)
 			}
