@@ -14,12 +14,13 @@ import (
 	"github.com/hwdra/hwdra/slices/device"
 )
 
-// Restore implements prepare.Driver: it learns which GPUs, GPU instances
-// and mediated devices the prepared claims use. A ledger lost with the
-// checkpoint (the claims rebuilt from their CDI specs) gets back what the
-// records say the agent made, so that what the slices leave out and what
-// unprepare restores stay right: the instances and mediated devices, and
-// the MIG mode a GPU had before a claim's prepare switched it.
+// Restore implements prepare.Driver: it learns which GPUs, GPU instances,
+// mediated devices, VFs and MPS daemons the prepared claims use. A ledger
+// lost with the checkpoint (the claims rebuilt from their CDI specs) gets
+// back what the records say the agent made, so that what the slices leave
+// out and what unprepare restores stay right: the instances, mediated
+// devices and VFs, the MIG mode a GPU had before a claim's prepare
+// switched it, and the settings it had (taken to be the defaults).
 func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -71,14 +72,16 @@ func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
 	}
 }
 
-// Reclaim implements prepare.Driver: it removes the GPU instances and
-// mediated devices that the ledger says the agent made and no prepared
-// claim owns (left by a crash between making and recording them, or by a
-// checkpoint lost without the claims' CDI specs), and restores MIG modes
-// it switched on GPUs no claim uses. What a device allocated to this node
-// may use stays: the GPU instance at its placement, the mediated devices
-// of a GPU with an allocated vGPU, the MIG mode of a GPU with any
-// allocated device. Instances the agent did not make, static MIG
+// Reclaim implements prepare.Driver: it stops the MPS daemons no claim
+// uses (reclaimMPS), removes the GPU instances, mediated devices and vGPU
+// VFs that the ledger says the agent made and no prepared claim owns
+// (left by a crash between making and recording them, or by a checkpoint
+// lost without the claims' CDI specs), and restores the MIG modes and
+// settings it changed on GPUs no claim uses. What a device allocated to
+// this node may use stays: the GPU instance at its placement, the
+// mediated devices and VFs of a GPU with an allocated vGPU, the MIG mode
+// and settings of a GPU with any allocated device, the daemon of its
+// claim or of its GPU's shares. Instances the agent did not make, static MIG
 // partitions, are never touched. It runs beside prepares: each entry is
 // judged under its GPU's lock, against the live owners.
 func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]string, error) {
@@ -152,9 +155,11 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 	return kept, errors.Join(errs...)
 }
 
-// mayUse is the ledger state that the devices allocated to this node (and
-// not prepared here) may use: keyed as the ledger keys GPU instances, plus
-// gpuKey for a GPU with any such device and vgpuKey for one with a vGPU.
+// mayUse is the ledger state and MPS daemons that the devices allocated
+// to this node (and not prepared here) may use: keyed as the ledger keys
+// GPU instances (giKey), plus gpuKey for a GPU with any such device,
+// vgpuKey for one with a vGPU, mpsClaimKey for each device's claim and
+// mpsShareKey for a GPU with a share.
 func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[string]bool, error) {
 	out := map[string]bool{}
 	if len(allocated.Devices) == 0 {
