@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -12,10 +13,41 @@ import (
 	"github.com/hwdra/hwdra/metadata"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
-
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/vfiopci"
 )
+
+// Prepare implements prepare.Driver: plan, then apply device by device
+// under the locks of the claim's GPUs (in PCI order, so concurrent claims
+// never deadlock).
+func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
+	var rec Record
+	catalog, err := d.catalog(ctx)
+	if err != nil {
+		return nil, rec, err
+	}
+	plans, err := plan(claim, catalog)
+	if err != nil {
+		return nil, rec, err
+	}
+	libs := d.libs.edits(ctx)
+	for _, g := range gpusOf(plans) {
+		defer d.gpuLocks.Lock(g)()
+	}
+	a := &applier{d: d, claim: claim.UID, rec: &rec, save: func() error { return save(rec.clone()) }}
+	devices := make([]prepare.Device, 0, len(plans))
+	for _, p := range plans {
+		dev, err := a.apply(ctx, p, libs)
+		if err != nil {
+			return nil, rec, fmt.Errorf("request %q, device %s: %w", p.request, p.device, err)
+		}
+		devices = append(devices, dev)
+	}
+	if err := a.startClaimMPS(ctx, plans, devices); err != nil {
+		return nil, rec, err
+	}
+	return devices, rec, nil
+}
 
 // applier applies one claim's plan. Before each side effect it makes sure
 // that a crash right after it leaves a record to undo it by: a ledger
@@ -90,23 +122,6 @@ func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.Contain
 	md.Published = p.dev.Attributes
 	out.Attributes = md.Attributes()
 	return out, err
-}
-
-// share makes a whole GPU's settings what its sharing needs: time slicing
-// sets its time slice, MPS makes it exclusive to the MPS server (the
-// daemon itself starts once all of the claim's devices are there).
-func (a *applier) share(ctx context.Context, r *DeviceRecord, p devicePlan) error {
-	if p.sharing == nil {
-		return nil
-	}
-	r.Sharing = &SharingRecord{}
-	if p.dev.Kind != device.KindGPU && p.dev.Kind != device.KindShare {
-		return nil // a MIG partition's GPU is others' too
-	}
-	if p.usesMPS() {
-		return a.computeMode(r, nvml.ComputeExclusiveProcess)
-	}
-	return a.timeSlice(ctx, r, p)
 }
 
 // migMode switches the GPU's MIG mode where the device needs the other
@@ -419,4 +434,12 @@ func (a *applier) passthrough(p devicePlan) (*cdispec.ContainerEdits, error) {
 	}
 	edits.Env = append(edits.Env, envName(p.device, "PCI")+"="+g.PCIBusID)
 	return edits, nil
+}
+
+// effect runs the test hook after a side effect.
+func (d *Driver) effect(what string) error {
+	if d.afterEffect != nil {
+		return d.afterEffect(what)
+	}
+	return nil
 }

@@ -12,9 +12,7 @@ import (
 	"reflect"
 	"sync"
 
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
@@ -22,7 +20,6 @@ import (
 	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
-
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 )
@@ -156,119 +153,35 @@ func New(opts Options) (*Driver, error) {
 	}, nil
 }
 
-// Prepare implements prepare.Driver: plan, then apply device by device
-// under the locks of the claim's GPUs (in PCI order, so concurrent claims
-// never deadlock).
-func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
-	var rec Record
-	inv, features, err := d.inventory(ctx)
+// catalog maps published device names to hardware, from the inventory
+// now. Building it costs milliseconds on an 8-GPU node, so the last one
+// is kept while the inventory stays the same (the agent's scan between
+// changes). Inventory must not change a slice it returned.
+func (d *Driver) catalog(ctx context.Context) (map[string]resources.GPUDevice, error) {
+	inv, f, err := d.inventory(ctx)
 	if err != nil {
-		return nil, rec, fmt.Errorf("GPU inventory: %w", err)
+		return nil, fmt.Errorf("GPU inventory: %w", err)
 	}
-	plans, err := plan(claim, d.catalog(inv, features))
-	if err != nil {
-		return nil, rec, err
-	}
-	libs := d.libs.edits(ctx)
-	for _, g := range gpusOf(plans) {
-		defer d.gpuLocks.Lock(g)()
-	}
-	a := &applier{d: d, claim: claim.UID, rec: &rec, save: func() error { return save(rec.clone()) }}
-	devices := make([]prepare.Device, 0, len(plans))
-	for _, p := range plans {
-		dev, err := a.apply(ctx, p, libs)
-		if err != nil {
-			return nil, rec, fmt.Errorf("request %q, device %s: %w", p.request, p.device, err)
-		}
-		devices = append(devices, dev)
-	}
-	if err := a.claimMPS(ctx, plans, devices); err != nil {
-		return nil, rec, err
-	}
-	return devices, rec, nil
-}
-
-// claimMPS starts the MPS daemon of the claim's MPS devices, if it has
-// any, and gives their containers its pipe, shared memory and limits.
-func (a *applier) claimMPS(ctx context.Context, plans []devicePlan, devices []prepare.Device) error {
-	s, idx := claimDaemon(a.claim, plans, a.uuids)
-	if len(idx) == 0 {
-		return nil
-	}
-	records := make([]int, len(idx))
-	edits := make([]*cdispec.ContainerEdits, len(idx))
-	for k, i := range idx {
-		records[k], edits[k] = a.records[i], devices[i].Edits
-	}
-	limits := func(k int) mps.Limits {
-		if sh := plans[idx[k]].share; sh != nil {
-			return mps.Limits{ActiveThreadPercentage: &sh.compute, PinnedMemoryLimit: &sh.memory}
-		}
-		return mps.Limits{ActiveThreadPercentage: s.ActiveThreadPercentage, PinnedMemoryLimit: s.PinnedMemoryLimit}
-	}
-	if err := a.startMPS(ctx, s, records, limits, edits); err != nil {
-		return fmt.Errorf("the claim's MPS daemon: %w", err)
-	}
-	return nil
-}
-
-// catalog maps published device names to hardware. Building it costs
-// milliseconds on an 8-GPU node, so the last one is kept while the
-// inventory stays the same (the agent's scan between changes). Inventory
-// must not change a slice it returned.
-func (d *Driver) catalog(inv hw.Inventory, f device.Features) map[string]resources.GPUDevice {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cat.devices == nil || d.cat.features != f || !reflect.DeepEqual(d.cat.gpus, inv.GPUs) || !reflect.DeepEqual(d.cat.passthrough, inv.PassthroughGPUs) {
 		d.cat.gpus, d.cat.passthrough, d.cat.features = inv.GPUs, inv.PassthroughGPUs, f
 		d.cat.devices = resources.GPUDevices(inv.GPUs, inv.PassthroughGPUs, f)
 	}
-	return d.cat.devices
+	return d.cat.devices, nil
 }
 
-// effect runs the test hook after a side effect.
-func (d *Driver) effect(what string) error {
-	if d.afterEffect != nil {
-		return d.afterEffect(what)
-	}
-	return nil
-}
-
-// own records that a claim uses the GPU instance at key; it fails when
-// another prepared claim does.
-func (d *Driver) own(key string, claim types.UID) error {
+// uuidOf is a GPU's UUID from the last inventory.
+func (d *Driver) uuidOf(gpu string) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if other, ok := d.owners[key]; ok && other != claim {
-		return fmt.Errorf("the GPU instance (%s) is in use by claim %s", key, other)
+	for _, g := range d.cat.gpus {
+		if g.PCIBusID == gpu {
+			return g.UUID
+		}
 	}
-	d.owners[key] = claim
-	return nil
+	return gpu // nvidia-smi -i takes a PCI address too
 }
 
-func (d *Driver) disown(key string, claim types.UID) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.owners[key] == claim {
-		delete(d.owners, key)
-	}
-}
-
-// use records that a claim uses a GPU.
-func (d *Driver) use(gpu string, claim types.UID) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.users[gpu] == nil {
-		d.users[gpu] = map[types.UID]bool{}
-	}
-	d.users[gpu][claim] = true
-}
-
-// release records that a claim no longer uses a GPU and tells whether the
-// GPU is free now (and the driver knows all claims).
-func (d *Driver) release(gpu string, claim types.UID) (free bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.users[gpu], claim)
-	return d.reconciled && len(d.users[gpu]) == 0
-}
+// MPS is the driver's MPS daemons, for the health monitor.
+func (d *Driver) MPS() *mps.Manager { return d.mps }

@@ -1,7 +1,9 @@
 package gpu
 
 import (
+	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -10,8 +12,9 @@ import (
 
 	"github.com/hwdra/hwdra/api"
 	gpuv1alpha1 "github.com/hwdra/hwdra/api/gpu/v1alpha1"
+	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/nvml"
-
 	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/slices/resources"
 )
@@ -108,7 +111,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 		}
 		out = append(out, p)
 	}
-	if err := claimMPS(out); err != nil {
+	if err := checkClaimMPS(out); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -129,4 +132,156 @@ func gpusOf(plans []devicePlan) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// sharingPlan checks a device's sharing configuration against what the
+// device can take (pure).
+func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing) error {
+	if s == nil {
+		return nil
+	}
+	strategy := field.NewPath("sharing", "strategy")
+	switch p.dev.Kind {
+	case device.KindVGPU:
+		return field.Invalid(strategy, s.Strategy, "a vGPU takes no sharing strategy: the VM that runs it owns it")
+	case device.KindPassthrough:
+		return field.Invalid(strategy, s.Strategy, "a passthrough GPU takes no sharing strategy: the VM it is passed to owns it")
+	case device.KindShare:
+		return field.Invalid(strategy, s.Strategy, "a GPU share takes no sharing strategy: it runs under its GPU's MPS server, held to the memory and compute the scheduler counted")
+	case device.KindMIG:
+		if s.Strategy == gpuv1alpha1.TimeSlicing {
+			return field.Invalid(strategy, s.Strategy, "the time slice is a setting of the whole GPU: a MIG partition takes MPS")
+		}
+	}
+	if m := s.MPS; m != nil && m.DefaultPinnedDeviceMemoryLimit != nil {
+		if have := p.memory(); uint64(m.DefaultPinnedDeviceMemoryLimit.Value()) > have {
+			return field.Invalid(field.NewPath("sharing", "mps", "defaultPinnedDeviceMemoryLimit"), m.DefaultPinnedDeviceMemoryLimit.String(),
+				fmt.Sprintf("more than the device's %d bytes of memory", have))
+		}
+	}
+	p.sharing = s
+	return nil
+}
+
+// shareLimits are what a GPU share consumed: its MPS client is held to
+// them.
+type shareLimits struct {
+	memory  uint64 // bytes
+	compute int    // percent of the GPU's multiprocessors
+}
+
+// sharePlan takes a GPU share's consumed capacity from its allocation
+// and checks it against the GPU (the request policy keeps the scheduler
+// within it; a share larger than the GPU is refused all the same).
+func sharePlan(p *devicePlan, r resourceapi.DeviceRequestAllocationResult) error {
+	if r.ShareID == nil {
+		return errors.New("a GPU share allocated without a share ID (is DRAConsumableCapacity on in the scheduler?)")
+	}
+	path := field.NewPath("consumedCapacity")
+	memory, compute := r.ConsumedCapacity[device.GPUCapMemory], r.ConsumedCapacity[device.GPUCapCompute]
+	var errs field.ErrorList
+	if v := compute.Value(); v < 1 || v > 100 {
+		errs = append(errs, field.Invalid(path.Key(string(device.GPUCapCompute)), compute.String(), "must be 1 to 100 (percent of the GPU's multiprocessors)"))
+	}
+	if v := memory.Value(); v < 1 || uint64(v) > p.dev.GPU.MemoryBytes {
+		errs = append(errs, field.Invalid(path.Key(string(device.GPUCapMemory)), memory.String(), fmt.Sprintf("must be at least 1 byte and at most the GPU's %d", p.dev.GPU.MemoryBytes)))
+	}
+	if len(errs) > 0 {
+		return errs.ToAggregate()
+	}
+	p.share = &shareLimits{memory: uint64(memory.Value()), compute: int(compute.Value())}
+	p.sharing = &gpuv1alpha1.Sharing{Strategy: gpuv1alpha1.MPS}
+	return nil
+}
+
+// memory is the device's memory in bytes.
+func (p *devicePlan) memory() uint64 {
+	if p.dev.Kind == device.KindMIG {
+		return p.dev.Profile.MemoryBytes
+	}
+	return p.dev.GPU.MemoryBytes
+}
+
+// usesMPS: the device runs under an MPS daemon.
+func (p *devicePlan) usesMPS() bool {
+	return p.sharing != nil && p.sharing.Strategy == gpuv1alpha1.MPS
+}
+
+// checkClaimMPS checks that a claim's devices that run under MPS run
+// under one daemon (a container reaches one daemon, through one pipe
+// directory), with one configuration, and that the claim has no other
+// GPU devices beside them (their processes would go through the daemon,
+// which does not serve them).
+func checkClaimMPS(plans []devicePlan) error {
+	for _, p := range plans {
+		if p.share != nil && len(plans) > 1 {
+			return fmt.Errorf("request %q: a claim with a GPU share has no other device (its containers reach one MPS daemon, held to the share's limits)", p.request)
+		}
+	}
+	var first *devicePlan
+	for i := range plans {
+		p := &plans[i]
+		if p.admin || !p.usesMPS() {
+			continue
+		}
+		if first == nil {
+			first = p
+			continue
+		}
+		if !reflect.DeepEqual(first.sharing.MPS, p.sharing.MPS) {
+			return fmt.Errorf("requests %q and %q: their MPS settings differ, and a claim's devices run under one MPS daemon", first.request, p.request)
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	for _, p := range plans {
+		if !p.admin && !p.usesMPS() {
+			return fmt.Errorf("request %q: device %s does not run under MPS beside request %q's, which do: the claim's containers would reach it through the MPS daemon, which does not serve it",
+				p.request, p.device, first.request)
+		}
+	}
+	return nil
+}
+
+// claimDaemon is the MPS daemon of a claim's MPS devices, their UUIDs
+// given (the MIG devices' are known once applied).
+func claimDaemon(claim types.UID, plans []devicePlan, uuids []string) (mps.Spec, []int) {
+	if len(plans) == 1 && plans[0].share != nil {
+		// A GPU's shares run under the GPU's daemon, which gives no
+		// defaults: each client is held to its own share.
+		p := plans[0]
+		s := mps.Spec{Owner: mps.OwnerShares, Devices: []string{uuids[0]}, Serves: []hw.PartitionRef{p.serves()}}
+		s.ID = mps.ID(s.Owner, s.Devices)
+		return s, []int{0}
+	}
+	var s mps.Spec
+	var idx []int
+	for i, p := range plans {
+		if p.admin || !p.usesMPS() {
+			continue
+		}
+		idx = append(idx, i)
+		s.Devices = append(s.Devices, uuids[i])
+		s.Serves = append(s.Serves, p.serves())
+		if m := p.sharing.MPS; m != nil {
+			s.ActiveThreadPercentage = m.DefaultActiveThreadPercentage
+			if q := m.DefaultPinnedDeviceMemoryLimit; q != nil {
+				v := uint64(q.Value())
+				s.PinnedMemoryLimit = &v
+			}
+		}
+	}
+	s.Owner = string(claim)
+	s.ID = mps.ID(s.Owner, s.Devices)
+	return s, idx
+}
+
+// serves is the hardware the device is.
+func (p *devicePlan) serves() hw.PartitionRef {
+	ref := hw.PartitionRef{GPU: p.dev.GPU.PCIBusID}
+	if at := p.dev.At(); at != nil {
+		ref.Placement = *at
+	}
+	return ref
 }

@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"fmt"
 	"slices"
 
 	"github.com/hwdra/hwdra/hw"
@@ -152,37 +151,4 @@ func (r Record) gpus() []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
-}
-
-// Ledger keys of the hardware state the agent creates.
-func giKey(gpu string, profile int, at hw.Placement) string {
-	return fmt.Sprintf("gi/%s/%d/%d", gpu, profile, at.Start)
-}
-
-func mdevKey(uuid string) string { return "mdev/" + uuid }
-
-func vfKey(vf string) string { return "vf/" + vf }
-
-func migKey(gpu string) string { return "migmode/" + gpu }
-
-// ledgerEntry describes a GPU instance or mediated device the agent made,
-// or the MIG mode a GPU had before the agent switched it, so that the
-// state is undone when no prepared claim needs it any more, also after
-// the claims' records are lost.
-type ledgerEntry struct {
-	GPU string `json:"gpu"`
-	// GPU instance: profile and placement.
-	Profile   int           `json:"profile,omitempty"`
-	Placement *hw.Placement `json:"placement,omitempty"`
-	// Mediated device.
-	Mdev string `json:"mdev,omitempty"`
-	// VF made a vGPU of VFType (the vendor-specific VFIO framework).
-	VF     string `json:"vf,omitempty"`
-	VFType uint   `json:"vfType,omitempty"`
-	// MIGEnabled is the GPU's MIG mode before the agent first switched it.
-	MIGEnabled *bool `json:"migEnabled,omitempty"`
-	// ComputeMode and TimeSlice are a GPU's compute mode and time slice
-	// before the agent first changed them (settingsKey).
-	ComputeMode nvml.ComputeMode `json:"computeMode,omitempty"`
-	TimeSlice   *int             `json:"timeSlice,omitempty"`
 }

@@ -6,16 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 	"slices"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/nvml"
-	"github.com/hwdra/hwdra/prepare"
-
-	"github.com/hwdra/hwdra/slices/device"
 )
 
 // Unprepare implements prepare.Driver: it undoes a record's side effects
@@ -47,8 +43,9 @@ func (d *Driver) Unprepare(ctx context.Context, claim types.UID, rec Record) err
 
 func (d *Driver) undo(ctx context.Context, claim types.UID, r DeviceRecord) error {
 	// The MPS daemon first: it may serve a MIG device destroyed below.
-	if s := r.Sharing; s != nil && s.MPS != "" {
-		if err := d.releaseMPS(ctx, s.MPS, claim); err != nil {
+	// It stops with its last claim.
+	if s := r.Sharing; s != nil && s.MPS != "" && d.releaseMPS(s.MPS, claim) {
+		if err := d.mps.Stop(ctx, s.MPS); err != nil {
 			return err
 		}
 	}
@@ -180,183 +177,27 @@ func (d *Driver) restoreMIGMode(ctx context.Context, gpu string) {
 	}
 }
 
-// Restore implements prepare.Driver: it learns which GPUs, GPU instances
-// and mediated devices the prepared claims use. A ledger lost with the
-// checkpoint (the claims rebuilt from their CDI specs) gets back what the
-// records say the agent made, so that what the slices leave out and what
-// unprepare restores stay right: the instances and mediated devices, and
-// the MIG mode a GPU had before a claim's prepare switched it.
-func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	clear(d.owners)
-	clear(d.users)
-	d.reconciled = true
-	put := func(key string, e ledgerEntry) {
-		if _, ok := d.ledger.Get(key); ok {
-			return
-		}
-		if err := d.ledger.Put(key, e); err != nil {
-			klog.FromContext(ctx).Error(err, "Cannot record hardware state of a prepared claim in the ledger", "key", key)
-		}
+// restoreSettings gives a GPU that no claim uses back the compute mode
+// and time slice it had before the agent changed them. Like the MIG mode
+// it is best effort, the entry kept (and tried again by Reclaim) until it
+// succeeds: a setting left over costs the next claim only its timing,
+// and failing unprepare for it would block the pod's teardown.
+func (d *Driver) restoreSettings(ctx context.Context, gpu string) {
+	e, ok := d.ledger.Get(settingsKey(gpu))
+	if !ok {
+		return
 	}
-	for uid, rec := range owned {
-		for _, r := range rec.Devices {
-			if d.users[r.GPU] == nil {
-				d.users[r.GPU] = map[types.UID]bool{}
-			}
-			d.users[r.GPU][uid] = true
-			if gi := r.GPUInstance; gi != nil {
-				key := giKey(r.GPU, gi.Profile, gi.Placement)
-				d.owners[key] = uid
-				if gi.Created {
-					at := gi.Placement
-					put(key, ledgerEntry{GPU: r.GPU, Profile: gi.Profile, Placement: &at})
-				}
-			}
-			if r.Mdev != nil {
-				d.owners[mdevKey(r.Mdev.UUID)] = uid
-				put(mdevKey(r.Mdev.UUID), ledgerEntry{GPU: r.GPU, Mdev: r.Mdev.UUID})
-			}
-			if r.VF != nil {
-				d.owners[vfKey(r.VF.Address)] = uid
-				put(vfKey(r.VF.Address), ledgerEntry{GPU: r.GPU, VF: r.VF.Address, VFType: r.VF.Type})
-			}
-			if r.MIGMode != nil {
-				was := !r.MIGMode.Enabled
-				put(migKey(r.GPU), ledgerEntry{GPU: r.GPU, MIGEnabled: &was})
-			}
-			if s := r.Sharing; s != nil {
-				if s.MPS != "" {
-					if d.mpsUsers[s.MPS] == nil {
-						d.mpsUsers[s.MPS] = map[types.UID]bool{}
-					}
-					d.mpsUsers[s.MPS][uid] = true
-				}
-				// What the settings were before is lost with the ledger:
-				// the defaults, which only the agent changes.
-				if e := restoredSettings(r.GPU, s); e != nil {
-					put(settingsKey(r.GPU), *e)
-				}
-			}
-		}
+	var err error
+	if e.TimeSlice != nil {
+		err = d.programs.SetTimeSlice(ctx, d.uuidOf(gpu), *e.TimeSlice)
 	}
-}
-
-// Reclaim implements prepare.Driver: it removes the GPU instances and
-// mediated devices that the ledger says the agent made and no prepared
-// claim owns (left by a crash between making and recording them, or by a
-// checkpoint lost without the claims' CDI specs), and restores MIG modes
-// it switched on GPUs no claim uses. What a device allocated to this node
-// may use stays: the GPU instance at its placement, the mediated devices
-// of a GPU with an allocated vGPU, the MIG mode of a GPU with any
-// allocated device. Instances the agent did not make, static MIG
-// partitions, are never touched. It runs beside prepares: each entry is
-// judged under its GPU's lock, against the live owners.
-func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]string, error) {
-	logger := klog.FromContext(ctx)
-	mayUse, err := d.mayUse(ctx, allocated)
+	if err == nil && e.ComputeMode != "" {
+		err = d.nvml.SetComputeMode(gpu, e.ComputeMode)
+	}
+	if err == nil {
+		err = d.ledger.Delete(settingsKey(gpu))
+	}
 	if err != nil {
-		return nil, err
+		klog.FromContext(ctx).Error(err, "Could not restore the GPU's compute mode and time slice; left as they are", "gpu", gpu)
 	}
-	// MPS daemons first (one may serve a MIG device), vGPUs next (a
-	// MIG-backed vGPU holds its GPU instance), MIG modes and GPU settings
-	// last (no instance or daemon may be left).
-	kept, errs := d.reclaimMPS(ctx, allocated.Known, mayUse)
-	order := func(key string) int {
-		switch {
-		case strings.HasPrefix(key, "mdev/"), strings.HasPrefix(key, "vf/"):
-			return 0
-		case strings.HasPrefix(key, "migmode/"), strings.HasPrefix(key, "settings/"):
-			return 2
-		}
-		return 1
-	}
-	keys := d.ledger.Keys()
-	slices.SortStableFunc(keys, func(a, b string) int { return order(a) - order(b) })
-	for _, key := range keys {
-		e, ok := d.ledger.Get(key)
-		if !ok {
-			continue
-		}
-		unlock := d.gpuLocks.Lock(e.GPU)
-		d.mu.Lock()
-		_, owned := d.owners[key]
-		inUse := len(d.users[e.GPU]) > 0
-		d.mu.Unlock()
-		var err error
-		switch {
-		case owned:
-		case !allocated.Known || mayUse[key] || (e.MIGEnabled != nil || isSettings(key)) && mayUse[gpuKey(e.GPU)] || (e.Mdev != "" || e.VF != "") && mayUse[vgpuKey(e.GPU)]:
-			kept = append(kept, key)
-		case e.MIGEnabled != nil:
-			if !inUse {
-				d.restoreMIGMode(ctx, e.GPU)
-			}
-		case isSettings(key):
-			if !inUse {
-				d.restoreSettings(ctx, e.GPU)
-			}
-		case e.VF != "":
-			logger.Info("Clearing the vGPU type of a VF no claim owns", "gpu", e.GPU, "vf", e.VF, "type", e.VFType)
-			if err = d.clearVF(e.VF, e.VFType); err == nil {
-				err = d.ledger.Delete(key)
-			}
-		case e.Mdev != "":
-			logger.Info("Removing a vGPU mediated device no claim owns", "gpu", e.GPU, "mdev", e.Mdev)
-			if err = d.mdevs.Remove(e.Mdev); err == nil {
-				err = d.ledger.Delete(key)
-			}
-		case e.Placement != nil:
-			logger.Info("Destroying a GPU instance the agent made that no claim owns", "gpu", e.GPU, "profile", e.Profile, "placement", *e.Placement)
-			if err = d.destroyGPUInstanceAt(e.GPU, e.Profile, *e.Placement); err == nil {
-				err = d.ledger.Delete(key)
-			}
-		}
-		unlock()
-		if err != nil {
-			// On real hardware a running process refuses (IN_USE): kept
-			// and tried again.
-			kept = append(kept, key)
-			errs = append(errs, fmt.Errorf("%s: %w", key, err))
-		}
-	}
-	return kept, errors.Join(errs...)
-}
-
-func gpuKey(gpu string) string  { return "gpu/" + gpu }
-func vgpuKey(gpu string) string { return "vgpu/" + gpu }
-
-// mayUse is the ledger state that the devices allocated to this node (and
-// not prepared here) may use: keyed as the ledger keys GPU instances, plus
-// gpuKey for a GPU with any such device and vgpuKey for one with a vGPU.
-func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[string]bool, error) {
-	out := map[string]bool{}
-	if len(allocated.Devices) == 0 {
-		return out, nil
-	}
-	inv, features, err := d.inventory(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("GPU inventory: %w", err)
-	}
-	catalog := d.catalog(inv, features)
-	for _, a := range allocated.Devices {
-		dev, ok := catalog[a.Device]
-		if !ok {
-			continue
-		}
-		bus := dev.PCIBusID()
-		out[gpuKey(bus)] = true
-		out[mpsClaimKey(string(a.Claim))] = true
-		if dev.Kind == device.KindShare {
-			out[mpsShareKey(bus)] = true
-		}
-		if dev.Kind == device.KindVGPU {
-			out[vgpuKey(bus)] = true
-		}
-		if dev.Placement.Size > 0 {
-			out[giKey(bus, dev.Profile.ID, dev.Placement)] = true
-		}
-	}
-	return out, nil
 }
