@@ -100,13 +100,10 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 	gpu := node.GPU()
 	if len(inv.GPUs) > 0 && gpu != nil || len(inv.PassthroughGPUs) > 0 && !node.NVMLPending() {
 		d, err := gpuprep.New(gpuprep.Options{
-			NVML: gpu, // nil where only GPUs bound to vfio-pci are there
-			Inventory: func(context.Context) (hw.Inventory, device.Features, error) {
-				inv, f := opts.Published.Current()
-				return inv, f, nil
-			},
-			StateDir: opts.StateDir,
-			DevRoot:  node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
+			NVML:      gpu, // nil where only GPUs bound to vfio-pci are there
+			Published: opts.Published,
+			StateDir:  opts.StateDir,
+			DevRoot:   node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
 			Sysfs: node.Sysfs, DriverSpecDirs: specDirs(node.DriverSpecDirs, opts.CDIDir),
 			Programs: node.Programs, MPSCgroup: opts.MPSCgroup,
 		})

@@ -22,11 +22,7 @@ import (
 // never deadlock).
 func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
 	var rec Record
-	catalog, err := d.catalog(ctx)
-	if err != nil {
-		return nil, rec, err
-	}
-	plans, err := plan(claim, catalog)
+	plans, err := plan(claim, d.catalog())
 	if err != nil {
 		return nil, rec, err
 	}

@@ -5,7 +5,6 @@
 package gpu
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -32,12 +31,12 @@ type Options struct {
 	// NVML is the initialised GPU backend; nil on a node whose only GPUs
 	// are bound to vfio-pci (passthrough), which need none.
 	NVML *nvml.Backend
-	// Inventory returns the node's GPUs (NVML's and those bound to
-	// vfio-pci) and the features the published slices were built with;
-	// prepare looks devices up in the catalog they give
+	// Published is what the node publishes now: its GPUs (NVML's and
+	// those bound to vfio-pci) and the features the slices were built
+	// with. Prepare looks devices up in the catalog they give
 	// (resources.GPUDevices). It may be the agent's last scan: prepare
 	// checks MIG mode, instances and VFs on the live hardware itself.
-	Inventory func(ctx context.Context) (hw.Inventory, device.Features, error)
+	Published prepare.Published
 	// StateDir holds the ledger of GPU instances and mediated devices the
 	// agent made ("gpu.hwdra.io.ledger.json").
 	StateDir string
@@ -67,7 +66,7 @@ type Options struct {
 // Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
 type Driver struct {
 	nvml      *nvml.Backend
-	inventory func(ctx context.Context) (hw.Inventory, device.Features, error)
+	published prepare.Published
 	mdevs     *nvml.Mdevs
 	vfs       *nvml.VFVGPUs
 	sysfs     string
@@ -108,8 +107,8 @@ var _ prepare.Driver[Record] = (*Driver)(nil)
 
 // New returns a Driver. It touches no hardware.
 func New(opts Options) (*Driver, error) {
-	if opts.Inventory == nil {
-		return nil, errors.New("gpu: Inventory is required")
+	if opts.Published == nil {
+		return nil, errors.New("gpu: Published is required")
 	}
 	for _, r := range []struct {
 		root *string
@@ -138,7 +137,7 @@ func New(opts Options) (*Driver, error) {
 	}
 	return &Driver{
 		nvml:      opts.NVML,
-		inventory: opts.Inventory,
+		published: opts.Published,
 		mdevs:     nvml.NewMdevs(opts.SysfsRoot, opts.Sysfs),
 		vfs:       nvml.NewVFVGPUs(opts.SysfsRoot, opts.Sysfs),
 		sysfs:     opts.SysfsRoot,
@@ -156,19 +155,16 @@ func New(opts Options) (*Driver, error) {
 // catalog maps published device names to hardware, from the inventory
 // now. Building it costs milliseconds on an 8-GPU node, so the last one
 // is kept while the inventory stays the same (the agent's scan between
-// changes). Inventory must not change a slice it returned.
-func (d *Driver) catalog(ctx context.Context) (map[string]resources.GPUDevice, error) {
-	inv, f, err := d.inventory(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("GPU inventory: %w", err)
-	}
+// changes). Published must not change a slice it returned.
+func (d *Driver) catalog() map[string]resources.GPUDevice {
+	inv, f := d.published.Current()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cat.devices == nil || d.cat.features != f || !reflect.DeepEqual(d.cat.gpus, inv.GPUs) || !reflect.DeepEqual(d.cat.passthrough, inv.PassthroughGPUs) {
 		d.cat.gpus, d.cat.passthrough, d.cat.features = inv.GPUs, inv.PassthroughGPUs, f
 		d.cat.devices = resources.GPUDevices(inv.GPUs, inv.PassthroughGPUs, f)
 	}
-	return d.cat.devices, nil
+	return d.cat.devices
 }
 
 // uuidOf is a GPU's UUID from the last inventory.

@@ -116,10 +116,8 @@ func (e *env) rescan() {
 func (e *env) restart(hook func(string) error) {
 	e.t.Helper()
 	d, err := New(Options{
-		NVML: e.nvml,
-		Inventory: func(context.Context) (hw.Inventory, device.Features, error) {
-			return hw.Inventory{GPUs: e.gpus, PassthroughGPUs: e.passthrough}, device.AllFeatures, nil
-		},
+		NVML:           e.nvml,
+		Published:      e,
 		StateDir:       filepath.Join(e.dir, "state"),
 		DevRoot:        e.hw.DevRoot(),
 		ProcRoot:       e.hw.ProcRoot(),
@@ -142,6 +140,11 @@ func (e *env) restart(hook func(string) error) {
 		e.t.Fatal(err)
 	}
 	e.driver, e.plugin = d, p
+}
+
+// Current is what the node publishes: the env's GPUs, every feature.
+func (e *env) Current() (hw.Inventory, device.Features) {
+	return hw.Inventory{GPUs: e.gpus, PassthroughGPUs: e.passthrough}, device.AllFeatures
 }
 
 // cluster is the API server as the env's allocated says it; nil without.

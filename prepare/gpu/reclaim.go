@@ -86,10 +86,7 @@ func (d *Driver) Restore(ctx context.Context, owned map[types.UID]Record) {
 // judged under its GPU's lock, against the live owners.
 func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]string, error) {
 	logger := klog.FromContext(ctx)
-	mayUse, err := d.mayUse(ctx, allocated)
-	if err != nil {
-		return nil, err
-	}
+	mayUse := d.mayUse(allocated)
 	// MPS daemons first (one may serve a MIG device), vGPUs next (a
 	// MIG-backed vGPU holds its GPU instance), MIG modes and GPU settings
 	// last (no instance or daemon may be left).
@@ -160,15 +157,12 @@ func (d *Driver) Reclaim(ctx context.Context, allocated prepare.Allocated) ([]st
 // GPU instances (giKey), plus gpuKey for a GPU with any such device,
 // vgpuKey for one with a vGPU, mpsClaimKey for each device's claim and
 // mpsShareKey for a GPU with a share.
-func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[string]bool, error) {
+func (d *Driver) mayUse(allocated prepare.Allocated) map[string]bool {
 	out := map[string]bool{}
 	if len(allocated.Devices) == 0 {
-		return out, nil
+		return out
 	}
-	catalog, err := d.catalog(ctx)
-	if err != nil {
-		return nil, err
-	}
+	catalog := d.catalog()
 	for _, a := range allocated.Devices {
 		dev, ok := catalog[a.Device]
 		if !ok {
@@ -187,7 +181,7 @@ func (d *Driver) mayUse(ctx context.Context, allocated prepare.Allocated) (map[s
 			out[giKey(bus, dev.Profile.ID, dev.Placement)] = true
 		}
 	}
-	return out, nil
+	return out
 }
 
 // reclaimMPS stops the MPS daemons no prepared claim uses and no claim
