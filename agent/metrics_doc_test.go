@@ -20,17 +20,18 @@ import (
 	"github.com/hwdra/hwdra/slices/device"
 )
 
-// documentedMetric is a row of the README's metrics table.
+// documentedMetric is a row of the operator guide's metrics table.
 type documentedMetric struct {
 	name, kind string
 	labels     []string
 }
 
-// readmeMetrics reads the table under "### Metrics" in the README:
+// readmeMetrics reads the table under "## Metrics" in the operator guide
+// (docs/operator-guide.md):
 // | `name` | type | `label`, `label` | meaning |
 func readmeMetrics(t *testing.T) []documentedMetric {
 	t.Helper()
-	f, err := os.Open(filepath.Join("..", "README.md"))
+	f, err := os.Open(filepath.Join("..", "docs", "operator-guide.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func readmeMetrics(t *testing.T) []documentedMetric {
 	for sc.Scan() {
 		line := sc.Text()
 		if strings.HasPrefix(line, "#") {
-			in = line == "### Metrics"
+			in = strings.TrimLeft(line, "#") == " Metrics"
 			continue
 		}
 		if m := row.FindStringSubmatch(line); in && m != nil {
@@ -56,14 +57,14 @@ func readmeMetrics(t *testing.T) []documentedMetric {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatal("no metrics table under ### Metrics in README.md")
+		t.Fatal("no metrics table under ## Metrics in docs/operator-guide.md")
 	}
 	return out
 }
 
 // TestMetricsAsDocumented scrapes a working agent (a GPU and a NIC claim
 // prepared, a pod's VF moved in and out through NRI, unprepared) and
-// checks that every metric the README documents is there with its type
+// checks that every metric the operator guide documents is there with its type
 // and exactly its labels, and that every hwdra_ metric served is
 // documented.
 func TestMetricsAsDocumented(t *testing.T) {
@@ -123,7 +124,7 @@ func TestMetricsAsDocumented(t *testing.T) {
 	}
 	for name := range families {
 		if strings.HasPrefix(name, "hwdra_") && !documented[name] {
-			t.Errorf("%s is served but not in the README's metrics table", name)
+			t.Errorf("%s is served but not in the operator guide's metrics table", name)
 		}
 	}
 	// What the work above must have counted, by its labels.

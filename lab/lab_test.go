@@ -253,7 +253,7 @@ func TestLabReadsStdin(t *testing.T) {
 	}
 }
 
-// TestLabExamplesDirectory: the README's "several at once": every example
+// TestLabExamplesDirectory: the user guide's "several at once" (the lab): every example
 // that fits the profile is allocated, prepared and shown, each file beside
 // the ones before it; the ones that do not fit are named with why, at the
 // end.

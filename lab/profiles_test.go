@@ -22,37 +22,39 @@ import (
 	"github.com/hwdra/hwdra/slices/resources"
 )
 
-var updateREADME = flag.Bool("update-readme", false, "rewrite the README's table of the built-in mock profiles")
+var updateUserGuide = flag.Bool("update-user-guide", false, "rewrite the user guide's table of the built-in mock profiles")
+
+// userGuide holds the table, between these markers.
+var userGuide = filepath.Join("..", "docs", "user-guide.md")
 
 const (
-	tableBegin = "<!-- mock profiles: go test ./lab -run TestREADMEProfiles -update-readme -->\n"
+	tableBegin = "<!-- mock profiles: go test ./lab -run TestUserGuideProfiles -update-user-guide -->\n"
 	tableEnd   = "<!-- end of mock profiles -->\n"
 )
 
-// TestREADMEProfiles: the README's table of the built-in mock profiles says
-// what each has and offers and which example claims fit it, as the
-// profiles, the slices and the allocator have it.
-func TestREADMEProfiles(t *testing.T) {
+// TestUserGuideProfiles: the user guide's table of the built-in mock
+// profiles says what each has and offers and which example claims fit it,
+// as the profiles, the slices and the allocator have it.
+func TestUserGuideProfiles(t *testing.T) {
 	table := profilesTable(t)
-	path := filepath.Join("..", "README.md")
-	data, err := os.ReadFile(path)
+	data, err := os.ReadFile(userGuide)
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme := string(data)
-	begin, end := strings.Index(readme, tableBegin), strings.Index(readme, tableEnd)
+	doc := string(data)
+	begin, end := strings.Index(doc, tableBegin), strings.Index(doc, tableEnd)
 	if begin < 0 || end < begin {
-		t.Fatalf("README.md has no %q ... %q", tableBegin, tableEnd)
+		t.Fatalf("%s has no %q ... %q", userGuide, tableBegin, tableEnd)
 	}
 	begin += len(tableBegin)
-	if *updateREADME {
-		if err := os.WriteFile(path, []byte(readme[:begin]+table+readme[end:]), 0o644); err != nil {
+	if *updateUserGuide {
+		if err := os.WriteFile(userGuide, []byte(doc[:begin]+table+doc[end:]), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	if readme[begin:end] != table {
-		t.Errorf("README.md's table of the mock profiles is not what they offer; go test ./lab -run TestREADMEProfiles -update-readme writes:\n%s", table)
+	if doc[begin:end] != table {
+		t.Errorf("%s's table of the mock profiles is not what they offer; go test ./lab -run TestUserGuideProfiles -update-user-guide writes:\n%s", userGuide, table)
 	}
 }
 

@@ -88,7 +88,7 @@ func (h *hooks) RunPodSandbox(ctx context.Context, sb *api.PodSandbox) (err erro
 // down or dropped (containerd drops a plugin that misses its timeout, and
 // the sandbox starts without it) gets its VFs now, or the container is
 // refused and the kubelet retries it. With the runtime's default
-// validator requiring this plugin for the pod (README), no container of
+// validator requiring this plugin for the pod (docs/operator-guide.md), no container of
 // such a pod starts while the plugin is away.
 func (h *hooks) CreateContainer(ctx context.Context, sb *api.PodSandbox, ctr *api.Container) (_ *api.ContainerAdjustment, _ []*api.ContainerUpdate, err error) {
 	defer h.observe("CreateContainer", time.Now(), &err)

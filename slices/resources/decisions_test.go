@@ -10,7 +10,7 @@ import (
 )
 
 // TestNoSkipNodeOperations: no slice lets the kubelet skip prepare or
-// unprepare (README, Left out on purpose): every device needs them on the
+// unprepare (docs/design.md, Left out on purpose): every device needs them on the
 // node (a CDI spec for each GPU device, a MIG instance or mdev made, a VF
 // reserved, configured and moved into its pod).
 func TestNoSkipNodeOperations(t *testing.T) {

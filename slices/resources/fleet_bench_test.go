@@ -32,7 +32,7 @@ var fleetClaims = map[string]*resourceapi.ResourceClaim{
 }
 
 // leanMIG is an AgentConfig that offers the MIG profiles most claims ask
-// for and leaves out the variants (README, "Scheduler cost").
+// for and leaves out the variants (docs/design.md, "What the scheduler pays").
 const leanMIG = `apiVersion: config.hwdra.io/v1alpha1
 kind: AgentConfig
 gpus:

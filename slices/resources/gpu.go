@@ -119,7 +119,7 @@ func buildGPUs(nodeName string, gpus []hw.GPU, passthrough []hw.PassthroughGPU, 
 	}
 	devices = append(devices, passthroughDevices(passthrough, catalog)...)
 	// No partitionTypeAttribute: the pool-status controller can summarise
-	// no partition type of this model honestly (README, "Device model").
+	// no partition type of this model honestly (docs/design.md, "Pool status and partition types").
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 		nodeName: pool(sets, devices),
 	}}, catalog

@@ -33,7 +33,7 @@ func checkLimits(t *testing.T, res resourceslice.DriverResources) {
 			}
 			// No device of ours costs the same as another in its pool, so
 			// a partition type would earn the pool a PartitionCostMismatch
-			// from the pool-status controller (README, "Device model").
+			// from the pool-status controller (docs/design.md, "Pool status and partition types").
 			if s.PartitionTypeAttribute != nil {
 				t.Errorf("pool %s slice %d declares partitionTypeAttribute %s", poolName, i, *s.PartitionTypeAttribute)
 			}

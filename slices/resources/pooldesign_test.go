@@ -13,8 +13,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 )
 
-// The GPU pool declares no partitionTypeAttribute (README, "Device
-// model"). The pool-status controller (k8s v1.37
+// The GPU pool declares no partitionTypeAttribute (docs/design.md,
+// "Pool status and partition types"). The pool-status controller (k8s v1.37
 // pkg/controller/resourcepoolstatusrequest) summarises a partition type
 // only when every device of that type in a pool consumes identical
 // counters, counter-set names included, and at most 32 types per pool.
@@ -84,7 +84,7 @@ func costKey(d resourceapi.Device) string {
 // per GPU; how many distinct costs (the partition types a per-GPU pool
 // would need) one GPU has; and that one profile costs differently across
 // the node's pool, so "profile" cannot be the node pool's partition type.
-// It fails where the README's reasons stop holding.
+// It fails where design.md's reasons stop holding.
 //
 //	go test -run TestPartitionTypeAlternatives -v ./slices/
 func TestPartitionTypeAlternatives(t *testing.T) {

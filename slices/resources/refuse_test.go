@@ -259,7 +259,7 @@ const maxSearch = 1 << 14
 // Where the allocator's search for a kind grows past maxSearch although
 // every device of the kind is needed to reach the node's capacity (three
 // 2g.20gb placements on each of eight H100s: 8^8 sets), no publication
-// avoids the cost (README, "Scheduler cost"): that kind is checked on the
+// avoids the cost (docs/design.md, "What the scheduler pays"): that kind is checked on the
 // largest node within maxSearch. Any other kind past it fails.
 func refuseOneLarger(t *testing.T, driver string, units int, build func(units int) resourceslice.DriverResources) {
 	res := build(units)

@@ -17,7 +17,7 @@ import (
 // sandbox: a test NRI plugin holds the sandbox back until then) must not
 // run without its VF. The pod requires the agent's NRI plugin
 // (podnet.RequiredPluginsAnnotation) and containerd's default validator is
-// on, as the README asks: containerd refuses the pod's containers while
+// on, as the operator guide asks: containerd refuses the pod's containers while
 // the plugin is missing. When the agent is back, its NRI plugin moves the
 // VF into the running sandbox and the pod runs with its interface.
 func TestVFPodWaitsForTheAgent(t *testing.T) {

@@ -28,7 +28,7 @@ import (
 // DeviceTaintRule on the PF 0000:40:00.0, the real kube-controller-manager
 // answers a ResourcePoolStatusRequest per driver with no validationError
 // and no partition summary (the GPU slices declare no partition type:
-// README, "Device model"), and a shareable summary with 300G of bandwidth
+// docs/design.md, "Pool status and partition types"), and a shareable summary with 300G of bandwidth
 // consumed. `hwdra pool-status -o json` reports the same number for every
 // number both report, and what the controller cannot: 4 more 1g.10gb fit
 // on 0000:1b:00.0, nothing on the faulted GPU, 100G left on 0000:18:00.0.

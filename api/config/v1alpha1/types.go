@@ -37,7 +37,7 @@ type GPUConfig struct {
 	// are (GPUs with MIG on, and GPUs with MIG off that switch without a
 	// reset). The scheduler goes through every published device for
 	// every pending pod on every node, so a profile that no claim asks for
-	// costs scheduling time for nothing (README, "Scheduler cost").
+	// costs scheduling time for nothing (docs/design.md, "What the scheduler pays").
 	// Default: every profile the GPU reports.
 	MIGProfiles *ProfileFilter `json:"migProfiles,omitempty"`
 }

@@ -15,7 +15,7 @@ import (
 // CAP_SYS_RESOURCE on these machines), cdi_spec_dirs = the agent's --cdi-dir,
 // NRI on with its socket in the root and its default validator on (a pod
 // annotated with required plugins gets no container while one is missing:
-// what the README asks of operators for VF pods), the local sandbox image
+// what docs/operator-guide.md asks for VF pods), the local sandbox image
 // pinned.
 const containerdConfig = `version = 4
 root = '@ROOT@/ctrd/root'
