@@ -244,7 +244,7 @@ func TestAgentServesTheKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A GPU claim gets no status.devices (README, Left out on purpose):
+	// A GPU claim gets no status.devices (docs/design.md, Left out on purpose):
 	// its prepare writes nothing to the claim.
 	for _, act := range a.client.Actions()[actions:] {
 		if act.GetResource().Resource == "resourceclaims" && act.GetVerb() != "get" && act.GetVerb() != "list" && act.GetVerb() != "watch" {

@@ -17,8 +17,9 @@ import (
 
 // metrics are the agent's Prometheus metrics, on their own registry so
 // that tests can start several agents in one process; the publisher adds
-// its own (publish/metrics.go). Every one is listed in the README
-// (Metrics), which TestMetricsAsDocumented checks against a scrape.
+// its own (publish/metrics.go). Every one is listed in the operator
+// guide (docs/operator-guide.md, Metrics), which TestMetricsAsDocumented
+// checks against a scrape.
 type metrics struct {
 	registry *prometheus.Registry
 	claims   *prometheus.HistogramVec

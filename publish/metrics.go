@@ -9,8 +9,8 @@ import (
 )
 
 // metrics are the publisher's Prometheus metrics. Every one is listed in
-// the README (Metrics), which the agent's TestMetricsAsDocumented checks
-// against a scrape.
+// the operator guide (docs/operator-guide.md, Metrics), which the agent's
+// TestMetricsAsDocumented checks against a scrape.
 type metrics struct {
 	publications *prometheus.CounterVec
 	devices      *prometheus.GaugeVec
