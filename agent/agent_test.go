@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -106,25 +107,41 @@ func startAgentWith(t testing.TB, opts Options, before ...func(*fake.Clientset))
 	return a
 }
 
-// settle waits for a few of the agent's rescans, so that whatever it
-// would publish has been handed to the API.
-func (a *testAgent) settle() { time.Sleep(4 * a.opts.Rescan) }
+// settle waits until the agent's publisher has made two whole rescans
+// after the call (three completed: one may have been under way), so that
+// whatever they would publish has been handed to the API.
+func (a *testAgent) settle() {
+	a.t.Helper()
+	want := a.counter("hwdra_rescans_total") + 3
+	for deadline := time.Now().Add(30 * time.Second); a.counter("hwdra_rescans_total") < want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			a.t.Fatalf("%v rescans within 30s, want %v", a.counter("hwdra_rescans_total"), want)
+		}
+	}
+}
 
-// quietWrites waits until the agent's slice writes stop (none over a few
-// rescans) and returns their count.
+// publications counts the times the agent handed a driver's changed
+// slices to the API.
+func (a *testAgent) publications() float64 {
+	return a.counter(`hwdra_resource_publications_total{driver="gpu.hwdra.io"}`) +
+		a.counter(`hwdra_resource_publications_total{driver="sriov.hwdra.io"}`)
+}
+
+// quietWrites waits until the agent is at rest (two rescans hand nothing
+// new to the API, and what it last handed is stored: the ready probe no
+// longer names ResourceSlices) and returns its slice writes.
 func (a *testAgent) quietWrites() int {
 	a.t.Helper()
-	n := a.writes()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		before := a.publications()
 		a.settle()
-		m := a.writes()
-		if m == n {
-			return n
+		_, ready := probe(a.t, a.opts.MetricsAddress, "/readyz")
+		if a.publications() == before && !strings.Contains(ready, "ResourceSlices") {
+			return a.writes()
 		}
-		n = m
 	}
-	a.t.Fatal("the agent kept writing slices for 30s")
-	return n
+	a.t.Fatal("the agent kept publishing slices for 30s")
+	return 0
 }
 
 // socket is a driver's DRA socket.
@@ -282,10 +299,13 @@ func TestAgentServesTheKubelet(t *testing.T) {
 	}
 
 	// At rest the agent makes no API writes, though it keeps rescanning.
-	before := a.writes()
-	time.Sleep(time.Second)
+	before, publications := a.writes(), a.publications()
+	a.settle()
 	if after := a.writes(); after != before {
 		t.Fatalf("%d ResourceSlice writes while at rest", after-before)
+	}
+	if p := a.publications(); p != publications {
+		t.Fatalf("%v publications while at rest", p-publications)
 	}
 
 	for sample, want := range map[string]string{
@@ -377,6 +397,21 @@ func freeAddress(t testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// counter is the value of one sample line of the agent's /metrics, 0
+// while it is absent.
+func (a *testAgent) counter(sample string) float64 {
+	a.t.Helper()
+	v := a.metric(sample)
+	if v == "" {
+		return 0
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		a.t.Fatalf("%s: not a number: %q", sample, v)
+	}
+	return f
 }
 
 // metric returns the value of one sample line of the agent's /metrics.

@@ -232,12 +232,26 @@ func TestHealthXID(t *testing.T) {
 
 	// The taint's writes may still be in flight (a multi-slice pool):
 	// count from when they stop.
-	writes := a.quietWrites()
+	writes, publications := a.quietWrites(), a.publications()
 	w.mu.Lock()
 	reports := w.reports
 	w.mu.Unlock()
+	events := a.counter("hwdra_gpu_health_events_total")
 	inject(t, dir, fault.Fault{Kind: fault.XID, GPU: other, XID: 13})
-	time.Sleep(time.Second)
+	// The monitor judged the XID (and told a change, had it made one),
+	// then the publisher rescanned twice.
+	waitForT(t, "the GPU monitor's judgement of XID 13", func() bool { return a.counter("hwdra_gpu_health_events_total") > events })
+	a.settle()
+	if p := a.publications(); p != publications {
+		t.Errorf("XID 13 was published %v times", p-publications)
+	}
+	for d := range deviceNames(a.slices(device.GPUDriver, nil)) {
+		if strings.HasPrefix(d, device.GPUName(other)) {
+			if got := a.metric(fmt.Sprintf(`hwdra_device_health_state{device=%q,driver="gpu.hwdra.io",pool=%q,state="Healthy"}`, d, node)); got != "1" {
+				t.Errorf("after XID 13: %s Healthy %q", d, got)
+			}
+		}
+	}
 	w.mu.Lock()
 	for name, h := range w.devices {
 		if strings.HasPrefix(name, device.GPUName(other)) && h.Health != drahealthv1.HealthStatus_HEALTHY {

@@ -122,12 +122,28 @@ var deviceHealthDesc = prometheus.NewDesc("hwdra_device_health_state",
 	"1 for each published device's health as reported to the kubelet (Healthy, Unhealthy, Unknown), 0 for the other states.",
 	[]string{"driver", "pool", "device", "state"}, nil)
 
-// healthCollector reports each driver's devices from its health stream.
+// gpuEventsDesc: the GPU health monitor's NVML events
+// (health.GPUMonitor.Events).
+var gpuEventsDesc = prometheus.NewDesc("hwdra_gpu_health_events_total",
+	"NVML events (XIDs, double-bit ECC errors, GPUs lost, recovery actions) the GPU health monitor judged, device failures or not.",
+	nil, nil)
+
+// healthCollector reports each driver's devices from its health stream,
+// and the events the GPU monitor judged.
 type healthCollector struct{ h *nodeHealth }
 
-func (c healthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- deviceHealthDesc }
+func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- deviceHealthDesc
+	ch <- gpuEventsDesc
+}
 
 func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
+	c.h.mu.Lock()
+	gpu := c.h.gpu
+	c.h.mu.Unlock()
+	if gpu != nil {
+		ch <- prometheus.MustNewConstMetric(gpuEventsDesc, prometheus.CounterValue, float64(gpu.Events()))
+	}
 	states := []kubeletplugin.HealthStatus{kubeletplugin.HealthStatusHealthy, kubeletplugin.HealthStatusUnhealthy, kubeletplugin.HealthStatusUnknown}
 	for _, driver := range c.h.drivers() {
 		for _, dev := range c.h.stream(driver).States() {

@@ -229,6 +229,9 @@ func TestNRIMetadataAndStatus(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	// Both statuses are stored; the writer counts each write once the API
+	// answered, a moment after it is stored.
+	waitFor(t, "both status writes counted", func() bool { return r.a.counter(`hwdra_claim_status_writes_total{result="success"}`) >= 2 })
 	if got := r.a.metric(`hwdra_claim_status_writes_total{result="success"}`); got != "2" {
 		t.Errorf("status writes: %q, want 2 (one per claim)", got)
 	}

@@ -67,7 +67,7 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 		{"time-sliced vGPU", gpuDRA, exactly("vgpu.gpu.hwdra.io", `!device.attributes["gpu.hwdra.io"].migBacked`)},
 		{"VF share", nicDRA, share},
 	}
-	writes := a.writes()
+	writes, handed := a.writes(), a.publications()
 	for ki, k := range kinds {
 		for i := range 20 {
 			c := a.allocated(published, fmt.Sprintf("claim-%d-%d", ki, i), k.req)
@@ -89,7 +89,10 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 		if n := a.writes() - writes; n != 0 {
 			t.Errorf("%s: %d ResourceSlice writes for 20 claims", k.name, n)
 		}
-		writes = a.writes()
+		if n := a.publications() - handed; n != 0 {
+			t.Errorf("%s: %v publications for 20 claims", k.name, n)
+		}
+		writes, handed = a.writes(), a.publications()
 	}
 
 	// An administrator makes a 3g.40gb instance on the MIG GPU.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -48,6 +49,8 @@ type GPUMonitor struct {
 	lastCheck time.Time
 	rearm     chan struct{} // a GPU came back: register it for events
 	checkNow  chan struct{}
+	// events counts the NVML events applied (Events).
+	events atomic.Uint64
 }
 
 // gpuState is what is wrong with one GPU.
@@ -150,6 +153,7 @@ func (m *GPUMonitor) state(busID string) *gpuState {
 
 // event applies one NVML event.
 func (m *GPUMonitor) event(logger klog.Logger, ev hw.GPUEvent) {
+	defer m.events.Add(1) // after the notification
 	if ev.PCIBusID == "" {
 		// The wait does not say which GPU: ask them all.
 		select {
@@ -330,6 +334,11 @@ func (m *GPUMonitor) Probed(inv hw.Inventory) {
 		m.notify()
 	}
 }
+
+// Events is how many NVML events the monitor has applied (XIDs, ECC
+// errors, GPUs lost, recovery actions), device failures or not; a change
+// an event made has been told (notify) by the time it is counted.
+func (m *GPUMonitor) Events() uint64 { return m.events.Load() }
 
 // Faults returns the GPUs' faults: hw.Health's GPUs and Partitions.
 func (m *GPUMonitor) Faults() hw.Health {

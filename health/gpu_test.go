@@ -139,10 +139,14 @@ func TestGPUMonitor(t *testing.T) {
 			notified := 0
 			m := NewGPUMonitor(&fakeGPUs{}, NewXIDPolicy(tc.policy), 0, func() { notified++ })
 			logger, _ := ktesting.NewTestContext(t)
+			events := uint64(0)
 			for _, s := range tc.steps {
 				switch {
 				case s.event != nil:
 					m.event(logger, *s.event)
+					if events++; m.Events() != events {
+						t.Errorf("%d events counted, %d applied", m.Events(), events)
+					}
 				case s.checks != nil:
 					m.src.(*fakeGPUs).checks = s.checks
 					m.check(context.Background(), logger)

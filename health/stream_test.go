@@ -17,23 +17,68 @@ type gpuOf string
 
 func (g gpuOf) Fault(h hw.Health) (hw.Fault, bool) { return h.GPUFault(string(g), nil) }
 
-// fakeNode is what a stream reads, changeable under a lock.
+// fakeNode is what a stream reads, changeable under a lock. It tells
+// when the stream read the devices (reads) and when it asked whether
+// the monitor lives and heard no (stalled).
 type fakeNode struct {
 	mu      sync.Mutex
 	devices []Device
 	health  hw.Health
 	alive   bool
 	changed *Broadcast
+	reads   chan struct{}
+	stalled chan struct{}
 }
 
 func (n *fakeNode) stream(timeout time.Duration) Stream {
 	return Stream{Source: n, Timeout: timeout}
 }
 
-func (n *fakeNode) Devices() []Device        { n.mu.Lock(); defer n.mu.Unlock(); return n.devices }
-func (n *fakeNode) Faults() hw.Health        { n.mu.Lock(); defer n.mu.Unlock(); return n.health }
-func (n *fakeNode) Alive(time.Duration) bool { n.mu.Lock(); defer n.mu.Unlock(); return n.alive }
+func (n *fakeNode) Devices() []Device {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	tell(n.reads)
+	return n.devices
+}
+
+func (n *fakeNode) Faults() hw.Health { n.mu.Lock(); defer n.mu.Unlock(); return n.health }
+
+func (n *fakeNode) Alive(time.Duration) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.alive {
+		tell(n.stalled)
+	}
+	return n.alive
+}
+
 func (n *fakeNode) Changed() <-chan struct{} { return n.changed.Changed() }
+
+// tell signals on ch without waiting (a test reads only what it needs).
+func tell(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// drain forgets a signal already given.
+func drain(ch chan struct{}) {
+	select {
+	case <-ch:
+	default:
+	}
+}
+
+// wait waits for a signal of the stream (a guard of 10s against hanging).
+func wait(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the stream never %s", what)
+	}
+}
 
 func (n *fakeNode) set(f func(*fakeNode)) {
 	n.mu.Lock()
@@ -79,7 +124,7 @@ func watch(t *testing.T, n *fakeNode, timeout time.Duration) (<-chan kubeletplug
 }
 
 func twoGPUs() *fakeNode {
-	return &fakeNode{alive: true, changed: NewBroadcast(), devices: []Device{
+	return &fakeNode{alive: true, changed: NewBroadcast(), reads: make(chan struct{}, 1), stalled: make(chan struct{}, 1), devices: []Device{
 		{Pool: "node", Name: "gpu-a", Of: gpuOf(gpuA)}, {Pool: "node", Name: "gpu-b", Of: gpuOf(gpuB)},
 	}}
 }
@@ -104,15 +149,16 @@ func TestStreamChanges(t *testing.T) {
 	if !ok || len(r) != 1 || r["gpu-a"].Health != kubeletplugin.HealthStatusUnhealthy || r["gpu-a"].Message != "XID 79 (GPU has fallen off the bus)" {
 		t.Fatalf("report after the fault: %+v", r)
 	}
+	// A change that changes nothing: once the stream has read the node
+	// again, a report it would send is next, before the new device's.
+	drain(n.reads)
 	n.set(func(n *fakeNode) {})
-	if r, ok := receive(t, reports, 100*time.Millisecond); ok {
-		t.Fatalf("report without a change: %+v", r)
-	}
+	wait(t, n.reads, "read the node after a change")
 	n.set(func(n *fakeNode) {
 		n.devices = append(n.devices, Device{Pool: "node", Name: "gpu-c", Of: gpuOf("0000:52:00.0")})
 	})
 	if r, ok := receive(t, reports, time.Second); !ok || len(r) != 1 || r["gpu-c"].Health != kubeletplugin.HealthStatusHealthy {
-		t.Fatalf("report of a new device %+v", r)
+		t.Fatalf("report of a new device (none before it: the change that changed nothing) %+v", r)
 	}
 	n.set(func(n *fakeNode) { n.health = hw.Health{} })
 	if r, ok := receive(t, reports, time.Second); !ok || len(r) != 1 || r["gpu-a"].Health != kubeletplugin.HealthStatusHealthy || r["gpu-a"].Message != "" {
@@ -136,10 +182,20 @@ func TestStreamResends(t *testing.T) {
 	n.mu.Lock()
 	n.alive = false
 	n.mu.Unlock()
-	time.Sleep(timeout / 3)
-	receive(t, reports, 50*time.Millisecond) // a re-send in flight
-	if r, ok := receive(t, reports, timeout); ok {
-		t.Fatalf("re-sent while the monitor is stalled: %+v", r)
+	// Until the stream first hears the monitor is stalled, one re-send may
+	// be in flight; after that, two re-send times pass without one.
+	inFlight := 0
+	for stalls := 0; stalls < 2; {
+		select {
+		case r := <-reports:
+			if inFlight++; stalls > 0 || inFlight > 1 {
+				t.Fatalf("re-sent while the monitor is stalled: %d devices", len(r.Devices))
+			}
+		case <-n.stalled:
+			stalls++
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stream never asked whether the monitor lives")
+		}
 	}
 	n.mu.Lock()
 	n.alive = true

@@ -104,6 +104,11 @@ func TestStatusWriter(t *testing.T) {
 	var failures atomic.Int32
 	failures.Store(3)
 	client.PrependReactor("patch", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if name := action.(k8stesting.PatchActionImpl).GetName(); name == "gone" {
+			// As the API server answers an apply of a missing object's
+			// status (the fake would make the object).
+			return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaims"}, name)
+		}
 		if failures.Add(-1) >= 0 {
 			return true, nil, apierrors.NewServiceUnavailable("apiserver restarting")
 		}
@@ -153,13 +158,14 @@ func TestStatusWriter(t *testing.T) {
 		t.Errorf("%d patches, want 4", applies)
 	}
 
-	// A claim that is gone is dropped, not retried.
-	before := writes.all.Load()
+	// A claim that is gone is dropped, not retried: its status stops
+	// being pending only where the writer decides not to retry, after
+	// its one write.
+	before, refused := writes.all.Load(), writes.errs.Load()
 	w.Set(ClaimStatus{Claim: ClaimRef{UID: "uid-2", Namespace: "ns", Name: "gone"}, Time: metav1.Now()})
 	waitUntil(t, "gone claim dropped", func() bool { return w.Pending() == 0 })
-	time.Sleep(50 * time.Millisecond)
-	if n := writes.all.Load() - before; n != 1 {
-		t.Errorf("%d writes for a claim that is gone, want 1", n)
+	if n, failed := writes.all.Load()-before, writes.errs.Load()-refused; n != 1 || failed != 1 {
+		t.Errorf("%d writes (%d refused) for a claim that is gone, want 1 refused", n, failed)
 	}
 }
 

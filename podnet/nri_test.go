@@ -490,7 +490,9 @@ func TestSharedClaimServesOnePodAtATime(t *testing.T) {
 	if err := e.rt.CreateContainer(e.ctx, a, &api.Container{Id: "c2", PodSandboxId: a.Id, Name: "app"}); err != nil {
 		t.Errorf("CreateContainer in the pod with the VF: %v", err)
 	}
-	time.Sleep(200 * time.Millisecond) // a status write would be queued by now
+	// The hooks queue claim status before they answer: once the writer
+	// has nothing pending, whatever they queued is stored.
+	waitUntil(t, "the queued claim status written", func() bool { return e.status.Pending() == 0 })
 	st := e.claimStatus(c, func(d []resourceapi.AllocatedDeviceStatus) bool { return len(d) == 1 })
 	if r := condition(st[0], metadata.ConditionReady); r == nil || r.Status != "True" {
 		t.Errorf("the claim's status after the second pod was refused: %+v", st[0])

@@ -394,7 +394,9 @@ func TestReclaimKeepsWhatAllocatedClaimsMayUse(t *testing.T) {
 	listErr := errors.New("API server unreachable")
 	var fail atomic.Bool
 	fail.Store(true)
+	var asked atomic.Int32 // each reclaim asks once, first
 	list := clusterFunc(func(context.Context) ([]*resourceapi.ResourceClaim, error) {
+		asked.Add(1)
 		if fail.Load() {
 			return nil, listErr
 		}
@@ -408,8 +410,11 @@ func TestReclaimKeepsWhatAllocatedClaimsMayUse(t *testing.T) {
 	allocated.Store(&claims)
 	newPluginWith(t, l, Options{DriverName: "test.hwdra.io", StateDir: filepath.Join(dir, "state"), CDIDir: filepath.Join(dir, "cdi"),
 		BootID: "boot-1", Cluster: list, ReclaimInterval: 10 * time.Millisecond})
-	if len(l.held) != 3 {
-		t.Fatalf("removed while the API server could not be asked: %v", l.held)
+	// The first reclaim ran in New; the third ask comes after the first
+	// background one ended (or something went: no need to wait).
+	waitUntil(t, "a background reclaim while the API server cannot be asked", func() bool { return asked.Load() >= 3 || l.size() != 3 })
+	if n := l.size(); n != 3 {
+		t.Fatalf("removed while the API server could not be asked: %d of 3 held", n)
 	}
 	fail.Store(false)
 	waitUntil(t, "the unallocated claim's state is reclaimed", func() bool { return !l.heldNow("gone/a") })

@@ -136,9 +136,11 @@ func TestPublishesOwnedGPUsOnly(t *testing.T) {
 	if got := r.pub.Withheld(); !strings.HasPrefix(got, "1 of 2 GPUs not published: devicePlugin.ownedGPUs leaves them to NVIDIA's device plugin") {
 		t.Errorf("withheld %q", got)
 	}
+	publications, _ := r.metric("hwdra_resource_publications_total", map[string]string{"driver": device.GPUDriver})
 	serves.Store(true)
 	r.pub.Poke()
-	time.Sleep(200 * time.Millisecond) // a few rescans
+	r.rescans(2) // the poked one and another, both seeing the device plugin
 	r.pool(device.GPUDriver, onlyMine)
 	r.wantMetric("hwdra_device_plugin_gpus", nil, 1)
+	r.wantMetric("hwdra_resource_publications_total", map[string]string{"driver": device.GPUDriver}, publications)
 }

@@ -12,6 +12,7 @@ import (
 // the operator guide (docs/operator-guide.md, Metrics), which the agent's
 // TestMetricsAsDocumented checks against a scrape.
 type metrics struct {
+	rescans      prometheus.Counter
 	publications *prometheus.CounterVec
 	devices      *prometheus.GaugeVec
 	fallbacks    *prometheus.GaugeVec
@@ -20,6 +21,10 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer, p *Publisher) *metrics {
 	m := &metrics{
+		rescans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hwdra_rescans_total",
+			Help: "Rescans Run completed: the node probed and what changed handed to the API (every --rescan-interval, when poked and on a health change).",
+		}),
 		publications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hwdra_resource_publications_total",
 			Help: "Times a driver's ResourceSlices were republished because the devices changed.",
@@ -42,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, p *Publisher) *metrics {
 	for _, g := range gates {
 		m.fallbacks.WithLabelValues(g.name)
 	}
-	reg.MustRegister(m.publications, m.devices, m.fallbacks, m.withheld, sliceWrites{p})
+	reg.MustRegister(m.rescans, m.publications, m.devices, m.fallbacks, m.withheld, sliceWrites{p})
 	return m
 }
 

@@ -117,6 +117,20 @@ func (r *rig) verified() {
 	r.t.Fatalf("publication not verified within 30s: %v", err)
 }
 
+// rescans waits until Run has made n whole rescans after the call (n+1
+// completed: one may have been under way), so that whatever they would
+// hand to the API has been handed.
+func (r *rig) rescans(n int) {
+	r.t.Helper()
+	count := func() float64 { v, _ := r.metric("hwdra_rescans_total", nil); return v }
+	want := count() + float64(n+1)
+	for deadline := time.Now().Add(30 * time.Second); count() < want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%v rescans within 30s, want %v", count(), want)
+		}
+	}
+}
+
 // metric is the value of a series of the publisher's metrics, and whether
 // it exists.
 func (r *rig) metric(name string, labels map[string]string) (float64, bool) {
@@ -442,9 +456,10 @@ func TestPublishesWhatChanged(t *testing.T) {
 	}
 	mu.Unlock()
 
-	// Rescans of an unchanged node write nothing.
+	// Rescans of an unchanged node hand nothing to the API and write
+	// nothing.
 	writes := publishtest.Writes(r.client)
-	time.Sleep(300 * time.Millisecond)
+	r.rescans(3)
 	if n := publishtest.Writes(r.client) - writes; n != 0 {
 		t.Errorf("%d slice writes at rest", n)
 	}
@@ -468,7 +483,7 @@ func TestPublishesWhatChanged(t *testing.T) {
 		return true
 	})
 	r.verified()
-	time.Sleep(300 * time.Millisecond)
+	r.rescans(3)
 	r.wantMetric("hwdra_resource_publications_total", gpuLabels, 2)
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -248,7 +249,9 @@ func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
 				e := newEnv(t, sc.profile, false)
 				var allocated []*resourceapi.ResourceClaim
 				var mu sync.Mutex
+				var asked atomic.Int32 // each reclaim asks once, first
 				e.allocated = func(context.Context) ([]*resourceapi.ResourceClaim, error) {
+					asked.Add(1)
 					mu.Lock()
 					defer mu.Unlock()
 					return slices.Clone(allocated), nil
@@ -269,8 +272,16 @@ func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
 					t.Fatalf("nothing made: %s, ledger %v", running, e.ledgerKeys())
 				}
 				loss.lose(t, e)
-				e.restart(nil)
-				time.Sleep(50 * time.Millisecond) // a few background reclaims
+				asks := asked.Load()
+				e.restart(nil) // the first reclaim, done when it returns
+				if loss.specsLost {
+					// Nothing records the claims, so the first reclaim keeps
+					// their hardware and reclaims go on in the background
+					// while they are allocated: the third ask comes after
+					// the first of them ended (or the hardware changed: no
+					// need to wait).
+					waitFor(t, "reclaims going on in the background", func() bool { return asked.Load() >= asks+3 || e.hwState() != running })
+				}
 				if got := e.hwState(); got != running {
 					t.Fatalf("the running claims' hardware changed at the restart:\n%s\nwant\n%s", got, running)
 				}

@@ -209,12 +209,22 @@ func TestAgentPodCredentials(t *testing.T) {
 	}
 }
 
-// TestAgentPodMemory logs the agent pod's memory on a mock DGX H100 (8
-// GPUs, 8 NICs, 218 devices) once it serves: "MEMORY agent-pod dgx-h100
-// ...". The target (under 60 MiB resident) lives in
-// BenchmarkAgentPodMemory, not in an assertion here.
+// agentPodResidentTarget is the README's target (Memory): the agent pod on
+// a mock DGX H100 "stays under 60 MiB resident", the resident memory of
+// the agent process in the pod's cgroup.
+const agentPodResidentTarget = 60 << 20
+
+// TestAgentPodMemory holds the agent pod on a mock DGX H100 (8 GPUs, 8
+// NICs, 218 devices) to the README's target once it serves: under 60 MiB
+// resident. It logs "MEMORY agent-pod dgx-h100 ..." and fails with the
+// measured figures when over.
 func TestAgentPodMemory(t *testing.T) {
-	t.Logf("MEMORY agent-pod dgx-h100 %s", agentPodMemory(t))
+	m := agentPodMemory(t)
+	t.Logf("MEMORY agent-pod dgx-h100 %s", m)
+	if m.Resident() >= agentPodResidentTarget {
+		t.Errorf("the agent pod's agent is %.1f MiB resident, over the README's target (under %d MiB): %s",
+			float64(m.Resident())/(1<<20), agentPodResidentTarget>>20, m)
+	}
 }
 
 // BenchmarkAgentPodMemory reports the agent pod's resident memory on a
@@ -232,8 +242,8 @@ func BenchmarkAgentPodMemory(b *testing.B) {
 }
 
 // agentPodMemory starts the agent pod on a mock DGX H100 and reads its
-// memory once both drivers' pools are published and start-up's garbage
-// is collected.
+// memory once both drivers' pools are published and its resident memory
+// has stopped falling.
 func agentPodMemory(tb testing.TB) framework.Memory {
 	tb.Helper()
 	n := framework.Shared(tb)
@@ -243,10 +253,31 @@ func agentPodMemory(tb testing.TB) framework.Memory {
 			tb.Fatal(err)
 		}
 	}
-	time.Sleep(5 * time.Second)
+	// Start-up's garbage leaves the resident set when the Go runtime has
+	// collected it and its scavenger has returned the pages, and the
+	// agent offers no way to make either happen or to see them end (no
+	// debug endpoint; its /metrics counts GC cycles, but at rest the
+	// runtime may force one only after two minutes). So sample until
+	// resident memory has made no new low for settle, within a minute,
+	// and report the last sample.
+	const every, settle, limit = 500 * time.Millisecond, 5 * time.Second, time.Minute
 	m, err := pod.Memory()
 	if err != nil {
 		tb.Fatal(err)
+	}
+	low, lowAt := m.Resident(), time.Now()
+	for began := time.Now(); time.Since(lowAt) < settle; {
+		if time.Since(began) > limit {
+			tb.Logf("resident memory still falling after %v: %s", limit, m)
+			break
+		}
+		time.Sleep(every)
+		if m, err = pod.Memory(); err != nil {
+			tb.Fatal(err)
+		}
+		if m.Resident() < low {
+			low, lowAt = m.Resident(), time.Now()
+		}
 	}
 	return m
 }
