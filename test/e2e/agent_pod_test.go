@@ -209,20 +209,21 @@ func TestAgentPodCredentials(t *testing.T) {
 	}
 }
 
-// agentPodResidentTarget is the README's target (Memory): the agent pod on
-// a mock DGX H100 "stays under 60 MiB resident", the resident memory of
-// the agent process in the pod's cgroup.
+// agentPodResidentTarget is the operator guide's target
+// (docs/operator-guide.md, Memory): the agent pod on a mock DGX H100
+// "stays under 60 MiB resident", the resident memory of the agent process
+// in the pod's cgroup.
 const agentPodResidentTarget = 60 << 20
 
 // TestAgentPodMemory holds the agent pod on a mock DGX H100 (8 GPUs, 8
-// NICs, 218 devices) to the README's target once it serves: under 60 MiB
-// resident. It logs "MEMORY agent-pod dgx-h100 ..." and fails with the
+// NICs, 218 devices) to the operator guide's target once it serves: under
+// 60 MiB resident. It logs "MEMORY agent-pod dgx-h100 ..." and fails with the
 // measured figures when over.
 func TestAgentPodMemory(t *testing.T) {
 	m := agentPodMemory(t)
 	t.Logf("MEMORY agent-pod dgx-h100 %s", m)
 	if m.Resident() >= agentPodResidentTarget {
-		t.Errorf("the agent pod's agent is %.1f MiB resident, over the README's target (under %d MiB): %s",
+		t.Errorf("the agent pod's agent is %.1f MiB resident, over the operator guide's target (under %d MiB): %s",
 			float64(m.Resident())/(1<<20), agentPodResidentTarget>>20, m)
 	}
 }
