@@ -350,4 +350,6 @@ func (p *linePrefixer) Write(b []byte) (int, error) {
 // feature (prepare.Published).
 type published hw.Inventory
 
-func (p published) Current() (hw.Inventory, device.Features) { return hw.Inventory(p), device.AllFeatures }
+func (p published) Current() (hw.Inventory, device.Features) {
+	return hw.Inventory(p), device.AllFeatures
+}

@@ -105,7 +105,7 @@ func (e *env) Current() (hw.Inventory, device.Features) {
 func (e *env) newDriver() *Driver {
 	e.t.Helper()
 	d, err := New(Options{
-		VFs: e.vfs,
+		VFs:       e.vfs,
 		Published: e, Config: e.cfg,
 		SysfsRoot: e.hw.Sysfs, DevRoot: e.hw.DevRoot(), StateDir: e.stateDir(),
 		NodeName: testNode, BootID: testBoot,
