@@ -209,16 +209,12 @@ func (d driverHealth) Devices() []health.Device {
 // Alive: the driver's monitor checked its devices within within.
 func (d driverHealth) Alive(within time.Duration) bool {
 	d.mu.Lock()
-	var m interface{ Alive(time.Duration) bool }
-	if d.driver == device.GPUDriver {
-		if d.gpu != nil {
-			m = d.gpu
-		}
-	} else if d.nic != nil {
-		m = d.nic
-	}
+	gpu, nic := d.gpu, d.nic
 	d.mu.Unlock()
-	return m != nil && m.Alive(within)
+	if d.driver == device.GPUDriver {
+		return gpu != nil && gpu.Alive(within)
+	}
+	return nic != nil && nic.Alive(within)
 }
 
 // Changed is closed at the next change of faults or published devices.
