@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -51,9 +52,12 @@ func TestLeavesGPUsToTheDevicePlugin(t *testing.T) {
 	defer l.Close()
 	waitFor(t, "GPU slices withdrawn", func() bool { return a.storedDevices(device.GPUDriver) == 0 })
 	want := "2 of 2 GPUs not published: NVIDIA's device plugin serves GPUs on this node: its socket " + sock
-	waitFor(t, "/readyz naming the device plugin", func() bool {
+	// It says too where the NVIDIA driver is: the mock's, found as on a
+	// host.
+	waitFor(t, "/readyz naming the device plugin and the driver", func() bool {
 		code, body := probe(t, a.opts.MetricsAddress, "/readyz")
-		return code == http.StatusOK && body == "ok\n"+want+"\n"
+		return code == http.StatusOK && strings.HasPrefix(body, "ok\nNVIDIA driver root / (fhs layout): NVML /") &&
+			strings.Contains(body, "/host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1, programs in /") && strings.HasSuffix(body, "\n"+want+"\n")
 	})
 	if got := a.metric(`hwdra_device_plugin_detected{source="socket"}`); got != "1" {
 		t.Errorf("hwdra_device_plugin_detected{source=socket} %q, want 1", got)
@@ -70,9 +74,9 @@ func TestLeavesGPUsToTheDevicePlugin(t *testing.T) {
 		t.Fatalf("the listener left its socket: %v", err)
 	}
 	waitFor(t, "GPU slices back", func() bool { return a.storedDevices(device.GPUDriver) == gpus })
-	waitFor(t, "/readyz plain ok", func() bool {
+	waitFor(t, "/readyz ok with the driver only", func() bool {
 		code, body := probe(t, a.opts.MetricsAddress, "/readyz")
-		return code == http.StatusOK && body == "ok\n"
+		return code == http.StatusOK && strings.HasPrefix(body, "ok\nNVIDIA driver root /") && strings.Count(body, "\n") == 2
 	})
 	if got := a.metric(`hwdra_device_plugin_detected{source="socket"}`); got != "0" {
 		t.Errorf("hwdra_device_plugin_detected{source=socket} %q, want 0", got)

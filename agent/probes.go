@@ -51,6 +51,9 @@ type probes struct {
 	requested func() bool
 	// api is nil while the API server answers, else what is unreachable.
 	api func() error
+	// driver says where the NVIDIA driver is, "" on a node without
+	// NVIDIA GPUs for it.
+	driver func() string
 }
 
 type startedPlugin struct {
@@ -82,13 +85,19 @@ func (p *probes) serving(published, nri, degraded func() error, withheld func() 
 	p.state, p.published, p.nri, p.degraded, p.withheld = "", published, nri, degraded, withheld
 }
 
-// notes are what /readyz says besides "ok": GPUs left to the device
-// plugin, and a reduced device model as a "warning: " line.
+// notes are what /readyz says besides "ok": where the NVIDIA driver is,
+// GPUs left to the device plugin, and a reduced device model as a
+// "warning: " line.
 func (p *probes) notes() []string {
 	p.mu.Lock()
-	degraded, withheld := p.degraded, p.withheld
+	degraded, withheld, driver := p.degraded, p.withheld, p.driver
 	p.mu.Unlock()
 	var out []string
+	if driver != nil {
+		if d := driver(); d != "" {
+			out = append(out, d)
+		}
+	}
 	if withheld != nil {
 		if w := withheld(); w != "" {
 			out = append(out, w)
@@ -100,6 +109,12 @@ func (p *probes) notes() []string {
 		}
 	}
 	return out
+}
+
+func (p *probes) setDriver(driver func() string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.driver = driver
 }
 
 func (p *probes) setAPIServer(unreachable func() error) {

@@ -88,6 +88,13 @@ func (s *server) openHardware(ctx context.Context) error {
 		logger.Error(err, "Some devices could not be read")
 	}
 	s.inv = inv
+	node := s.node
+	s.pr.setDriver(func() string {
+		if node.GPU() == nil && !node.NVMLPending() {
+			return "" // no NVIDIA GPU for the driver: nothing to say
+		}
+		return node.Driver().String()
+	})
 	return nil
 }
 

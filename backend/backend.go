@@ -66,10 +66,12 @@ type Node struct {
 	// hardware. Set once NVML is up.
 	Programs nvml.Programs
 
-	// driverRoot is the host's NVIDIA driver (nil on mock hardware): a
-	// pending NVML is made anew from it at each retry, as the library may
-	// have appeared since.
+	// driverRoot is where the NVIDIA driver is looked for (nil on mock
+	// hardware): a pending NVML is made anew at each retry, found again,
+	// as the library may have appeared since.
 	driverRoot *DriverRoot
+	// driver is the driver installation as last found.
+	driver Driver
 	// sim is the simulated hardware behind a mock node (mock.go), nil on
 	// a host; Close removes it.
 	sim io.Closer
@@ -120,10 +122,30 @@ func openHost(root DriverRoot, logger klog.Logger) *Node {
 		NIC:         sriov.Options{SysfsRoot: sriov.DefaultSysfsRoot},
 		DevRoot:     "/dev", ProcRoot: "/proc", SysfsRoot: sriov.DefaultSysfsRoot,
 		Sysfs: nvml.SysfsFiles(sriov.DefaultSysfsRoot), VFs: sriov.NetlinkVFConfigurator{}, RDMA: sriov.NetlinkRDMA{},
-		DriverSpecDirs: root.specDirs(), driverRoot: &root,
+		driverRoot: &root,
 	}
-	n.openNVML(root.newNVML(sriov.DefaultSysfsRoot), logger)
+	n.findDriver(logger)
+	n.openNVML(n.driver.newNVML(sriov.DefaultSysfsRoot), logger)
 	return n
+}
+
+// findDriver finds the driver installation (again) and says where it is
+// when that changed.
+func (n *Node) findDriver(logger klog.Logger) {
+	d := n.driverRoot.Find()
+	if d.String() != n.driver.String() {
+		logger.Info("NVIDIA driver: "+d.String(), "root", d.Root.Path, "layout", d.Layout, "given", n.driverRoot.Path != "")
+	}
+	n.driver = d
+	n.DriverSpecDirs = d.specDirs()
+}
+
+// Driver is the NVIDIA driver installation as last found: where its root,
+// NVML and programs are.
+func (n *Node) Driver() Driver {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.driver
 }
 
 // openNVML initialises NVML. Where that fails but the PCI bus shows NVIDIA
@@ -136,10 +158,10 @@ func (n *Node) openNVML(b *nvml.Backend, logger klog.Logger) {
 		n.nvmlUp()
 	case nvidiaGPUsOnBus(n.SysfsRoot):
 		n.nvmlPending = b
-		logger.Info("NVML unavailable, but the PCI bus shows NVIDIA GPUs: waiting for the driver", "err", err, "driverRoot", n.driverRootPath())
+		logger.Info("NVML unavailable, but the PCI bus shows NVIDIA GPUs: waiting for the driver", "err", err, "driver", n.driver.String())
 	default:
 		// A NIC-only node has no NVIDIA driver: not an error.
-		logger.Info("No GPUs: NVML unavailable", "err", err, "driverRoot", n.driverRootPath())
+		logger.Info("No GPUs: NVML unavailable", "err", err, "driver", n.driver.String())
 	}
 }
 
@@ -169,7 +191,8 @@ func (n *Node) InitNVML() error {
 		return nvml.ErrNoNVML
 	}
 	if n.driverRoot != nil {
-		n.nvmlPending = n.driverRoot.newNVML(n.SysfsRoot)
+		n.findDriver(klog.Background())
+		n.nvmlPending = n.driver.newNVML(n.SysfsRoot)
 	}
 	if err := n.nvmlPending.Init(); err != nil {
 		return err
@@ -182,8 +205,8 @@ func (n *Node) InitNVML() error {
 // nvmlUp finds the GPUs' device nodes once the driver is there.
 func (n *Node) nvmlUp() {
 	if n.driverRoot != nil {
-		n.GPUDevRoot, n.GPUDevNodeRoot = n.driverRoot.devRoot()
-		n.Programs = n.driverRoot.programs()
+		n.GPUDevRoot, n.GPUDevNodeRoot = n.driver.devRoot()
+		n.Programs = n.driver.programs()
 	}
 }
 

@@ -4,13 +4,11 @@ package backend
 
 import (
 	"errors"
-	"path/filepath"
 	"strings"
 
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/mock"
-	"github.com/hwdra/hwdra/mock/drivertools"
 	"github.com/hwdra/hwdra/mock/profile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/sriov"
@@ -33,8 +31,11 @@ func openMock(spec string, logger klog.Logger) (*Node, error) {
 		Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(),
 		HostNetns: nics.Netns(), settle: nics.Settle, NoLinks: !nics.HasVeths(),
 		NIC:      sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
-		Programs: nvml.Programs{Bin: filepath.Join(m.DriverRoot(), drivertools.BinDir)},
 	}
+	// The driver's installation is found as on a host, in the mock's
+	// node tree: the same search, the same layouts.
+	n.driver = DriverRoot{Host: m.HostRoot()}.Find()
+	n.Programs = n.driver.programs()
 	if n.Passthrough, err = vfiopci.New(m.Sysfs); err != nil {
 		return nil, errors.Join(err, m.Close())
 	}

@@ -92,6 +92,9 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	var objs []*resourceapi.ResourceSlice
 	section(out, "Hardware and slices")
 	fmt.Fprintf(out, "%d GPU(s), %d bound to vfio-pci, %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PassthroughGPUs), len(inv.PFs))
+	if node.GPU() != nil || node.NVMLPending() {
+		fmt.Fprintln(out, node.Driver())
+	}
 	for _, driver := range sortedKeys(res) {
 		n := 0
 		for _, s := range resources.Objects(driver, NodeName, res[driver]) {

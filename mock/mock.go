@@ -47,10 +47,12 @@ type Hardware struct {
 // The trees of the mock's directory: what /sys, /proc and /dev are on a
 // host.
 const (
-	sysTree    = "sys"
-	procTree   = "proc"
-	devTree    = "dev"
-	driverTree = "driver-root"
+	sysTree  = "sys"
+	procTree = "proc"
+	devTree  = "dev"
+	// hostTree is the node's "/" as far as the mock fills it: the NVIDIA
+	// driver's installation, under the profile's driver root.
+	hostTree = "host"
 )
 
 // Open loads a profile (built-in name or YAML file) and builds it.
@@ -66,7 +68,7 @@ func Open(spec string) (*Hardware, error) {
 // in $HWDRA_MOCK_DIR, restoring the state an earlier process left there
 // (see persist.DirEnv).
 func New(p profile.Profile) (*Hardware, error) {
-	dir, err := persist.Open(p, sysTree, procTree, devTree, driverTree, fault.InboxDir)
+	dir, err := persist.Open(p, sysTree, procTree, devTree, hostTree, fault.InboxDir)
 	if err != nil {
 		return nil, err
 	}
@@ -89,10 +91,8 @@ func (h *Hardware) build() error {
 		return fmt.Errorf("mock profile %q: %w", h.Profile.Name, err)
 	}
 	h.NVML = h.gpus.NVML
-	if len(h.Profile.GPUs) > 0 {
-		if err := drivertools.Install(h.DriverRoot()); err != nil {
-			return err
-		}
+	if err := h.installDriver(); err != nil {
+		return err
 	}
 	if h.nics, err = nicsim.Build(h.Profile, h.Sysfs, dev, h.dir.Persistent(), h.dir); err != nil {
 		return fmt.Errorf("mock profile %q: %w", h.Profile.Name, err)
@@ -134,11 +134,42 @@ func (h *Hardware) ProcRoot() string { return filepath.Join(h.dir.Path(), procTr
 // device nodes (nodefs.CanMknod).
 func (h *Hardware) DevRoot() string { return filepath.Join(h.dir.Path(), devTree) }
 
-// DriverRoot is the mock node's NVIDIA driver root (what / or
-// /run/nvidia/driver is on a host): its usr/bin holds the driver's
-// programs the agent runs, nvidia-cuda-mps-control and nvidia-smi, as
-// stand-ins that record what they are told (mock/drivertools).
-func (h *Hardware) DriverRoot() string { return filepath.Join(h.dir.Path(), driverTree) }
+// HostRoot is the mock node's "/" as far as the mock fills it: the NVIDIA
+// driver's installation under the profile's driver root.
+func (h *Hardware) HostRoot() string { return filepath.Join(h.dir.Path(), hostTree) }
+
+// DriverRoot is the mock node's NVIDIA driver root as this process sees
+// it (HostRoot and the profile's driver.root: what /, /run/nvidia/driver,
+// /usr/local/nvidia or /home/kubernetes/bin/nvidia is on a node).
+func (h *Hardware) DriverRoot() string { return filepath.Join(h.HostRoot(), h.Profile.DriverRoot()) }
+
+// DriverBin is where the driver's programs are: nvidia-cuda-mps-control
+// and nvidia-smi, stand-ins that record what they are told
+// (mock/drivertools), in the driver root's usr/bin or bin.
+func (h *Hardware) DriverBin() string {
+	return filepath.Join(h.DriverRoot(), profile.DriverRoots[h.Profile.DriverRoot()].Bin)
+}
+
+// installDriver lays out the NVIDIA driver's installation on a node with
+// GPUs for NVML, as real nodes have it under the profile's root: the
+// programs the agent runs (stand-ins) and stand-ins of the user-space
+// libraries of the mock NVML's driver version, which containers get.
+func (h *Hardware) installDriver() error {
+	if h.gpus.DriverVersion == "" {
+		return nil // no GPU for the NVIDIA driver: not installed
+	}
+	layout := profile.DriverRoots[h.Profile.DriverRoot()]
+	if h.Profile.Driver == nil || !h.Profile.Driver.NoPrograms {
+		if err := drivertools.Install(h.DriverBin()); err != nil {
+			return err
+		}
+	}
+	return drivertools.InstallLibraries(filepath.Join(h.DriverRoot(), layout.Lib), h.gpus.DriverVersion)
+}
+
+// DriverVersion is the NVIDIA driver version the mock's NVML reports
+// ("550.54.15"); "" without GPUs for NVML.
+func (h *Hardware) DriverVersion() string { return h.gpus.DriverVersion }
 
 // TimeSlice is the compute time slice nvidia-smi set on the GPU at a PCI
 // address (0: the default).

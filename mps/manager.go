@@ -150,6 +150,9 @@ func (m *Manager) start(ctx context.Context, s Spec) error {
 // launch runs nvidia-cuda-mps-control -d through the launcher, which
 // returns once the daemon is in the background.
 func (m *Manager) launch(ctx context.Context, s Spec, d Dirs) error {
+	if err := m.opts.Programs.Check(Control); err != nil {
+		return fmt.Errorf("MPS daemon %s: %w", s.ID, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
 	defer cancel()
 	control := m.opts.Programs.Command(ctx, Control, s.env(d), "-d")

@@ -50,15 +50,15 @@ func TestSpec(t *testing.T) {
 	}
 }
 
-// newManager is a Manager on a driver root with the mock's programs.
+// newManager is a Manager on a driver's bin folder with the mock's programs.
 func newManager(t *testing.T, stateDir string) *Manager {
 	t.Helper()
-	root := filepath.Join(stateDir, "driver-root")
-	if err := drivertools.Install(root); err != nil {
+	bin := filepath.Join(stateDir, "driver-root", "usr", "bin")
+	if err := drivertools.Install(bin); err != nil {
 		t.Fatal(err)
 	}
 	m, err := Open(Options{Dir: filepath.Join(stateDir, "mps"), StateFile: filepath.Join(stateDir, "mps.json"),
-		Programs: nvml.Programs{Bin: filepath.Join(root, drivertools.BinDir)}})
+		Programs: nvml.Programs{Bin: bin}})
 	if err != nil {
 		t.Fatal(err)
 	}

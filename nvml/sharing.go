@@ -80,6 +80,18 @@ type Programs struct {
 // Path is a program's path.
 func (p Programs) Path(name string) string { return filepath.Join(p.Bin, name) }
 
+// Check says whether a program is there to run: an error naming it and
+// where it was looked for when not (a driver installed without its
+// programs: NVML and the libraries alone).
+func (p Programs) Check(name string) error {
+	path := p.Path(name)
+	st, err := os.Stat(path)
+	if err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+		return nil
+	}
+	return fmt.Errorf("the NVIDIA driver's %s is not at %s: the driver installation lacks its programs, which MPS claims, GPU shares and time-sliced claims need (look for it with hwdra doctor; --nvidia-driver-root names the root)", name, path)
+}
+
 // Command runs a program of the driver with env added to this process's
 // environment.
 func (p Programs) Command(ctx context.Context, name string, env []string, args ...string) *exec.Cmd {
@@ -102,6 +114,9 @@ const TimeSlices = 4
 func (p Programs) SetTimeSlice(ctx context.Context, uuid string, n int) error {
 	if n < 0 || n >= TimeSlices {
 		return fmt.Errorf("GPU %s: time slice %d: must be 0 to %d", uuid, n, TimeSlices-1)
+	}
+	if err := p.Check("nvidia-smi"); err != nil {
+		return fmt.Errorf("GPU %s: time slice: %w", uuid, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
@@ -18,10 +19,12 @@ func addHardwareFlag(cmd *cobra.Command, hardware *string) {
 
 // addDriverRootFlags: where the NVIDIA driver is (--hardware host).
 func addDriverRootFlags(cmd *cobra.Command, root *backend.DriverRoot) {
-	cmd.Flags().StringVar(&root.Path, "nvidia-driver-root", "/",
-		"the NVIDIA driver's root on the node: / for a driver installed on the host, /run/nvidia/driver for the GPU operator's driver container; libnvidia-ml.so.1 is loaded from there and GPU device nodes are found under it")
+	cmd.Flags().StringVar(&root.Path, "nvidia-driver-root", "",
+		"the NVIDIA driver's root on the node: / for a driver installed on the host, /run/nvidia/driver for the GPU operator's driver container, /usr/local/nvidia or /home/kubernetes/bin/nvidia for the flat layout (bin/, lib64/); libnvidia-ml.so.1 and the driver's programs are found under it, and GPU device nodes under its dev/ if it has one; empty: the first of "+strings.Join(backend.KnownRoots, ", ")+" with NVML and the programs")
 	cmd.Flags().StringVar(&root.Mount, "nvidia-driver-root-mount", "",
 		"where this process sees --nvidia-driver-root (the DaemonSet mounts it at /driver-root); empty: the same path")
+	cmd.Flags().StringVar(&root.Host, "host-root", "/",
+		"where this process sees the node's / (the DaemonSet mounts it read-only at /host): the known driver roots are looked for under it when --nvidia-driver-root is empty")
 }
 
 func addOutputFlag(cmd *cobra.Command, output *string) {

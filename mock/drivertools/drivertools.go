@@ -19,16 +19,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
-// The programs' names, as the driver installs them in <root>/usr/bin.
+// The programs' names, as the driver installs them (in usr/bin or bin of
+// its root).
 const (
 	MPSControl = "nvidia-cuda-mps-control"
 	SMI        = "nvidia-smi"
 )
-
-// BinDir is where the programs are, relative to the driver root.
-const BinDir = "usr/bin"
 
 func init() {
 	var run func(args []string) int
@@ -43,14 +42,13 @@ func init() {
 	os.Exit(run(os.Args[1:]))
 }
 
-// Install links the stand-ins into driverRoot/usr/bin: symlinks to this
-// executable, whose init runs them.
-func Install(driverRoot string) error {
+// Install links the stand-ins into bin: symlinks to this executable,
+// whose init runs them.
+func Install(bin string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("mock driver tools: %w", err)
 	}
-	bin := filepath.Join(driverRoot, BinDir)
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return err
 	}
@@ -62,6 +60,47 @@ func Install(driverRoot string) error {
 			continue
 		}
 		errs = append(errs, os.Symlink(self, link))
+	}
+	return errors.Join(errs...)
+}
+
+// Libraries are the driver's user-space libraries the mock stands in for,
+// by soname: what a CUDA or NVML program in a container loads (the CUDA
+// driver, NVML, the PTX JIT compiler and NVVM, the debugger, OpenCL, the
+// allocator, the config library and the shader compiler).
+var Libraries = []string{
+	"libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1", "libnvidia-nvvm.so.4",
+	"libcudadebugger.so.1", "libnvidia-opencl.so.1", "libnvidia-allocator.so.1", "libnvidia-cfg.so.1",
+	"libnvidia-gpucomp.so",
+}
+
+// InstallLibraries writes a stand-in file for each of Libraries into lib,
+// named as the driver names its files (libcuda.so.<version>) with the
+// soname a symlink to it (libcuda.so.1 -> libcuda.so.<version>), as the
+// driver's installer leaves them. A file already there is kept (a test
+// may have put a real stand-in library there).
+func InstallLibraries(lib, version string) error {
+	if err := os.MkdirAll(lib, 0o755); err != nil {
+		return err
+	}
+	var errs []error
+	for _, soname := range Libraries {
+		base := soname
+		if i := strings.Index(soname, ".so"); i >= 0 {
+			base = soname[:i+len(".so")]
+		}
+		file := base + "." + version
+		path := filepath.Join(lib, file)
+		if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, os.WriteFile(path, []byte("hwdra mock stand-in for "+file+"\n"), 0o755))
+		}
+		if soname == base {
+			continue
+		}
+		link := filepath.Join(lib, soname)
+		if _, err := os.Lstat(link); errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, os.Symlink(file, link))
+		}
 	}
 	return errors.Join(errs...)
 }

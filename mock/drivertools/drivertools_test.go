@@ -14,9 +14,9 @@ import (
 	"github.com/hwdra/hwdra/mock/mocktest"
 )
 
-// run runs a program of a driver root with an environment and stdin.
-func run(root, name, stdin string, env []string, args ...string) (string, error) {
-	cmd := exec.Command(filepath.Join(root, drivertools.BinDir, name), args...)
+// run runs a program in bin with an environment and stdin.
+func run(bin, name, stdin string, env []string, args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(bin, name), args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	out, err := cmd.CombinedOutput()
@@ -108,7 +108,7 @@ func TestSMITimeSlice(t *testing.T) {
 	uuid, _ := dev.GetUUID()
 	for _, id := range []string{uuid, bus} {
 		for _, n := range []int{2, 0} {
-			if out, err := run(h.DriverRoot(), drivertools.SMI, "", nil, "compute-policy", "-i", id, "--set-timeslice", strconv.Itoa(n)); err != nil {
+			if out, err := run(h.DriverBin(), drivertools.SMI, "", nil, "compute-policy", "-i", id, "--set-timeslice", strconv.Itoa(n)); err != nil {
 				t.Fatalf("%v: %s", err, out)
 			}
 			if got, _ := h.TimeSlice(bus); got != n {
@@ -124,7 +124,7 @@ func TestSMITimeSlice(t *testing.T) {
 		{"compute-policy", "-i", "GPU-nope", "--set-timeslice", "1"},
 		{"-q"},
 	} {
-		if out, err := run(h.DriverRoot(), drivertools.SMI, "", nil, bad...); err == nil {
+		if out, err := run(h.DriverBin(), drivertools.SMI, "", nil, bad...); err == nil {
 			t.Errorf("%q accepted: %s", bad, out)
 		}
 	}

@@ -17,7 +17,7 @@ import (
 //	nvidia-smi compute-policy -i <GPU UUID or PCI address> --set-timeslice <0-3>
 //
 // It sets the mock GPU's time slice through the inbox of the mock whose
-// driver root it was started from (<mock dir>/driver-root/usr/bin), as the
+// driver root it was started from (somewhere under <mock dir>), as the
 // real tool changes the driver's state from outside the agent.
 func smi(args []string) int {
 	id, slice, err := parseSMI(args)
@@ -66,9 +66,17 @@ func parseSMI(args []string) (id string, slice int, err error) {
 	return id, slice, nil
 }
 
-// mockDir is the mock's directory of a program in its driver root,
-// <mock dir>/driver-root/usr/bin/<name>.
+// mockDir is the mock's directory of a program in its driver root: the
+// nearest folder above it that holds the mock's fault inbox (the driver
+// root's depth depends on where the profile installs the driver).
 func mockDir(program string) string {
 	abs, _ := filepath.Abs(program)
-	return filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(abs))))
+	for dir := filepath.Dir(abs); ; dir = filepath.Dir(dir) {
+		if st, err := os.Stat(filepath.Join(dir, fault.InboxDir)); err == nil && st.IsDir() {
+			return dir
+		}
+		if dir == filepath.Dir(dir) {
+			return filepath.Dir(abs) // no mock: InjectDir says so
+		}
+	}
 }

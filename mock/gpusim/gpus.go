@@ -28,10 +28,13 @@ import (
 type GPUs struct {
 	// NVML is the node's NVML library: go-nvml's mock server with every
 	// GPU wrapped, or without GPUs one whose Init fails.
-	NVML    nvml.Interface
-	profile string // the profile's name, for errors
-	sysfs   string
-	srv     *server.Server // nil without GPUs
+	NVML nvml.Interface
+	// DriverVersion is the driver version NVML reports; "" without GPUs
+	// for NVML.
+	DriverVersion string
+	profile       string // the profile's name, for errors
+	sysfs         string
+	srv           *server.Server // nil without GPUs
 	// busIDs are every GPU's address in the profile's order, those
 	// bound to vfio-pci (not in NVML) too.
 	busIDs []string
@@ -158,6 +161,7 @@ func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.R
 	if err != nil {
 		return nil, err
 	}
+	g.DriverVersion = driver
 	installServer(s)
 	installLostLookups(s)
 	vgpuIDs := map[string]uint32{}

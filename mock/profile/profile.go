@@ -27,6 +27,45 @@ type Profile struct {
 	// system`): "shared" (default) or "exclusive", where an RDMA device
 	// belongs to one namespace and moves with its netdev.
 	RDMANetns string `json:"rdmaNetns,omitempty"`
+	// Driver is how the NVIDIA driver is installed on the node (a node
+	// with GPUs only).
+	Driver *Driver `json:"driver,omitempty"`
+}
+
+// Driver is how the NVIDIA user-space driver is installed: where, and
+// whether whole.
+type Driver struct {
+	// Root is where the driver is installed on the node, one of
+	// DriverRoots: "/" (default), "/run/nvidia/driver" (the GPU
+	// operator's driver container), "/usr/local/nvidia" (NVIDIA's CUDA
+	// images) or "/home/kubernetes/bin/nvidia" (GKE). The layout under it
+	// is the one real nodes have there.
+	Root string `json:"root,omitempty"`
+	// NoPrograms leaves the driver's programs out (nvidia-smi, the MPS
+	// control daemon): an installation with NVML and libraries only.
+	NoPrograms bool `json:"noPrograms,omitempty"`
+}
+
+// DriverRoots are the driver roots real nodes use, each with its layout:
+// programs in usr/bin and libraries in usr/lib/<triplet> (FHS: the host,
+// the GPU operator's driver container), or programs in bin and libraries
+// in lib64 (flat: CUDA images, GKE).
+var DriverRoots = map[string]DriverLayout{
+	"/":                           {Bin: "usr/bin", Lib: "usr/lib/x86_64-linux-gnu"},
+	"/run/nvidia/driver":          {Bin: "usr/bin", Lib: "usr/lib/x86_64-linux-gnu"},
+	"/usr/local/nvidia":           {Bin: "bin", Lib: "lib64"},
+	"/home/kubernetes/bin/nvidia": {Bin: "bin", Lib: "lib64"},
+}
+
+// DriverLayout is where a driver root keeps its programs and libraries.
+type DriverLayout struct{ Bin, Lib string }
+
+// DriverRoot is where the profile's driver is installed ("/" by default).
+func (p Profile) DriverRoot() string {
+	if p.Driver == nil || p.Driver.Root == "" {
+		return "/"
+	}
+	return p.Driver.Root
 }
 
 // GPU virtualization modes and vGPU frameworks of a profile.
@@ -182,6 +221,16 @@ func (p Profile) validate() error {
 	case "", RDMANetnsShared, RDMANetnsExclusive:
 	default:
 		return fmt.Errorf("rdmaNetns: %q is not %s or %s", p.RDMANetns, RDMANetnsShared, RDMANetnsExclusive)
+	}
+	if p.Driver != nil {
+		if _, ok := DriverRoots[p.DriverRoot()]; !ok {
+			roots := make([]string, 0, len(DriverRoots))
+			for r := range DriverRoots {
+				roots = append(roots, r)
+			}
+			sort.Strings(roots)
+			return fmt.Errorf("driver.root: %q is none of the roots real nodes use (%s)", p.Driver.Root, strings.Join(roots, ", "))
+		}
 	}
 	unaddressed := 0
 	for i, g := range p.GPUs {

@@ -124,7 +124,7 @@ func (e *env) restart(hook func(string) error) {
 		SysfsRoot:      e.hw.Sysfs,
 		Sysfs:          e.hw.SysfsWriter(),
 		DriverSpecDirs: []string{filepath.Join(e.dir, "etc-cdi"), filepath.Join(e.dir, "cdi")},
-		Programs:       nvml.Programs{Bin: filepath.Join(e.hw.DriverRoot(), drivertools.BinDir)},
+		Programs:       nvml.Programs{Bin: e.hw.DriverBin()},
 	})
 	if err != nil {
 		e.t.Fatal(err)

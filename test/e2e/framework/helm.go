@@ -142,7 +142,6 @@ func (n *Node) AgentValues(hardware string) map[string]any {
 		"cdiDir":           n.CDIDir,
 		"nriSocket":        n.NRISocket,
 		"podNetnsDir":      n.NetnsDir(),
-		"nvidiaDriverRoot": filepath.Join(n.Root, "driver-root"),
 		"stateDir":         n.AgentPodStateDir(),
 		"nodeSelector":     map[string]any{AgentPodLabel: "true"},
 		"logVerbosity":     2,
