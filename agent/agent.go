@@ -66,6 +66,10 @@ type Options struct {
 	PodUID string
 	// DriverRoot is the NVIDIA driver's root on "host" hardware.
 	DriverRoot backend.DriverRoot
+	// CDIHook is nvidia-cdi-hook as the node's container runtime runs it,
+	// for the hooks of the driver files generated for containers; empty:
+	// the one the agent's image ships, installed into StateDir/bin.
+	CDIHook string
 	// MPSCgroup is where the MPS control daemons of shared GPUs run: beside
 	// the agent's pod in a DaemonSet, so that they outlive it.
 	MPSCgroup mps.Cgroup

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"path/filepath"
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -13,8 +14,10 @@ import (
 
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/driverlibs"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/mps"
+	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 	gpuprep "github.com/hwdra/hwdra/prepare/gpu"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
@@ -86,6 +89,9 @@ type PluginOptions struct {
 	// Network moves prepared VFs into pods (NRI); nil: they stay in the
 	// host namespace.
 	Network nicprep.PodNetwork
+	// CDIHook is nvidia-cdi-hook on the node, for the driver files'
+	// hooks; empty: none.
+	CDIHook string
 	// MPSCgroup is where MPS control daemons run.
 	MPSCgroup mps.Cgroup
 }
@@ -104,7 +110,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			Published: opts.Published,
 			StateDir:  opts.StateDir,
 			DevRoot:   node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
-			Sysfs: node.Sysfs, DriverSpecDirs: specDirs(node.DriverSpecDirs, opts.CDIDir),
+			Sysfs: node.Sysfs, DriverFiles: driverFiles(node, gpu, opts),
 			Programs: node.Programs, MPSCgroup: opts.MPSCgroup,
 		})
 		if err != nil {
@@ -136,6 +142,19 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 		drivers.NIC = &NIC{Driver[nicprep.Record]{Name: device.NICDriver, Plugin: p}}
 	}
 	return drivers, nil
+}
+
+// driverFiles gives GPU containers the driver's files: the toolkit's
+// spec, or those generated from the driver root with the node's NVML
+// (none where NVML is not up: GPUs bound to vfio-pci only).
+func driverFiles(node *backend.Node, gpu *nvml.Backend, opts PluginOptions) *driverlibs.Libraries {
+	o := driverlibs.Options{SpecDirs: specDirs(node.DriverSpecDirs, opts.CDIDir), HookPath: opts.CDIHook}
+	if gpu != nil {
+		o.NVML = gpu.Library()
+		o.Root, o.NodeRoot = node.DriverFilesRoot()
+		o.DevRoot = filepath.Dir(node.GPUDevRoot)
+	}
+	return driverlibs.New(o)
 }
 
 // specDirs are where the NVIDIA Container Toolkit's spec is looked for:

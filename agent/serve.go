@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/deviceplugin"
+	"github.com/hwdra/hwdra/driverlibs"
 	"github.com/hwdra/hwdra/hw"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
 	"github.com/hwdra/hwdra/publish"
@@ -35,6 +37,7 @@ type server struct {
 	pub            *publish.Publisher
 	pods           *podNetwork // nil without NRI
 	drivers        Drivers     // those of the start (not a late GPU driver)
+	cdiHook        string      // nvidia-cdi-hook on the node; "" for none
 
 	mu      sync.Mutex
 	stops   []func()
@@ -152,6 +155,7 @@ func (s *server) startPublisher(ctx context.Context) error {
 // prepare finds its device in the catalog of what the hardware can
 // deliver.
 func (s *server) buildDrivers(ctx context.Context) error {
+	s.cdiHook = s.installHook(ctx)
 	var err error
 	if s.pods, err = newPodNetwork(ctx, s.opts, s.claims, s.node, s.inv, s.m); err != nil {
 		return err
@@ -178,6 +182,7 @@ func (s *server) newDrivers(ctx context.Context, inv hw.Inventory, network nicpr
 		Errors:    s.pub,
 		Cluster:   nodeClaims{s.claims, s.opts.NodeName},
 		Network:   network,
+		CDIHook:   s.cdiHook,
 		MPSCgroup: s.opts.MPSCgroup,
 	})
 	if err != nil {
@@ -187,6 +192,22 @@ func (s *server) newDrivers(ctx context.Context, inv hw.Inventory, network nicpr
 		s.pub.AddUnclaimed(d.GPU.Unclaimed)
 	}
 	return d, nil
+}
+
+// installHook makes nvidia-cdi-hook available on the node for the hooks of
+// the driver files generated for containers: the one given, or the one
+// the agent's image ships, installed into the state directory (a node
+// path at the same path here); "" where there is none (the driver files
+// then say what containers lack).
+func (s *server) installHook(ctx context.Context) string {
+	if s.opts.CDIHook != "" {
+		return s.opts.CDIHook
+	}
+	path, err := driverlibs.InstallHook(filepath.Join(s.opts.StateDir, "bin"))
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Installing the CDI hook: containers' driver libraries get no soname links or ld cache")
+	}
+	return path
 }
 
 // startPlugins starts each driver's kubelet plugin and publishes its pool.

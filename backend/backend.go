@@ -140,6 +140,19 @@ func (n *Node) findDriver(logger klog.Logger) {
 	n.DriverSpecDirs = d.specDirs()
 }
 
+// DriverFilesRoot is the driver root as this process sees it and as the
+// container runtime does, for the driver's files in CDI specs: they
+// differ where the agent runs in a container with the node's / or the
+// driver root mounted elsewhere; on mock hardware the runtime sees the
+// mock's files where this process does.
+func (n *Node) DriverFilesRoot() (local, node string) {
+	d := n.Driver()
+	if n.sim != nil {
+		return d.Root.Mount, d.Root.Mount
+	}
+	return d.Root.Mount, d.Root.Path
+}
+
 // Driver is the NVIDIA driver installation as last found: where its root,
 // NVML and programs are.
 func (n *Node) Driver() Driver {

@@ -30,7 +30,7 @@ func openMock(spec string, logger klog.Logger) (*Node, error) {
 		GPUDevRoot: m.DevRoot(), GPUDevNodeRoot: m.DevRoot(),
 		Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(),
 		HostNetns: nics.Netns(), settle: nics.Settle, NoLinks: !nics.HasVeths(),
-		NIC:      sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
+		NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 	}
 	// The driver's installation is found as on a host, in the mock's
 	// node tree: the same search, the same layouts.

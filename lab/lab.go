@@ -25,6 +25,7 @@ import (
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/driverlibs"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/prepare"
 
@@ -47,6 +48,9 @@ type Options struct {
 	Keep bool
 	// StateDir and CDIDir default to a temporary directory.
 	StateDir, CDIDir string
+	// CDIHook is nvidia-cdi-hook for the hooks of the driver files
+	// generated for containers; empty: the one beside hwdra, if any.
+	CDIHook string
 }
 
 // Run does the pipeline and reports each step to out. What the agent's
@@ -134,7 +138,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	}
 	defer func() { err = errors.Join(err, notAllocated(results)) }()
 
-	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Published: published(inv), Config: cfg, NodeName: NodeName})
+	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Published: published(inv), Config: cfg, NodeName: NodeName, CDIHook: cdiHook(opts.CDIHook)})
 	if err != nil {
 		return err
 	}
@@ -355,4 +359,14 @@ type published hw.Inventory
 
 func (p published) Current() (hw.Inventory, device.Features) {
 	return hw.Inventory(p), device.AllFeatures
+}
+
+// cdiHook is the hook the lab's CDI specs name: the one given, else the
+// one shipped beside hwdra (the lab runs on the node: its path is the
+// node's).
+func cdiHook(given string) string {
+	if given != "" {
+		return given
+	}
+	return driverlibs.ShippedHook()
 }

@@ -299,8 +299,8 @@ func TestLabLogsInPlace(t *testing.T) {
 	}
 	got := out.String()
 	prep := strings.Index(got, "== Prepare: gpu.hwdra.io ==")
-	logLine := strings.Index(got, "log: \"No node-wide NVIDIA CDI spec")
-	if prep < 0 || logLine < prep {
+	logLine := strings.Index(got, "NVIDIA driver's files generated from the driver root")
+	if prep < 0 || logLine < prep || !strings.HasPrefix(got[strings.LastIndex(got[:logLine], "\n")+1:], "log: \"") {
 		t.Errorf("the log line is not in the prepare section:\n%s", got)
 	}
 	if !strings.Contains(got, "hwdra.io/claim: '(checkpoint entry, ") || strings.Contains(got, `"bootID"`) {

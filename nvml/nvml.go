@@ -55,6 +55,20 @@ func New(lib nvml.Interface, opts ...Option) *Backend {
 	return b
 }
 
+// Library is the NVML library of an initialised backend, for code that
+// drives NVML itself (NVIDIA's nvcdi, which generates the driver's
+// container edits: it initialises and shuts NVML down around its calls,
+// which NVML counts); nil before a successful Init, so that nothing calls
+// into a library that failed to load.
+func (b *Backend) Library() nvml.Interface {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if !b.initialized {
+		return nil
+	}
+	return b.lib
+}
+
 // Init initialises NVML. On failure the error wraps ErrNoNVML and no other
 // NVML function is called, by this or any later method. Calling Init again
 // after a success does nothing.

@@ -55,6 +55,7 @@ func agentCommand() *cobra.Command {
 	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", 100, "burst of queries to the API server, for each of the agent's two clients")
 	addHardwareFlag(cmd, &opts.Hardware)
 	addDriverRootFlags(cmd, &opts.DriverRoot)
+	f.StringVar(&opts.CDIHook, "nvidia-cdi-hook", "", "nvidia-cdi-hook on the node, which the container runtime runs for the driver files the agent generates for containers (an installed NVIDIA Container Toolkit's); empty: the one the agent's image ships, installed into --state-dir/bin")
 	f.StringVar(&opts.PodUID, "pod-uid", opts.PodUID, "the agent's pod UID (default $POD_UID; the DaemonSet sets it): its kubelet plugins then register for rolling updates, beside an older pod's")
 	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
 	f.StringVar(&opts.RegistrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")

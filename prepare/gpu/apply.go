@@ -26,7 +26,10 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	if err != nil {
 		return nil, rec, err
 	}
-	libs := d.libs.edits(ctx)
+	var libs *cdispec.ContainerEdits
+	if d.files != nil {
+		libs, _ = d.files.Edits(ctx)
+	}
 	for _, g := range gpusOf(plans) {
 		defer d.gpuLocks.Lock(g)()
 	}

@@ -236,9 +236,10 @@ func (d *Driver) vfioEdits(group int) (*cdispec.ContainerEdits, error) {
 // envName is HWDRA_<DEVICE>_<what>, the device name in upper case.
 func envName(device, what string) string { return prepare.EnvName(device, what) }
 
-// merge adds the node-wide driver edits (libraries, hooks) to a device's
-// own. The device's environment comes last, so it wins over the node
-// spec's; device nodes the device has already are not repeated.
+// merge adds the driver's files (libraries, programs, hooks) to a
+// device's own edits. The device's environment comes last, so it wins
+// over the driver files'; device nodes the device has already are not
+// repeated.
 func merge(own, libs *cdispec.ContainerEdits) *cdispec.ContainerEdits {
 	if libs == nil {
 		return own

@@ -5,6 +5,7 @@
 package gpu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -12,7 +13,9 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/hwdra/hwdra/driverlibs"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/internal/state"
@@ -25,6 +28,13 @@ import (
 
 // DriverName is the driver this package prepares devices of.
 const DriverName = device.GPUDriver
+
+// DriverFiles gives a GPU container the NVIDIA driver's files
+// (driverlibs.Libraries): the edits (nil where there are none) and where
+// they come from.
+type DriverFiles interface {
+	Edits(ctx context.Context) (*cdispec.ContainerEdits, driverlibs.Source)
+}
 
 // Options configure a Driver. Roots default to the host's.
 type Options struct {
@@ -51,10 +61,10 @@ type Options struct {
 	// Sysfs writes sysfs attributes (creating and removing mediated
 	// devices, setting VFs' vGPU types); nil writes files under SysfsRoot.
 	Sysfs nvml.SysfsWriter
-	// DriverSpecDirs are searched for the node-wide NVIDIA CDI spec (kind
-	// nvidia.com/gpu) whose driver libraries and hooks containers get;
-	// nil means /etc/cdi and /var/run/cdi.
-	DriverSpecDirs []string
+	// DriverFiles gives each GPU container the NVIDIA driver's files
+	// (libraries, programs, hooks); nil: containers get device nodes
+	// only.
+	DriverFiles DriverFiles
 	// Programs are the NVIDIA driver's programs: nvidia-smi sets time
 	// slices, nvidia-cuda-mps-control runs MPS.
 	Programs nvml.Programs
@@ -72,7 +82,7 @@ type Driver struct {
 	sysfs     string
 	ledger    *state.Ledger[ledgerEntry]
 	nodes     nodeResolver
-	libs      *driverLibs
+	files     DriverFiles
 	programs  nvml.Programs
 	mps       *mps.Manager
 
@@ -121,9 +131,6 @@ func New(opts Options) (*Driver, error) {
 	if opts.DevNodeRoot == "" {
 		opts.DevNodeRoot = opts.DevRoot
 	}
-	if opts.DriverSpecDirs == nil {
-		opts.DriverSpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
-	}
 	ledger, err := state.OpenLedger[ledgerEntry](filepath.Join(opts.StateDir, DriverName+".ledger.json"))
 	if err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
@@ -143,7 +150,7 @@ func New(opts Options) (*Driver, error) {
 		sysfs:     opts.SysfsRoot,
 		ledger:    ledger,
 		nodes:     nodeResolver{dev: opts.DevRoot, nodeDev: opts.DevNodeRoot, proc: opts.ProcRoot, sys: opts.SysfsRoot},
-		libs:      newDriverLibs(opts.DriverSpecDirs),
+		files:     opts.DriverFiles,
 		programs:  opts.Programs,
 		mps:       daemons,
 		owners:    map[string]types.UID{},

@@ -23,6 +23,7 @@ import (
 
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/config"
+	"github.com/hwdra/hwdra/driverlibs"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/mock"
@@ -116,15 +117,17 @@ func (e *env) rescan() {
 func (e *env) restart(hook func(string) error) {
 	e.t.Helper()
 	d, err := New(Options{
-		NVML:           e.nvml,
-		Published:      e,
-		StateDir:       filepath.Join(e.dir, "state"),
-		DevRoot:        e.hw.DevRoot(),
-		ProcRoot:       e.hw.ProcRoot(),
-		SysfsRoot:      e.hw.Sysfs,
-		Sysfs:          e.hw.SysfsWriter(),
-		DriverSpecDirs: []string{filepath.Join(e.dir, "etc-cdi"), filepath.Join(e.dir, "cdi")},
-		Programs:       nvml.Programs{Bin: e.hw.DriverBin()},
+		NVML:      e.nvml,
+		Published: e,
+		StateDir:  filepath.Join(e.dir, "state"),
+		DevRoot:   e.hw.DevRoot(),
+		ProcRoot:  e.hw.ProcRoot(),
+		SysfsRoot: e.hw.Sysfs,
+		Sysfs:     e.hw.SysfsWriter(),
+		// The toolkit's spec alone (no NVML: nothing generated), so that
+		// tests see the spec's files; driver_files_test.go generates.
+		DriverFiles: driverlibs.New(driverlibs.Options{SpecDirs: []string{filepath.Join(e.dir, "etc-cdi"), filepath.Join(e.dir, "cdi")}}),
+		Programs:    nvml.Programs{Bin: e.hw.DriverBin()},
 	})
 	if err != nil {
 		e.t.Fatal(err)
