@@ -11,7 +11,9 @@
 # -ldflags='-s -w'. HWDRA_IMAGE_SIMULATOR=1 keeps the simulator in, for
 # test clusters whose nodes run on mock hardware (the real-node suite). The image
 # holds /hwdra and the glibc files it and the host's libnvidia-ml need
-# (hack/buildimage); the NVIDIA driver itself comes from the host.
+# (hack/buildimage), and NVIDIA's nvidia-cdi-hook beside it (the agent
+# installs it on the node for containers' driver files); the NVIDIA
+# driver itself comes from the host.
 #
 # HWDRA_IMAGE_REPOSITORY (default localhost/hwdra), HWDRA_IMAGE_TAG (default
 # the chart's appVersion) and HWDRA_IMAGE_OUTPUT (default _output) change
@@ -33,6 +35,14 @@ tags=nolab,nomock,grpcnotrace
 [ "${HWDRA_IMAGE_SIMULATOR:-}" = 1 ] && tags=nolab,grpcnotrace
 go build -trimpath -tags "$tags" -ldflags "-s -w $(HWDRA_VERSION=$tag hack/version-ldflags.sh)" \
   -o "$out/image-$tag/hwdra" ./cmd/hwdra
-go run ./hack/buildimage --binary "$out/image-$tag/hwdra" --ref "$repo:$tag" --out "$out/hwdra-$tag.oci.tar"
+# NVIDIA's CDI hook, which the container runtime runs for the driver files
+# the agent generates (driverlibs): the toolkit's own, of the version in
+# go.mod, static so that it runs on any node's libc (the linker's warnings
+# about dlopen and getaddrinfo in static programs concern calls the hook's
+# commands that CDI specs name never make).
+go build -trimpath -ldflags "-s -w -linkmode external -extldflags -static" \
+  -o "$out/image-$tag/nvidia-cdi-hook" github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
+  2> >(grep -v -e 'statically linked applications requires at runtime' -e 'in function .*_cgo_' -e '^# github.com/NVIDIA' >&2)
+go run ./hack/buildimage --binary "$out/image-$tag/hwdra" --beside "$out/image-$tag/nvidia-cdi-hook" --ref "$repo:$tag" --out "$out/hwdra-$tag.oci.tar"
 echo "build-image: $repo:$tag, -tags $tags ($(du -h "$out/hwdra-$tag.oci.tar" | cut -f1))" >&2
 echo "$out/hwdra-$tag.oci.tar"

@@ -160,7 +160,7 @@ func (h *Hardware) installDriver() error {
 	}
 	layout := profile.DriverRoots[h.Profile.DriverRoot()]
 	if h.Profile.Driver == nil || !h.Profile.Driver.NoPrograms {
-		if err := drivertools.Install(h.DriverBin()); err != nil {
+		if err := drivertools.Install(h.DriverBin(), h.Persistent()); err != nil {
 			return err
 		}
 	}

@@ -54,7 +54,7 @@ func TestSpec(t *testing.T) {
 func newManager(t *testing.T, stateDir string) *Manager {
 	t.Helper()
 	bin := filepath.Join(stateDir, "driver-root", "usr", "bin")
-	if err := drivertools.Install(bin); err != nil {
+	if err := drivertools.Install(bin, false); err != nil {
 		t.Fatal(err)
 	}
 	m, err := Open(Options{Dir: filepath.Join(stateDir, "mps"), StateFile: filepath.Join(stateDir, "mps.json"),

@@ -17,6 +17,7 @@ package drivertools
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,14 +44,25 @@ func init() {
 }
 
 // Install links the stand-ins into bin: symlinks to this executable,
-// whose init runs them.
-func Install(bin string) error {
+// whose init runs them. With shared (a mock other processes and the
+// container runtime use: persist.DirEnv) the links point at a copy of it
+// in bin, so that they resolve wherever bin is seen (a runtime mounting
+// the driver's programs into a container resolves them on the node, where
+// an agent pod's own executable is not).
+func Install(bin string, shared bool) error {
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("mock driver tools: %w", err)
 	}
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return err
+	}
+	target := self
+	if shared {
+		if err := copyFile(self, filepath.Join(bin, sharedCopy)); err != nil {
+			return fmt.Errorf("mock driver tools: %w", err)
+		}
+		target = sharedCopy // relative: beside the links
 	}
 	var errs []error
 	for _, name := range []string{MPSControl, SMI} {
@@ -59,9 +71,33 @@ func Install(bin string) error {
 			errs = append(errs, err)
 			continue
 		}
-		errs = append(errs, os.Symlink(self, link))
+		errs = append(errs, os.Symlink(target, link))
 	}
 	return errors.Join(errs...)
+}
+
+// sharedCopy is the copy of the executable the stand-ins of a shared mock
+// run.
+const sharedCopy = ".hwdra-driver-tools"
+
+// copyFile copies an executable atomically (a stand-in of an earlier
+// process may be running the old copy).
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), filepath.Base(dst)+"-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, cerr := io.Copy(tmp, in)
+	if err := errors.Join(cerr, tmp.Chmod(0o755), tmp.Close()); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
 }
 
 // Libraries are the driver's user-space libraries the mock stands in for,

@@ -27,7 +27,7 @@ func run(bin, name, stdin string, env []string, args ...string) (string, error) 
 // control interface, refuses bad values, records every command and quits.
 func TestMPSControl(t *testing.T) {
 	root := t.TempDir()
-	if err := drivertools.Install(root); err != nil {
+	if err := drivertools.Install(root, false); err != nil {
 		t.Fatal(err)
 	}
 	pipe, logs := filepath.Join(t.TempDir(), "pipe"), filepath.Join(t.TempDir(), "log")
@@ -127,5 +127,35 @@ func TestSMITimeSlice(t *testing.T) {
 		if out, err := run(h.DriverBin(), drivertools.SMI, "", nil, bad...); err == nil {
 			t.Errorf("%q accepted: %s", bad, out)
 		}
+	}
+}
+
+// TestInstallShared: a shared mock's stand-ins are links to a copy of the
+// executable beside them, relative, so that they resolve wherever their
+// folder is seen (a container runtime on the node mounting them), and
+// they still run as the programs.
+func TestInstallShared(t *testing.T) {
+	bin := t.TempDir()
+	if err := drivertools.Install(bin, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{drivertools.SMI, drivertools.MPSControl} {
+		target, err := os.Readlink(filepath.Join(bin, name))
+		if err != nil || filepath.IsAbs(target) {
+			t.Fatalf("%s links to %q (%v), want a relative link", name, target, err)
+		}
+		if st, err := os.Stat(filepath.Join(bin, target)); err != nil || st.Mode()&0o111 == 0 {
+			t.Fatalf("%s's copy: %v %v", name, st, err)
+		}
+	}
+	if out, err := run(bin, drivertools.SMI, "", nil, "--help"); err == nil || !strings.Contains(out, "the only command of the mock") {
+		t.Errorf("the shared nvidia-smi stand-in does not run as nvidia-smi: %v: %s", err, out)
+	}
+	// Again (a reopened mock, a newer agent): replaced, nothing left over.
+	if err := drivertools.Install(bin, true); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(bin); len(entries) != 3 {
+		t.Errorf("after a second install: %v", entries)
 	}
 }

@@ -55,7 +55,9 @@ func TestDriverFilesDoNotCoverTheClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := sharingConfig(`{"strategy": "MPS"}`)
-	devs := e.mustPrepare(e.claim(request{name: "gpu", cel: `profile == "full"`, config: cfg}))
+	c := e.claim(request{name: "gpu", cel: `profile == "full"`, config: cfg})
+	devs := e.mustPrepare(c)
+	defer e.unprepare(c)
 	pipe := e.driver.MPS().Dirs(e.onlyDaemon()).Pipe
 	var sources []string
 	for _, m := range e.inject(devs).Mounts {

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -99,19 +97,8 @@ func startLastingAgentPod(t *testing.T, name, profile string) (*scenario, string
 	t.Helper()
 	n := framework.Shared(t)
 	ctx := context.Background()
-	mockDir, err := os.MkdirTemp(n.AgentPodStateDir(), "mock-")
-	if err != nil {
-		if err = os.MkdirAll(n.AgentPodStateDir(), 0o755); err == nil {
-			mockDir, err = os.MkdirTemp(n.AgentPodStateDir(), "mock-")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() { os.RemoveAll(mockDir) }) // after the agent pod stopped
-	mockDir = filepath.Join(mockDir, "hw")
 	values := n.AgentPodValues(t, framework.MockProfile(t, "lasting", profile))
-	values["extraEnv"] = append(values["extraEnv"].([]any), map[string]any{"name": persist.DirEnv, "value": mockDir})
+	mockDir := framework.MockDirOf(values)
 
 	since := n.KubeletLogSize()
 	agent := n.StartAgentPod(t, values)

@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/hwdra/hwdra/mock/persist"
 )
 
 // AgentPod is the agent as the chart runs it: the DaemonSet's pod on this
@@ -28,18 +30,42 @@ type AgentPod struct {
 
 // AgentPodValues are AgentValues with hardware as the tests name it: a
 // built-in profile ("mock:dgx-h100") as it is, a profile file
-// (MockProfile) as the chart's mockProfile.
+// (MockProfile) as the chart's mockProfile. Mock hardware lives in a
+// fresh directory of the node's under the pod's state directory (a host
+// path, persist.DirEnv; MockDirOf names it; a tmpfs as MockDir's),
+// removed when t ends: the
+// container runtime mounts the driver's files from there into GPU
+// containers, and the hardware outlives the pod, as real hardware does.
 func (n *Node) AgentPodValues(t testing.TB, hardware string) map[string]any {
 	t.Helper()
 	values := n.AgentValues(hardware)
-	if path, ok := strings.CutPrefix(hardware, "mock:"); ok && filepath.IsAbs(path) {
+	path, mock := strings.CutPrefix(hardware, "mock:")
+	if mock && filepath.IsAbs(path) {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		values["hardware"], values["mockProfile"] = "mock:", string(data)
 	}
+	if mock {
+		// Registered before the pod starts, removed after it stopped.
+		dir := mockDirUnder(t, n.AgentPodStateDir())
+		values["extraEnv"] = append(values["extraEnv"].([]any), map[string]any{"name": persist.DirEnv, "value": dir})
+	}
 	return values
+}
+
+// MockDirOf is the mock hardware's directory of agent pod values
+// (AgentPodValues); "" for none.
+func MockDirOf(values map[string]any) string {
+	env, _ := values["extraEnv"].([]any)
+	for _, e := range env {
+		if m, ok := e.(map[string]any); ok && m["name"] == persist.DirEnv {
+			dir, _ := m["value"].(string)
+			return dir
+		}
+	}
+	return ""
 }
 
 // StartAgentPod installs the chart with values (AgentPodValues), lets its

@@ -136,12 +136,17 @@ func (n *Node) Helm(ctx context.Context, args ...string) (string, error) {
 // has AgentPodLabel. Tests change hardware, image and environment.
 func (n *Node) AgentValues(hardware string) map[string]any {
 	return map[string]any{
-		"image":            map[string]any{"repository": AgentImageRepository, "tag": AgentImageTag, "pullPolicy": "Never"},
-		"hardware":         hardware,
-		"kubeletRootDir":   n.KubeletRoot(),
-		"cdiDir":           n.CDIDir,
-		"nriSocket":        n.NRISocket,
-		"podNetnsDir":      n.NetnsDir(),
+		"image":          map[string]any{"repository": AgentImageRepository, "tag": AgentImageTag, "pullPolicy": "Never"},
+		"hardware":       hardware,
+		"kubeletRootDir": n.KubeletRoot(),
+		"cdiDir":         n.CDIDir,
+		"nriSocket":      n.NRISocket,
+		"podNetnsDir":    n.NetnsDir(),
+		// An explicit root: the chart's default mounts the node's / with
+		// HostToContainer propagation, which needs / shared (as on a
+		// systemd node); this machine's / may be private. On mock
+		// hardware the agent does not look there anyway.
+		"nvidiaDriverRoot": filepath.Join(n.Root, "driver-root"),
 		"stateDir":         n.AgentPodStateDir(),
 		"nodeSelector":     map[string]any{AgentPodLabel: "true"},
 		"logVerbosity":     2,

@@ -11,12 +11,19 @@ import (
 	"github.com/hwdra/hwdra/internal/ociimage"
 )
 
-// The two local images. Pods use them with imagePullPolicy: Never; there is
+// The local images. Pods use them with imagePullPolicy: Never; there is
 // no registry on the test machines.
 const (
 	PauseImage   = "registry.local/pause:v1"
 	TestAppImage = "registry.local/hwdra-testapp:v1"
+	// CUDAAppImage is a C program that loads libcuda.so.1 as CUDA
+	// programs do, with this machine's glibc and nothing of NVIDIA's
+	// (images/cudaapp).
+	CUDAAppImage = "registry.local/hwdra-cudaapp:v1"
 )
+
+// cudaApp is CUDAAppImage's C source, module-relative.
+const cudaApp = "test/e2e/images/cudaapp/cudaapp.c"
 
 // imageSources maps each image to its Go main package (module-relative).
 var imageSources = map[string]string{
@@ -66,7 +73,53 @@ func doBuildImages(dir string) ([]string, error) {
 		}
 		archives = append(archives, archive)
 	}
-	return archives, nil
+	archive, err := buildCUDAApp(root, dir)
+	if err != nil {
+		return nil, err
+	}
+	return append(archives, archive), nil
+}
+
+// buildCUDAApp compiles images/cudaapp with this machine's C compiler and
+// wraps it with the glibc files it needs, at their paths here, in an
+// image.
+func buildCUDAApp(root, dir string) (string, error) {
+	exe := filepath.Join(dir, "cudaapp")
+	archive := exe + ".oci.tar"
+	if _, err := os.Stat(archive); err == nil {
+		return archive, nil // built by the parent process
+	}
+	if out, err := exec.Command("gcc", "-O2", "-o", exe, filepath.Join(root, cudaApp)).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build %s: %v: %s", cudaApp, err, out)
+	}
+	prog, err := os.ReadFile(exe)
+	if err != nil {
+		return "", err
+	}
+	libs, err := ociimage.RuntimeFiles(exe)
+	if err != nil {
+		return "", err
+	}
+	files := append(ociimage.BaseFiles("/app"), ociimage.File{Path: "app", Mode: 0o755, Data: prog})
+	files = append(files, libs...)
+	if err := ociimage.WriteArchive(archive, ociimage.Image{Ref: CUDAAppImage, Files: files, Entrypoint: []string{"/app"}, Env: []string{"PATH=/"}}); err != nil {
+		return "", fmt.Errorf("image %s: %w", CUDAAppImage, err)
+	}
+	return archive, nil
+}
+
+// BuildStandInLibcuda compiles the stand-in for the driver's libcuda
+// (images/cudaapp/libcuda.c, soname libcuda.so.1) to path.
+func BuildStandInLibcuda(path string) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	src := filepath.Join(root, filepath.Dir(cudaApp), "libcuda.c")
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", path, src).CombinedOutput(); err != nil {
+		return fmt.Errorf("build %s: %v: %s", src, err, out)
+	}
+	return nil
 }
 
 // moduleRoot finds the directory of go.mod above the working directory.

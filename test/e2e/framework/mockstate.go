@@ -33,7 +33,16 @@ import (
 // after that agent stopped.
 func (n *Node) MockDir(t testing.TB) string {
 	t.Helper()
-	base, err := os.MkdirTemp(n.Root, "mock-")
+	return mockDirUnder(t, n.Root)
+}
+
+// mockDirUnder is MockDir in parent.
+func mockDirUnder(t testing.TB, parent string) string {
+	t.Helper()
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	base, err := os.MkdirTemp(parent, "mock-")
 	if err != nil {
 		t.Fatal(err)
 	}
