@@ -15,7 +15,6 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
@@ -44,18 +43,30 @@ type Options struct {
 	ClaimFiles []string
 	Stdin      io.Reader
 	// Keep leaves the claims prepared (state in StateDir) instead of
-	// unpreparing them at the end.
+	// unpreparing them at the end, where every claim prepared: a run that
+	// fails or is interrupted is undone all the same.
 	Keep bool
 	// StateDir and CDIDir default to a temporary directory.
 	StateDir, CDIDir string
 	// CDIHook is nvidia-cdi-hook for the hooks of the driver files
 	// generated for containers; empty: the one beside hwdra, if any.
 	CDIHook string
+	// Abort, once done, stops the undoing of what the run prepared (after
+	// a failure or an interruption: ctx done); the lab then says what it
+	// left and where. hwdra lab passes AbortOnSecondSignal's. Nil: never.
+	Abort context.Context
 }
 
 // Run does the pipeline and reports each step to out. What the agent's
 // parts log goes to out too, in its place among the steps, each line
 // marked "log:".
+//
+// The lab never leaves hardware changed: once a claim was handed to
+// prepare, whatever happens next (a claim that fails to prepare, any
+// other error, ctx cancelled: hwdra lab's SIGINT or SIGTERM) everything
+// prepared is unprepared, last first, on contexts of its own that ctx
+// does not cancel (undo.go). Only a run in which every claim prepared
+// keeps them under Keep.
 func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	ctx = klog.NewContext(ctx, textlogger.NewLogger(textlogger.NewConfig(
 		textlogger.Output(&linePrefixer{w: out, prefix: "log: "}), textlogger.WithHeader(false))))
@@ -63,6 +74,9 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
+	// left: prepared claims stay (Keep, or an undo that could not finish),
+	// and with them their state and CDI specs.
+	left := false
 	cfg, err := config.Load(opts.ConfigPath)
 	if err != nil {
 		return err
@@ -72,9 +86,11 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 		if err != nil {
 			return err
 		}
-		if !opts.Keep {
-			defer os.RemoveAll(tmp)
-		}
+		defer func() {
+			if !left { // what is left keeps its records there
+				os.RemoveAll(tmp)
+			}
+		}()
 		if opts.StateDir == "" {
 			opts.StateDir = filepath.Join(tmp, "state")
 		}
@@ -137,51 +153,47 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 		return notAllocated(results)
 	}
 	defer func() { err = errors.Join(err, notAllocated(results)) }()
+	if ctx.Err() != nil {
+		return interrupted(ctx) // the allocations above may be cut short: nothing is prepared
+	}
 
 	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Published: published(inv), Config: cfg, NodeName: NodeName, CDIHook: cdiHook(opts.CDIHook)})
 	if err != nil {
 		return err
 	}
+	// From the first prepare on, every way out goes through the undo.
+	var handed []handedClaim
+	defer func() {
+		if len(handed) == 0 {
+			return
+		}
+		if err == nil && ctx.Err() != nil {
+			err = interrupted(ctx)
+		}
+		if err == nil && opts.Keep {
+			fmt.Fprintf(out, "\nKept prepared: state in %s, CDI specs in %s\n", opts.StateDir, opts.CDIDir)
+			left = true
+			return
+		}
+		var undoErr error
+		left, undoErr = undo(ctx, out, err, handed, undoEnv{opts: opts, node: node, before: inv, gpu: drivers.GPU})
+		err = errors.Join(err, undoErr)
+	}()
 	for name, plugin := range drivers.All() {
 		mine := claimsOf(claims, name)
 		if len(mine) == 0 {
 			continue
 		}
-		if err := prepareClaims(ctx, out, name, plugin, mine, opts); err != nil {
+		if err := prepareClaims(ctx, out, name, plugin, mine, opts, &handed); err != nil {
 			return err
 		}
+	}
+	if ctx.Err() != nil {
+		return interrupted(ctx)
 	}
 	after, _ := node.Inventory(ctx)
 	section(out, "Hardware after prepare")
 	printHardwareChanges(out, inv, after)
-	printDaemons(out, drivers.GPU)
-	if opts.Keep {
-		fmt.Fprintf(out, "\nKept prepared: state in %s, CDI specs in %s\n", opts.StateDir, opts.CDIDir)
-		return nil
-	}
-	section(out, "Unprepare")
-	for name, plugin := range drivers.All() {
-		mine := claimsOf(claims, name)
-		if len(mine) == 0 {
-			continue
-		}
-		var refs []kubeletplugin.NamespacedObject
-		for _, c := range mine {
-			refs = append(refs, kubeletplugin.NamespacedObject{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, UID: c.UID})
-		}
-		results, err := plugin.UnprepareResourceClaims(ctx, refs)
-		if err != nil {
-			return err
-		}
-		for _, c := range mine {
-			if results[c.UID] != nil {
-				return fmt.Errorf("unprepare %s: %w", c.Name, results[c.UID])
-			}
-			fmt.Fprintf(out, "%s: unprepared (%s)\n", c.Name, name)
-		}
-	}
-	final, _ := node.Inventory(ctx)
-	printHardwareChanges(out, inv, final)
 	printDaemons(out, drivers.GPU)
 	return nil
 }
@@ -201,21 +213,32 @@ func printDaemons(out io.Writer, gpu *agent.GPU) {
 	}
 }
 
-func prepareClaims(ctx context.Context, out io.Writer, driver string, plugin kubeletplugin.DRAPlugin, claims []*resourceapi.ResourceClaim, opts Options) error {
+// prepareClaims prepares a driver's claims one at a time, each noted in
+// handed before it is handed to the plugin (the undo's list), and starts
+// none once ctx is done.
+func prepareClaims(ctx context.Context, out io.Writer, driver string, plugin kubeletplugin.DRAPlugin, claims []*resourceapi.ResourceClaim, opts Options, handed *[]handedClaim) error {
 	section(out, "Prepare: "+driver)
 	if driver == device.NICDriver {
 		// No container runtime here: nothing to move a VF into.
 		fmt.Fprintln(out, "note: no NRI here (as the agent with --nri-socket=): VF netdevs stay in the host network namespace, their metadata has no networkData")
 	}
-	results, err := plugin.PrepareResourceClaims(ctx, claims)
-	if err != nil {
-		return err
-	}
 	for _, c := range claims {
-		r := results[c.UID]
-		if r.Err != nil {
-			return fmt.Errorf("prepare %s: %w", c.Name, r.Err)
+		if ctx.Err() != nil {
+			return interrupted(ctx)
 		}
+		*handed = append(*handed, handedClaim{driver: driver, plugin: plugin, claim: c})
+		results, err := plugin.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{c})
+		if err == nil {
+			err = results[c.UID].Err
+		}
+		if err != nil {
+			(*handed)[len(*handed)-1].failed = true
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w, preparing %s: %w", interrupted(ctx), c.Name, err)
+			}
+			return fmt.Errorf("prepare %s: %w", c.Name, err)
+		}
+		r := results[c.UID]
 		type shown struct {
 			Request    string                                 `json:"request"`
 			Device     string                                 `json:"device"`

@@ -84,7 +84,9 @@ func (m *Manager) Spec(id string) (Spec, bool) {
 // Start makes sure the daemon of a spec runs: one that is recorded and
 // answers is left as it is (started by an earlier call or agent);
 // otherwise it is recorded, then started, then given its defaults. On
-// error the daemon stays recorded for Stop (or Supervise) to finish.
+// error the daemon stays recorded for Stop (or Supervise) to finish. A ctx
+// cancelled before the launch starts nothing; one cancelled during it
+// does not cut it short (the daemon's PID is recorded, for Stop).
 func (m *Manager) Start(ctx context.Context, s Spec) error {
 	defer m.locks.Lock(s.ID)()
 	if r, ok := m.state.Get(s.ID); ok && slices.Equal(r.Spec.Devices, s.Devices) && m.alive(ctx, r) == nil {
@@ -103,6 +105,9 @@ func (m *Manager) start(ctx context.Context, s Spec) error {
 			return err
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return err // nothing launched
+	}
 	if err := m.state.Put(s.ID, record{Spec: s}); err != nil {
 		return err
 	}
@@ -116,10 +121,14 @@ func (m *Manager) start(ctx context.Context, s Spec) error {
 	if err := os.Chmod(d.Shm, 0o1777); err != nil {
 		return err
 	}
-	if err := m.launch(ctx, s, d); err != nil {
+	// Once launched, the daemon runs in a session of its own: whoever
+	// launched it must learn its PID, or no Stop could end it. So the
+	// launch and the wait for the PID go on when ctx is cancelled (the
+	// lab interrupted); each is bounded by the timeout.
+	if err := m.launch(context.WithoutCancel(ctx), s, d); err != nil {
 		return err
 	}
-	r, err := waitPID(ctx, d.Pipe, m.opts.Timeout)
+	r, err := waitPID(context.WithoutCancel(ctx), d.Pipe, m.opts.Timeout)
 	if err != nil {
 		return err
 	}

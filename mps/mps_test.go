@@ -2,6 +2,7 @@ package mps
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"k8s.io/klog/v2/ktesting"
 
@@ -238,6 +240,45 @@ func TestStartFails(t *testing.T) {
 	}
 	if err := m.Stop(ctx, testSpec().ID); err != nil {
 		t.Error(err)
+	}
+}
+
+// A Start cancelled while its daemon is being launched (hwdra lab
+// interrupted) still learns the daemon's PID: the daemon runs in a session
+// of its own, and only a recorded PID lets Stop end it.
+func TestStartCancelledDuringLaunch(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	m := newManager(t, t.TempDir())
+	s := testSpec()
+	// The directories are made right before the launch.
+	go func() {
+		for {
+			if _, err := os.Stat(m.Dirs(s.ID).Log); err == nil {
+				cancel()
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	err := m.Start(ctx, s)
+	t.Logf("start: %v", err)
+	pid := pidOf(t, m, s.ID)
+	if pid == 0 || !startTimeOK(pid) {
+		t.Errorf("the daemon is recorded with PID %d, not the running one's", pid)
+	}
+	if err := m.Stop(context.Background(), s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if pid != 0 && startTimeOK(pid) {
+		t.Errorf("process %d runs after Stop", pid)
+	}
+	// Before a launch, a cancelled context starts nothing.
+	if err := m.Start(ctx, s); !errors.Is(err, context.Canceled) {
+		t.Errorf("start on a cancelled context: %v", err)
+	}
+	if ids := m.IDs(); len(ids) != 0 {
+		t.Errorf("recorded: %v", ids)
 	}
 }
 

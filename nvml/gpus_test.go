@@ -34,7 +34,7 @@ func inventory(t *testing.T, profile string) ([]hw.GPU, *mock.Hardware) {
 type modelWant struct {
 	product, arch, cc string
 	deviceID          uint32
-	memGiB            uint64
+	memBytes          uint64
 	memSlices         int
 	reset             bool     // MIG mode change needs a GPU reset
 	profiles          []string // by GPU_INSTANCE_PROFILE_* index
@@ -42,17 +42,18 @@ type modelWant struct {
 }
 
 var modelWants = map[string]modelWant{
-	"a100-40gb": {"NVIDIA A100-SXM4-40GB", "ampere", "8.0", 0x20B010DE, 40, 8, true,
+	"a100-40gb": {"NVIDIA A100-SXM4-40GB", "ampere", "8.0", 0x20B010DE, 40 << 30, 8, true,
 		[]string{"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb", "1g.5gb+me", "1g.10gb"}, hw.Placement{Start: 0, Size: 8}},
-	"a100-80gb": {"NVIDIA A100-SXM4-80GB", "ampere", "8.0", 0x20B210DE, 80, 8, true,
+	"a100-80gb": {"NVIDIA A100-SXM4-80GB", "ampere", "8.0", 0x20B210DE, 80 << 30, 8, true,
 		[]string{"1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.10gb+me", "1g.20gb"}, hw.Placement{Start: 0, Size: 8}},
-	"a30-24gb": {"NVIDIA A30-PCIE-24GB", "ampere", "8.0", 0x20B710DE, 24, 4, true,
+	"a30-24gb": {"NVIDIA A30-PCIE-24GB", "ampere", "8.0", 0x20B710DE, 24 << 30, 4, true,
 		[]string{"1g.6gb", "2g.12gb", "4g.24gb", "1g.6gb+me", "2g.12gb+me"}, hw.Placement{Start: 0, Size: 4}},
-	"h100-80gb": {"NVIDIA H100 80GB HBM3", "hopper", "9.0", 0x233010DE, 80, 8, false,
+	"h100-80gb": {"NVIDIA H100 80GB HBM3", "hopper", "9.0", 0x233010DE, 80 << 30, 8, false,
 		[]string{"1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.10gb+me", "1g.20gb"}, hw.Placement{Start: 0, Size: 8}},
-	"h200-141gb": {"NVIDIA H200 141GB HBM3e", "hopper", "9.0", 0x233310DE, 141, 8, false,
+	// As a real H200 reports itself (mock/model/testdata/probe-h200.yaml).
+	"h200-141gb": {"NVIDIA H200", "hopper", "9.0", 0x233510DE, 150754820096, 8, false,
 		[]string{"1g.18gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb", "1g.18gb+me", "1g.35gb"}, hw.Placement{Start: 0, Size: 8}},
-	"b200-180gb": {"NVIDIA B200 180GB HBM3e", "blackwell", "10.0", 0x2B0010DE, 180, 8, false,
+	"b200-180gb": {"NVIDIA B200 180GB HBM3e", "blackwell", "10.0", 0x2B0010DE, 180 << 30, 8, false,
 		[]string{"1g.23gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb", "1g.23gb+me", "1g.45gb",
 			"1g.23gb-me", "2g.45gb-me", "1g.23gb+me.all", "2g.45gb+me.all"}, hw.Placement{Start: 0, Size: 8}},
 }
@@ -79,7 +80,7 @@ func checkGPU(t *testing.T, i int, g hw.GPU, w modelWant) {
 	t.Helper()
 	busIDs := []string{"0000:1b:00.0", "0000:43:00.0"}
 	if !strings.HasPrefix(g.UUID, "GPU-") || g.ProductName != w.product || g.PCIBusID != busIDs[i] ||
-		g.PCIDeviceID != w.deviceID || g.Index != i || g.Minor != i || g.MemoryBytes != w.memGiB<<30 ||
+		g.PCIDeviceID != w.deviceID || g.Index != i || g.Minor != i || g.MemoryBytes != w.memBytes ||
 		g.Architecture != w.arch || g.CUDAComputeCapability != w.cc || g.NUMANode != 0 || g.PCIeRoot != "pci0000:10" ||
 		g.Virtualization != hw.VirtualizationNone {
 		t.Errorf("GPU %d identity: %+v", i, g)

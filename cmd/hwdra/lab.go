@@ -20,6 +20,11 @@ func labCommand() *cobra.Command {
 			if err := makeDirs(cmd.Flags(), "state-dir", "cdi-dir"); err != nil {
 				return err
 			}
+			// The first SIGINT or SIGTERM cancels cmd.Context() (main): the
+			// lab undoes what it prepared; a second stops the undo.
+			abort, stop := lab.AbortOnSecondSignal(cmd.Context())
+			defer stop()
+			opts.Abort = abort
 			return lab.Run(cmd.Context(), cmd.OutOrStdout(), opts)
 		},
 	}
@@ -27,7 +32,7 @@ func labCommand() *cobra.Command {
 	addHardwareFlag(cmd, &opts.Hardware)
 	f.StringSliceVar(&opts.ClaimFiles, "claim", nil, "ResourceClaim or ResourceClaimTemplate YAML/JSON files, directories of them, or - for standard input, as kubectl -f takes them (repeatable, comma-separated; deploy/examples has some). Each file's claims are allocated together, as one pod's, beside those of the files before it")
 	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
-	f.BoolVar(&opts.Keep, "keep", false, "leave the claims prepared instead of unpreparing them at the end")
+	f.BoolVar(&opts.Keep, "keep", false, "leave the claims prepared instead of unpreparing them at the end (where every claim prepared: a failed or interrupted run is undone)")
 	f.StringVar(&opts.CDIHook, "nvidia-cdi-hook", "", "nvidia-cdi-hook for the hooks of the driver files generated for containers (an installed NVIDIA Container Toolkit's); empty: the one beside hwdra, if any")
 	f.StringVar(&opts.StateDir, "state-dir", "", "checkpoint directory (default: a temporary one)")
 	f.StringVar(&opts.CDIDir, "cdi-dir", "", "directory for CDI specs (default: a temporary one)")

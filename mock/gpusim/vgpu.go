@@ -25,7 +25,9 @@ var timeSlicedShares = []int{1, 2, 4, 5, 8, 10, 16, 20}
 // fit the board) and one MIG-backed type per plain MIG profile,
 // "NVIDIA H100-<slices>-<GB>C" (1g.10gb -> H100-1-10C, 3g.40gb ->
 // H100-3-40C, 7g.80gb -> H100-7-80C), max instances the profile's
-// instance count.
+// instance count. A time-sliced type's framebuffer is its GB in GiB, but
+// never more than its share of the board: the H200's 141 GB are 143771
+// MiB, not 141 GiB, so H200-141C gets the whole board.
 func defaultVGPUTypes(m *model.GPU) []profile.VGPUType {
 	boardGB := int((m.Config.MemoryMB + 1023) / 1024)
 	var out []profile.VGPUType
@@ -36,7 +38,7 @@ func defaultVGPUTypes(m *model.GPU) []profile.VGPUType {
 		}
 		out = append(out, profile.VGPUType{
 			Name: fmt.Sprintf("NVIDIA %s-%dC", m.Short, gb), Class: "Compute",
-			FramebufferMB: uint64(gb) * 1024, MaxInstances: n,
+			FramebufferMB: min(uint64(gb)*1024, m.Config.MemoryMB/uint64(n)), MaxInstances: n,
 		})
 	}
 	for _, p := range m.Profiles {

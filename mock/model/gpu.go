@@ -143,10 +143,16 @@ func blackwellProfiles() []MIGProfile {
 
 // models is every GPU model the mock knows, by name. Board identities
 // (product name, memory, PCI device ID, compute capability) are go-nvml's,
-// except that "Mock " is dropped from the A100-SXM4-40GB name.
+// except that "Mock " is dropped from the A100-SXM4-40GB name and the H200
+// is the real one (below).
 var models = func() map[string]*GPU {
 	a100x40 := gpus.A100_SXM4_40GB
 	a100x40.Name = "NVIDIA A100-SXM4-40GB"
+	// H200 as a real H200 SXM 141GB reports itself (driver 580.159.04,
+	// testdata/probe-h200.yaml, TestH200AsProbed): go-nvml's "NVIDIA H200
+	// 141GB HBM3e", device 0x2333 and 144384 MiB are not what NVML says.
+	h200 := gpus.H200_SXM5_141GB
+	h200.Name, h200.PciDeviceId, h200.MemoryMB = "NVIDIA H200", 0x233510DE, 143771
 	list := []*GPU{
 		{Name: "a100-40gb", Config: a100x40, Short: "A100", MemSlices: 8, ComputeSlices: 7,
 			Profiles: ampereProfiles(4864, 9856, 19968, 40192)},
@@ -156,11 +162,12 @@ var models = func() map[string]*GPU {
 			Profiles: a30Profiles()},
 		{Name: "h100-80gb", Config: gpus.H100_SXM5_80GB, Short: "H100", MemSlices: 8, ComputeSlices: 7,
 			Profiles: hopperProfiles(9984, 20096, 40448, 81152)},
-		// H200: 1g.18gb is 16.00 GiB in `nvidia-smi mig -lgip`; the larger
-		// sizes keep H100's ratios (go-nvml's 18432 MB is above 1/8 of the
-		// board, which NVIDIA's naming would call 1g.35gb).
-		{Name: "h200-141gb", Config: gpus.H200_SXM5_141GB, Short: "H200", MemSlices: 8, ComputeSlices: 7,
-			Profiles: hopperProfiles(16384, 32896, 66304, 133120)},
+		// H200: MIG memory as the real board reports it (MiB): 1g 16384,
+		// 1g.35gb and 2g 33280, 3g and 4g 71424, 7g 143360. (go-nvml's 1g
+		// 18432 MB is above 1/8 of the board, which NVIDIA's naming would
+		// call 1g.35gb; H100's ratios gave 32896, 66304 and 133120.)
+		{Name: "h200-141gb", Config: h200, Short: "H200", MemSlices: 8, ComputeSlices: 7,
+			Profiles: hopperProfiles(16384, 33280, 71424, 143360)},
 		{Name: "b200-180gb", Config: gpus.B200_SXM5_180GB, Short: "B200", MemSlices: 8, ComputeSlices: 7,
 			Profiles: blackwellProfiles()},
 	}
