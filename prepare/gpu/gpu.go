@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/internal/state"
@@ -61,6 +62,10 @@ type Options struct {
 	// MPSCgroup is where MPS control daemons' processes go: beside the
 	// agent's pod where it runs in one.
 	MPSCgroup mps.Cgroup
+	// Settings is gpus.settings (config.GPUPolicy.Settings): under Leave
+	// prepare never changes a GPU's MIG mode, compute mode or time slice.
+	// Empty: Manage.
+	Settings config.GPUSettings
 }
 
 // Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
@@ -75,6 +80,8 @@ type Driver struct {
 	libs      *driverLibs
 	programs  nvml.Programs
 	mps       *mps.Manager
+	// leave: gpus.settings is Leave (Options.Settings).
+	leave bool
 
 	gpuLocks keyedlock.Locks
 	mu       sync.Mutex
@@ -96,6 +103,9 @@ type Driver struct {
 	// ran). Until then MIG modes are left alone: a claim rolled back at
 	// start may share its GPU with claims not yet known.
 	reconciled bool
+	// toldMPSMode are the GPUs whose compute mode under MPS the log has
+	// explained (gpus.settings Leave): once per GPU.
+	toldMPSMode map[string]bool
 
 	// afterEffect, when set (tests), runs right after each side effect
 	// succeeds, before its result is recorded; an error fails the prepare
@@ -109,6 +119,11 @@ var _ prepare.Driver[Record] = (*Driver)(nil)
 func New(opts Options) (*Driver, error) {
 	if opts.Published == nil {
 		return nil, errors.New("gpu: Published is required")
+	}
+	switch opts.Settings {
+	case "", config.SettingsManage, config.SettingsLeave:
+	default:
+		return nil, fmt.Errorf("gpu: Settings %q: want %s or %s", opts.Settings, config.SettingsManage, config.SettingsLeave)
 	}
 	for _, r := range []struct {
 		root *string
@@ -146,9 +161,12 @@ func New(opts Options) (*Driver, error) {
 		libs:      newDriverLibs(opts.DriverSpecDirs),
 		programs:  opts.Programs,
 		mps:       daemons,
+		leave:     opts.Settings == config.SettingsLeave,
 		owners:    map[string]types.UID{},
 		users:     map[string]map[types.UID]bool{},
 		mpsUsers:  map[string]map[types.UID]bool{},
+
+		toldMPSMode: map[string]bool{},
 	}, nil
 }
 
