@@ -97,6 +97,14 @@ func TestAgentPodRollingUpdate(t *testing.T) {
 // directory and the chart values (to upgrade with).
 func startLastingAgentPod(t *testing.T, name, profile string) (*scenario, string, map[string]any) {
 	t.Helper()
+	return startLastingAgentPodWith(t, name, profile, nil)
+}
+
+// startLastingAgentPodWith is startLastingAgentPod with the agent's
+// configuration (the chart's config value: an AgentConfig without
+// apiVersion and kind); nil: none.
+func startLastingAgentPodWith(t *testing.T, name, profile string, config map[string]any) (*scenario, string, map[string]any) {
+	t.Helper()
 	n := framework.Shared(t)
 	ctx := context.Background()
 	mockDir, err := os.MkdirTemp(n.AgentPodStateDir(), "mock-")
@@ -112,6 +120,9 @@ func startLastingAgentPod(t *testing.T, name, profile string) (*scenario, string
 	mockDir = filepath.Join(mockDir, "hw")
 	values := n.AgentPodValues(t, framework.MockProfile(t, "lasting", profile))
 	values["extraEnv"] = append(values["extraEnv"].([]any), map[string]any{"name": persist.DirEnv, "value": mockDir})
+	if config != nil {
+		values["config"] = config
+	}
 
 	since := n.KubeletLogSize()
 	agent := n.StartAgentPod(t, values)
