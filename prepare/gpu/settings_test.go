@@ -30,6 +30,23 @@ func (e *env) settingCalls() map[string]map[string]int {
 	return persist.SettingCalls(e.hw.Calls())
 }
 
+// settingCallsSince are the setting calls made since settingCalls said
+// earlier, by GPU then call.
+func (e *env) settingCallsSince(earlier map[string]map[string]int) map[string]map[string]int {
+	out := map[string]map[string]int{}
+	for g, byCall := range e.settingCalls() {
+		for call, n := range byCall {
+			if n -= earlier[g][call]; n > 0 {
+				if out[g] == nil {
+					out[g] = map[string]int{}
+				}
+				out[g][call] = n
+			}
+		}
+	}
+	return out
+}
+
 // wantNoSettingCall fails where a setting call reached a GPU.
 func (e *env) wantNoSettingCall(t *testing.T, when string) {
 	t.Helper()
@@ -250,17 +267,60 @@ func TestLeaveRestoresSettingsChangedUnderManage(t *testing.T) {
 
 	// Under Leave exactly the restores reached the GPUs: one compute mode
 	// and one MIG mode call.
-	restores := e.settingCalls()
-	for g, byCall := range managed {
-		for call, n := range byCall {
-			restores[g][call] -= n
-			if restores[g][call] == 0 {
-				delete(restores[g], call)
-			}
-		}
-	}
+	restores := e.settingCallsSince(managed)
 	want := map[string]map[string]int{mpsGPU: {persist.CallSetComputeMode: 1}, migGPU: {persist.CallSetMigMode: 1}}
 	if !reflect.DeepEqual(restores, want) {
 		t.Errorf("setting calls under Leave %v, want the two restores %v", restores, want)
+	}
+}
+
+// Settings entries the ledger holds from before the switch to Leave with
+// no claim left to use the GPU (the agent stopped before it could restore
+// them) are restored at start under Leave, by the start-up reclaim: the
+// compute mode and time slice of one GPU, the MIG mode of another. Only
+// those restores reach the GPUs.
+func TestLeaveReclaimRestoresLeftSettings(t *testing.T) {
+	e := newEnv(t, "gpus: [{model: h100-80gb, count: 2}]", true)
+	before := e.hwState()
+	shared, mig := e.gpus[0], e.gpus[1].PCIBusID
+	// What an agent under Manage leaves when it stops right after the
+	// changes: each ledger entry, then its change.
+	for key, entry := range map[string]ledgerEntry{
+		settingsKey(shared.PCIBusID): {GPU: shared.PCIBusID, ComputeMode: nvml.ComputeDefault, TimeSlice: new(int)},
+		migKey(mig):                  {GPU: mig, MIGEnabled: new(false)},
+	} {
+		if err := e.driver.ledger.Put(key, entry); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.nvml.SetComputeMode(shared.PCIBusID, nvml.ComputeExclusiveProcess); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.driver.programs.SetTimeSlice(context.Background(), shared.UUID, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.nvml.SetMIGMode(mig, true); err != nil {
+		t.Fatal(err)
+	}
+	managed := e.settingCalls()
+
+	e.restartWith(config.SettingsLeave)
+	e.wantAsBefore(t, before, "after the restart under Leave")
+	restores := e.settingCallsSince(managed)
+	want := map[string]map[string]int{
+		shared.PCIBusID: {persist.CallSetComputeMode: 1, persist.CallSetTimeSlice: 1},
+		mig:             {persist.CallSetMigMode: 1},
+	}
+	if !reflect.DeepEqual(restores, want) {
+		t.Errorf("setting calls under Leave %v, want the restores %v", restores, want)
+	}
+}
+
+// A driver asked for a setting it does not know is not made: it would
+// otherwise manage the settings of a node meant to be left alone.
+func TestUnknownSettingsRefused(t *testing.T) {
+	_, err := New(Options{Published: &env{}, StateDir: t.TempDir(), Settings: "leave"})
+	if err == nil || !strings.Contains(err.Error(), `Settings "leave": want Manage or Leave`) {
+		t.Errorf("error %v", err)
 	}
 }
