@@ -182,7 +182,7 @@ func (a *applier) modesAsNeeded(plans []devicePlan) error {
 // what to do.
 func leftMIGMode(p devicePlan, on bool) error {
 	return fmt.Errorf("needs MIG mode %s on GPU %s, which has it %s, and the agent's configuration says gpus.settings: Leave, so it switches no MIG mode "+
-		"(the claim was allocated before the setting changed): set the GPU's MIG mode with the tool that owns it, delete the claim, or configure the agent with gpus.settings: Manage",
+		"(the claim was allocated while it managed them, or the mode changed since): set the GPU's MIG mode with the tool that owns it, delete the claim, or configure the agent with gpus.settings: Manage",
 		onOff(p.wantMIG), p.dev.PCIBusID(), onOff(on))
 }
 

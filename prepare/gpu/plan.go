@@ -146,10 +146,6 @@ func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing, leave bool) error {
 		return nil
 	}
 	strategy := field.NewPath("sharing", "strategy")
-	if leave && s.Strategy == gpuv1alpha1.TimeSlicing {
-		return field.Invalid(strategy, s.Strategy, "refused: the agent's configuration says gpus.settings: Leave, so it sets no GPU's compute mode or time slice; "+
-			"leave sharing out to share the GPU in the compute mode and at the time slice it has, use MPS, or have the node's agent configured with gpus.settings: Manage")
-	}
 	switch p.dev.Kind {
 	case device.KindVGPU:
 		return field.Invalid(strategy, s.Strategy, "a vGPU takes no sharing strategy: the VM that runs it owns it")
@@ -161,6 +157,10 @@ func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing, leave bool) error {
 		if s.Strategy == gpuv1alpha1.TimeSlicing {
 			return field.Invalid(strategy, s.Strategy, "the time slice is a setting of the whole GPU: a MIG partition takes MPS")
 		}
+	}
+	if leave && s.Strategy == gpuv1alpha1.TimeSlicing {
+		return field.Invalid(strategy, s.Strategy, "refused: the agent's configuration says gpus.settings: Leave, so it sets no GPU's compute mode or time slice; "+
+			"leave sharing out to share the GPU in the compute mode and at the time slice it has, use MPS, or have the node's agent configured with gpus.settings: Manage")
 	}
 	if m := s.MPS; m != nil && m.DefaultPinnedDeviceMemoryLimit != nil {
 		if have := p.memory(); uint64(m.DefaultPinnedDeviceMemoryLimit.Value()) > have {
