@@ -75,7 +75,8 @@ type PluginOptions struct {
 	// Published is what the node publishes now: prepare looks allocated
 	// devices up in it.
 	Published prepare.Published
-	// Config decides which PFs are offered and how.
+	// Config decides which PFs are offered and how, and whether the GPU
+	// driver changes GPU settings (gpus.settings).
 	Config *config.AgentConfig
 	// NodeName is the pool name.
 	NodeName string
@@ -112,6 +113,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			DevRoot:   node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
 			Sysfs: node.Sysfs, DriverFiles: driverFiles(node, gpu, opts),
 			Programs: node.Programs, MPSCgroup: opts.MPSCgroup,
+			Settings: opts.gpuSettings(),
 		})
 		if err != nil {
 			return Drivers{}, err
@@ -155,6 +157,15 @@ func driverFiles(node *backend.Node, gpu *nvml.Backend, opts PluginOptions) *dri
 		o.DevRoot = filepath.Dir(node.GPUDevRoot)
 	}
 	return driverlibs.New(o)
+}
+
+// gpuSettings is the configuration's gpus.settings; without a
+// configuration the default, Manage.
+func (o PluginOptions) gpuSettings() config.GPUSettings {
+	if o.Config == nil {
+		return config.SettingsManage
+	}
+	return o.Config.GPUPolicy().Settings()
 }
 
 // specDirs are where the NVIDIA Container Toolkit's spec is looked for:

@@ -4,6 +4,7 @@ package backend
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 
 	"k8s.io/klog/v2"
@@ -36,6 +37,9 @@ func openMock(spec string, logger klog.Logger) (*Node, error) {
 	// node tree: the same search, the same layouts.
 	n.driver = DriverRoot{Host: m.HostRoot()}.Find()
 	n.Programs = n.driver.programs()
+	// The toolkit's spec is looked for in the mock node's own /etc/cdi and
+	// /var/run/cdi, never this machine's.
+	n.DriverSpecDirs = []string{filepath.Join(m.HostRoot(), "etc", "cdi"), filepath.Join(m.HostRoot(), "var", "run", "cdi")}
 	if n.Passthrough, err = vfiopci.New(m.Sysfs); err != nil {
 		return nil, errors.Join(err, m.Close())
 	}

@@ -218,6 +218,9 @@ func TestExample(t *testing.T) {
 	if !c.DevicePluginResource("nvidia.com/mig-1g.10gb") || c.devicePlugin.owned != nil {
 		t.Errorf("devicePlugin %+v", c.devicePlugin)
 	}
+	if g := c.GPUPolicy(); g.OffersMIGProfile("1g.10gb+me") || !g.OffersMIGProfile("1g.10gb") || g.Settings() != SettingsManage {
+		t.Errorf("gpus %+v", g)
+	}
 }
 
 // TestDevicePluginResources: the default names and prefixes, and a

@@ -3,8 +3,9 @@
 // field means; config/example.yaml is an example), and resolves it on a
 // node: which SR-IOV PFs the agent offers, in which mode and under which
 // bandwidth policy (Resolve: NICOffer, Skip), how device faults are
-// judged and tainted (HealthPolicy), and which GPUs the agent publishes
-// beside NVIDIA's device plugin (DevicePluginResource, OwnGPUs).
+// judged and tainted (HealthPolicy), which GPUs the agent publishes
+// beside NVIDIA's device plugin (DevicePluginResource, OwnGPUs), and which
+// MIG profiles it offers and whether it changes GPU settings (GPUPolicy).
 //
 // Decoding is strict and all-or-nothing (api.Decode): unknown fields,
 // wrong types and bad values are errors that name the file and the field

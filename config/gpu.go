@@ -2,11 +2,25 @@ package config
 
 import configv1alpha1 "github.com/hwdra/hwdra/api/config/v1alpha1"
 
-// GPUPolicy is the validated gpus section: what the GPU driver publishes.
-// The zero policy publishes everything the hardware delivers.
+// GPUPolicy is the validated gpus section: what the GPU driver publishes
+// and which GPU settings it may change. The zero policy publishes
+// everything the hardware delivers and manages the settings.
 type GPUPolicy struct {
 	migProfiles *configv1alpha1.ProfileFilter
+	// leave: gpus.settings is Leave. The zero value is Manage, so that a
+	// policy built without a file (tests, the prepare catalog) manages.
+	leave bool
 }
+
+// GPUSettings is who owns a GPU's MIG mode, compute mode and time slice,
+// as the file names it.
+type GPUSettings = configv1alpha1.GPUSettings
+
+// The values of gpus.settings.
+const (
+	SettingsManage = configv1alpha1.GPUSettingsManage
+	SettingsLeave  = configv1alpha1.GPUSettingsLeave
+)
 
 // GPUPolicy returns the validated GPU policy.
 func (c *AgentConfig) GPUPolicy() GPUPolicy { return c.gpu }
@@ -15,9 +29,21 @@ func (c *AgentConfig) GPUPolicy() GPUPolicy { return c.gpu }
 // ("1g.10gb+me") is published.
 func (p GPUPolicy) OffersMIGProfile(name string) bool { return p.migProfiles.Offers(name) }
 
+// Settings is gpus.settings: SettingsManage or SettingsLeave, never empty.
+func (p GPUPolicy) Settings() GPUSettings {
+	if p.leave {
+		return SettingsLeave
+	}
+	return SettingsManage
+}
+
+// ManagesSettings reports whether the agent may change GPU settings (MIG
+// mode, compute mode, time slice) for claims: gpus.settings is Manage.
+func (p GPUPolicy) ManagesSettings() bool { return !p.leave }
+
 func gpuPolicy(g *configv1alpha1.GPUConfig) GPUPolicy {
 	if g == nil {
 		return GPUPolicy{}
 	}
-	return GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy()}
+	return GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy(), leave: g.Settings == configv1alpha1.GPUSettingsLeave}
 }

@@ -63,3 +63,43 @@ func TestParseGPUs(t *testing.T) {
 		}
 	}
 }
+
+// TestParseGPUSettings: gpus.settings defaults to Manage (no file, no gpus
+// section, a gpus section without it), takes Leave, and refuses any other
+// value, case included, naming the field and the values it takes.
+func TestParseGPUSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       GPUSettings
+		wantErr    string
+	}{
+		{name: "no gpus section", yaml: header, want: SettingsManage},
+		{name: "gpus without settings", yaml: header + "gpus:\n  migProfiles: {exclude: [\"*+me*\"]}\n", want: SettingsManage},
+		{name: "Manage", yaml: header + "gpus: {settings: Manage}\n", want: SettingsManage},
+		{name: "Leave", yaml: header + "gpus: {settings: Leave}\n", want: SettingsLeave},
+		{name: "lower case", yaml: header + "gpus: {settings: leave}\n",
+			wantErr: `gpus.settings: Unsupported value: "leave": supported values: "Manage", "Leave"`},
+		{name: "another word", yaml: header + "gpus: {settings: Keep}\n",
+			wantErr: `gpus.settings: Unsupported value: "Keep": supported values: "Manage", "Leave"`},
+		{name: "empty", yaml: header + "gpus: {settings: \"\"}\n", want: SettingsManage},
+		{name: "not a string", yaml: header + "gpus: {settings: [Leave]}\n", wantErr: "gpus.settings"},
+		{name: "a typo in the field", yaml: header + "gpus: {setting: Leave}\n", wantErr: `unknown field "gpus.setting"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := parseCase(t, tc.yaml, tc.wantErr)
+			if c == nil {
+				return
+			}
+			p := c.GPUPolicy()
+			if p.Settings() != tc.want || p.ManagesSettings() != (tc.want == SettingsManage) {
+				t.Errorf("settings %s (manages %v), want %s", p.Settings(), p.ManagesSettings(), tc.want)
+			}
+		})
+	}
+	if p := Default().GPUPolicy(); p.Settings() != SettingsManage || !p.ManagesSettings() {
+		t.Errorf("without a file: %s", p.Settings())
+	}
+	if p := (GPUPolicy{}); p.Settings() != SettingsManage {
+		t.Errorf("the zero policy: %s", p.Settings())
+	}
+}

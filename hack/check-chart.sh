@@ -30,8 +30,9 @@ for bad in "extendedResources.gpu=gpu|extendedResources.gpu: \"gpu\" is no exten
   grep -qF "${bad#*|}" <<<"$out" || { echo "check-chart: unclear error for ${bad%%|*}: $out"; exit 1; }
 done
 # A value the chart does not have (a --set typo) is refused, not ignored
-# (values.schema.json), and so is a value of the wrong type.
-for bad in imag.tag=x image.pullpolicy=Never metricsPort=http config.nics[0].mod=shared; do
+# (values.schema.json), and so is a value of the wrong type or one the
+# field does not take (gpus.settings is Manage or Leave).
+for bad in imag.tag=x image.pullpolicy=Never metricsPort=http config.nics[0].mod=shared config.gpus.settings=leave; do
   if out=$("$helm" template hwdra "$chart" --set "$bad" 2>&1); then
     echo "check-chart: --set $bad was accepted"; exit 1
   fi

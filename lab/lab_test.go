@@ -362,3 +362,38 @@ func TestLabLeanMIG(t *testing.T) {
 		}
 	}
 }
+
+// TestLabSettingsLeave: with gpus.settings Leave on GPUs with MIG off the
+// node publishes no MIG partition (a MIG claim is not allocated), shares
+// and an MPS claim prepare, and a time-slicing claim is refused at
+// prepare naming the setting: the configuration reaches both the slices
+// and the GPU driver.
+func TestLabSettingsLeave(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\ngpus: {settings: Leave}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ConfigPath: cfg,
+		ClaimFiles: examples("gpu-share.yaml", "gpu-mps.yaml", "gpu-timeslicing.yaml", "mig-1g.10gb.yaml")})
+	for _, want := range []string{
+		"prepare gpu-timeslicing: claim default/gpu-timeslicing", "gpus.settings: Leave",
+		"claim mig-1g-10gb cannot be allocated on this node", // no MIG partition published
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v: want it to say %q", err, want)
+		}
+	}
+	for _, want := range []string{
+		"gpu.hwdra.io: 16 devices", // per GPU its whole GPU and share device
+		"CDI spec of gpu-share", "CDI spec of gpu-mps",
+		`MPS serves a GPU in compute mode Default`,
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(out.String())
+	}
+}

@@ -180,6 +180,13 @@ func (h *Hardware) ComputeMode(busID string) (nvml.ComputeMode, error) {
 	return h.gpus.ComputeMode(busID)
 }
 
+// Calls is how many times each call reached each device (GPU PCI
+// address, PF netdev) since the node was first built, by device then
+// call (persist.State.Calls; persist.SettingCalls picks a GPU's settings'
+// out): what a test counts to tell that nothing was asked of the
+// hardware, where a change undone leaves the state as it was.
+func (h *Hardware) Calls() map[string]map[string]int { return h.dir.Calls() }
+
 // NICs is the mock's NIC side (empty when the profile has none).
 func (h *Hardware) NICs() *nicsim.NICs { return h.nics }
 

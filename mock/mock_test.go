@@ -290,6 +290,51 @@ func TestPersistentStateSurvivesReopen(t *testing.T) {
 	}
 }
 
+// TestCallsCounted: every call that reaches a device after the node is
+// built is counted, refused ones too, and a change undone (a compute mode
+// set, then set back) shows in the counts though not in the state; the
+// node's own setup (its static MIG instance) is not counted; the counts
+// are saved and go on across processes, and State.Hardware leaves them
+// out.
+func TestCallsCounted(t *testing.T) {
+	dir := persistDir(t)
+	t.Setenv(persist.DirEnv, dir)
+	h := openPersistent(t, persistProfile)
+	s0 := readState(t, dir)
+	if len(h.Calls()) != 0 || len(s0.Calls) != 0 {
+		t.Fatalf("calls counted while the node was built: %v, saved %v", h.Calls(), s0.Calls)
+	}
+	dev := handle(t, h, vgpuGPU)
+	want(t, "set ExclusiveProcess", dev.SetComputeMode(nvml.COMPUTEMODE_EXCLUSIVE_PROCESS), nvml.SUCCESS)
+	want(t, "set Default", dev.SetComputeMode(nvml.COMPUTEMODE_DEFAULT), nvml.SUCCESS)
+	want(t, "set ExclusiveThread", dev.SetComputeMode(nvml.COMPUTEMODE_EXCLUSIVE_THREAD), nvml.ERROR_NOT_SUPPORTED)
+	_, ret := handle(t, h, migGPU).SetMigMode(nvml.DEVICE_MIG_DISABLE) // its instance is in the way
+	want(t, "MIG off with an instance", ret, nvml.ERROR_IN_USE)
+	if err := h.Inject(fault.Fault{Kind: fault.TimeSlice, GPU: vgpuGPU, TimeSlice: 9}); err == nil {
+		t.Error("time slice 9 accepted")
+	}
+	wantCalls := map[string]map[string]int{
+		vgpuGPU: {persist.CallSetComputeMode: 3, persist.CallSetTimeSlice: 1},
+		migGPU:  {persist.CallSetMigMode: 1},
+	}
+	if got := persist.SettingCalls(h.Calls()); !reflect.DeepEqual(got, wantCalls) {
+		t.Errorf("setting calls %v, want %v", got, wantCalls)
+	}
+	s1 := readState(t, dir)
+	if !reflect.DeepEqual(persist.SettingCalls(s1.Calls), wantCalls) {
+		t.Errorf("saved setting calls %v, want %v", s1.Calls, wantCalls)
+	}
+	if !reflect.DeepEqual(s1.Hardware(), s0.Hardware()) {
+		t.Errorf("the state differs though every change was undone or refused:\nbefore %s\nafter %s", stateJSON(s0.Hardware()), stateJSON(s1.Hardware()))
+	}
+	h.Close()
+	h = openPersistent(t, persistProfile)
+	want(t, "set Default again", handle(t, h, vgpuGPU).SetComputeMode(nvml.COMPUTEMODE_DEFAULT), nvml.SUCCESS)
+	if got := h.Calls()[vgpuGPU][persist.CallSetComputeMode]; got != 4 {
+		t.Errorf("compute mode calls %d after the reopen, want the 3 before and 1 since", got)
+	}
+}
+
 // TestPersistentDirRefusals: another profile on the directory is refused
 // naming it (other timings are fine); a second user while one has it open
 // is refused.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/hwdra/hwdra/mock/drivertools"
 	"github.com/hwdra/hwdra/mock/mocktest"
+	"github.com/hwdra/hwdra/mock/persist"
 )
 
 // run runs a program in bin with an environment and stdin.
@@ -127,6 +129,12 @@ func TestSMITimeSlice(t *testing.T) {
 		if out, err := run(h.DriverBin(), drivertools.SMI, "", nil, bad...); err == nil {
 			t.Errorf("%q accepted: %s", bad, out)
 		}
+	}
+	// Each call that reached a GPU is counted, the one it refused (time
+	// slice 4) too; an unknown GPU and another command reach none.
+	want := map[string]map[string]int{bus: {persist.CallSetTimeSlice: 5}}
+	if got := persist.SettingCalls(h.Calls()); !reflect.DeepEqual(got, want) {
+		t.Errorf("setting calls %v, want %v", got, want)
 	}
 }
 

@@ -109,7 +109,7 @@ func newGPU(sd *server.Device, m *model.GPU, profileName, busID string, numa int
 }
 
 // changed reports a call on the GPU: ok after its change, not after a
-// refusal.
+// refusal (which is counted all the same: the call reached the GPU).
 func (d *gpu) changed(call string, ok bool) { d.rep.Changed(call, d.busID, ok) }
 
 // GetGpuInstanceProfileInfoV3 answers what GetGpuInstanceProfileInfoV(p).V3()

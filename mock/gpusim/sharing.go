@@ -25,8 +25,10 @@ func (d *gpu) installSharing() {
 		case nvml.COMPUTEMODE_DEFAULT, nvml.COMPUTEMODE_PROHIBITED, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
 		case nvml.COMPUTEMODE_EXCLUSIVE_THREAD:
 			// Removed from the driver since CUDA 8.
+			d.changed(persist.CallSetComputeMode, false)
 			return nvml.ERROR_NOT_SUPPORTED
 		default:
+			d.changed(persist.CallSetComputeMode, false)
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
 		d.Lock()
@@ -49,6 +51,7 @@ func (g *GPUs) SetTimeSlice(id string, n int) error {
 		return err
 	}
 	if n < 0 || n > MaxTimeSlice {
+		d.changed(persist.CallSetTimeSlice, false)
 		return fmt.Errorf("time slice %d: must be 0 (default), 1 (short), 2 (medium) or 3 (long)", n)
 	}
 	d.Lock()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -67,6 +68,11 @@ type Dir struct {
 	mu          sync.Mutex // serialises saves
 	interrupted []Operation
 	closed      bool
+
+	// calls counts the calls reported since Start, by device then call
+	// (State.Calls), continuing what an earlier process saved.
+	callsMu sync.Mutex
+	calls   map[string]map[string]int
 }
 
 // Open gives a node built from p its directory. With DirEnv set it is that
@@ -144,6 +150,7 @@ func (d *Dir) Start(devices []string, parts ...Part) error {
 				return fmt.Errorf("mock hardware in %s: restoring its saved state: %w", d.path, err)
 			}
 		}
+		d.calls = cloneCalls(d.saved.Calls)
 	}
 	env, err := envTimings()
 	if err != nil {
@@ -170,18 +177,24 @@ func (d *Dir) Start(devices []string, parts ...Part) error {
 	return nil
 }
 
-// Changed implements Reporter: the state is saved, then a successful call
-// takes the time its timings give it, marked busy meanwhile.
+// Changed implements Reporter: the call is counted (Calls) and the state
+// saved, then a successful call takes the time its timings give it,
+// marked busy meanwhile. Calls while the node is built and restored
+// (before Start) are neither counted nor saved.
 func (d *Dir) Changed(call, device string, ok bool) {
-	if d.quiet.Load() || !ok {
+	if d.quiet.Load() {
 		return
 	}
+	d.count(call, device)
 	if d.persistent {
 		if err := d.save(); err != nil {
 			// The call's change was made; there is no way to report a
 			// failed save through NVML or netlink. Say it loudly.
 			fmt.Fprintf(os.Stderr, "mock hardware: saving state after %s on %s: %v\n", call, device, err)
 		}
+	}
+	if !ok {
+		return
 	}
 	t, ok := d.env[call]
 	if !ok {
@@ -195,6 +208,34 @@ func (d *Dir) Changed(call, device string, ok bool) {
 	if marker != "" {
 		os.Remove(marker)
 	}
+}
+
+func (d *Dir) count(call, device string) {
+	d.callsMu.Lock()
+	defer d.callsMu.Unlock()
+	if d.calls == nil {
+		d.calls = map[string]map[string]int{}
+	}
+	if d.calls[device] == nil {
+		d.calls[device] = map[string]int{}
+	}
+	d.calls[device][call]++
+}
+
+// Calls is how many times each call reached each device since the node
+// was first built (State.Calls), a copy.
+func (d *Dir) Calls() map[string]map[string]int {
+	d.callsMu.Lock()
+	defer d.callsMu.Unlock()
+	return cloneCalls(d.calls)
+}
+
+func cloneCalls(calls map[string]map[string]int) map[string]map[string]int {
+	out := make(map[string]map[string]int, len(calls))
+	for dev, byCall := range calls {
+		out[dev] = maps.Clone(byCall)
+	}
+	return out
 }
 
 // save writes the state file atomically (temp file, rename). It is not
@@ -211,6 +252,7 @@ func (d *Dir) save() error {
 		p.Snapshot(&s)
 	}
 	s.Version, s.Profile, s.Spec, s.Interrupted = stateVersion, d.profile.Name, d.spec, d.interrupted
+	s.Calls = d.Calls()
 	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err

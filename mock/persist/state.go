@@ -58,6 +58,36 @@ type State struct {
 	Interrupted []Operation `json:"interrupted,omitempty"`
 	// Busy are the calls in progress now (ReadState only, never saved).
 	Busy []Operation `json:"-"`
+	// Calls counts the calls that reached each device since the node was
+	// first built (a Reporter's Changed after Start: what the hardware
+	// was asked to do, refused calls included), by device (GPU PCI
+	// address, PF netdev), then call. Comparing states cannot tell a
+	// change that was undone (a mode set, then restored); counting
+	// calls can.
+	Calls map[string]map[string]int `json:"calls,omitempty"`
+}
+
+// GPUSettingCalls are the calls that change a GPU's settings, rather than
+// make or remove something on it: its MIG mode, its compute mode and its
+// time slice.
+var GPUSettingCalls = []string{CallSetMigMode, CallSetComputeMode, CallSetTimeSlice}
+
+// SettingCalls are the calls of GPUSettingCalls in calls (a State's or
+// mock.Hardware's Calls), by GPU then call; empty where none reached a
+// GPU.
+func SettingCalls(calls map[string]map[string]int) map[string]map[string]int {
+	out := map[string]map[string]int{}
+	for dev, byCall := range calls {
+		for _, c := range GPUSettingCalls {
+			if n := byCall[c]; n > 0 {
+				if out[dev] == nil {
+					out[dev] = map[string]int{}
+				}
+				out[dev][c] = n
+			}
+		}
+	}
+	return out
 }
 
 // GPUState is one GPU.
@@ -150,8 +180,8 @@ type Operation struct {
 }
 
 // Hardware is the state without what differs between equal hardware:
-// the profile spec, creation counters, and calls in progress or
-// interrupted. Compare these.
+// the profile spec, creation counters, and calls in progress, interrupted
+// or counted. Compare these.
 func (s State) Hardware() State {
 	out := State{Version: s.Version, Profile: s.Profile, Mdevs: s.Mdevs, VFVGPUs: s.VFVGPUs, VFs: s.VFs,
 		LinksDown: s.LinksDown, DriverUnloaded: s.DriverUnloaded}

@@ -22,7 +22,7 @@ import (
 // never deadlock).
 func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
 	var rec Record
-	plans, err := plan(claim, d.catalog())
+	plans, err := plan(claim, d.catalog(), d.leave)
 	if err != nil {
 		return nil, rec, err
 	}
@@ -34,6 +34,9 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		defer d.gpuLocks.Lock(g)()
 	}
 	a := &applier{d: d, claim: claim.UID, rec: &rec, save: func() error { return save(rec.clone()) }}
+	if err := a.modesAsNeeded(plans); err != nil {
+		return nil, rec, err
+	}
 	devices := make([]prepare.Device, 0, len(plans))
 	for _, p := range plans {
 		dev, err := a.apply(ctx, p, libs)
@@ -92,7 +95,7 @@ func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.Contain
 		out.Attributes = md.Attributes()
 		return out, err
 	}
-	if err := a.migMode(r, p.wantMIG); err != nil {
+	if err := a.migMode(r, p); err != nil {
 		return prepare.Device{}, err
 	}
 	if err := a.share(ctx, r, p); err != nil {
@@ -126,11 +129,18 @@ func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.Contain
 // migMode switches the GPU's MIG mode where the device needs the other
 // one. The nvml backend refuses where that needs a reset or anything uses
 // the GPU. The ledger keeps the mode the GPU had before the agent first
-// switched it, for restoring once no claim uses the GPU.
-func (a *applier) migMode(r *DeviceRecord, want bool) error {
+// switched it, for restoring once no claim uses the GPU. Under
+// gpus.settings Leave it never switches (modesAsNeeded refused such a
+// claim before anything was applied; this holds it should the mode have
+// changed since).
+func (a *applier) migMode(r *DeviceRecord, p devicePlan) error {
+	want := p.wantMIG
 	on, err := a.d.nvml.MIGEnabled(r.GPU)
 	if err != nil || on == want {
 		return err
+	}
+	if a.d.leave {
+		return leftMIGMode(p, on)
 	}
 	r.MIGMode = &MIGModeChange{Enabled: want}
 	if _, ok := a.d.ledger.Get(migKey(r.GPU)); !ok {
@@ -142,6 +152,41 @@ func (a *applier) migMode(r *DeviceRecord, want bool) error {
 		return err
 	}
 	return a.d.effect("mig-mode")
+}
+
+// modesAsNeeded checks, under gpus.settings Leave and before anything is
+// applied, that every device's GPU is in the MIG mode the device needs:
+// the agent switches none, so a claim allocated before the setting
+// changed (a MIG partition of a GPU with MIG off, a whole GPU now in MIG
+// mode) is refused with nothing made or changed. It reads the live
+// hardware under the GPUs' locks: the catalog shows a mode the agent
+// switched under Manage as it was, while the claim holding it runs.
+func (a *applier) modesAsNeeded(plans []devicePlan) error {
+	if !a.d.leave {
+		return nil
+	}
+	for _, p := range plans {
+		if p.admin || p.dev.Kind == device.KindPassthrough {
+			continue // given as they are: nothing to switch
+		}
+		on, err := a.d.nvml.MIGEnabled(p.dev.PCIBusID())
+		if err != nil {
+			return fmt.Errorf("request %q, device %s: %w", p.request, p.device, err)
+		}
+		if on != p.wantMIG {
+			return fmt.Errorf("request %q, device %s: %w", p.request, p.device, leftMIGMode(p, on))
+		}
+	}
+	return nil
+}
+
+// leftMIGMode is the refusal of a device whose GPU is not in the MIG mode
+// it needs, under gpus.settings Leave: which mode, which setting, and
+// what to do.
+func leftMIGMode(p devicePlan, on bool) error {
+	return fmt.Errorf("needs MIG mode %s on GPU %s, which has it %s, and the agent's configuration says gpus.settings: Leave, so it switches no MIG mode "+
+		"(the claim was allocated while it managed them, or the mode changed since): set the GPU's MIG mode with the tool that owns it, delete the claim, or configure the agent with gpus.settings: Manage",
+		onOff(p.wantMIG), p.dev.PCIBusID(), onOff(on))
 }
 
 // asItIs gives an adminAccess request the device as it is, for monitoring

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/mps"
@@ -24,6 +25,13 @@ import (
 //
 // A GPU's settings before the agent first changed them are in the ledger
 // (settingsKey) and come back when no claim uses the GPU.
+//
+// Under gpus.settings Leave the agent changes no setting: plan refuses
+// time-slicing, and MPS daemons (a claim's, a GPU's shares') serve the
+// GPU in the compute mode it has. A settings entry written before the
+// switch to Leave is still restored when no claim uses the GPU: that
+// undoes the agent's own change and gives the GPU back as the operator
+// had it.
 
 // share makes a whole GPU's settings what its sharing needs: time slicing
 // sets its time slice, MPS makes it exclusive to the MPS server (the
@@ -36,10 +44,35 @@ func (a *applier) share(ctx context.Context, r *DeviceRecord, p devicePlan) erro
 	if p.dev.Kind != device.KindGPU && p.dev.Kind != device.KindShare {
 		return nil // a MIG partition's GPU is others' too
 	}
+	if p.usesMPS() && a.d.leave {
+		return a.d.tellMPSMode(ctx, r.GPU)
+	}
 	if p.usesMPS() {
 		return a.computeMode(r, nvml.ComputeExclusiveProcess)
 	}
 	return a.timeSlice(ctx, r, p)
+}
+
+// tellMPSMode says in the log, once per GPU, what MPS on a GPU in compute
+// mode Default costs where gpus.settings Leave keeps the agent from making
+// it ExclusiveProcess: the daemon's limits hold only the processes that
+// reach it. It only reads the GPU.
+func (d *Driver) tellMPSMode(ctx context.Context, gpu string) error {
+	mode, err := d.nvml.ComputeMode(gpu)
+	if err != nil || mode != nvml.ComputeDefault {
+		return err
+	}
+	d.mu.Lock()
+	told := d.toldMPSMode[gpu]
+	d.toldMPSMode[gpu] = true
+	d.mu.Unlock()
+	if !told {
+		klog.FromContext(ctx).Info("MPS serves a GPU in compute mode Default, which gpus.settings Leave keeps the agent from making ExclusiveProcess: "+
+			"a process of a pod that bypasses the MPS daemon (its own CUDA_MPS_PIPE_DIRECTORY) gets a context of its own on the whole GPU, all of its multiprocessors and as much memory as is free, "+
+			"outside the limits of every MPS client; ExclusiveProcess, set by whoever owns the GPU's settings, keeps such a context out",
+			"gpu", gpu, "computeMode", mode)
+	}
+	return nil
 }
 
 // startClaimMPS starts the MPS daemon of the claim's MPS devices, if it

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/driverlibs"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
@@ -71,6 +72,10 @@ type Options struct {
 	// MPSCgroup is where MPS control daemons' processes go: beside the
 	// agent's pod where it runs in one.
 	MPSCgroup mps.Cgroup
+	// Settings is gpus.settings (config.GPUPolicy.Settings): under Leave
+	// prepare never changes a GPU's MIG mode, compute mode or time slice.
+	// Empty: Manage.
+	Settings config.GPUSettings
 }
 
 // Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
@@ -85,6 +90,8 @@ type Driver struct {
 	files     DriverFiles
 	programs  nvml.Programs
 	mps       *mps.Manager
+	// leave: gpus.settings is Leave (Options.Settings).
+	leave bool
 
 	gpuLocks keyedlock.Locks
 	mu       sync.Mutex
@@ -106,6 +113,9 @@ type Driver struct {
 	// ran). Until then MIG modes are left alone: a claim rolled back at
 	// start may share its GPU with claims not yet known.
 	reconciled bool
+	// toldMPSMode are the GPUs whose compute mode under MPS the log has
+	// explained (gpus.settings Leave): once per GPU.
+	toldMPSMode map[string]bool
 
 	// afterEffect, when set (tests), runs right after each side effect
 	// succeeds, before its result is recorded; an error fails the prepare
@@ -119,6 +129,11 @@ var _ prepare.Driver[Record] = (*Driver)(nil)
 func New(opts Options) (*Driver, error) {
 	if opts.Published == nil {
 		return nil, errors.New("gpu: Published is required")
+	}
+	switch opts.Settings {
+	case "", config.SettingsManage, config.SettingsLeave:
+	default:
+		return nil, fmt.Errorf("gpu: Settings %q: want %s or %s", opts.Settings, config.SettingsManage, config.SettingsLeave)
 	}
 	for _, r := range []struct {
 		root *string
@@ -153,9 +168,12 @@ func New(opts Options) (*Driver, error) {
 		files:     opts.DriverFiles,
 		programs:  opts.Programs,
 		mps:       daemons,
+		leave:     opts.Settings == config.SettingsLeave,
 		owners:    map[string]types.UID{},
 		users:     map[string]map[types.UID]bool{},
 		mpsUsers:  map[string]map[types.UID]bool{},
+
+		toldMPSMode: map[string]bool{},
 	}, nil
 }
 

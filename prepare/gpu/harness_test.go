@@ -56,6 +56,13 @@ type env struct {
 	// allocated, when set, is what the API server says is allocated
 	// (prepare.Options.Allocated); nil: no API server.
 	allocated func(context.Context) ([]*resourceapi.ResourceClaim, error)
+	// settings is the driver's gpus.settings (empty: Manage); set it with
+	// restartWith. The allocator's slices are always Manage's: a claim
+	// may have been allocated before the setting changed.
+	settings config.GPUSettings
+	// ctx is what prepare and unprepare run with (a test's logger); nil:
+	// context.Background().
+	ctx context.Context
 }
 
 // newEnv builds mock hardware from a built-in profile name or a "gpus:"
@@ -128,6 +135,7 @@ func (e *env) restart(hook func(string) error) {
 		// tests see the spec's files; driver_files_test.go generates.
 		DriverFiles: driverlibs.New(driverlibs.Options{SpecDirs: []string{filepath.Join(e.dir, "etc-cdi"), filepath.Join(e.dir, "cdi")}}),
 		Programs:    nvml.Programs{Bin: e.hw.DriverBin()},
+		Settings:    e.settings,
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -143,6 +151,22 @@ func (e *env) restart(hook func(string) error) {
 		e.t.Fatal(err)
 	}
 	e.driver, e.plugin = d, p
+}
+
+// restartWith restarts the agent with another gpus.settings, as an
+// operator's configuration change does.
+func (e *env) restartWith(settings config.GPUSettings) {
+	e.t.Helper()
+	e.settings = settings
+	e.restart(nil)
+}
+
+// context is what the plugin's calls run with.
+func (e *env) context() context.Context {
+	if e.ctx != nil {
+		return e.ctx
+	}
+	return context.Background()
 }
 
 // Current is what the node publishes: the env's GPUs, every feature.
@@ -215,7 +239,7 @@ func (e *env) claim(reqs ...request) *resourceapi.ResourceClaim {
 }
 
 func (e *env) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
-	res, err := e.plugin.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{c})
+	res, err := e.plugin.PrepareResourceClaims(e.context(), []*resourceapi.ResourceClaim{c})
 	if err != nil {
 		return nil, err
 	}
@@ -233,7 +257,7 @@ func (e *env) mustPrepare(c *resourceapi.ResourceClaim) []kubeletplugin.Device {
 
 func (e *env) unprepare(c *resourceapi.ResourceClaim) {
 	e.t.Helper()
-	res, err := e.plugin.UnprepareResourceClaims(context.Background(), []kubeletplugin.NamespacedObject{{
+	res, err := e.plugin.UnprepareResourceClaims(e.context(), []kubeletplugin.NamespacedObject{{
 		NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, UID: c.UID,
 	}})
 	if err == nil {

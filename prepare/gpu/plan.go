@@ -45,10 +45,13 @@ type devicePlan struct {
 	share *shareLimits
 }
 
-// plan is pure: the claim's allocation, its configuration and the catalog
-// of published devices give the devices to prepare, or an error before
-// any hardware is touched.
-func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevice) ([]devicePlan, error) {
+// plan is pure: the claim's allocation, its configuration, the catalog
+// of published devices and whether the agent leaves GPU settings alone
+// (gpus.settings Leave) give the devices to prepare, or an error before
+// any hardware is touched. Whether a device's GPU is in the MIG mode it
+// needs under Leave only the live hardware tells (apply's
+// modesAsNeeded): the catalog shows a mode the agent switched as it was.
+func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevice, leave bool) ([]devicePlan, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
@@ -102,7 +105,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 		default:
 			return nil, fmt.Errorf("request %q: device %q is of unknown kind %q", r.Request, r.Device, dev.Kind)
 		}
-		if err := sharingPlan(&p, cfg.Sharing); err != nil {
+		if err := sharingPlan(&p, cfg.Sharing, leave); err != nil {
 			return nil, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err)
 		}
 		if g := dev.GPU.MIG; g.Enabled != p.wantMIG && !g.SwitchWithoutReset {
@@ -135,8 +138,10 @@ func gpusOf(plans []devicePlan) []string {
 }
 
 // sharingPlan checks a device's sharing configuration against what the
-// device can take (pure).
-func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing) error {
+// device can take and the agent may do (pure): time-slicing sets the
+// GPU's compute mode and time slice, which an agent that leaves GPU
+// settings alone does not.
+func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing, leave bool) error {
 	if s == nil {
 		return nil
 	}
@@ -152,6 +157,10 @@ func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing) error {
 		if s.Strategy == gpuv1alpha1.TimeSlicing {
 			return field.Invalid(strategy, s.Strategy, "the time slice is a setting of the whole GPU: a MIG partition takes MPS")
 		}
+	}
+	if leave && s.Strategy == gpuv1alpha1.TimeSlicing {
+		return field.Invalid(strategy, s.Strategy, "refused: the agent's configuration says gpus.settings: Leave, so it sets no GPU's compute mode or time slice; "+
+			"leave sharing out to share the GPU in the compute mode and at the time slice it has, use MPS, or have the node's agent configured with gpus.settings: Manage")
 	}
 	if m := s.MPS; m != nil && m.DefaultPinnedDeviceMemoryLimit != nil {
 		if have := p.memory(); uint64(m.DefaultPinnedDeviceMemoryLimit.Value()) > have {

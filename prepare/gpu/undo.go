@@ -155,6 +155,10 @@ func (d *Driver) destroyGPUInstanceAt(gpu string, profile int, at hw.Placement) 
 
 // restoreMIGMode switches a GPU that no claim uses back to the MIG mode
 // it had before the agent first switched it, if the ledger says it did.
+// It does so under gpus.settings Leave too: such an entry is left from
+// before the switch to Leave (under Leave none is written), and restoring
+// it undoes the agent's own change, giving the GPU back in the mode the
+// operator had it in (which is also the mode the slices show it in).
 // It is best effort: the slices offer both modes on a GPU that switches
 // without a reset, so a mode left over only costs the next prepare a
 // switch, and failing unprepare for it would block the pod's teardown for
@@ -178,8 +182,9 @@ func (d *Driver) restoreMIGMode(ctx context.Context, gpu string) {
 }
 
 // restoreSettings gives a GPU that no claim uses back the compute mode
-// and time slice it had before the agent changed them. Like the MIG mode
-// it is best effort, the entry kept (and tried again by Reclaim) until it
+// and time slice it had before the agent changed them, under
+// gpus.settings Leave too (as restoreMIGMode). Like the MIG mode it is
+// best effort, the entry kept (and tried again by Reclaim) until it
 // succeeds: a setting left over costs the next claim only its timing,
 // and failing unprepare for it would block the pod's teardown.
 func (d *Driver) restoreSettings(ctx context.Context, gpu string) {

@@ -55,7 +55,9 @@ func GPU(nodeName string, gpus []hw.GPU, f device.Features) resourceslice.Driver
 // TaintedGPU is GPU with the GPUs bound to vfio-pci (passthrough devices)
 // too, the devices that h finds at fault tainted (with DeviceTaints): the
 // GPU's fault on every device of the GPU, a partition's on the devices at
-// its placement; and without the MIG profiles that p leaves out.
+// its placement; and without the MIG profiles that p leaves out, nor,
+// where p leaves GPU settings alone, the devices that need a GPU's MIG
+// mode switched.
 func TaintedGPU(nodeName string, gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features, h Health, p config.GPUPolicy) resourceslice.DriverResources {
 	res, _ := buildGPUs(nodeName, gpus, passthrough, f, h, p, false)
 	return res
@@ -90,8 +92,10 @@ func (d GPUDevice) PCIBusID() string {
 
 // GPUDevices maps every device TaintedGPU publishes for these GPUs and
 // features to what it stands for; both come from one builder. It includes
-// the MIG profiles a configuration may leave out: a claim allocated before
-// the configuration changed still prepares.
+// the MIG profiles a configuration may leave out, and the devices that
+// need a MIG mode switch that gpus.settings Leave leaves out: a claim
+// allocated before the configuration changed is still found, and prepares
+// or is refused with a reason.
 func GPUDevices(gpus []hw.GPU, passthrough []hw.PassthroughGPU, f device.Features) map[string]GPUDevice {
 	_, catalog := buildGPUs("", gpus, passthrough, f, Health{}, config.GPUPolicy{}, true)
 	return catalog
@@ -160,9 +164,10 @@ func (b *gpuDevices) build() {
 	g := b.gpu
 	hostVGPU := g.Virtualization == hw.VirtualizationHostVGPU || g.Virtualization == hw.VirtualizationHostVSGA
 	// MIG mode can change under us only where that needs no reset and no
-	// instance exists; otherwise the current mode decides what is
-	// deliverable.
-	switchable := g.MIG.Capable && g.MIG.SwitchWithoutReset && len(g.MIG.Instances) == 0
+	// instance exists, and where the agent may change it (gpus.settings
+	// Manage); otherwise the current mode decides what is deliverable:
+	// under Leave a GPU with MIG off offers no MIG partitions.
+	switchable := g.MIG.Capable && g.MIG.SwitchWithoutReset && len(g.MIG.Instances) == 0 && b.policy.ManagesSettings()
 	migOff := !g.MIG.Enabled || switchable
 	migOn := g.MIG.Capable && (g.MIG.Enabled || switchable)
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -354,6 +355,55 @@ func TestMIGProfilesLeftOut(t *testing.T) {
 	}
 	if _, ok := catalog[device.MIGName(gpus[0].PCIBusID, "2g.20gb", 0)]; !ok {
 		t.Error("the catalog lost a left-out profile")
+	}
+}
+
+// TestSettingsLeave: with gpus.settings Leave the agent switches no MIG
+// mode, so a GPU with MIG off offers its whole GPU and its share device
+// and no MIG partition, a GPU with MIG on its MIG partitions (and, as
+// without the setting, no whole GPU or share: those need MIG off), and a
+// vGPU host with MIG off its time-sliced types and no MIG-backed one. The
+// catalog prepare reads still has the left-out partitions, for a claim
+// allocated before the setting changed to be refused with a reason.
+func TestSettingsLeave(t *testing.T) {
+	leave, err := config.Parse([]byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\ngpus: {settings: Leave}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, on := h100("0000:1b:00.0", 0), h100("0000:2b:00.0", 0)
+	on.MIG.Enabled, on.MIG.Pending = true, true
+	host := h100VGPU("0000:3b:00.0")
+	gpus := []hw.GPU{off, on, host}
+	kinds := func(cfg *config.AgentConfig) map[string]map[string]int {
+		res, _ := ForNode(testNode, hw.Inventory{GPUs: gpus}, cfg, device.AllFeatures, hw.Health{})
+		checkLimits(t, res[device.GPUDriver])
+		out := map[string]map[string]int{}
+		for _, d := range names(res[device.GPUDriver]) {
+			bus := *d.Attributes["resource.kubernetes.io/pciBusID"].StringValue
+			if out[bus] == nil {
+				out[bus] = map[string]int{}
+			}
+			out[bus][*d.Attributes[device.AttrType].StringValue]++
+		}
+		return out
+	}
+	got := kinds(leave)
+	want := map[string]map[string]int{
+		off.PCIBusID:  {device.KindGPU: 1, device.KindShare: 1},
+		on.PCIBusID:   {device.KindMIG: 20},
+		host.PCIBusID: {device.KindVGPU: 3}, // H100-80C, -40C, -20C: one block each
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("devices by GPU and kind under Leave:\n got %v\nwant %v", got, want)
+	}
+	// Under Manage (the default) the switchable GPUs offer both modes.
+	managed := kinds(config.Default())
+	if managed[off.PCIBusID][device.KindMIG] != 20 || managed[on.PCIBusID][device.KindGPU] != 1 || managed[host.PCIBusID][device.KindVGPU] <= 3 {
+		t.Errorf("devices by GPU and kind under Manage: %v", managed)
+	}
+	catalog := GPUDevices(gpus, nil, device.AllFeatures)
+	if _, ok := catalog[device.MIGName(off.PCIBusID, "1g.10gb", 6)]; !ok {
+		t.Error("the catalog lost the MIG partitions of the GPU with MIG off")
 	}
 }
 

@@ -16,7 +16,8 @@ type ByDriver map[string]resourceslice.DriverResources
 // ForNode is the one place that decides what a node publishes: the CLI
 // prints it and the agent publishes it. Devices on hardware at fault in
 // faults (the health monitors' findings) are tainted as cfg says, and
-// GPUs offer the MIG profiles it offers.
+// GPUs offer the MIG profiles it offers, MIG partitions of a GPU with MIG
+// off only where it lets the agent switch MIG mode (gpus.settings).
 func ForNode(nodeName string, inv hw.Inventory, cfg *config.AgentConfig, f device.Features, faults hw.Health) (ByDriver, []config.Skip) {
 	res := ByDriver{}
 	h := Health{Faults: faults, FatalNoExecute: cfg.HealthPolicy().FatalNoExecute}

@@ -95,10 +95,21 @@ func TestAgentPodRollingUpdate(t *testing.T) {
 // directory and the chart values (to upgrade with).
 func startLastingAgentPod(t *testing.T, name, profile string) (*scenario, string, map[string]any) {
 	t.Helper()
+	return startLastingAgentPodWith(t, name, profile, nil)
+}
+
+// startLastingAgentPodWith is startLastingAgentPod with the agent's
+// configuration (the chart's config value: an AgentConfig without
+// apiVersion and kind); nil: none.
+func startLastingAgentPodWith(t *testing.T, name, profile string, config map[string]any) (*scenario, string, map[string]any) {
+	t.Helper()
 	n := framework.Shared(t)
 	ctx := context.Background()
 	values := n.AgentPodValues(t, framework.MockProfile(t, "lasting", profile))
 	mockDir := framework.MockDirOf(values)
+	if config != nil {
+		values["config"] = config
+	}
 
 	since := n.KubeletLogSize()
 	agent := n.StartAgentPod(t, values)

@@ -16,7 +16,8 @@ const (
 // Default fills in what the file leaves out: mode shared; a shared rule's
 // bandwidth policy (given only one of minimum and step, the other takes
 // its value; neither: 1G each; default: 10G rounded up to a valid share);
-// fatalEffect NoSchedule; the device plugin's default resources.
+// fatalEffect NoSchedule; the device plugin's default resources; gpus
+// settings Manage.
 // Selector values that are valid are put in canonical form (PCI
 // addresses and IDs in lower case, a PCI address with its domain, IDs
 // without 0x, GPU UUIDs' hex digits in lower case), so that they compare
@@ -28,6 +29,9 @@ func (c *AgentConfig) Default() {
 	}
 	if c.Health != nil && c.Health.FatalEffect == "" {
 		c.Health.FatalEffect = EffectNoSchedule
+	}
+	if c.GPUs != nil && c.GPUs.Settings == "" {
+		c.GPUs.Settings = GPUSettingsManage
 	}
 	if dp := c.DevicePlugin; dp != nil {
 		if len(dp.Resources) == 0 {

@@ -56,6 +56,7 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 			{Bandwidth: &Bandwidth{Step: "0"}, Select: PFSelector{Names: []string{"a/b"}, Drivers: []string{""}}},
 		},
 		Health: &HealthConfig{XIDs: XIDConfig{Ignore: []uint64{13}, Report: []uint64{13}}, FatalEffect: "Evict"},
+		GPUs:   &GPUConfig{MIGProfiles: &ProfileFilter{Include: []string{"1G.*"}}, Settings: "leave"},
 		DevicePlugin: &DevicePluginConfig{
 			Resources: []string{"nvidia.com/gpu", "gpu", "kubernetes.io/gpu", "nvidia.com/*/x", "Nvidia.com/gpu", "nvidia.com/mig-1g.10gb+me", "nvidia.com/*"},
 			OwnedGPUs: &GPUSelector{PCIAddresses: []string{"1b:00.0", "0000:1b:00"}, UUIDs: []string{"GPU-3AE1F2C4-0B6D-4E1A-9C2F-5D7E8F901234", "3ae1f2c4"}},
@@ -68,6 +69,7 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	}
 	want := []string{"nics[0].mode", "nics[0].bandwidth", "nics[1].select.names[0]", "nics[1].select.drivers[0]",
 		"nics[1].bandwidth.step", "health.xids.report[0]", "health.fatalEffect",
+		"gpus.migProfiles.include[0]", "gpus.settings",
 		"devicePlugin.resources[1]", "devicePlugin.resources[2]", "devicePlugin.resources[3]", "devicePlugin.resources[4]",
 		"devicePlugin.resources[5]", "devicePlugin.ownedGPUs.pciAddresses[1]", "devicePlugin.ownedGPUs.uuids[1]"}
 	if !reflect.DeepEqual(got, want) {
@@ -91,5 +93,26 @@ func TestDefaultDevicePlugin(t *testing.T) {
 	}
 	if errs := c.Validate(); len(errs) > 0 {
 		t.Errorf("defaulted section invalid: %v", errs)
+	}
+}
+
+// TestDefaultGPUSettings: a gpus section without settings manages them; a
+// file without gpus keeps no section (package config reads that as
+// Manage too).
+func TestDefaultGPUSettings(t *testing.T) {
+	c := &AgentConfig{GPUs: &GPUConfig{}}
+	c.Default()
+	if c.GPUs.Settings != GPUSettingsManage {
+		t.Errorf("settings %q, want Manage", c.GPUs.Settings)
+	}
+	leave := &AgentConfig{GPUs: &GPUConfig{Settings: GPUSettingsLeave}}
+	leave.Default()
+	if leave.GPUs.Settings != GPUSettingsLeave || len(leave.Validate()) > 0 {
+		t.Errorf("Leave defaulted to %q, %v", leave.GPUs.Settings, leave.Validate())
+	}
+	none := &AgentConfig{}
+	none.Default()
+	if none.GPUs != nil {
+		t.Errorf("defaulting made a gpus section: %+v", none.GPUs)
 	}
 }

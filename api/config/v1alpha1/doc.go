@@ -1,8 +1,9 @@
 // Package v1alpha1 is the agent's configuration file, AgentConfig in
 // config.hwdra.io/v1alpha1 (hwdra agent --config): which SR-IOV PFs the
 // agent offers, in which mode, with which bandwidth policy, how device
-// faults are judged and tainted, and which GPUs the agent leaves to
-// NVIDIA's device plugin.
+// faults are judged and tainted, which GPUs the agent leaves to NVIDIA's
+// device plugin, which MIG profiles it offers and whether it changes GPU
+// settings.
 //
 //	apiVersion: config.hwdra.io/v1alpha1
 //	kind: AgentConfig
@@ -28,6 +29,10 @@
 //	  ownedGPUs:              # a split on purpose: these are the agent's, the rest the plugin's
 //	    pciAddresses: ["0000:1b:00.0"]
 //	    uuids: [GPU-3ae1f2c4-0b6d-4e1a-9c2f-5d7e8f901234]
+//	gpus:
+//	  migProfiles:            # MIG profiles offered (default: all)
+//	    exclude: ["*+me*"]
+//	  settings: Leave         # Manage (default) | Leave: MIG mode, compute mode and time slice left as they are
 //
 // A section left out keeps its defaults: a file with only health offers
 // the PFs as no file does. Bandwidth values are quantities, quoted ("10G")

@@ -31,7 +31,8 @@ type AgentConfig struct {
 	GPUs *GPUConfig `json:"gpus,omitempty"`
 }
 
-// GPUConfig tunes what the GPU driver publishes.
+// GPUConfig tunes what the GPU driver publishes and which GPU settings it
+// may change.
 type GPUConfig struct {
 	// MIGProfiles chooses the MIG profiles offered where MIG partitions
 	// are (GPUs with MIG on, and GPUs with MIG off that switch without a
@@ -40,7 +41,31 @@ type GPUConfig struct {
 	// costs scheduling time for nothing (docs/design.md, "What the scheduler pays").
 	// Default: every profile the GPU reports.
 	MIGProfiles *ProfileFilter `json:"migProfiles,omitempty"`
+	// Settings says whether the agent may change a GPU's settings for
+	// claims: its MIG mode, its compute mode and its time slice.
+	// Default: Manage.
+	Settings GPUSettings `json:"settings,omitempty"`
 }
+
+// GPUSettings is who owns a GPU's MIG mode, compute mode and time slice.
+type GPUSettings string
+
+const (
+	// GPUSettingsManage: the agent changes them as claims need (MIG mode
+	// for a MIG partition of a GPU that switches without a reset,
+	// ExclusiveProcess under an MPS daemon, Default and the claim's time
+	// slice for time-slicing) and restores them when no claim uses the
+	// GPU.
+	GPUSettingsManage GPUSettings = "Manage"
+	// GPUSettingsLeave: the agent never changes them, for nodes where
+	// another tool owns them (the GPU operator's MIG manager) or that
+	// must keep them. MIG partitions are offered only on GPUs already in
+	// MIG mode, time-slicing claims are refused, and MPS daemons and GPU
+	// shares run in the compute mode the GPU has. A setting the agent
+	// changed before (under Manage) is still restored once no claim uses
+	// its GPU.
+	GPUSettingsLeave GPUSettings = "Leave"
+)
 
 // ProfileFilter selects profiles by NVIDIA's names ("1g.10gb",
 // "1g.10gb+me") or by shell patterns ("*+me*", "1g.*"; * and ? match any

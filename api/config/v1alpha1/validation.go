@@ -29,11 +29,24 @@ func (c *AgentConfig) Validate() field.ErrorList {
 	if c.Health != nil {
 		errs = append(errs, c.Health.validate(field.NewPath("health"))...)
 	}
-	if c.GPUs != nil && c.GPUs.MIGProfiles != nil {
-		errs = append(errs, c.GPUs.MIGProfiles.validate(field.NewPath("gpus", "migProfiles"))...)
+	if c.GPUs != nil {
+		errs = append(errs, c.GPUs.validate(field.NewPath("gpus"))...)
 	}
 	if c.DevicePlugin != nil {
 		errs = append(errs, c.DevicePlugin.validate(field.NewPath("devicePlugin"))...)
+	}
+	return errs
+}
+
+func (g *GPUConfig) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if g.MIGProfiles != nil {
+		errs = append(errs, g.MIGProfiles.validate(p.Child("migProfiles"))...)
+	}
+	switch g.Settings {
+	case GPUSettingsManage, GPUSettingsLeave:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("settings"), g.Settings, []GPUSettings{GPUSettingsManage, GPUSettingsLeave}))
 	}
 	return errs
 }
