@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -48,6 +50,11 @@ type Options struct {
 	Keep bool
 	// StateDir and CDIDir default to a temporary directory.
 	StateDir, CDIDir string
+	// Exec is a command (hwdra lab's words after "--") run while the
+	// claims are prepared, before they are unprepared, with ExecCDIDirEnv
+	// and ExecCDIDevicesEnv: a container emulated from the claims' CDI
+	// specs (hack/cdirun), a test of the hardware.
+	Exec []string
 	// CDIHook is nvidia-cdi-hook for the hooks of the driver files
 	// generated for containers; empty: the one beside hwdra, if any.
 	CDIHook string
@@ -195,6 +202,38 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	section(out, "Hardware after prepare")
 	printHardwareChanges(out, inv, after)
 	printDaemons(out, drivers.GPU)
+	if len(opts.Exec) > 0 {
+		return execute(ctx, out, opts, handed)
+	}
+	return nil
+}
+
+// Environment of Options.Exec's command.
+const (
+	// ExecCDIDirEnv is the directory of the claims' CDI specs.
+	ExecCDIDirEnv = "HWDRA_LAB_CDI_DIR"
+	// ExecCDIDevicesEnv are the claims' CDI devices, comma-separated, the
+	// names a runtime injects them by (gpu.hwdra.io/claim=...).
+	ExecCDIDevicesEnv = "HWDRA_LAB_CDI_DEVICES"
+)
+
+// execute runs Options.Exec while the claims are prepared: a container
+// emulated from their CDI specs (hack/cdirun), a test of the hardware. Its
+// output goes in a section of its own; a failure fails the run (after
+// which the claims are undone as after any failure).
+func execute(ctx context.Context, out io.Writer, opts Options, handed []handedClaim) error {
+	section(out, "Exec: "+strings.Join(opts.Exec, " "))
+	var ids []string
+	for _, h := range handed {
+		ids = append(ids, h.cdi...)
+	}
+	cmd := exec.CommandContext(ctx, opts.Exec[0], opts.Exec[1:]...)
+	cmd.Env = append(os.Environ(), ExecCDIDirEnv+"="+opts.CDIDir, ExecCDIDevicesEnv+"="+strings.Join(ids, ","))
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s (run while the claims were prepared): %w", opts.Exec[0], err)
+	}
 	return nil
 }
 
@@ -247,6 +286,7 @@ func prepareClaims(ctx context.Context, out io.Writer, driver string, plugin kub
 		}
 		var devs []shown
 		for _, dev := range r.Devices {
+			(*handed)[len(*handed)-1].cdi = append((*handed)[len(*handed)-1].cdi, dev.CDIDeviceIDs...)
 			s := shown{Request: strings.Join(dev.Requests, ","), Device: dev.DeviceName, CDIDevices: dev.CDIDeviceIDs}
 			if dev.Metadata != nil {
 				s.Metadata = dev.Metadata.Attributes

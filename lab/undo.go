@@ -30,6 +30,9 @@ type handedClaim struct {
 	// claim back itself, but on the context that may have been cancelled,
 	// which can leave it recorded half-prepared: unprepare finishes it).
 	failed bool
+	// cdi are the CDI devices its prepare gave (the containers' names for
+	// its devices), for Options.Exec.
+	cdi []string
 }
 
 // undoEnv is what the undo reports against.

@@ -68,7 +68,9 @@ func Open(spec string) (*Hardware, error) {
 // in $HWDRA_MOCK_DIR, restoring the state an earlier process left there
 // (see persist.DirEnv).
 func New(p profile.Profile) (*Hardware, error) {
-	dir, err := persist.Open(p, sysTree, procTree, devTree, hostTree, fault.InboxDir)
+	// The host tree (the driver's installation) is kept across processes,
+	// as a node's disk is: a test may have put a real library in it.
+	dir, err := persist.Open(p, sysTree, procTree, devTree, fault.InboxDir)
 	if err != nil {
 		return nil, err
 	}

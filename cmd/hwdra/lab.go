@@ -11,10 +11,14 @@ import (
 func labCommand() *cobra.Command {
 	var opts lab.Options
 	cmd := &cobra.Command{
-		Use:   "lab --claim FILE|DIR... [FILE|DIR...]",
+		Use:   "lab --claim FILE|DIR... [FILE|DIR...] [-- COMMAND [ARG...]]",
 		Short: "Without a cluster: probe, publish, allocate claims with the scheduler's allocator, prepare them for real, show the result, unprepare",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			// "--claim a.yaml b.yaml": the shell's glob expands after one flag.
+			// "--claim a.yaml b.yaml": the shell's glob expands after one
+			// flag. After "--": the command to run while they are prepared.
+			if dash := cmd.ArgsLenAtDash(); dash >= 0 {
+				args, opts.Exec = args[:dash], args[dash:]
+			}
 			opts.ClaimFiles = append(opts.ClaimFiles, args...)
 			opts.Stdin = cmd.InOrStdin()
 			if err := makeDirs(cmd.Flags(), "state-dir", "cdi-dir"); err != nil {
