@@ -150,7 +150,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 // spec, or those generated from the driver root with the node's NVML
 // (none where NVML is not up: GPUs bound to vfio-pci only).
 func driverFiles(node *backend.Node, gpu *nvml.Backend, opts PluginOptions) *driverlibs.Libraries {
-	o := driverlibs.Options{SpecDirs: specDirs(node.DriverSpecDirs, opts.CDIDir), HookPath: opts.CDIHook}
+	o := driverlibs.Options{SpecDirs: driverlibs.SpecDirs(node.DriverSpecDirs, opts.CDIDir), HookPath: opts.CDIHook}
 	if gpu != nil {
 		o.NVML = gpu.Library()
 		o.Root, o.NodeRoot = node.DriverFilesRoot()
@@ -166,19 +166,6 @@ func (o PluginOptions) gpuSettings() config.GPUSettings {
 		return config.SettingsManage
 	}
 	return o.Config.GPUPolicy().Settings()
-}
-
-// specDirs are where the NVIDIA Container Toolkit's spec is looked for:
-// the node's (nil: none known, the defaults /etc/cdi and /var/run/cdi)
-// and the runtime's, the agent's --cdi-dir, last (it wins).
-func specDirs(node []string, cdiDir string) []string {
-	if node == nil {
-		node = []string{"/etc/cdi", "/var/run/cdi"}
-	}
-	if cdiDir == "" || slices.Contains(node, cdiDir) {
-		return node
-	}
-	return append(slices.Clone(node), cdiDir)
 }
 
 // nodeClaims is the API server's word on the claims allocated to a node

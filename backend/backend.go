@@ -61,6 +61,9 @@ type Node struct {
 	// spec (nil: the defaults). Set once NVML is up.
 	GPUDevRoot, GPUDevNodeRoot string
 	DriverSpecDirs             []string
+	// NoDevNodes: DevRoot holds no device nodes to look at, only their
+	// names' absence (mock hardware not run as root creates none).
+	NoDevNodes bool
 	// Programs are the NVIDIA driver's programs (nvidia-smi, the MPS
 	// control daemon): the driver root's, the mock's stand-ins on mock
 	// hardware. Set once NVML is up.

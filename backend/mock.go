@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/mock"
+	"github.com/hwdra/hwdra/mock/nodefs"
 	"github.com/hwdra/hwdra/mock/profile"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/sriov"
@@ -31,7 +32,8 @@ func openMock(spec string, logger klog.Logger) (*Node, error) {
 		GPUDevRoot: m.DevRoot(), GPUDevNodeRoot: m.DevRoot(),
 		Sysfs: m.SysfsWriter(), VFs: nics.VFConfigurator(), RDMA: nics.RDMA(),
 		HostNetns: nics.Netns(), settle: nics.Settle, NoLinks: !nics.HasVeths(),
-		NIC: sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
+		NIC:        sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
+		NoDevNodes: !nodefs.CanMknod(),
 	}
 	// The driver's installation is found as on a host, in the mock's
 	// node tree: the same search, the same layouts.

@@ -20,6 +20,7 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
@@ -83,17 +84,53 @@ func New(opts Options) *Libraries {
 // toolkit's spec (a directory listing) and asks NVML for the driver
 // version; it generates only when the version changed.
 func (l *Libraries) Edits(ctx context.Context) (*cdispec.ContainerEdits, Source) {
+	d := l.Decide(ctx)
+	return d.Edits, d.Source
+}
+
+// Decision is what Edits decided and why: for the agent's log and for
+// `hwdra doctor`.
+type Decision struct {
+	// Source and Edits are what Edits returns.
+	Source Source
+	Edits  *cdispec.ContainerEdits
+	// DriverVersion is the running driver's, as NVML tells it; "" where
+	// it cannot.
+	DriverVersion string
+	// Toolkit is the toolkit's spec file found ("" none) and
+	// ToolkitVersion the driver version of the libraries it mounts ("" where
+	// none is named with a version); Stale: of another driver version than
+	// the running one, so passed over.
+	Toolkit, ToolkitVersion string
+	Stale                   bool
+	// Unreadable are the spec files that could not be read, each "file:
+	// why": passed over.
+	Unreadable []string
+	// Err is why the files could not be generated (Source is then
+	// SourceNone).
+	Err error
+}
+
+// Decide is Edits with the reasons: it decides as Edits does, logs the
+// same, and says why.
+func (l *Libraries) Decide(ctx context.Context) Decision {
 	logger := klog.FromContext(ctx)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	version := l.driverVersion()
-	if spec := l.toolkit.find(logger); spec != nil {
+	d := Decision{DriverVersion: l.driverVersion()}
+	version := d.DriverVersion
+	var spec *cdi.Spec
+	spec, d.Unreadable = l.toolkit.find(logger)
+	if spec != nil {
 		v := specVersion(spec)
+		d.Toolkit, d.ToolkitVersion = spec.GetPath(), v
 		if v == "" || version == "" || v == version {
 			l.say(logger, "Containers get the NVIDIA driver's files from the NVIDIA Container Toolkit's spec", "file", spec.GetPath(), "driverVersion", version)
 			e := spec.ContainerEdits
-			return &e, SourceToolkit
+			d.Source, d.Edits = SourceToolkit, &e
+			return d
 		}
+		d.Stale = true
 		l.say(logger, "Warning: the NVIDIA Container Toolkit's spec is of another driver version (stale: nvidia-ctk cdi generate refreshes it); containers get the files generated for the running driver instead",
 			"file", spec.GetPath(), "specVersion", v, "driverVersion", version)
 	}
@@ -101,16 +138,16 @@ func (l *Libraries) Edits(ctx context.Context) (*cdispec.ContainerEdits, Source)
 		if l.opts.NVML != nil {
 			l.say(logger, "Warning: NVML does not tell the driver version: containers get GPU device nodes but no driver files")
 		}
-		return nil, SourceNone
+		return d
 	}
 	if l.gen.version != version {
 		l.gen.version = version
 		l.gen.edits, l.gen.err = l.generate(logger)
 	}
-	if l.gen.err != nil {
+	if d.Err = l.gen.err; d.Err != nil {
 		l.say(logger, "Warning: the NVIDIA driver's files for containers could not be generated: containers get GPU device nodes but no driver libraries (CUDA programs will not start); install the driver's libraries of the running version under the driver root, or the NVIDIA Container Toolkit's spec (nvidia-ctk cdi generate)",
 			"err", l.gen.err.Error(), "driverRoot", l.nodeRoot(), "driverVersion", version)
-		return nil, SourceNone
+		return d
 	}
 	if l.opts.HookPath == "" {
 		l.say(logger, "Warning: containers get the NVIDIA driver's files generated from the driver root, but no nvidia-cdi-hook to link their sonames and update the ld cache: programs that load libcuda.so.1 will not find it",
@@ -119,7 +156,8 @@ func (l *Libraries) Edits(ctx context.Context) (*cdispec.ContainerEdits, Source)
 		l.say(logger, "Containers get the NVIDIA driver's files generated from the driver root",
 			"driverRoot", l.nodeRoot(), "driverVersion", version, "mounts", len(l.gen.edits.Mounts), "hook", l.opts.HookPath)
 	}
-	return l.gen.edits, SourceGenerated
+	d.Source, d.Edits = SourceGenerated, l.gen.edits
+	return d
 }
 
 // driverVersion is the running driver's version, "" where NVML cannot

@@ -162,6 +162,9 @@ func TestPartialInstallation(t *testing.T) {
 			t.Fatalf("edits from libraries of another version: %s %+v", src, e)
 		}
 	}
+	if d := l.Decide(ctx); d.Err == nil || d.Source != SourceNone || d.DriverVersion != "999.1.2" {
+		t.Errorf("decided: %+v", d)
+	}
 	log := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
 	if n := strings.Count(log, "could not be generated"); n != 1 || !strings.Contains(log, "999.1.2") || !strings.Contains(log, h.DriverRoot()) {
 		t.Errorf("said %d times, or without the version and root:\n%s", n, log)
@@ -198,11 +201,18 @@ func TestToolkitSpec(t *testing.T) {
 	if e, src := l.Edits(ctx); src != SourceGenerated || len(e.Mounts) < 2 {
 		t.Fatalf("stale toolkit spec: %s %+v", src, e)
 	}
+	if d := l.Decide(ctx); !d.Stale || d.Toolkit != filepath.Join(dir, "nvidia.yaml") || d.ToolkitVersion != "535.1.1" ||
+		d.DriverVersion != h.DriverVersion() || d.Source != SourceGenerated || d.Err != nil || len(d.Unreadable) != 0 {
+		t.Errorf("stale toolkit spec, decided: %+v", d)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte("kind: [nope"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if _, src := l.Edits(ctx); src != SourceGenerated {
 		t.Fatalf("unreadable toolkit spec: %s", src)
+	}
+	if d := l.Decide(ctx); d.Toolkit != "" || d.Stale || len(d.Unreadable) != 1 || !strings.HasPrefix(d.Unreadable[0], filepath.Join(dir, "nvidia.yaml")+": ") {
+		t.Errorf("unreadable toolkit spec, decided: %+v", d)
 	}
 	log := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
 	for _, want := range []string{"from the NVIDIA Container Toolkit's spec", "is of another driver version", "535.1.1", "Unreadable CDI spec"} {

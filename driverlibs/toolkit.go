@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,19 @@ const (
 	toolkitClass  = "gpu"
 )
 
+// SpecDirs are where the toolkit's spec is looked for: the node's (nil:
+// none known, the defaults /etc/cdi and /var/run/cdi) and the runtime's,
+// the agent's --cdi-dir, last (it wins).
+func SpecDirs(node []string, cdiDir string) []string {
+	if node == nil {
+		node = []string{"/etc/cdi", "/var/run/cdi"}
+	}
+	if cdiDir == "" || slices.Contains(node, cdiDir) {
+		return node
+	}
+	return append(slices.Clone(node), cdiDir)
+}
+
 // toolkitSpecs finds the toolkit's spec in its directories.
 type toolkitSpecs struct {
 	dirs  []string
@@ -34,11 +48,13 @@ type specFile struct {
 	mod  time.Time
 	size int64
 	spec *cdi.Spec // nil when unreadable
+	err  error     // why unreadable
 }
 
-// find returns the toolkit's spec, nil when there is none. An unreadable
-// spec file is logged when it is read, and passed over.
-func (t *toolkitSpecs) find(logger klog.Logger) *cdi.Spec {
+// find returns the toolkit's spec, nil when there is none, and the spec
+// files that could not be read ("file: why"). An unreadable spec file is
+// logged when it is read, and passed over.
+func (t *toolkitSpecs) find(logger klog.Logger) (*cdi.Spec, []string) {
 	if t.files == nil {
 		t.files = map[string]specFile{}
 	}
@@ -65,8 +81,8 @@ func (t *toolkitSpecs) find(logger klog.Logger) *cdi.Spec {
 			f, ok := t.files[path]
 			if !ok || !f.mod.Equal(info.ModTime()) || f.size != info.Size() {
 				f = specFile{mod: info.ModTime(), size: info.Size()}
-				if f.spec, err = cdi.ReadSpec(path, prio); err != nil {
-					logger.Error(err, "Unreadable CDI spec, passed over when looking for the NVIDIA Container Toolkit's spec", "file", path)
+				if f.spec, f.err = cdi.ReadSpec(path, prio); f.err != nil {
+					logger.Error(f.err, "Unreadable CDI spec, passed over when looking for the NVIDIA Container Toolkit's spec", "file", path)
 				}
 				t.files[path] = f
 			}
@@ -75,12 +91,17 @@ func (t *toolkitSpecs) find(logger klog.Logger) *cdi.Spec {
 			}
 		}
 	}
-	for path := range t.files {
-		if !seen[path] {
+	var unreadable []string
+	for path, f := range t.files {
+		switch {
+		case !seen[path]:
 			delete(t.files, path)
+		case f.err != nil:
+			unreadable = append(unreadable, path+": "+f.err.Error())
 		}
 	}
-	return best
+	slices.Sort(unreadable)
+	return best, unreadable
 }
 
 // versionedLib matches the driver's own libraries in a spec's mounts,

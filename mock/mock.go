@@ -123,7 +123,8 @@ func (h *Hardware) Dir() string { return h.dir.Path() }
 func (h *Hardware) Persistent() bool { return h.dir.Persistent() }
 
 // ProcRoot is the mock node's procfs root (what /proc is on a host): it
-// holds devices and the NVIDIA driver's capability files,
+// holds devices, the loaded kernel module's driver/nvidia/version (gone
+// while the driver is unloaded) and the NVIDIA driver's capability files,
 // driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>[/ci<ci>]/access, which
 // appear and vanish as the mock's NVML creates and destroys MIG instances.
 func (h *Hardware) ProcRoot() string { return filepath.Join(h.dir.Path(), procTree) }

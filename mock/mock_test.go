@@ -572,6 +572,32 @@ nics: [{model: cx7, count: 1, vfs: 2, netdevs: [pfa]}]
 	if h.DriverLoaded() || h.NVML.Init() != nvml.ERROR_LIBRARY_NOT_FOUND {
 		t.Error("reopened: the driver is loaded again")
 	}
+	if _, err := os.Stat(filepath.Join(h.ProcRoot(), "driver/nvidia/version")); !os.IsNotExist(err) {
+		t.Errorf("reopened with the driver unloaded: the kernel module's version file is there (%v)", err)
+	}
+}
+
+// TestKernelModuleVersion: the loaded kernel module says its version in
+// the node's proc, the one NVML reports, and the file goes with the
+// module.
+func TestKernelModuleVersion(t *testing.T) {
+	h := mocktest.Open(t, "gpus: [{model: h100-80gb, count: 1}]")
+	file := filepath.Join(h.ProcRoot(), "driver/nvidia/version")
+	if v := readTrim(t, file); !strings.HasPrefix(v, "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "+h.DriverVersion()+"  ") {
+		t.Errorf("%s: %q", file, v)
+	}
+	if err := h.SetDriverLoaded(false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Errorf("driver unloaded: %s is there (%v)", file, err)
+	}
+	if err := h.SetDriverLoaded(true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(file); err != nil {
+		t.Errorf("driver loaded again: %v", err)
+	}
 }
 
 // TestInjectDir: faults reach the hardware through its directory, from

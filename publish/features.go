@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -134,17 +135,48 @@ func (p *Publisher) CheckFeatures(ctx context.Context) error {
 	if len(served) == 0 {
 		return nil
 	}
-	desired := probeSlice(p.opts.NodeName, served[0])
-	got, err := p.opts.Client.ResourceV1().ResourceSlices().Create(ctx, desired.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	f, err := ProbeFeatures(ctx, p.opts.Client, p.opts.NodeName, served[0])
 	if err != nil {
-		return fmt.Errorf("checking which DRA features the API server keeps (a dry-run create of a ResourceSlice): %w", err)
+		return err
 	}
-	dropped := (&resourceslice.DroppedFieldsError{DesiredSlice: desired, ActualSlice: got}).DisabledFeatures()
-	p.useFeatures(ctx, without(device.AllFeatures, dropped))
+	p.useFeatures(ctx, f)
 	p.mu.Lock()
 	p.featuresChecked = true
 	p.mu.Unlock()
 	return nil
+}
+
+// ProbeFeatures asks the API server which DRA features' fields it keeps
+// in the ResourceSlices of a driver (one the agent writes, which the
+// chart's admission policy allows) on a node: a dry-run create of the
+// probe slice, which stores nothing. CheckFeatures and `hwdra doctor` ask
+// so.
+func ProbeFeatures(ctx context.Context, client kubernetes.Interface, node, driver string) (device.Features, error) {
+	desired := probeSlice(node, driver)
+	got, err := client.ResourceV1().ResourceSlices().Create(ctx, desired.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil {
+		return device.Features{}, fmt.Errorf("checking which DRA features the API server keeps (a dry-run create of a ResourceSlice): %w", err)
+	}
+	dropped := (&resourceslice.DroppedFieldsError{DesiredSlice: desired, ActualSlice: got}).DisabledFeatures()
+	return without(device.AllFeatures, dropped), nil
+}
+
+// FeatureGate is a DRA feature gate the device model uses: whether a
+// model has it, and what the model leaves out without it.
+type FeatureGate struct {
+	Name    string
+	On      bool
+	Without string
+}
+
+// Gates are the DRA feature gates the device model uses, in the order
+// the publisher checks them, as f has them.
+func Gates(f device.Features) []FeatureGate {
+	out := make([]FeatureGate, 0, len(gates))
+	for _, g := range gates {
+		out = append(out, FeatureGate{Name: g.name, On: *g.flag(&f), Without: g.lost})
+	}
+	return out
 }
 
 // checkFeaturesEvery runs CheckFeatures until ctx ends: every interval,
@@ -222,9 +254,9 @@ func (p *Publisher) Degraded() error {
 // missing are the gates of the features f lacks, and what the model
 // leaves out without each.
 func missing(f device.Features) (gateNames, lost []string) {
-	for _, g := range gates {
-		if !*g.flag(&f) {
-			gateNames, lost = append(gateNames, g.name), append(lost, g.lost)
+	for _, g := range Gates(f) {
+		if !g.On {
+			gateNames, lost = append(gateNames, g.Name), append(lost, g.Without)
 		}
 	}
 	return gateNames, lost

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
+
+// errNoKubeConfig is wrapped where no kubeconfig is found at all.
+var errNoKubeConfig = errors.New("no kubeconfig")
 
 // kubeConfig finds the API server as kubectl does: --kubeconfig, else
 // $KUBECONFIG, else ~/.kube/config, else the pod's service account
@@ -18,7 +22,7 @@ func kubeConfig(explicit string) (*rest.Config, string, error) {
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
 	rc, err := cc.ClientConfig()
 	if clientcmd.IsEmptyConfig(err) {
-		return nil, "", fmt.Errorf("no kubeconfig: give one with --kubeconfig FILE or $KUBECONFIG, or put it at %s; in a pod, the pod's service account is used", clientcmd.RecommendedHomeFile)
+		return nil, "", fmt.Errorf("%w: give one with --kubeconfig FILE or $KUBECONFIG, or put it at %s; in a pod, the pod's service account is used", errNoKubeConfig, clientcmd.RecommendedHomeFile)
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("kubeconfig: %w", err)

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
+	"github.com/hwdra/hwdra/doctor"
 	"github.com/hwdra/hwdra/mock/mocktest"
 	"github.com/hwdra/hwdra/mock/persist"
 )
@@ -254,5 +257,46 @@ func TestKubeConfig(t *testing.T) {
 			strings.Contains(err.Error(), "KUBERNETES_MASTER") {
 			t.Errorf("%s without a kubeconfig: %v", args[0], err)
 		}
+	}
+}
+
+// TestDoctor: `hwdra doctor` fails (exits non-zero) on a blocker and only
+// then, warnings pass; -o json is the report; without a kubeconfig the API
+// checks are skipped, and one whose server does not answer blocks.
+func TestDoctor(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "") // not in a pod
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	dir := t.TempDir()
+	flags := []string{"doctor", "--hardware", "mock:cx7", "--kubelet-registrar-dir", dir, "--kubelet-plugins-dir", dir,
+		"--cdi-dir", filepath.Join(dir, "cdi"), "--state-dir", filepath.Join(dir, "state"), "--nri-socket", filepath.Join(dir, "nri.sock")}
+
+	// Warnings only (no NRI socket on a node with PFs): success.
+	out, err := run(t, flags...)
+	if err != nil || !strings.Contains(out, "WARN     nri ") || !strings.Contains(out, "0 blocker(s), 1 warning(s)") ||
+		!strings.Contains(out, "SKIP     api-server       API checks skipped: no kubeconfig") {
+		t.Errorf("warnings only: %v\n%s", err, out)
+	}
+
+	// A blocker: failure, naming it, after the report.
+	missing := append(slices.Clone(flags), "--kubelet-registrar-dir", filepath.Join(dir, "none"))
+	out, err = run(t, missing...)
+	if err == nil || err.Error() != "1 blocker(s): kubelet-dirs" || !strings.Contains(out, "BLOCKER  kubelet-dirs ") {
+		t.Errorf("without the kubelet's registry: %v\n%s", err, out)
+	}
+
+	out, err = run(t, append(missing, "-o", "json")...)
+	var rep doctor.Report
+	// The output is the report; cobra writes the error after it (to stderr,
+	// the same buffer here).
+	if jerr := json.NewDecoder(strings.NewReader(out)).Decode(&rep); err == nil || jerr != nil || rep.Count(doctor.Blocker) != 1 || len(rep.Checks) < 15 {
+		t.Errorf("-o json: %v, %v\n%s", err, jerr, out)
+	}
+
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n"+
+		"contexts: [{name: c, context: {cluster: c}}]\ncurrent-context: c\n"), 0o600)
+	out, err = run(t, append(flags, "--kubeconfig", kubeconfig)...)
+	if err == nil || !strings.Contains(err.Error(), "api-server") || !strings.Contains(out, "the API server https://127.0.0.1:1 (--kubeconfig "+kubeconfig+") does not answer") {
+		t.Errorf("an API server that does not answer: %v\n%s", err, out)
 	}
 }

@@ -3,6 +3,7 @@ package gpusim
 import (
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -81,9 +82,29 @@ func (g *GPUs) SetDriverLoaded(loaded bool) error {
 	if g.driver.unloaded.Load() == !loaded {
 		return nil
 	}
+	if err := g.loadModule(loaded); err != nil {
+		return err
+	}
 	g.driver.unloaded.Store(!loaded)
 	g.rep.Changed(persist.CallLoadDriver, "", true)
 	return nil
+}
+
+// moduleVersionFile is where the loaded kernel module says its version,
+// under the node's proc.
+const moduleVersionFile = "driver/nvidia/version"
+
+// loadModule writes the kernel module's version file as the loaded
+// module shows it (the open kernel module's wording, of the driver
+// version NVML reports), or removes it as unloading the module does.
+func (g *GPUs) loadModule(loaded bool) error {
+	if !loaded {
+		if err := os.Remove(g.module); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	return writeFile(g.module, fmt.Sprintf("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Mar  5 22:26:52 UTC 2024\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n", g.DriverVersion))
 }
 
 // DriverLoaded reports whether the mock's NVIDIA driver is loaded.

@@ -39,6 +39,9 @@ type GPUs struct {
 	// bound to vfio-pci (not in NVML) too.
 	busIDs []string
 	driver *driverGate // nil without GPUs
+	// module is the kernel module's version file, there while the
+	// driver is loaded ("" without GPUs for NVML).
+	module string
 	kernel *mdevKernel // nil without GPUs
 	rep    persist.Reporter
 }
@@ -192,6 +195,10 @@ func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.R
 		return nil, err
 	}
 	g.srv, g.NVML, g.driver = s, s, gateOnDriver(s)
+	g.module = filepath.Join(proc, moduleVersionFile)
+	if err := g.loadModule(true); err != nil {
+		return nil, err
+	}
 	if g.kernel, err = buildMdevs(s, sysfs, tree, rep); err != nil {
 		return nil, err
 	}

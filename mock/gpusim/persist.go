@@ -27,6 +27,9 @@ func (g *GPUs) Snapshot(s *persist.State) {
 // GPU (MIG modes, instances), then the vGPUs on them.
 func (g *GPUs) Restore(s persist.State) error {
 	if g.driver != nil {
+		if err := g.loadModule(!s.DriverUnloaded); err != nil {
+			return err
+		}
 		g.driver.unloaded.Store(s.DriverUnloaded)
 	}
 	for _, gs := range s.GPUs {
