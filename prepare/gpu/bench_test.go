@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -9,6 +10,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+
+	"github.com/hwdra/hwdra/driverlibs"
 )
 
 // benchPrepareUnprepare prepares and unprepares one claim through the
@@ -16,7 +19,11 @@ import (
 // and CDI spec included, on an 8-GPU mock node with the node-wide driver
 // spec present; claims of held are prepared before and stay.
 func benchPrepareUnprepare(b *testing.B, profile string, req request, held ...request) {
-	e := newEnv(b, profile, true)
+	benchPrepareUnprepareOn(b, newEnv(b, profile, true), req, held...)
+}
+
+// benchPrepareUnprepareOn is benchPrepareUnprepare on an env.
+func benchPrepareUnprepareOn(b *testing.B, e *env, req request, held ...request) {
 	before := e.hwState()
 	var kept []*resourceapi.ResourceClaim
 	for _, h := range held {
@@ -70,6 +77,17 @@ func benchPrepareUnprepare(b *testing.B, profile string, req request, held ...re
 
 func BenchmarkPrepareUnprepareFullGPU(b *testing.B) {
 	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", request{name: "gpu", cel: `profile == "full"`})
+}
+
+// A whole GPU whose container gets the driver's files generated from the
+// driver root (no toolkit spec): generated once, at the first prepare,
+// then only the driver version asked of NVML and the toolkit's folders
+// listed per prepare.
+func BenchmarkPrepareUnprepareFullGPUGeneratedFiles(b *testing.B) {
+	e := newEnv(b, "gpus: [{model: h100-80gb, count: 8}]", false)
+	e.driver.files = driverlibs.New(driverlibs.Options{Root: e.hw.DriverRoot(), DevRoot: e.hw.Dir(), NVML: e.nvml.Library(),
+		SpecDirs: []string{filepath.Join(e.dir, "etc-cdi")}, HookPath: "/var/lib/hwdra/bin/nvidia-cdi-hook"})
+	benchPrepareUnprepareOn(b, e, request{name: "gpu", cel: `profile == "full"`})
 }
 
 // A dynamic MIG partition on GPUs in MIG mode: GPU and compute instance

@@ -98,8 +98,10 @@ func (s *scenario) waitGPUDevices(n int) {
 }
 
 // waitReadyz waits until the agent pod's /readyz (host network: the
-// node's loopback) answers 200 with body. Each republication makes it
-// unready until the publication is seen in the API server.
+// node's loopback) answers 200 with body, besides the line that says where
+// the NVIDIA driver is (a node with GPUs always has it: checked here too).
+// Each republication makes it unready until the publication is seen in
+// the API server.
 func (s *scenario) waitReadyz(body string) {
 	s.t.Helper()
 	var code int
@@ -111,7 +113,17 @@ func (s *scenario) waitReadyz(body string) {
 		}
 		data, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if code, got = resp.StatusCode, string(data); code == http.StatusOK && got == body {
+		code, got = resp.StatusCode, string(data)
+		var rest []string
+		driver := false
+		for _, line := range strings.SplitAfter(got, "\n") {
+			if strings.HasPrefix(line, "NVIDIA driver root / (fhs layout): NVML ") {
+				driver = true
+				continue
+			}
+			rest = append(rest, line)
+		}
+		if code == http.StatusOK && driver && strings.Join(rest, "") == body {
 			return
 		}
 	}

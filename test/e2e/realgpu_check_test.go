@@ -25,12 +25,12 @@ func TestRealGPUCheck(t *testing.T) {
 	}
 	bin := checkBinaries(t, root)
 	mockDir := filepath.Join(t.TempDir(), "hw")
-	profile := framework.MockProfile(t, "realgpu-check", cudaNode)
+	hardware := framework.MockProfile(t, "realgpu-check", cudaNode) // mock:<file>
 	env := append(os.Environ(), persist.DirEnv+"="+mockDir, "HWDRA_CHECK_BIN="+bin,
-		"HWDRA_CHECK_HARDWARE=mock:"+profile, "HWDRA_CHECK_OUT="+t.TempDir())
+		"HWDRA_CHECK_HARDWARE="+hardware, "HWDRA_CHECK_OUT="+t.TempDir())
 	// The mock's driver root exists once the mock was opened; then its
 	// libcuda becomes a library a program can load.
-	probe := exec.Command(filepath.Join(bin, "hwdra"), "probe", "--hardware", "mock:"+profile)
+	probe := exec.Command(filepath.Join(bin, "hwdra"), "probe", "--hardware", hardware)
 	probe.Env = env
 	if out, err := probe.CombinedOutput(); err != nil {
 		t.Fatalf("probe: %v: %s", err, out)
