@@ -192,7 +192,8 @@ func (r *run) deviceNodes(context.Context) Check {
 	for _, g := range r.gpus {
 		names = append(names, fmt.Sprintf("nvidia%d", g.Minor))
 	}
-	uvm := procDevices(filepath.Join(n.ProcRoot, "devices"), "nvidia-uvm")
+	_, err := nvml.CharDriverMajor(n.ProcRoot, "nvidia-uvm")
+	uvm := err == nil
 	var missing, blocked []string
 	for _, name := range names {
 		path := filepath.Join(n.GPUDevRoot, name)
@@ -228,29 +229,6 @@ func (r *run) deviceNodes(context.Context) Check {
 		c.Summary = fmt.Sprintf("%s under %s", plural(len(names), "device node", "device nodes"), n.GPUDevRoot)
 	}
 	return c
-}
-
-// procDevices reports whether <proc>/devices lists a character driver.
-func procDevices(file, driver string) bool {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		return false
-	}
-	char := false
-	for _, line := range strings.Split(string(raw), "\n") {
-		line = strings.TrimSpace(line)
-		switch {
-		case line == "Character devices:":
-			char = true
-		case line == "Block devices:":
-			char = false
-		case char:
-			if _, name, ok := strings.Cut(line, " "); ok && strings.TrimSpace(name) == driver {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // passthrough: the NVIDIA GPUs bound to vfio-pci need the IOMMU on, and

@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 )
 
@@ -92,27 +92,7 @@ func (r nodeResolver) charDev(name string, fallback numbers) (*cdispec.DeviceNod
 
 // procMajor is a character driver's major from <proc>/devices.
 func (r nodeResolver) procMajor(driver string) (int64, error) {
-	f, err := os.Open(filepath.Join(r.proc, "devices"))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	char := false
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case line == "Character devices:":
-			char = true
-		case line == "Block devices:":
-			char = false
-		case char:
-			if num, name, ok := strings.Cut(line, " "); ok && strings.TrimSpace(name) == driver {
-				return strconv.ParseInt(num, 10, 64)
-			}
-		}
-	}
-	return 0, fmt.Errorf("no character driver %q in %s", driver, filepath.Join(r.proc, "devices"))
+	return nvml.CharDriverMajor(r.proc, driver)
 }
 
 func (r nodeResolver) dynamic(driver string, minor int64, hint string) numbers {
