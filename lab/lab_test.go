@@ -28,7 +28,7 @@ func TestLabRunsTheExamples(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	got := out.String()
-	for _, want := range []string{
+	wantOutput(t, got,
 		"gpu.hwdra.io: 176 devices",
 		"== Allocation (the scheduler's allocator) ==",
 		"request: gpu/small", // first-available picked its first subrequest
@@ -39,11 +39,7 @@ func TestLabRunsTheExamples(t *testing.T) {
 		"MIG on, 2 GPU instance(s) [1g.10gb at slice 5] [1g.10gb at slice 6]",
 		"mig-1g-10gb: unprepared",
 		"no GPU instances or MIG modes differ from the start",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	)
 	if t.Failed() {
 		t.Log(got)
 	}
@@ -62,16 +58,12 @@ func TestLabGPUsForVMs(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	got := out.String()
-	for _, want := range []string{
+	wantOutput(t, got,
 		"HWDRA_GPU_0000_52_00_0_PASSTHROUGH_PCI=0000:52:00.0",
 		"gpu.hwdra.io/parentPciBusID",
 		"/dev/vfio/vfio",
 		"passthrough: unprepared",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	)
 	if t.Failed() {
 		t.Log(got)
 	}
@@ -103,7 +95,7 @@ func TestLabRunsTheSharingExamples(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	got := out.String()
-	for _, want := range []string{
+	wantOutput(t, got,
 		"device: gpu-0000-1b-00-0-share",
 		"MPS control daemon ",
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40",
@@ -113,13 +105,19 @@ func TestLabRunsTheSharingExamples(t *testing.T) {
 		"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
 		"gpu-share: unprepared", "gpu-mps: unprepared", "gpu-timeslicing: unprepared",
 		"no MPS control daemons",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	)
 	if t.Failed() {
 		t.Log(got)
+	}
+}
+
+// wantOutput fails t for each of wants the lab's output lacks.
+func wantOutput(t testing.TB, out string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
 	}
 }
 
@@ -233,11 +231,7 @@ func TestLabTakesFilesAndDirectories(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	for _, want := range []string{"gpu-full: unprepared", "mig-1g-10gb: unprepared", "zero: unprepared"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	wantOutput(t, out.String(), "gpu-full: unprepared", "mig-1g-10gb: unprepared", "zero: unprepared")
 	if strings.Count(out.String(), "- device: gpu-") < 3 {
 		t.Errorf("claim zero did not get one device:\n%s", out.String())
 	}
@@ -263,12 +257,8 @@ func TestLabExamplesDirectory(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "2 of 11 file(s):\n  ../deploy/examples/passthrough.yaml:\n    claim passthrough cannot be allocated on this node:\n        request gpu: class passthrough.gpu.hwdra.io has no device on this node\n  ../deploy/examples/vgpu.yaml:\n    claim vgpu cannot be allocated on this node:\n        request vgpu: class vgpu.gpu.hwdra.io has no device on this node") {
 		t.Errorf("error %v", err)
 	}
-	for _, want := range []string{"gpu-full: unprepared", "mig-1g-10gb: unprepared", "vf-share-10g: unprepared", "gpu-and-vf-same-numa: unprepared",
-		"first-available: unprepared", "mig-on-distinct-gpus: unprepared", "gpu-share: unprepared", "gpu-mps: unprepared", "gpu-timeslicing: unprepared", "../deploy/examples/vgpu.yaml: not allocated", "../deploy/examples/passthrough.yaml: not allocated"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	wantOutput(t, out.String(), "gpu-full: unprepared", "mig-1g-10gb: unprepared", "vf-share-10g: unprepared", "gpu-and-vf-same-numa: unprepared",
+		"first-available: unprepared", "mig-on-distinct-gpus: unprepared", "gpu-share: unprepared", "gpu-mps: unprepared", "gpu-timeslicing: unprepared", "../deploy/examples/vgpu.yaml: not allocated", "../deploy/examples/passthrough.yaml: not allocated")
 	if t.Failed() {
 		t.Log(out.String())
 	}
@@ -335,11 +325,7 @@ func TestLabVGPUShares(t *testing.T) {
 	if len(uuids) != 2 || uuids[0][1] == uuids[1][1] {
 		t.Errorf("mdev UUIDs %v, want one of its own per share", uuids)
 	}
-	for _, want := range []string{"share-a: unprepared", "share-b: unprepared"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	wantOutput(t, got, "share-a: unprepared", "share-b: unprepared")
 	if t.Failed() {
 		t.Log(got)
 	}
@@ -384,15 +370,11 @@ func TestLabSettingsLeave(t *testing.T) {
 			t.Errorf("error %v: want it to say %q", err, want)
 		}
 	}
-	for _, want := range []string{
+	wantOutput(t, out.String(),
 		"gpu.hwdra.io: 16 devices", // per GPU its whole GPU and share device
 		"CDI spec of gpu-share", "CDI spec of gpu-mps",
 		`MPS serves a GPU in compute mode Default`,
-	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	)
 	if t.Failed() {
 		t.Log(out.String())
 	}

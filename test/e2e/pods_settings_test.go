@@ -92,7 +92,7 @@ func TestPodsSharingWithSettingsLeft(t *testing.T) {
 			t.Errorf("the prepare error %q does not say %q", event, want)
 		}
 	}
-	s.checkNotStarted(ts, 3*time.Second)
+	s.checkNotStarted(ts, "gpus.settings: Leave")
 
 	now, err := persist.ReadState(mockDir)
 	if err != nil {
@@ -166,21 +166,38 @@ func (s *scenario) gpuDeviceTypes() map[string]int {
 	return out
 }
 
-// checkNotStarted fails unless the pod, bound to the node, stays Pending
-// with no container running for the whole of d.
-func (s *scenario) checkNotStarted(name string, d time.Duration) {
+// checkNotStarted waits until the kubelet has tried to start the pod
+// again and been refused again (the refusal event with want seen twice:
+// its count, as the kubelet aggregates a repeated event), then checks that
+// the pod, bound to the node, is still Pending with no container running.
+func (s *scenario) checkNotStarted(name, want string) {
 	s.t.Helper()
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		p, err := s.n.Admin.CoreV1().Pods(s.ns).Get(s.ctx, name, metav1.GetOptions{})
+	deadline := time.Now().Add(90 * time.Second)
+	for refused := int32(0); refused < 2; time.Sleep(500 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("pod %s: the kubelet did not try again within 90s (refused %d times)", name, refused)
+		}
+		list, err := s.n.Admin.CoreV1().Events(s.ns).List(s.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 		if err != nil {
 			s.t.Fatal(err)
 		}
-		running := false
-		for _, c := range p.Status.ContainerStatuses {
-			running = running || c.State.Running != nil
+		refused = 0
+		for _, e := range list.Items {
+			if strings.Contains(e.Message, want) {
+				refused += max(e.Count, 1)
+			}
 		}
-		if p.Status.Phase != corev1.PodPending || running {
-			s.t.Fatalf("pod %s started: phase %s, containers %+v", name, p.Status.Phase, p.Status.ContainerStatuses)
+	}
+	p, err := s.n.Admin.CoreV1().Pods(s.ns).Get(s.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if c.State.Running != nil {
+			s.t.Fatalf("pod %s started: containers %+v", name, p.Status.ContainerStatuses)
 		}
+	}
+	if p.Status.Phase != corev1.PodPending {
+		s.t.Fatalf("pod %s: phase %s, want Pending", name, p.Status.Phase)
 	}
 }
