@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"iter"
-	"path/filepath"
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -17,7 +16,6 @@ import (
 	"github.com/hwdra/hwdra/driverlibs"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/mps"
-	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/prepare"
 	gpuprep "github.com/hwdra/hwdra/prepare/gpu"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
@@ -111,7 +109,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			Published: opts.Published,
 			StateDir:  opts.StateDir,
 			DevRoot:   node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
-			Sysfs: node.Sysfs, DriverFiles: driverFiles(node, gpu, opts),
+			Sysfs: node.Sysfs, DriverFiles: driverlibs.New(node.DriverFiles(opts.CDIDir, opts.CDIHook)),
 			Programs: node.Programs, MPSCgroup: opts.MPSCgroup,
 			Settings: opts.gpuSettings(),
 		})
@@ -144,19 +142,6 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 		drivers.NIC = &NIC{Driver[nicprep.Record]{Name: device.NICDriver, Plugin: p}}
 	}
 	return drivers, nil
-}
-
-// driverFiles gives GPU containers the driver's files: the toolkit's
-// spec, or those generated from the driver root with the node's NVML
-// (none where NVML is not up: GPUs bound to vfio-pci only).
-func driverFiles(node *backend.Node, gpu *nvml.Backend, opts PluginOptions) *driverlibs.Libraries {
-	o := driverlibs.Options{SpecDirs: driverlibs.SpecDirs(node.DriverSpecDirs, opts.CDIDir), HookPath: opts.CDIHook}
-	if gpu != nil {
-		o.NVML = gpu.Library()
-		o.Root, o.NodeRoot = node.DriverFilesRoot()
-		o.DevRoot = filepath.Dir(node.GPUDevRoot)
-	}
-	return driverlibs.New(o)
 }
 
 // gpuSettings is the configuration's gpus.settings; without a

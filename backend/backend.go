@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/hwdra/hwdra/driverlibs"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/sriov"
@@ -143,17 +144,28 @@ func (n *Node) findDriver(logger klog.Logger) {
 	n.DriverSpecDirs = d.specDirs()
 }
 
-// DriverFilesRoot is the driver root as this process sees it and as the
-// container runtime does, for the driver's files in CDI specs: they
-// differ where the agent runs in a container with the node's / or the
-// driver root mounted elsewhere; on mock hardware the runtime sees the
-// mock's files where this process does.
-func (n *Node) DriverFilesRoot() (local, node string) {
-	d := n.Driver()
-	if n.sim != nil {
-		return d.Root.Mount, d.Root.Mount
+// DriverFiles are the options of the driver's files for GPU containers
+// on this node (driverlibs): the toolkit's spec folders with the
+// runtime's cdiDir, and, once NVML is up, the driver root as this
+// process sees it and as the container runtime does (they differ where
+// the agent runs in a container with the node's / or the driver root
+// mounted elsewhere; on mock hardware the runtime sees the mock's files
+// where this process does), the GPUs' device root and NVML. hook is
+// nvidia-cdi-hook on the node ("" for none).
+func (n *Node) DriverFiles(cdiDir, hook string) driverlibs.Options {
+	o := driverlibs.Options{SpecDirs: driverlibs.SpecDirs(n.DriverSpecDirs, cdiDir), HookPath: hook}
+	gpu := n.GPU()
+	if gpu == nil {
+		return o // GPUs bound to vfio-pci only, or NVML not up: nothing to generate from
 	}
-	return d.Root.Mount, d.Root.Path
+	d := n.Driver()
+	o.NVML = gpu.Library()
+	o.Root, o.NodeRoot = d.Root.Mount, d.Root.Path
+	if n.sim != nil {
+		o.NodeRoot = d.Root.Mount
+	}
+	o.DevRoot = filepath.Dir(n.GPUDevRoot)
+	return o
 }
 
 // Driver is the NVIDIA driver installation as last found: where its root,

@@ -206,10 +206,7 @@ func (r *run) driverFiles(ctx context.Context) Check {
 	if r.skipWithoutNVML(&c) {
 		return c
 	}
-	n := r.in.Node
-	o := driverlibs.Options{SpecDirs: driverlibs.SpecDirs(n.DriverSpecDirs, r.in.Paths.CDIDir), NVML: r.gpu.Library(), HookPath: r.hook()}
-	o.Root, o.NodeRoot = n.DriverFilesRoot()
-	o.DevRoot = filepath.Dir(n.GPUDevRoot)
+	o := r.in.Node.DriverFiles(r.in.Paths.CDIDir, r.hook())
 	d := driverlibs.New(o).Decide(ctx)
 	c.Details = append(c.Details, "toolkit spec folders: "+strings.Join(o.SpecDirs, ", "))
 	for _, u := range d.Unreadable {
