@@ -381,7 +381,10 @@ func (v *vethSet) delete(name string) error {
 	if err != nil {
 		return nil //nolint:nilerr // already gone: nothing to delete
 	}
-	if err := v.handle.LinkDel(l); err != nil {
+	// A pair whose other end is in a pod's namespace goes with that
+	// namespace, which the kernel tears down in the background: the link
+	// can vanish between the lookup and the delete.
+	if err := v.handle.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("mock: deleting %s: %w", name, err)
 	}
 	return nil
