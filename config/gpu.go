@@ -1,6 +1,10 @@
 package config
 
-import configv1alpha1 "github.com/hwdra/hwdra/api/config/v1alpha1"
+import (
+	"time"
+
+	configv1alpha1 "github.com/hwdra/hwdra/api/config/v1alpha1"
+)
 
 // GPUPolicy is the validated gpus section: what the GPU driver publishes
 // and which GPU settings it may change. The zero policy publishes
@@ -10,6 +14,23 @@ type GPUPolicy struct {
 	// leave: gpus.settings is Leave. The zero value is Manage, so that a
 	// policy built without a file (tests, the prepare catalog) manages.
 	leave bool
+	// report: gpus.shares.overuse is Report (zero: Stop).
+	report bool
+	// checkInterval is gpus.shares.checkIntervalMilliseconds (zero: the
+	// default).
+	checkInterval time.Duration
+}
+
+// StopsShareOveruse reports whether a process that overruns a GPU share is
+// stopped (gpus.shares.overuse Stop) rather than only reported.
+func (p GPUPolicy) StopsShareOveruse() bool { return !p.report }
+
+// ShareCheckInterval is how often GPU shares are policed.
+func (p GPUPolicy) ShareCheckInterval() time.Duration {
+	if p.checkInterval == 0 {
+		return configv1alpha1.DefaultShareCheckIntervalMilliseconds * time.Millisecond
+	}
+	return p.checkInterval
 }
 
 // GPUSettings is who owns a GPU's MIG mode, compute mode and time slice,
@@ -45,5 +66,12 @@ func gpuPolicy(g *configv1alpha1.GPUConfig) GPUPolicy {
 	if g == nil {
 		return GPUPolicy{}
 	}
-	return GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy(), leave: g.Settings == configv1alpha1.GPUSettingsLeave}
+	p := GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy(), leave: g.Settings == configv1alpha1.GPUSettingsLeave}
+	if s := g.Shares; s != nil {
+		p.report = s.Overuse == configv1alpha1.ShareOveruseReport
+		if s.CheckIntervalMilliseconds != nil {
+			p.checkInterval = time.Duration(*s.CheckIntervalMilliseconds) * time.Millisecond
+		}
+	}
+	return p
 }

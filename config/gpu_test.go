@@ -1,6 +1,8 @@
 package config
 
 import (
+	"time"
+
 	"strings"
 	"testing"
 )
@@ -101,5 +103,38 @@ func TestParseGPUSettings(t *testing.T) {
 	}
 	if p := (GPUPolicy{}); p.Settings() != SettingsManage {
 		t.Errorf("the zero policy: %s", p.Settings())
+	}
+}
+
+// TestParseGPUShares: gpus.shares defaults to stopping overuse, checked
+// every second; Report and an interval are taken; a bad value is refused
+// naming the field.
+func TestParseGPUShares(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		stop       bool
+		interval   time.Duration
+		wantErr    string
+	}{
+		{name: "no gpus section", yaml: header, stop: true, interval: time.Second},
+		{name: "empty shares", yaml: header + "gpus: {shares: {}}\n", stop: true, interval: time.Second},
+		{name: "Report", yaml: header + "gpus: {shares: {overuse: Report}}\n", stop: false, interval: time.Second},
+		{name: "Stop, 250 ms", yaml: header + "gpus: {shares: {overuse: Stop, checkIntervalMilliseconds: 250}}\n", stop: true, interval: 250 * time.Millisecond},
+		{name: "another word", yaml: header + "gpus: {shares: {overuse: Kill}}\n",
+			wantErr: `gpus.shares.overuse: Unsupported value: "Kill": supported values: "Stop", "Report"`},
+		{name: "too often", yaml: header + "gpus: {shares: {checkIntervalMilliseconds: 10}}\n",
+			wantErr: `gpus.shares.checkIntervalMilliseconds: Invalid value: 10: must be 100 to 60000`},
+		{name: "a typo", yaml: header + "gpus: {shares: {overUse: Report}}\n", wantErr: `unknown field "gpus.shares.overUse"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := parseCase(t, tc.yaml, tc.wantErr)
+			if c == nil {
+				return
+			}
+			p := c.GPUPolicy()
+			if p.StopsShareOveruse() != tc.stop || p.ShareCheckInterval() != tc.interval {
+				t.Errorf("stop %v every %s, want %v every %s", p.StopsShareOveruse(), p.ShareCheckInterval(), tc.stop, tc.interval)
+			}
+		})
 	}
 }

@@ -33,6 +33,15 @@ func (c *AgentConfig) Default() {
 	if c.GPUs != nil && c.GPUs.Settings == "" {
 		c.GPUs.Settings = GPUSettingsManage
 	}
+	if c.GPUs != nil && c.GPUs.Shares != nil {
+		if c.GPUs.Shares.Overuse == "" {
+			c.GPUs.Shares.Overuse = ShareOveruseStop
+		}
+		if c.GPUs.Shares.CheckIntervalMilliseconds == nil {
+			ms := DefaultShareCheckIntervalMilliseconds
+			c.GPUs.Shares.CheckIntervalMilliseconds = &ms
+		}
+	}
 	if dp := c.DevicePlugin; dp != nil {
 		if len(dp.Resources) == 0 {
 			dp.Resources = slices.Clone(DefaultDevicePluginResources)
@@ -115,3 +124,8 @@ func canonicalGPUUUID(s string) (string, bool) {
 	}
 	return s, gpuUUIDRE.MatchString(s)
 }
+
+// DefaultShareCheckIntervalMilliseconds is gpus.shares' default interval:
+// one round costs microseconds per GPU (docs/design.md, "Policed
+// shares"), so a second is cheap and short beside a job's life.
+const DefaultShareCheckIntervalMilliseconds = 1000

@@ -45,7 +45,36 @@ type GPUConfig struct {
 	// claims: its MIG mode, its compute mode and its time slice.
 	// Default: Manage.
 	Settings GPUSettings `json:"settings,omitempty"`
+	// Shares says how the agent holds GPU shares to what the scheduler
+	// counted. Left out: the defaults.
+	Shares *GPUSharesConfig `json:"shares,omitempty"`
 }
+
+// GPUSharesConfig is the policing of GPU shares: every CheckInterval the
+// agent looks at the processes on each GPU that serves shares and acts on
+// a share whose processes hold more GPU memory than the share, an MPS
+// client that started with limits above its share (or none), a process
+// of a share's container outside MPS, and a pod's process that uses no
+// claim of the GPU. A process outside Kubernetes is only reported.
+type GPUSharesConfig struct {
+	// Overuse is what happens to such a process: Stop (SIGKILL, as the
+	// kernel's OOM killer does, with a Warning Event on its pod) or Report
+	// (the Event alone). Default: Stop.
+	Overuse ShareOveruse `json:"overuse,omitempty"`
+	// CheckIntervalMilliseconds is how often the processes are looked at:
+	// how long a process can overrun before it is caught. 100 to 60000.
+	// Default: 1000.
+	CheckIntervalMilliseconds *int `json:"checkIntervalMilliseconds,omitempty"`
+}
+
+// ShareOveruse is what the agent does to a process that overruns a GPU
+// share.
+type ShareOveruse string
+
+const (
+	ShareOveruseStop   ShareOveruse = "Stop"
+	ShareOveruseReport ShareOveruse = "Report"
+)
 
 // GPUSettings is who owns a GPU's MIG mode, compute mode and time slice.
 type GPUSettings string

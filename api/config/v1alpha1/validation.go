@@ -48,6 +48,17 @@ func (g *GPUConfig) validate(p *field.Path) field.ErrorList {
 	default:
 		errs = append(errs, field.NotSupported(p.Child("settings"), g.Settings, []GPUSettings{GPUSettingsManage, GPUSettingsLeave}))
 	}
+	if s := g.Shares; s != nil {
+		sp := p.Child("shares")
+		switch s.Overuse {
+		case ShareOveruseStop, ShareOveruseReport:
+		default:
+			errs = append(errs, field.NotSupported(sp.Child("overuse"), s.Overuse, []ShareOveruse{ShareOveruseStop, ShareOveruseReport}))
+		}
+		if ms := s.CheckIntervalMilliseconds; ms != nil && (*ms < 100 || *ms > 60000) {
+			errs = append(errs, field.Invalid(sp.Child("checkIntervalMilliseconds"), *ms, "must be 100 to 60000"))
+		}
+	}
 	return errs
 }
 

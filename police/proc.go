@@ -1,0 +1,106 @@
+package police
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// proc is one process as /proc shows it, held by a pidfd: a signal sent
+// through it reaches this process, never one that took its PID later.
+type proc struct {
+	pidfd   int
+	start   uint64 // start time (clock ticks after boot): with the PID, its identity
+	comm    string
+	cgroup  string
+	environ []byte // nil where it could not be read
+}
+
+// errGone: the process exited (or is a zombie, whose context is gone).
+var errGone = errors.New("process gone")
+
+// inspect opens the process with a pidfd first, then reads /proc under
+// root, then checks through the pidfd that it still lives: what was read
+// was that process's, as a PID is not reused while its process exists.
+func inspect(root string, pid uint32) (*proc, error) {
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil, errGone
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pidfd_open(%d): %w", pid, err)
+	}
+	p := &proc{pidfd: fd}
+	if err := p.read(filepath.Join(root, strconv.FormatUint(uint64(pid), 10))); err != nil {
+		p.close()
+		return nil, err
+	}
+	if err := unix.PidfdSendSignal(fd, 0, nil, 0); err != nil {
+		p.close()
+		return nil, errGone
+	}
+	return p, nil
+}
+
+func (p *proc) read(dir string) error {
+	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		return errGone
+	}
+	if err != nil {
+		return err
+	}
+	state, start, err := parseStat(stat)
+	if err != nil {
+		return fmt.Errorf("%s/stat: %w", dir, err)
+	}
+	if state == 'Z' || state == 'X' {
+		return errGone
+	}
+	p.start = start
+	if comm, err := os.ReadFile(filepath.Join(dir, "comm")); err == nil {
+		p.comm = strings.TrimSpace(string(comm))
+	}
+	cgroup, err := os.ReadFile(filepath.Join(dir, "cgroup"))
+	if err != nil {
+		return fmt.Errorf("%s/cgroup: %w", dir, err)
+	}
+	p.cgroup = string(cgroup)
+	if env, err := os.ReadFile(filepath.Join(dir, "environ")); err == nil {
+		p.environ = env
+	}
+	return nil
+}
+
+// parseStat reads the state (field 3) and start time (field 22) of
+// /proc/<pid>/stat; the command (field 2) is in parentheses and may hold
+// spaces and parentheses itself, so fields are counted after its last ')'.
+func parseStat(b []byte) (state byte, start uint64, err error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, errors.New("no command field")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, fmt.Errorf("%d fields after the command, want at least 20", len(f))
+	}
+	start, err = strconv.ParseUint(f[19], 10, 64)
+	return f[0][0], start, err
+}
+
+// kill sends SIGKILL through the pidfd: the process cannot catch it, and
+// its GPU context goes with it.
+func (p *proc) kill() error {
+	if err := unix.PidfdSendSignal(p.pidfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	return nil
+}
+
+func (p *proc) close() { _ = unix.Close(p.pidfd) }
