@@ -19,6 +19,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/mock/drivertools"
 	"github.com/hwdra/hwdra/mock/fault"
 	"github.com/hwdra/hwdra/mock/gpusim"
@@ -208,8 +209,16 @@ func (h *Hardware) VGPUVFs() []string { return h.gpus.VGPUVFs() }
 // (gpusim.GPUs.Reset).
 func (h *Hardware) ResetGPU(busID string) error { return h.gpus.Reset(busID) }
 
-// SetRunningProcesses makes the GPU at a PCI address report these process
-// IDs as running compute work on it (none: idle).
+// SetGPUProcesses makes the GPU at a PCI address list these processes as
+// running on it (none: idle), as NVML's compute list (all of them) and
+// MPS list (those with MPS) show them; a process that exits drops out of
+// both, as on the driver (gpusim.GPUs.SetProcesses).
+func (h *Hardware) SetGPUProcesses(busID string, procs []hw.GPUProcess) error {
+	return h.gpus.SetProcesses(busID, procs)
+}
+
+// SetRunningProcesses is SetGPUProcesses of PIDs alone (outside MPS and
+// MIG, memory not told).
 func (h *Hardware) SetRunningProcesses(busID string, pids ...uint32) error {
 	return h.gpus.SetRunningProcesses(busID, pids...)
 }
@@ -240,6 +249,9 @@ func (h *Hardware) Inject(f fault.Fault) error {
 		return h.SetDriverLoaded(f.Up)
 	case fault.TimeSlice:
 		return h.gpus.SetTimeSlice(f.GPU, f.TimeSlice)
+	case fault.Processes:
+		return h.SetGPUProcesses(f.GPU, f.Processes)
 	}
-	return fmt.Errorf("unknown fault %q (known: %s, %s, %s, %s, %s, %s)", f.Kind, fault.XID, fault.Clear, fault.GPULost, fault.Link, fault.Driver, fault.TimeSlice)
+	return fmt.Errorf("unknown fault %q (known: %s, %s, %s, %s, %s, %s, %s)", f.Kind,
+		fault.XID, fault.Clear, fault.GPULost, fault.Link, fault.Driver, fault.TimeSlice, fault.Processes)
 }

@@ -181,11 +181,16 @@ func TestPersistentStateSurvivesReopen(t *testing.T) {
 		u, _ := m.GetUUID()
 		migUUIDs = append(migUUIDs, u)
 	}
-	if err := h.SetRunningProcesses(migGPU, 42); err != nil {
+	// An MPS client in the static instance (a made-up PID: listed until
+	// replaced) and one that the driver does not tell the memory of.
+	mem, staticGI := uint64(4<<30), 0
+	procs := []hw.GPUProcess{{PID: 42, UsedMemory: &mem, MPS: true, GPUInstance: &staticGI}, {PID: 43}}
+	if err := h.SetGPUProcesses(migGPU, procs); err != nil {
 		t.Fatal(err)
 	}
-	if g, _ := readState(t, dir).GPU(migGPU); !slices.Equal(g.Processes, []uint32{42}) {
-		t.Fatalf("processes not on disk: %v", g.Processes)
+	if g, _ := readState(t, dir).GPU(migGPU); len(g.Processes) != 2 || !reflect.DeepEqual(g.Processes[0].GPUProcess, procs[0]) ||
+		!reflect.DeepEqual(g.Processes[1].GPUProcess, procs[1]) {
+		t.Fatalf("processes not on disk: %+v", g.Processes)
 	}
 
 	// A vGPU.
@@ -248,8 +253,12 @@ func TestPersistentStateSurvivesReopen(t *testing.T) {
 			t.Errorf("capability file after reopen: %v", err)
 		}
 	}
-	if procs, _ := dev.GetComputeRunningProcesses(); len(procs) != 1 || procs[0].Pid != 42 {
-		t.Errorf("processes after reopen: %v", procs)
+	if list, _ := dev.GetComputeRunningProcesses(); len(list) != 2 || list[0] != (nvml.ProcessInfo{Pid: 42, UsedGpuMemory: mem}) ||
+		list[1].Pid != 43 || list[1].UsedGpuMemory != ^uint64(0) {
+		t.Errorf("compute processes after reopen: %+v", list)
+	}
+	if list, _ := dev.GetMPSComputeRunningProcesses(); len(list) != 1 || list[0].Pid != 42 {
+		t.Errorf("MPS processes after reopen: %+v", list)
 	}
 	if got := h.MdevUUIDs(); !slices.Equal(got, []string{mdev}) {
 		t.Errorf("mdevs after reopen: %v", got)

@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/mock/persist"
 )
 
@@ -41,6 +43,10 @@ const (
 	// time slice (`compute-policy --set-timeslice`) through the inbox, as
 	// the real tool changes the driver's state from outside the agent.
 	TimeSlice Kind = "timeslice"
+	// Processes is no fault either: it sets the processes a GPU lists as
+	// running on it (none: idle), as workloads starting and stopping
+	// would.
+	Processes Kind = "processes"
 )
 
 // Fault is one fault to inject into mock hardware.
@@ -59,6 +65,8 @@ type Fault struct {
 	Up bool `json:"up,omitempty"`
 	// TimeSlice is the time slice to set (timeslice; GPU may be a UUID).
 	TimeSlice int `json:"timeSlice,omitempty"`
+	// Processes are the GPU's processes (processes).
+	Processes []hw.GPUProcess `json:"processes,omitempty"`
 }
 
 func (f Fault) String() string {
@@ -71,6 +79,15 @@ func (f Fault) String() string {
 		return fmt.Sprintf("driver %s", map[bool]string{true: "loaded", false: "unloaded"}[f.Up])
 	case TimeSlice:
 		return fmt.Sprintf("time slice %d on GPU %s", f.TimeSlice, f.GPU)
+	case Processes:
+		if len(f.Processes) == 0 {
+			return "no processes on GPU " + f.GPU
+		}
+		pids := make([]string, len(f.Processes))
+		for i, p := range f.Processes {
+			pids[i] = strconv.FormatUint(uint64(p.PID), 10)
+		}
+		return fmt.Sprintf("processes %s on GPU %s", strings.Join(pids, ", "), f.GPU)
 	}
 	return fmt.Sprintf("%s on GPU %s", f.Kind, f.GPU)
 }

@@ -2,7 +2,6 @@ package gpusim
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,8 +41,9 @@ type gpu struct {
 
 	// Guarded by the server.Device lock, like its GpuInstances map.
 	migCurrent, migPending int
-	// processes run on the GPU (SetRunningProcesses).
-	processes []nvml.ProcessInfo
+	// processes set to run on the GPU, by PID (processes.go: NVML
+	// lists those still running).
+	processes []persist.ProcessState
 	// computeMode and timeSlice are the GPU's sharing settings
 	// (sharing.go).
 	computeMode nvml.ComputeMode
@@ -89,12 +89,6 @@ func newGPU(sd *server.Device, m *model.GPU, profileName, busID string, numa int
 		d.changed(persist.CallSetMigMode, ret == nvml.SUCCESS)
 		return activation, ret
 	}
-	sd.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
-		d.RLock()
-		defer d.RUnlock()
-		return slices.Clone(d.processes), nvml.SUCCESS
-	}
-	sd.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
 	sd.GetGpuInstanceProfileInfoVFunc = func(int) nvml.GpuInstanceProfileInfoHandler {
 		// go-nvml's handler has unexported fields and its V1/V2/V3 call
 		// the C library directly: without libnvidia-ml loaded that kills
@@ -105,6 +99,7 @@ func newGPU(sd *server.Device, m *model.GPU, profileName, busID string, numa int
 	d.installMIG()
 	d.installVGPU()
 	d.installSharing()
+	d.installProcesses()
 	return d
 }
 
@@ -175,7 +170,7 @@ func (d *gpu) setMigMode(mode int) (nvml.Return, nvml.Return) {
 	}
 	d.Lock()
 	defer d.Unlock()
-	if len(d.GpuInstances) > 0 || len(d.processes) > 0 || len(d.active) > 0 {
+	if len(d.GpuInstances) > 0 || len(d.runningLocked()) > 0 || len(d.active) > 0 {
 		return nvml.ERROR_IN_USE, nvml.ERROR_IN_USE
 	}
 	d.migPending = mode

@@ -266,24 +266,6 @@ func (g *GPUs) Reset(busID string) error {
 	return nil
 }
 
-// SetRunningProcesses makes the GPU at a PCI address report these process
-// IDs as running compute work on it (none: idle). The hardware refuses to
-// switch MIG mode while any run.
-func (g *GPUs) SetRunningProcesses(busID string, pids ...uint32) error {
-	d, err := g.find(busID)
-	if err != nil {
-		return err
-	}
-	d.Lock()
-	d.processes = nil
-	for _, pid := range pids {
-		d.processes = append(d.processes, nvml.ProcessInfo{Pid: pid})
-	}
-	d.Unlock()
-	d.changed(persist.CallSetRunningProcesses, true)
-	return nil
-}
-
 // all are the GPUs in NVML index order (none without GPUs).
 func (g *GPUs) all() []*gpu {
 	if g.srv == nil {

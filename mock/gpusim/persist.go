@@ -71,9 +71,8 @@ func (d *gpu) snapshot() persist.GPUState {
 		ComputeMode: int(d.computeMode), TimeSlice: d.timeSlice,
 	}
 	s.Lost, s.RecoveryAction = d.healthState()
-	for _, p := range d.processes {
-		s.Processes = append(s.Processes, p.Pid)
-	}
+	// What the driver would list: a process that has exited is gone.
+	s.Processes = d.runningLocked()
 	for _, gi := range d.instancesLocked() {
 		p, _ := d.model.ProfileByID(gi.Info.ProfileId)
 		g := persist.GPUInstanceState{
@@ -118,10 +117,10 @@ func (d *gpu) restore(s persist.GPUState) error {
 	d.migCurrent, d.migPending = mode(s.MIG.Current), mode(s.MIG.Pending)
 	d.MigMode = d.migCurrent
 	d.computeMode, d.timeSlice = nvml.ComputeMode(s.ComputeMode), s.TimeSlice
-	d.processes = nil
-	for _, pid := range s.Processes {
-		d.processes = append(d.processes, nvml.ProcessInfo{Pid: pid})
+	if err := d.checkProcessesLocked(s.Processes); err != nil {
+		return err
 	}
+	d.processes = slices.Clone(s.Processes)
 	for _, g := range s.GPUInstances {
 		p, ok := d.model.ProfileByID(g.ProfileID)
 		if !ok || g.ID < 0 || g.ID >= maxGIs {

@@ -24,7 +24,7 @@ import (
 // A process that opens the directory later (the agent restarted after a
 // SIGKILL) gets the hardware as the last one left it: MIG modes, GPU and
 // compute instances (same IDs, profiles, placements, MIG UUIDs and
-// capability files), processes set with SetRunningProcesses, mediated
+// capability files), processes set with SetProcesses, mediated
 // devices, and every VF's settings. Only one process at a time may use a
 // directory; reopening it with another profile is an error (timings may
 // differ). ReadState reads the state from outside.
@@ -95,8 +95,9 @@ type GPUState struct {
 	BusID string   `json:"busID"`
 	UUID  string   `json:"uuid"`
 	MIG   MIGState `json:"mig"`
-	// Processes are the PIDs set to run on the GPU.
-	Processes    []uint32           `json:"processes,omitempty"`
+	// Processes are those set to run on the GPU that still run, by
+	// PID.
+	Processes    []ProcessState     `json:"processes,omitempty"`
 	GPUInstances []GPUInstanceState `json:"gpuInstances,omitempty"`
 	// NextSerial is the last compute instance's creation number (MIG
 	// UUIDs derive from it, so a re-created instance gets a new one).
@@ -109,6 +110,17 @@ type GPUState struct {
 	// compute time slice nvidia-smi set (0: default).
 	ComputeMode int `json:"computeMode,omitempty"`
 	TimeSlice   int `json:"timeSlice,omitempty"`
+}
+
+// ProcessState is a process set to run on a GPU: what NVML lists of it,
+// and how the mock tells that it has exited.
+type ProcessState struct {
+	hw.GPUProcess
+	// StartTime is the PID's start time (/proc/<pid>/stat field 22, clock
+	// ticks after boot) when it was set: once the PID is gone or has
+	// another, the process has exited and NVML no longer lists it. 0: no
+	// such PID ran then (a test's made-up one), listed until replaced.
+	StartTime uint64 `json:"startTime,omitempty"`
 }
 
 // MIGState is a GPU's MIG mode: current, and pending until a reset
@@ -241,7 +253,7 @@ const (
 	stateFile    = "state.json"
 	busyDir      = "busy"
 	lockFile     = "lock"
-	stateVersion = "hwdra.io/mock-state/v1"
+	stateVersion = "hwdra.io/mock-state/v2"
 	// maxInterrupted bounds State.Interrupted.
 	maxInterrupted = 64
 )
