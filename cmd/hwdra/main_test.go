@@ -166,6 +166,25 @@ func TestMockInject(t *testing.T) {
 		{args: []string{"link", "--pf", "0000:18:00.0", "--state", "down"}, check: func() bool {
 			return len(mustState(t, dir).LinksDown) == 1
 		}},
+		{args: []string{"processes", "--gpu", "0000:52:00.0", "--process", "8388609:24Gi:mps", "--process", "8388608:512Mi"}, check: func() bool {
+			g, _ := mustState(t, dir).GPU("0000:52:00.0")
+			return len(g.Processes) == 2 && g.Processes[0].PID == 8388608 && !g.Processes[0].MPS && *g.Processes[0].UsedMemory == 512<<20 &&
+				g.Processes[1].PID == 8388609 && g.Processes[1].MPS && *g.Processes[1].UsedMemory == 24<<30
+		}},
+		{args: []string{"processes", "--gpu", "0000:52:00.0"}, check: func() bool {
+			g, _ := mustState(t, dir).GPU("0000:52:00.0")
+			return len(g.Processes) == 0
+		}},
+		{args: []string{"processes", "--gpu", "0000:52:00.0", "--process", "x:1Gi"}, wantErr: `--process "x:1Gi": PID "x" is not a process ID above 0`},
+		{args: []string{"processes", "--gpu", "0000:52:00.0", "--process", "0:1Gi"}, wantErr: `--process "0:1Gi": PID "0"`},
+		{args: []string{"processes", "--gpu", "0000:52:00.0", "--process", "42:lots"}, wantErr: `--process "42:lots": memory "lots" is not a size like 24Gi`},
+		{args: []string{"processes", "--gpu", "0000:52:00.0", "--process", "42:-1Gi"}, wantErr: `memory "-1Gi"`},
+		{args: []string{"processes", "--gpu", "0000:52:00.0", "--process", "42"}, wantErr: `--process "42": want PID:MEMORY or PID:MEMORY:mps`},
+		{args: []string{"processes", "--gpu", "0000:52:00.0", "--process", "42:1Gi:mpx"}, wantErr: `--process "42:1Gi:mpx": want PID:MEMORY`},
+		{args: []string{"processes", "--gpu", "0000:52:00.0", "--process", "42:1Ti"}, wantErr: "process 42: 1099511627776 bytes of GPU memory"},
+		{args: []string{"processes", "--gpu", "0000:99:00.0"}, wantErr: "no GPU 0000:99:00.0"},
+		{args: []string{"processes", "--process", "42:1Gi"}, wantErr: "processes needs --gpu"},
+		{args: []string{"xid", "--gpu", "0000:1b:00.0", "--code", "48", "--process", "42:1Gi"}, wantErr: "xid takes no --process"},
 		{args: []string{"xid", "--gpu", "0000:1b:00.0"}, wantErr: "xid needs --code"},
 		{args: []string{"clear", "--gpu", "0000:1b:00.0", "--code", "1"}, wantErr: "clear takes no --code"},
 		{args: []string{"link", "--pf", "x", "--state", "sideways"}, wantErr: `--state "sideways" is not down or up`},

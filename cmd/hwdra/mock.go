@@ -5,10 +5,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/mock/fault"
 	"github.com/hwdra/hwdra/mock/persist"
 )
@@ -29,6 +33,7 @@ func injectCommand() *cobra.Command {
 		f       fault.Fault
 		gi, ci  int
 		state   string
+		procs   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "inject --mock-dir DIR FAULT",
@@ -48,12 +53,17 @@ Faults:
                       a PF's link (netdev name or PCI address) goes down
                       or up; with veth stand-ins (root) the kernel sees it
   driver --state loaded
-                      the NVIDIA driver is loaded (NVML appears)`,
+                      the NVIDIA driver is loaded (NVML appears)
+  processes --gpu PCI [--process PID:MEMORY[:mps]]...
+                      the processes NVML lists on the GPU, replacing those
+                      before (no --process: none); MEMORY is a quantity
+                      (24Gi), :mps marks an MPS client; a process that ran
+                      here when set drops out of the list when it exits`,
 		Args:      cobra.ExactArgs(1),
-		ValidArgs: []string{string(fault.XID), string(fault.Clear), string(fault.GPULost), string(fault.Link), string(fault.Driver)},
+		ValidArgs: []string{string(fault.XID), string(fault.Clear), string(fault.GPULost), string(fault.Link), string(fault.Driver), string(fault.Processes)},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f.Kind = fault.Kind(args[0])
-			if err := completeFault(cmd, &f, gi, ci, state); err != nil {
+			if err := completeFault(cmd, &f, gi, ci, state, procs); err != nil {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
@@ -68,36 +78,38 @@ Faults:
 	fl := cmd.Flags()
 	fl.StringVar(&dir, "mock-dir", "", "the mock hardware's directory (the running process's "+persist.DirEnv+")")
 	fl.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the process to apply the fault")
-	fl.StringVar(&f.GPU, "gpu", "", "the GPU's PCI address (xid, clear, gpu-lost)")
+	fl.StringVar(&f.GPU, "gpu", "", "the GPU's PCI address (xid, clear, gpu-lost, processes)")
 	fl.Uint64Var(&f.XID, "code", 0, "the XID (xid)")
 	fl.IntVar(&gi, "gpu-instance", -1, "confine the XID to this MIG GPU instance ID (xid)")
 	fl.IntVar(&ci, "compute-instance", -1, "and to this compute instance ID in it (xid)")
 	fl.StringVar(&f.PF, "pf", "", "the PF's netdev name or PCI address (link)")
 	fl.StringVar(&state, "state", "", "down or up (link); loaded (driver)")
+	fl.StringArrayVar(&procs, "process", nil, "PID:MEMORY[:mps], a process on the GPU with the GPU memory it holds (24Gi), :mps for an MPS client; repeat for more (processes)")
 	_ = cmd.MarkFlagRequired("mock-dir")
 	return cmd
 }
 
 // completeFault checks that a fault has the flags it needs, and only those.
-func completeFault(cmd *cobra.Command, f *fault.Fault, gi, ci int, state string) error {
+func completeFault(cmd *cobra.Command, f *fault.Fault, gi, ci int, state string, procs []string) error {
 	need := map[fault.Kind][]string{
-		fault.XID:     {"gpu", "code"},
-		fault.Clear:   {"gpu"},
-		fault.GPULost: {"gpu"},
-		fault.Link:    {"pf", "state"},
-		fault.Driver:  {"state"},
+		fault.XID:       {"gpu", "code"},
+		fault.Clear:     {"gpu"},
+		fault.GPULost:   {"gpu"},
+		fault.Link:      {"pf", "state"},
+		fault.Driver:    {"state"},
+		fault.Processes: {"gpu"},
 	}
-	allowed := map[fault.Kind][]string{fault.XID: {"gpu-instance", "compute-instance"}}
+	allowed := map[fault.Kind][]string{fault.XID: {"gpu-instance", "compute-instance"}, fault.Processes: {"process"}}
 	flags, ok := need[f.Kind]
 	if !ok {
-		return fmt.Errorf("unknown fault %q: want xid, clear, gpu-lost, link or driver", f.Kind)
+		return fmt.Errorf("unknown fault %q: want xid, clear, gpu-lost, link, driver or processes", f.Kind)
 	}
 	for _, name := range flags {
 		if !cmd.Flags().Changed(name) {
 			return fmt.Errorf("%s needs --%s", f.Kind, name)
 		}
 	}
-	for _, name := range []string{"gpu", "code", "gpu-instance", "compute-instance", "pf", "state"} {
+	for _, name := range []string{"gpu", "code", "gpu-instance", "compute-instance", "pf", "state", "process"} {
 		if cmd.Flags().Changed(name) && !contains(flags, name) && !contains(allowed[f.Kind], name) {
 			return fmt.Errorf("%s takes no --%s", f.Kind, name)
 		}
@@ -120,8 +132,34 @@ func completeFault(cmd *cobra.Command, f *fault.Fault, gi, ci int, state string)
 		f.Up = true
 	case f.Kind == fault.Driver:
 		return fmt.Errorf("driver: --state %q is not loaded (a driver in use cannot be unloaded)", state)
+	case f.Kind == fault.Processes:
+		var err error
+		f.Processes, err = parseProcesses(procs)
+		return err
 	}
 	return nil
+}
+
+// parseProcesses reads --process values: PID:MEMORY[:mps].
+func parseProcesses(values []string) ([]hw.GPUProcess, error) {
+	out := make([]hw.GPUProcess, 0, len(values))
+	for _, v := range values {
+		parts := strings.Split(v, ":")
+		if len(parts) < 2 || len(parts) > 3 || len(parts) == 3 && parts[2] != "mps" {
+			return nil, fmt.Errorf("--process %q: want PID:MEMORY or PID:MEMORY:mps (1234:24Gi:mps)", v)
+		}
+		pid, err := strconv.ParseUint(parts[0], 10, 32)
+		if err != nil || pid == 0 {
+			return nil, fmt.Errorf("--process %q: PID %q is not a process ID above 0", v, parts[0])
+		}
+		q, err := resource.ParseQuantity(parts[1])
+		if err != nil || q.Sign() < 0 {
+			return nil, fmt.Errorf("--process %q: memory %q is not a size like 24Gi", v, parts[1])
+		}
+		mem := uint64(q.Value())
+		out = append(out, hw.GPUProcess{PID: uint32(pid), UsedMemory: &mem, MPS: len(parts) == 3})
+	}
+	return out, nil
 }
 
 func contains(list []string, s string) bool {
