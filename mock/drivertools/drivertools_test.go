@@ -97,6 +97,39 @@ func TestMPSControl(t *testing.T) {
 	}
 }
 
+// Each control daemon keeps its own defaults, as the real ones do (two
+// daemons on one GPU each hold their clients to their own: the real H200
+// in ../shared/realgpu): setting one's leaves the other's as they were.
+func TestMPSControlDefaultsPerDaemon(t *testing.T) {
+	root := t.TempDir()
+	if err := drivertools.Install(root, false); err != nil {
+		t.Fatal(err)
+	}
+	var envs [][]string
+	for range 2 {
+		env := []string{drivertools.PipeDirEnv + "=" + filepath.Join(t.TempDir(), "pipe"),
+			drivertools.LogDirEnv + "=" + filepath.Join(t.TempDir(), "log"), drivertools.VisibleEnv + "=GPU-a"}
+		if out, err := run(root, drivertools.MPSControl, "", env, "-d"); err != nil {
+			t.Fatalf("-d: %v: %s", err, out)
+		}
+		t.Cleanup(func() { _, _ = run(root, drivertools.MPSControl, "quit\n", env) })
+		envs = append(envs, env)
+	}
+	for i, set := range []string{"40 20480M", "30 10240M"} {
+		threads, mem, _ := strings.Cut(set, " ")
+		if out, err := run(root, drivertools.MPSControl,
+			"set_default_active_thread_percentage "+threads+"\nset_default_device_pinned_mem_limit 0 "+mem+"\n", envs[i]); err != nil {
+			t.Fatalf("daemon %d: %v: %s", i, err, out)
+		}
+	}
+	for i, want := range []string{"40.0\n20480M\n", "30.0\n10240M\n"} {
+		out, err := run(root, drivertools.MPSControl, "get_default_active_thread_percentage\nget_default_device_pinned_mem_limit 0\n", envs[i])
+		if err != nil || out != want {
+			t.Errorf("daemon %d answers %q %v, want %q", i, out, err, want)
+		}
+	}
+}
+
 // The nvidia-smi stand-in sets the time slice of the mock GPU whose
 // driver root it runs from, by UUID or PCI address, and refuses what the
 // real one refuses.
