@@ -33,10 +33,17 @@ type Pods interface {
 	PodByUID(uid types.UID) (*corev1.Pod, bool)
 }
 
+// What the watcher did to a process it found at fault.
+const (
+	ActionStopped    = "stopped"
+	ActionReported   = "reported"
+	ActionStopFailed = "stop-failed"
+)
+
 // Observer counts what the watcher does (the agent's metrics).
 type Observer interface {
-	// Found: a process was acted on; action is "stopped", "reported" or
-	// "stop-failed".
+	// Found: a process was acted on (ActionStopped, ActionReported,
+	// ActionStopFailed).
 	Found(reason Reason, action string)
 	// Checked: one round over gpus GPUs took d.
 	Checked(gpus int, d time.Duration)
@@ -260,14 +267,14 @@ func containers(pod *corev1.Pod) []corev1.Container {
 // is done with the finding (false: the stop failed).
 func (w *Watcher) act(ctx context.Context, f finding, p observed, h *proc) bool {
 	logger := klog.FromContext(ctx)
-	action, verb := "reported", "reported (gpus.shares.overuse: Report)"
+	action, verb := ActionReported, "reported (gpus.shares.overuse: Report)"
 	if f.reason == OutsideKubernetes {
 		verb = "reported; a process outside Kubernetes is never stopped"
 	}
 	if f.stop {
-		action, verb = "stopped", "stopped (gpus.shares.overuse: Stop)"
+		action, verb = ActionStopped, "stopped (gpus.shares.overuse: Stop)"
 		if err := h.kill(); err != nil {
-			action, verb = "stop-failed", "could not be stopped: "+err.Error()
+			action, verb = ActionStopFailed, "could not be stopped: "+err.Error()
 		}
 	}
 	note := f.why + ": " + verb
@@ -276,7 +283,7 @@ func (w *Watcher) act(ctx context.Context, f finding, p observed, h *proc) bool 
 		w.o.Observer.Found(f.reason, action)
 	}
 	if w.o.Events == nil {
-		return action != "stop-failed"
+		return action != ActionStopFailed
 	}
 	eventAction := "Report"
 	if f.stop {
@@ -288,5 +295,5 @@ func (w *Watcher) act(ctx context.Context, f finding, p observed, h *proc) bool 
 	} else if w.o.Node != nil {
 		w.o.Events.Eventf(w.o.Node, nil, corev1.EventTypeWarning, string(f.reason), eventAction, "%s", note)
 	}
-	return action != "stop-failed"
+	return action != ActionStopFailed
 }

@@ -24,7 +24,7 @@ import (
 // stop is a real SIGKILL through a pidfd), seen through a /proc of the
 // test's making that puts each in a pod's cgroup.
 type node struct {
-	t        *testing.T
+	t        testing.TB
 	procRoot string
 	mu       sync.Mutex
 	listed   []hw.GPUProcess
@@ -34,7 +34,7 @@ type node struct {
 	made     int
 }
 
-func newNode(t *testing.T) *node {
+func newNode(t testing.TB) *node {
 	return &node{t: t, procRoot: t.TempDir(), pods: map[types.UID]*corev1.Pod{}}
 }
 
@@ -118,7 +118,6 @@ func stopped(cmd *exec.Cmd) bool {
 		return false
 	}
 }
-
 
 func events_(r *events.FakeRecorder) []string {
 	var out []string
