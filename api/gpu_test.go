@@ -26,6 +26,14 @@ func TestGpuSharing(t *testing.T) {
 	if err != nil || *c.Sharing.MPS.DefaultActiveThreadPercentage != 50 || c.Sharing.MPS.DefaultPinnedDeviceMemoryLimit.Value() != 10<<30 {
 		t.Fatalf("MPS: %+v, %v", c, err)
 	}
+	c, err = decode("share: {}\n")
+	if err != nil || c.Share.Isolation != gpuv1alpha1.Policed {
+		t.Fatalf("a share without an isolation: %+v, %v", c, err)
+	}
+	c, err = decode("share: {isolation: Dedicated}\n")
+	if err != nil || c.Share.Isolation != gpuv1alpha1.Dedicated {
+		t.Fatalf("a dedicated share: %+v, %v", c, err)
+	}
 	if i := gpuv1alpha1.IntervalLong.Index(); i != 3 {
 		t.Errorf("Long is %d for nvidia-smi, want 3", i)
 	}
@@ -44,6 +52,9 @@ func TestGpuSharing(t *testing.T) {
 			`sharing.mps.defaultPinnedDeviceMemoryLimit: Invalid value: "1k": must be at least 1Mi`},
 		{"not a quantity", "sharing: {strategy: MPS, mps: {defaultPinnedDeviceMemoryLimit: lots}}\n", "quantities must match"},
 		{"unknown field", "sharing: {strategy: MPS, mps: {threads: 5}}\n", `unknown field "sharing.mps.threads"`},
+		{"unknown isolation", "share: {isolation: Exclusive}\n", `share.isolation: Unsupported value: "Exclusive": supported values: "Policed", "Dedicated"`},
+		{"isolation in lower case", "share: {isolation: dedicated}\n", `share.isolation: Unsupported value: "dedicated"`},
+		{"unknown share field", "share: {isolation: Dedicated, memory: 10Gi}\n", `unknown field "share.memory"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := decode(tc.doc)

@@ -16,10 +16,19 @@ import (
 // where the configuration came from and the field (the caller names the
 // claim).
 func ForRequest[T Object](claim *resourceapi.ResourceClaim, driver, request string, zero T) (T, error) {
-	chosen := zero
+	chosen, _, err := ForRequestFrom(claim, driver, request, zero)
+	return chosen, err
+}
+
+// ForRequestFrom is ForRequest that also names the configuration it
+// chose as its errors name one ("config[1] from the DeviceClass"), for
+// the caller's own errors about its values; "" where none applies (the
+// defaults).
+func ForRequestFrom[T Object](claim *resourceapi.ResourceClaim, driver, request string, zero T) (T, string, error) {
+	chosen, from := zero, ""
 	chosen.Default()
 	if claim.Status.Allocation == nil {
-		return chosen, nil
+		return chosen, from, nil
 	}
 	base, _, _ := strings.Cut(request, "/") // a subrequest's configs name its parent
 	for i, c := range claim.Status.Allocation.Devices.Config {
@@ -29,18 +38,19 @@ func ForRequest[T Object](claim *resourceapi.ResourceClaim, driver, request stri
 		if len(c.Requests) > 0 && !slices.Contains(c.Requests, request) && !slices.Contains(c.Requests, base) {
 			continue
 		}
-		where := fmt.Sprintf("request %q, config[%d] from %s", request, i, sourceName(c.Source))
+		config := fmt.Sprintf("config[%d] from %s", i, sourceName(c.Source))
+		where := fmt.Sprintf("request %q, %s", request, config)
 		decoded, err := Decode(c.Opaque.Parameters.Raw)
 		if err != nil {
-			return zero, fmt.Errorf("%s: %w", where, err)
+			return zero, "", fmt.Errorf("%s: %w", where, err)
 		}
 		typed, ok := decoded.(T)
 		if !ok {
-			return zero, fmt.Errorf("%s: %s is not a configuration for %s", where, decoded.GetObjectKind().GroupVersionKind().Kind, driver)
+			return zero, "", fmt.Errorf("%s: %s is not a configuration for %s", where, decoded.GetObjectKind().GroupVersionKind().Kind, driver)
 		}
-		chosen = typed
+		chosen, from = typed, config
 	}
-	return chosen, nil
+	return chosen, from, nil
 }
 
 func sourceName(s resourceapi.AllocationConfigSource) string {

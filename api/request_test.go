@@ -85,6 +85,32 @@ func TestClaimOverridesClassAndRequestsFilter(t *testing.T) {
 	}
 }
 
+// TestForRequestFrom names the configuration that applies to a request,
+// the one a later config overrode not: a share's isolation from its
+// DeviceClass, replaced by the claim's own GpuConfig for its request.
+func TestForRequestFrom(t *testing.T) {
+	const gpu = `{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"`
+	c := claimWith(
+		opaque(resourceapi.AllocationConfigSourceClass, "gpu.hwdra.io", gpu+`,"share":{"isolation":"Dedicated"}}`, "a", "b"),
+		opaque(resourceapi.AllocationConfigSourceClaim, "gpu.hwdra.io", gpu+`,"share":{}}`, "b"),
+	)
+	for request, want := range map[string]struct {
+		from      string
+		isolation gpuv1alpha1.ShareIsolation
+	}{
+		"a": {"config[0] from the DeviceClass", gpuv1alpha1.Dedicated},
+		"b": {"config[1] from the claim", gpuv1alpha1.Policed},
+	} {
+		got, from, err := ForRequestFrom(c, "gpu.hwdra.io", request, &gpuv1alpha1.GpuConfig{})
+		if err != nil || from != want.from || got.Share == nil || got.Share.Isolation != want.isolation {
+			t.Errorf("request %s: %+v from %q, %v; want isolation %s from %q", request, got.Share, from, err, want.isolation, want.from)
+		}
+	}
+	if got, from, err := ForRequestFrom(c, "gpu.hwdra.io", "other", &gpuv1alpha1.GpuConfig{}); err != nil || from != "" || got.Share != nil {
+		t.Errorf("a request no config names: %+v from %q, %v", got, from, err)
+	}
+}
+
 func TestGpuConfig(t *testing.T) {
 	c := claimWith(opaque(resourceapi.AllocationConfigSourceClaim, "gpu.hwdra.io",
 		`{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig","mig":{"computeInstanceSlices":9}}`))

@@ -7,7 +7,8 @@ func TestDeviceClassesDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{"gpu.hwdra.io": true, "mig.gpu.hwdra.io": true, "vgpu.gpu.hwdra.io": true, "vf-share.sriov.hwdra.io": true, "vf.sriov.hwdra.io": true}
+	want := map[string]bool{"gpu.hwdra.io": true, "mig.gpu.hwdra.io": true, "vgpu.gpu.hwdra.io": true, "vf-share.sriov.hwdra.io": true, "vf.sriov.hwdra.io": true,
+		"passthrough.gpu.hwdra.io": true, "share.gpu.hwdra.io": true, "dedicated-share.gpu.hwdra.io": true}
 	for _, c := range classes {
 		if len(c.Spec.Selectors) == 0 {
 			t.Errorf("class %s selects every device", c.Name)

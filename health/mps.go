@@ -63,7 +63,10 @@ func (m *MPSMonitor) Check(ctx context.Context) {
 		}
 		f := hw.Fault{Reason: "MPSDaemonDown", Message: fmt.Sprintf("the MPS control daemon %s serving these devices was down (%v); started again", id, err)}
 		for _, ref := range s.Serves {
-			faults[hw.MPSRef{PartitionRef: ref, Shares: s.Owner == mps.OwnerShares}] = f
+			// A share's daemon (the GPU's policed shares', or a
+			// dedicated share's) serves the GPU's share device, not
+			// the whole GPU device.
+			faults[hw.MPSRef{PartitionRef: ref, Shares: s.ServesShares()}] = f
 		}
 	}
 	m.mu.Lock()

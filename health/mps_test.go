@@ -59,3 +59,21 @@ func TestMPSMonitor(t *testing.T) {
 		t.Errorf("back up: faults %v, changes %d", m.Faults(), changes)
 	}
 }
+
+// A dedicated share's daemon (its owner a claim, as a claim's MPS
+// daemon's is) serves the GPU's share device, not the whole GPU: its
+// fault is the shares' (prepare/gpu's TestDedicatedShareDaemonDown runs
+// it through the devices).
+func TestMPSMonitorDedicatedShare(t *testing.T) {
+	gpu := hw.PartitionRef{GPU: "0000:1b:00.0"}
+	d := &fakeDaemons{specs: map[string]mps.Spec{
+		"dedicated": {ID: "dedicated", Owner: "uid-1", Share: true, Serves: []hw.PartitionRef{gpu}},
+	}}
+	m := NewMPSMonitor(d, time.Hour, func() {})
+	d.down = map[string]error{"dedicated": errors.New("process 7 is gone")}
+	m.Check(context.Background())
+	f := m.Faults()
+	if _, ok := f[hw.MPSRef{PartitionRef: gpu, Shares: true}]; !ok || len(f) != 1 {
+		t.Errorf("faults %v, want the GPU's shares alone", f)
+	}
+}

@@ -35,9 +35,10 @@ type Health struct {
 	MPS map[MPSRef]Fault
 }
 
-// MPSRef names what an MPS control daemon serves: a GPU's shares, or one
-// GPU or MIG partition (by placement; none for a whole GPU) of a claim
-// shared through MPS.
+// MPSRef names what an MPS control daemon serves: a GPU's shares (the
+// daemon of its policed shares or of one dedicated share: both serve the
+// GPU's one share device), or one GPU or MIG partition (by placement;
+// none for a whole GPU) of a claim shared through MPS.
 type MPSRef struct {
 	PartitionRef
 	Shares bool

@@ -28,6 +28,7 @@ import (
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/driverlibs"
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/mps"
 	"github.com/hwdra/hwdra/prepare"
 
 	"github.com/hwdra/hwdra/slices/device"
@@ -248,7 +249,18 @@ func printDaemons(out io.Writer, gpu *agent.GPU) {
 	}
 	for _, id := range ids {
 		s, _ := gpu.MPS.Spec(id)
-		fmt.Fprintf(out, "MPS control daemon %s for %s: devices %s, pipe directory %s\n", id, s.Owner, strings.Join(s.Devices, ","), gpu.MPS.Dirs(id).Pipe)
+		owner := "claim " + s.Owner
+		switch {
+		case s.Owner == mps.OwnerShares:
+			owner = "the GPU's policed shares"
+		case s.Share:
+			owner = "the dedicated share of claim " + s.Owner
+		}
+		defaults := "no defaults"
+		if s.ActiveThreadPercentage != nil || s.PinnedMemoryLimit != nil {
+			defaults = "defaults " + strings.Join(s.Commands(), ", ")
+		}
+		fmt.Fprintf(out, "MPS control daemon %s for %s: devices %s, %s, pipe directory %s\n", id, owner, strings.Join(s.Devices, ","), defaults, gpu.MPS.Dirs(id).Pipe)
 	}
 }
 

@@ -82,14 +82,15 @@ func TestLabGPUsForVMs(t *testing.T) {
 	}
 }
 
-// TestLabRunsTheSharingExamples: a GPU share, a claim shared through MPS
-// and one time-sliced, prepared for real on mock GPUs: the containers'
-// MPS environment in their CDI specs, and everything undone.
+// TestLabRunsTheSharingExamples: a GPU share, a dedicated one beside it,
+// a claim shared through MPS and one time-sliced, prepared for real on
+// mock GPUs: the containers' MPS environment in their CDI specs, the
+// daemons with their defaults, and everything undone.
 func TestLabRunsTheSharingExamples(t *testing.T) {
 	var out bytes.Buffer
 	err := Run(context.Background(), &out, Options{
 		Hardware:   "mock:dgx-h100",
-		ClaimFiles: examples("gpu-share.yaml", "gpu-mps.yaml", "gpu-timeslicing.yaml"),
+		ClaimFiles: examples("gpu-share.yaml", "gpu-share-dedicated.yaml", "gpu-mps.yaml", "gpu-timeslicing.yaml"),
 	})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
@@ -98,8 +99,14 @@ func TestLabRunsTheSharingExamples(t *testing.T) {
 	wantOutput(t, got,
 		"device: gpu-0000-1b-00-0-share",
 		"MPS control daemon ",
+		"for the GPU's policed shares: devices GPU-",
+		"for the dedicated share of claim lab-default-gpu-share-dedicated: devices GPU-",
+		"defaults set_default_active_thread_percentage 30, set_default_device_pinned_mem_limit 0 10240M",
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40",
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
+		"gpu-share-dedicated: unprepared",
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=16384M",
 		"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
@@ -145,7 +152,7 @@ func TestLabBadInput(t *testing.T) {
 		"no device of the class": {[]string{write("vgpu.yaml", claimYAML("v", "exactly: {deviceClassName: vgpu.gpu.hwdra.io}"))},
 			"request gpu: class vgpu.gpu.hwdra.io has no device on this node"},
 		"no such class": {[]string{write("class.yaml", claimYAML("c", "exactly: {deviceClassName: tpu.example.com}"))},
-			"request gpu: device class tpu.example.com does not exist (classes: gpu.hwdra.io, mig.gpu.hwdra.io, passthrough.gpu.hwdra.io, share.gpu.hwdra.io, vf-share.sriov.hwdra.io, vf.sriov.hwdra.io, vgpu.gpu.hwdra.io)"},
+			"request gpu: device class tpu.example.com does not exist (classes: dedicated-share.gpu.hwdra.io, gpu.hwdra.io, mig.gpu.hwdra.io, passthrough.gpu.hwdra.io, share.gpu.hwdra.io, vf-share.sriov.hwdra.io, vf.sriov.hwdra.io, vgpu.gpu.hwdra.io)"},
 		"selectors exclude the class's devices": {[]string{write("sel.yaml", claimYAML("s",
 			`exactly: {deviceClassName: mig.gpu.hwdra.io, selectors: [{cel: {expression: 'device.attributes["gpu.hwdra.io"].profile == "9g.90gb"'}}]}`))},
 			"request gpu: the selectors exclude all 160 devices of class mig.gpu.hwdra.io"},
@@ -254,11 +261,11 @@ func TestLabReadsStdin(t *testing.T) {
 func TestLabExamplesDirectory(t *testing.T) {
 	var out bytes.Buffer
 	err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ClaimFiles: examples("")})
-	if err == nil || !strings.Contains(err.Error(), "2 of 11 file(s):\n  ../deploy/examples/passthrough.yaml:\n    claim passthrough cannot be allocated on this node:\n        request gpu: class passthrough.gpu.hwdra.io has no device on this node\n  ../deploy/examples/vgpu.yaml:\n    claim vgpu cannot be allocated on this node:\n        request vgpu: class vgpu.gpu.hwdra.io has no device on this node") {
+	if err == nil || !strings.Contains(err.Error(), "2 of 12 file(s):\n  ../deploy/examples/passthrough.yaml:\n    claim passthrough cannot be allocated on this node:\n        request gpu: class passthrough.gpu.hwdra.io has no device on this node\n  ../deploy/examples/vgpu.yaml:\n    claim vgpu cannot be allocated on this node:\n        request vgpu: class vgpu.gpu.hwdra.io has no device on this node") {
 		t.Errorf("error %v", err)
 	}
 	wantOutput(t, out.String(), "gpu-full: unprepared", "mig-1g-10gb: unprepared", "vf-share-10g: unprepared", "gpu-and-vf-same-numa: unprepared",
-		"first-available: unprepared", "mig-on-distinct-gpus: unprepared", "gpu-share: unprepared", "gpu-mps: unprepared", "gpu-timeslicing: unprepared", "../deploy/examples/vgpu.yaml: not allocated", "../deploy/examples/passthrough.yaml: not allocated")
+		"first-available: unprepared", "mig-on-distinct-gpus: unprepared", "gpu-share: unprepared", "gpu-share-dedicated: unprepared", "gpu-mps: unprepared", "gpu-timeslicing: unprepared", "../deploy/examples/vgpu.yaml: not allocated", "../deploy/examples/passthrough.yaml: not allocated")
 	if t.Failed() {
 		t.Log(out.String())
 	}

@@ -1,7 +1,8 @@
 // Package mps runs the CUDA Multi-Process Service control daemons of the
 // GPU driver: one per set of GPUs (or MIG partitions) whose processes
 // share through MPS, the claim's GPUs for a claim with the MPS sharing
-// strategy, a GPU for the GPU shares of independent claims.
+// strategy, a GPU for the policed GPU shares of independent claims, a GPU
+// for one dedicated share (its defaults the share's limits).
 //
 // What a daemon is and what its clients get is computed first, without
 // side effects (Spec, its Commands, ClientEdits); Manager then makes it

@@ -18,9 +18,13 @@ import (
 type Spec struct {
 	// ID names the daemon and its directories.
 	ID string `json:"id"`
-	// Owner is what the daemon is for: a claim's UID, or "share" for a
-	// GPU's shares.
+	// Owner is what the daemon is for: a claim's UID (a claim's MPS
+	// devices, or one dedicated GPU share), or "share" for a GPU's
+	// policed shares.
 	Owner string `json:"owner"`
+	// Share: the daemon is a dedicated GPU share's, of its own (Owner is
+	// the share's claim, its defaults the share's limits).
+	Share bool `json:"share,omitempty"`
 	// Devices are the UUIDs of the GPUs or MIG devices it serves, its
 	// CUDA_VISIBLE_DEVICES: its clients see them as devices 0, 1, ...
 	Devices []string `json:"devices"`
@@ -33,11 +37,16 @@ type Spec struct {
 	PinnedMemoryLimit      *uint64 `json:"pinnedMemoryLimit,omitempty"`
 }
 
-// OwnerShares owns the daemon of a GPU's shares.
+// OwnerShares owns the daemon of a GPU's policed shares.
 const OwnerShares = "share"
 
+// ServesShares tells whether the daemon's clients are GPU shares: the
+// GPU's policed shares, or one dedicated share. Its devices are then the
+// GPU's share device, not the GPU itself.
+func (s Spec) ServesShares() bool { return s.Owner == OwnerShares || s.Share }
+
 // ID is the name of the daemon of owner (a claim's UID, or "share" for a
-// GPU's shares) serving devices: short, so its pipe paths stay well
+// GPU's policed shares) serving devices: short, so its pipe paths stay well
 // within a Unix socket's 108 bytes, and the same every time.
 func ID(owner string, devices []string) string {
 	sum := sha256.Sum256([]byte(owner + "/" + strings.Join(devices, ",")))

@@ -354,7 +354,7 @@ func TestNewerCheckpointIsLeftAlone(t *testing.T) {
 	p := newPlugin(t, l, dir, "boot-1")
 	prepareOK(t, p, "u1")
 	path := filepath.Join(dir, "state", "test.hwdra.io.checkpoint.json")
-	newerFile := []byte(`{"version":"hwdra.io/checkpoint/v3","checksum":"sha256:x","data":{"claims":{}}}`)
+	newerFile := []byte(`{"version":"hwdra.io/checkpoint/v4","checksum":"sha256:x","data":{"claims":{}}}`)
 	if err := state.Replace(path, newerFile); err != nil {
 		t.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func TestMainsStateIsMigrated(t *testing.T) {
 				t.Fatalf("CDI specs left: %v", specs)
 			}
 			prepareOK(t, p, "u3")
-			if a := annotation(t, filepath.Join(dir, "cdi", "test.hwdra.io_claim_u3.json")); !strings.HasPrefix(a, `{"version":"hwdra.io/claim/v3","checksum":"sha256:`) {
+			if a := annotation(t, filepath.Join(dir, "cdi", "test.hwdra.io_claim_u3.json")); !strings.HasPrefix(a, `{"version":"hwdra.io/claim/v4","checksum":"sha256:`) {
 				t.Fatalf("annotation written: %s", a)
 			}
 		})
@@ -108,7 +108,7 @@ func TestNewerSpecIsKept(t *testing.T) {
 	prepareOK(t, p, "u1")
 	spec := filepath.Join(dir, "cdi", "test.hwdra.io_claim_u1.json")
 	raw, _ := os.ReadFile(spec)
-	newer := strings.Replace(string(raw), `hwdra.io/claim/v3`, `hwdra.io/claim/v4`, 1)
+	newer := strings.Replace(string(raw), `hwdra.io/claim/v4`, `hwdra.io/claim/v5`, 1)
 	if newer == string(raw) {
 		t.Fatal("no version in the spec")
 	}

@@ -14,9 +14,12 @@ import (
 
 func TestDecode(t *testing.T) {
 	ledgerV2 := string(LedgerFormat.Encode([]byte(`{"a":1}`)))
-	claimV3 := string(ClaimFormat.Encode([]byte(`{"bootID":"b","claim":{}}`)))
-	claimV2 := strings.Replace(claimV3, "/v3", "/v2", 1)
-	checkpointV1 := strings.Replace(string(CheckpointFormat.Encode([]byte(`{"claims":{}}`))), "/v2", "/v1", 1)
+	claimV4 := string(ClaimFormat.Encode([]byte(`{"bootID":"b","claim":{}}`)))
+	claimV3 := strings.Replace(claimV4, "/v4", "/v3", 1)
+	claimV2 := strings.Replace(claimV4, "/v4", "/v2", 1)
+	checkpointV3 := string(CheckpointFormat.Encode([]byte(`{"claims":{}}`)))
+	checkpointV2 := strings.Replace(checkpointV3, "/v3", "/v2", 1)
+	checkpointV1 := strings.Replace(checkpointV3, "/v3", "/v1", 1)
 	// chain: v1 had no envelope, v2 and v3 have it.
 	chain := Format{Kind: "test/chain", Version: 3, Upgrades: map[int]func([]byte) ([]byte, error){
 		1: func(doc []byte) ([]byte, error) {
@@ -35,8 +38,11 @@ func TestDecode(t *testing.T) {
 	}{
 		{"current", LedgerFormat, ledgerV2, `{"a":1}`, 2, nil},
 		{"ledger v1 (main)", LedgerFormat, `{"version":"hwdra.io/ledger/v1","entries":{"a":1}}`, `{"a":1}`, 1, nil},
-		{"claim v3", ClaimFormat, claimV3, `{"bootID":"b","claim":{}}`, 3, nil},
+		{"claim v4", ClaimFormat, claimV4, `{"bootID":"b","claim":{}}`, 4, nil},
+		{"claim v3 (before shares' records)", ClaimFormat, claimV3, `{"bootID":"b","claim":{}}`, 3, nil},
 		{"claim v2 (before sharing)", ClaimFormat, claimV2, `{"bootID":"b","claim":{}}`, 2, nil},
+		{"checkpoint v3", CheckpointFormat, checkpointV3, `{"claims":{}}`, 3, nil},
+		{"checkpoint v2 (before shares' records)", CheckpointFormat, checkpointV2, `{"claims":{}}`, 2, nil},
 		{"checkpoint v1 (before sharing)", CheckpointFormat, checkpointV1, `{"claims":{}}`, 1, nil},
 		{"claim v1, unversioned (main)", ClaimFormat, `{"bootID":"b","claim":{}}`, `{"bootID":"b","claim":{}}`, 1, nil},
 		{"chain from v1", chain, `{"version":"test/chain/v1","n":1}`, `{"from2":{"n":1}}`, 1, nil},

@@ -13,11 +13,14 @@ var (
 	// in the state directory): the boot ID and the claims it prepared.
 	// Version 1 was the envelope already; version 2 added the GPU
 	// records' sharing (an agent of version 1 would not know the MPS
-	// daemons and time slices it finds there, and refuses the field).
-	// The GPU records' vf (VFIO-framework vGPUs) came within version 1:
-	// read in either.
-	CheckpointFormat = Format{Kind: "hwdra.io/checkpoint", Version: 2, Upgrades: map[int]func([]byte) ([]byte, error){
+	// daemons and time slices it finds there, and refuses the field);
+	// version 3 added sharing.share, a GPU share's limits and isolation
+	// (an agent of version 2 would refuse the field, and would not know
+	// a dedicated share's daemon). The GPU records' vf (VFIO-framework
+	// vGPUs) came within version 1: read in any.
+	CheckpointFormat = Format{Kind: "hwdra.io/checkpoint", Version: 3, Upgrades: map[int]func([]byte) ([]byte, error){
 		1: same,
+		2: same,
 	}}
 
 	// LedgerFormat is a Ledger's entries, data a JSON object by key: the
@@ -33,10 +36,12 @@ var (
 	// keeps (annotation "hwdra.io/claim"), data {"bootID":…,"claim":…}:
 	// the claim is rebuilt from it when the checkpoint is lost. Version 1
 	// was that data alone, with no version; version 3 added the GPU
-	// records' sharing, as the checkpoint's version 2.
-	ClaimFormat = Format{Kind: "hwdra.io/claim", Version: 3, Unversioned: 1, Upgrades: map[int]func([]byte) ([]byte, error){
+	// records' sharing, as the checkpoint's version 2, and version 4 its
+	// share, as the checkpoint's version 3.
+	ClaimFormat = Format{Kind: "hwdra.io/claim", Version: 4, Unversioned: 1, Upgrades: map[int]func([]byte) ([]byte, error){
 		1: same,
 		2: same,
+		3: same,
 	}}
 )
 

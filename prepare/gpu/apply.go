@@ -37,6 +37,9 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	if err := a.modesAsNeeded(plans); err != nil {
 		return nil, rec, err
 	}
+	if err := a.sharesAsAllowed(plans); err != nil {
+		return nil, rec, err
+	}
 	devices := make([]prepare.Device, 0, len(plans))
 	for _, p := range plans {
 		dev, err := a.apply(ctx, p, libs)

@@ -85,6 +85,13 @@ func TestFailureAfterEachSideEffect(t *testing.T) {
 			request{name: "gpu", cel: `profile == "full"`, config: sharingConfig(`{"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}`)},
 			[]string{"compute-mode", "mps"}, nil},
 		{"GPU share", "gpus: [{model: h100-80gb, count: 1}]", shareOf("s", "10Gi", "40"), []string{"compute-mode", "mps"}, nil},
+		// An administrator made the GPU exclusive: a dedicated share
+		// makes it Default for its daemon, and the mode comes back.
+		{"dedicated GPU share", "gpus: [{model: h100-80gb, count: 1}]", dedicatedShareOf("s", "10Gi", "40"), []string{"compute-mode", "mps"}, func(e *env) {
+			if err := e.nvml.SetComputeMode("0000:1b:00.0", nvml.ComputeExclusiveProcess); err != nil {
+				e.t.Fatal(err)
+			}
+		}},
 		{"MPS on a dynamic MIG partition", "gpus: [{model: h100-80gb, count: 1}]",
 			request{name: "mig", cel: `profile == "1g.10gb"`, config: sharingConfig(`{"strategy": "MPS"}`)},
 			[]string{"mig-mode", "gpu-instance", "compute-instance", "mps"}, nil},

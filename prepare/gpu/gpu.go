@@ -114,7 +114,8 @@ type Driver struct {
 	// start may share its GPU with claims not yet known.
 	reconciled bool
 	// toldMPSMode are the GPUs whose compute mode under MPS the log has
-	// explained (gpus.settings Leave): once per GPU.
+	// explained (Default under gpus.settings Leave, or for a dedicated
+	// share): once per GPU.
 	toldMPSMode map[string]bool
 
 	// afterEffect, when set (tests), runs right after each side effect

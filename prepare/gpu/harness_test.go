@@ -195,6 +195,10 @@ type request struct {
 	admin     bool   // adminAccess
 	// capacity requests, by name ("gpu.hwdra.io/compute": "40")
 	capacity map[resourceapi.QualifiedName]string
+	// class is the DeviceClass asked for (the env's allocator must know
+	// it: allocator.AddClasses); empty: gpu.hwdra.io, all of the driver's
+	// devices.
+	class string
 }
 
 // claim allocates a claim of the requests with the scheduler's allocator.
@@ -205,8 +209,12 @@ func (e *env) claim(reqs ...request) *resourceapi.ResourceClaim {
 		Namespace: "default", Name: fmt.Sprintf("claim-%d", e.seq), UID: types.UID(fmt.Sprintf("uid-%d", e.seq)),
 	}}
 	for _, r := range reqs {
+		class := r.class
+		if class == "" {
+			class = DriverName
+		}
 		dr := resourceapi.DeviceRequest{Name: r.name, Exactly: &resourceapi.ExactDeviceRequest{
-			DeviceClassName: DriverName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+			DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
 		}}
 		if r.cel != "" {
 			dr.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
@@ -448,6 +456,19 @@ func shareOf(name, memory, compute string) request {
 	return request{name: name, cel: `type == "share"`, capacity: map[resourceapi.QualifiedName]string{
 		device.GPUCapMemory: memory, device.GPUCapCompute: compute,
 	}}
+}
+
+// dedicatedShareOf asks for a dedicated GPU share (GpuConfig
+// share.isolation Dedicated in the claim).
+func dedicatedShareOf(name, memory, compute string) request {
+	r := shareOf(name, memory, compute)
+	r.config = shareConfig(`{"isolation": "Dedicated"}`)
+	return r
+}
+
+// shareConfig is a GpuConfig with share settings, JSON.
+func shareConfig(share string) string {
+	return `{"apiVersion": "gpu.hwdra.io/v1alpha1", "kind": "GpuConfig", "share": ` + share + `}`
 }
 
 // sharingConfig is a GpuConfig with a sharing strategy, JSON.

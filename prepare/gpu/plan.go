@@ -55,7 +55,11 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
-	configs := map[string]*gpuv1alpha1.GpuConfig{}
+	type config struct {
+		*gpuv1alpha1.GpuConfig
+		from string // which of the claim's configs it is, for errors
+	}
+	configs := map[string]config{}
 	var out []devicePlan
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
@@ -68,7 +72,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 		cfg, ok := configs[r.Request]
 		if !ok {
 			var err error
-			if cfg, err = api.ForRequest(claim, DriverName, r.Request, &gpuv1alpha1.GpuConfig{}); err != nil {
+			if cfg.GpuConfig, cfg.from, err = api.ForRequestFrom(claim, DriverName, r.Request, &gpuv1alpha1.GpuConfig{}); err != nil {
 				return nil, err
 			}
 			configs[r.Request] = cfg
@@ -79,6 +83,10 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 			p.admin = true
 			out = append(out, p)
 			continue
+		}
+		if cfg.Share != nil && dev.Kind != device.KindShare {
+			err := field.Forbidden(field.NewPath("share"), fmt.Sprintf("only a GPU share (device type share) takes share settings; device %s is of type %s", r.Device, dev.Kind))
+			return nil, fmt.Errorf("request %q, device %s: %s: %w", r.Request, r.Device, cfg.from, err)
 		}
 		switch dev.Kind {
 		case device.KindGPU, device.KindPassthrough:
@@ -99,7 +107,7 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 			// A MIG-backed vGPU's compute instances belong to its VM.
 			p.wantMIG = dev.VGPUType.GPUInstanceProfileID != nil
 		case device.KindShare:
-			if err := sharePlan(&p, r); err != nil {
+			if err := sharePlan(&p, r, cfg.Share); err != nil {
 				return nil, fmt.Errorf("request %q, device %s: %w", r.Request, r.Device, err)
 			}
 		default:
@@ -152,7 +160,7 @@ func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing, leave bool) error {
 	case device.KindPassthrough:
 		return field.Invalid(strategy, s.Strategy, "a passthrough GPU takes no sharing strategy: the VM it is passed to owns it")
 	case device.KindShare:
-		return field.Invalid(strategy, s.Strategy, "a GPU share takes no sharing strategy: it runs under its GPU's MPS server, held to the memory and compute the scheduler counted")
+		return field.Invalid(strategy, s.Strategy, "a GPU share takes no sharing strategy: it runs under MPS, held to the memory and compute the scheduler counted (share.isolation says under which daemon)")
 	case device.KindMIG:
 		if s.Strategy == gpuv1alpha1.TimeSlicing {
 			return field.Invalid(strategy, s.Strategy, "the time slice is a setting of the whole GPU: a MIG partition takes MPS")
@@ -177,12 +185,17 @@ func sharingPlan(p *devicePlan, s *gpuv1alpha1.Sharing, leave bool) error {
 type shareLimits struct {
 	memory  uint64 // bytes
 	compute int    // percent of the GPU's multiprocessors
+	// dedicated: the share runs under an MPS daemon of its own whose
+	// defaults are these limits (GpuConfig share.isolation Dedicated);
+	// otherwise under the GPU's daemon of its policed shares.
+	dedicated bool
 }
 
 // sharePlan takes a GPU share's consumed capacity from its allocation
 // and checks it against the GPU (the request policy keeps the scheduler
-// within it; a share larger than the GPU is refused all the same).
-func sharePlan(p *devicePlan, r resourceapi.DeviceRequestAllocationResult) error {
+// within it; a share larger than the GPU is refused all the same), and
+// its isolation from the share configuration (nil: Policed).
+func sharePlan(p *devicePlan, r resourceapi.DeviceRequestAllocationResult, cfg *gpuv1alpha1.ShareConfig) error {
 	if r.ShareID == nil {
 		return errors.New("a GPU share allocated without a share ID (is DRAConsumableCapacity on in the scheduler?)")
 	}
@@ -198,7 +211,8 @@ func sharePlan(p *devicePlan, r resourceapi.DeviceRequestAllocationResult) error
 	if len(errs) > 0 {
 		return errs.ToAggregate()
 	}
-	p.share = &shareLimits{memory: uint64(memory.Value()), compute: int(compute.Value())}
+	p.share = &shareLimits{memory: uint64(memory.Value()), compute: int(compute.Value()),
+		dedicated: cfg != nil && cfg.Isolation == gpuv1alpha1.Dedicated}
 	p.sharing = &gpuv1alpha1.Sharing{Strategy: gpuv1alpha1.MPS}
 	return nil
 }
@@ -257,10 +271,19 @@ func checkClaimMPS(plans []devicePlan) error {
 // given (the MIG devices' are known once applied).
 func claimDaemon(claim types.UID, plans []devicePlan, uuids []string) (mps.Spec, []int) {
 	if len(plans) == 1 && plans[0].share != nil {
-		// A GPU's shares run under the GPU's daemon, which gives no
-		// defaults: each client is held to its own share.
+		// A GPU's policed shares run under the GPU's daemon, which gives
+		// no defaults: each client is held to its own share by its
+		// environment (and the agent's policing).
 		p := plans[0]
 		s := mps.Spec{Owner: mps.OwnerShares, Devices: []string{uuids[0]}, Serves: []hw.PartitionRef{p.serves()}}
+		if sh := p.share; sh.dedicated {
+			// A dedicated share's daemon is its own, its defaults the
+			// share's limits: ceilings a client's environment can lower
+			// but not raise.
+			compute, memory := sh.compute, sh.memory
+			s.Owner, s.Share = string(claim), true
+			s.ActiveThreadPercentage, s.PinnedMemoryLimit = &compute, &memory
+		}
 		s.ID = mps.ID(s.Owner, s.Devices)
 		return s, []int{0}
 	}

@@ -52,6 +52,23 @@ type SharingRecord struct {
 	// MPS is the MPS control daemon the device runs under (MPS, GPU
 	// shares).
 	MPS string `json:"mps,omitempty"`
+	// Share is a GPU share's limits, what the scheduler counted: the
+	// policing of shares reads a prepared share's from here. Absent in
+	// records of agents before dedicated shares (all their shares were
+	// policed).
+	Share *ShareRecord `json:"share,omitempty"`
+}
+
+// ShareRecord is what a GPU share was given.
+type ShareRecord struct {
+	// Memory is the share's device memory in bytes, Compute its part of
+	// the GPU's multiprocessors in percent.
+	Memory  uint64 `json:"memory"`
+	Compute int    `json:"compute"`
+	// Dedicated: the share runs under an MPS daemon of its own, whose
+	// defaults are its limits; otherwise under the GPU's daemon of its
+	// policed shares.
+	Dedicated bool `json:"dedicated,omitempty"`
 }
 
 // MIGModeChange: prepare switched MIG mode to Enabled.
@@ -127,6 +144,7 @@ func (r Record) clone() Record {
 		if d.Sharing != nil {
 			s := *d.Sharing
 			s.TimeSlice = clonePtr(s.TimeSlice)
+			s.Share = clonePtr(s.Share)
 			c.Sharing = &s
 		}
 		c.VF = clonePtr(d.VF)

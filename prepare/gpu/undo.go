@@ -32,6 +32,10 @@ func (d *Driver) Unprepare(ctx context.Context, claim types.UID, rec Record) err
 	if len(errs) > 0 {
 		return errors.Join(errs...) // the claim still holds its GPUs
 	}
+	// A GPU's settings come back only when no claim uses it: a GPU left
+	// in compute mode Default by a dedicated share that went stays so
+	// while policed shares remain (switching it under their running
+	// server is not worth the risk), and is restored with the last.
 	for _, g := range rec.gpus() {
 		if d.release(g, claim) {
 			d.restoreMIGMode(ctx, g)

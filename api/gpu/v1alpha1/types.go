@@ -8,7 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// GpuConfig configures GPU devices (full GPUs, MIG partitions, vGPUs).
+// GpuConfig configures GPU devices (full GPUs, MIG partitions, vGPUs,
+// GPU shares).
 //
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type GpuConfig struct {
@@ -20,9 +21,52 @@ type GpuConfig struct {
 	// slices or under an MPS server. Unset: as the driver leaves a device,
 	// time-sliced at the GPU's current interval. vGPUs take no sharing
 	// (their VM has the device), and GPU shares none of their own (each
-	// runs under its GPU's MPS server with the limits the scheduler
-	// counted).
+	// runs under MPS, held to the memory and compute the scheduler
+	// counted; Share says under which daemon).
 	Sharing *Sharing `json:"sharing,omitempty"`
+	// Share configures a GPU share (a device of type share, claimed with
+	// the capacities gpu.hwdra.io/memory and gpu.hwdra.io/compute): how
+	// it is held to what the scheduler counted. Only a share takes it.
+	// Unset: Policed.
+	Share *ShareConfig `json:"share,omitempty"`
+}
+
+// ShareIsolation is how a GPU share is held to its memory and compute.
+type ShareIsolation string
+
+const (
+	// Policed: the share runs under its GPU's one MPS daemon, beside the
+	// GPU's other policed shares, its processes given the share's limits
+	// in their environment (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
+	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT). A process can raise those by
+	// rewriting its environment (measured on an H200: all 132 SMs and
+	// 48 GiB for a share of 40% and 20 GiB), so the agent polices the
+	// share from outside. The shares' kernels run at once: the cheaper
+	// kind.
+	Policed ShareIsolation = "Policed"
+	// Dedicated: the share runs under an MPS daemon of its own whose
+	// defaults are the share's limits: ceilings a process cannot raise
+	// from its environment (measured on an H200: a client that set its
+	// own 100% and 100000M got 66 of 132 SMs and 16 GiB under a daemon
+	// with defaults 50% and 16 GiB). The price, measured on the H200:
+	// the servers of two daemons on one GPU take turns instead of
+	// running at once (two shares of 40% and 30% computed 547 TFLOP/s
+	// together under one daemon, 307 under two daemons: -44%), and the
+	// GPU must be in compute mode Default while a dedicated share is on
+	// it (two MPS servers cannot both hold a context in
+	// ExclusiveProcess), where a process that bypasses MPS gets a context
+	// of its own on the whole GPU; the agent's policing watches for such
+	// processes.
+	Dedicated ShareIsolation = "Dedicated"
+)
+
+// ShareIsolations are the isolations a share takes.
+var ShareIsolations = []ShareIsolation{Policed, Dedicated}
+
+// ShareConfig configures a GPU share.
+type ShareConfig struct {
+	// Isolation is Policed (default) or Dedicated.
+	Isolation ShareIsolation `json:"isolation,omitempty"`
 }
 
 // MIGConfig configures the compute instance created in a MIG partition.
@@ -92,8 +136,12 @@ type MPSConfig struct {
 
 // Default fills in defaults. An unset ComputeInstanceSlices means the
 // whole GPU instance, which depends on the device and is resolved at
-// prepare; a time-sliced claim without an interval gets Default.
+// prepare; a time-sliced claim without an interval gets Default; a
+// share without an isolation Policed.
 func (c *GpuConfig) Default() {
+	if c.Share != nil && c.Share.Isolation == "" {
+		c.Share.Isolation = Policed
+	}
 	if s := c.Sharing; s != nil && s.Strategy == TimeSlicing {
 		if s.TimeSlicing == nil {
 			s.TimeSlicing = &TimeSlicingConfig{}
@@ -114,6 +162,9 @@ func (c *GpuConfig) Validate() field.ErrorList {
 	}
 	if c.Sharing != nil {
 		errs = append(errs, c.Sharing.validate(field.NewPath("sharing"))...)
+	}
+	if c.Share != nil && !slices.Contains(ShareIsolations, c.Share.Isolation) {
+		errs = append(errs, field.NotSupported(field.NewPath("share", "isolation"), c.Share.Isolation, ShareIsolations))
 	}
 	return errs
 }
