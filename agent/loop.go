@@ -8,7 +8,9 @@ import (
 	"github.com/hwdra/hwdra/deviceplugin"
 	"github.com/hwdra/hwdra/health"
 	"github.com/hwdra/hwdra/metadata"
+	"github.com/hwdra/hwdra/nvml"
 	"github.com/hwdra/hwdra/podnet"
+	"github.com/hwdra/hwdra/police"
 	"github.com/hwdra/hwdra/prepare"
 	gpuprep "github.com/hwdra/hwdra/prepare/gpu"
 	nicprep "github.com/hwdra/hwdra/prepare/nic"
@@ -37,6 +39,10 @@ import (
 //	podnet.Plugin          --> podnet.HookObserver       metrics: each runtime hook's duration
 //	metadata.StatusWriter  --> metadata.WriteObserver    metrics: each claim status write
 //	deviceplugin.Watcher   --> deviceplugin.Resources    config.AgentConfig: the device plugin's resource names
+//	police.Watcher         --> police.Claims             gpuClaims: the GPU driver's prepared claims and the shares they were counted for
+//	police.Watcher         --> police.Processes          nvml.Backend: the processes on a GPU, MPS clients included
+//	police.Watcher         --> police.Pods               nodePods: a process's pod (by the UID its cgroup names), containers and claims
+//	police.Watcher         --> police.Observer           metrics: what it found and did, what a round costs
 //
 // The health monitors close the loop from the other side: a change of
 // faults notifies the streams and wakes the publisher (nodeHealth.onChange),
@@ -57,4 +63,8 @@ var (
 	_ podnet.HookObserver    = (*metrics)(nil)
 	_ metadata.WriteObserver = (*metrics)(nil)
 	_ deviceplugin.Resources = (*config.AgentConfig)(nil)
+	_ police.Claims          = gpuClaims{}
+	_ police.Processes       = (*nvml.Backend)(nil)
+	_ police.Pods            = (*nodePods)(nil)
+	_ police.Observer        = (*metrics)(nil)
 )

@@ -12,6 +12,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/hwdra/hwdra/police"
 	"github.com/hwdra/hwdra/publish"
 )
 
@@ -29,6 +30,9 @@ type metrics struct {
 	// NRI: hook latency and the claim status the hooks write.
 	hooks        *prometheus.HistogramVec
 	statusWrites *prometheus.CounterVec
+	// The share police: what it found and did, and what a round costs.
+	shareFindings *prometheus.CounterVec
+	shareChecks   prometheus.Histogram
 }
 
 func newMetrics() *metrics {
@@ -57,6 +61,15 @@ func newMetrics() *metrics {
 			Name: "hwdra_claim_status_writes_total",
 			Help: "ResourceClaim status.devices applies (VF network data), by result.",
 		}, []string{"result"}),
+		shareFindings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hwdra_gpu_share_violations_total",
+			Help: "Processes the share police acted on, by reason (GPUShareMemoryOverrun, GPUShareLimitsRaised, GPUProcessOutsideMPS, GPUProcessWithoutClaim, GPUProcessOutsideKubernetes) and action (stopped, reported, stop-failed); gpus.shares.overuse decides stop or report.",
+		}, []string{"reason", "action"}),
+		shareChecks: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "hwdra_gpu_share_check_duration_seconds",
+			Help:    "Time one round of the share police took over the node's GPUs that serve shares (every gpus.shares.checkIntervalMilliseconds).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
+		}),
 	}
 	// Series that exist from the start, so a dashboard sees zeros rather
 	// than nothing.
@@ -67,7 +80,14 @@ func newMetrics() *metrics {
 	for _, r := range []string{resultSuccess, resultError} {
 		m.statusWrites.WithLabelValues(r)
 	}
-	m.registry.MustRegister(m.claims, m.throttled, m.throttleWait, m.hooks, m.statusWrites,
+	for _, r := range police.Reasons {
+		for _, a := range []string{police.ActionStopped, police.ActionReported} {
+			if r != police.OutsideKubernetes || a == police.ActionReported {
+				m.shareFindings.WithLabelValues(string(r), a)
+			}
+		}
+	}
+	m.registry.MustRegister(m.claims, m.throttled, m.throttleWait, m.hooks, m.statusWrites, m.shareFindings, m.shareChecks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -110,6 +130,14 @@ func claimKind(kinds []string) string {
 func (m *metrics) ObserveHook(hook string, took time.Duration, err error) {
 	m.hooks.WithLabelValues(hook, result(err)).Observe(took.Seconds())
 }
+
+// Found counts a process the share police acted on (police.Observer).
+func (m *metrics) Found(reason police.Reason, action string) {
+	m.shareFindings.WithLabelValues(string(reason), action).Inc()
+}
+
+// Checked records one round of the share police (police.Observer).
+func (m *metrics) Checked(_ int, took time.Duration) { m.shareChecks.Observe(took.Seconds()) }
 
 // ObserveStatusWrite counts one claim status write (metadata.WriteObserver).
 func (m *metrics) ObserveStatusWrite(err error) {

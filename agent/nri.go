@@ -4,11 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
@@ -28,15 +24,15 @@ import (
 type podNetwork struct {
 	plugin *podnet.Plugin
 	status *metadata.StatusWriter
-	pods   coreinformers.PodInformer // the node's pods
-	done   chan struct{}             // closed when the plugin has stopped
+	pods   *nodePods
+	done   chan struct{} // closed when the plugin has stopped
 	// started: run started the plugin.
 	started bool
 }
 
 // newPodNetwork opens the NRI plugin for a node with NICs; nil when
 // --nri-socket is empty (runtimes without NRI) or the node has none.
-func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interface, node *backend.Node, inv hw.Inventory, m *metrics) (*podNetwork, error) {
+func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interface, pods *nodePods, node *backend.Node, inv hw.Inventory, m *metrics) (*podNetwork, error) {
 	logger := klog.FromContext(ctx)
 	if len(inv.PFs) == 0 {
 		return nil, nil
@@ -46,36 +42,15 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 		return nil, nil
 	}
 	status := metadata.NewStatusWriter(client, device.NICDriver, m)
-	pods := nodePods(client, opts.NodeName)
 	p, err := podnet.New(podnet.Options{
 		DriverName: device.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
 		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Sysfs: node,
-		Pods: podClaims{pods.Lister()}, Observer: m,
+		Pods: podClaims{pods.inf.Lister()}, Observer: m,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("NRI plugin: %w", err)
 	}
 	return &podNetwork{plugin: p, status: status, pods: pods, done: make(chan struct{})}, nil
-}
-
-// nodePods is an informer of the node's pods, each cut to what podClaims
-// reads: the NRI plugin learns from it which claims a pod names (a second
-// pod sharing a claim is in no prepare record).
-func nodePods(client kubernetes.Interface, node string) coreinformers.PodInformer {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + node }),
-		informers.WithTransform(func(obj any) (any, error) {
-			pod, ok := obj.(*corev1.Pod)
-			if !ok {
-				return obj, nil
-			}
-			return &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion},
-				Spec:       corev1.PodSpec{ResourceClaims: pod.Spec.ResourceClaims},
-				Status:     corev1.PodStatus{ResourceClaimStatuses: pod.Status.ResourceClaimStatuses},
-			}, nil
-		}))
-	return factory.Core().V1().Pods()
 }
 
 // podClaims are the node's pods as the NRI plugin asks about them
@@ -115,7 +90,7 @@ func (n *podNetwork) run(ctx context.Context, nic *NIC) {
 	go n.status.Run(ctx)
 	// Hooks never wait for it: a pod it does not know yet is found
 	// through the prepare records only.
-	go n.pods.Informer().Run(ctx.Done())
+	n.pods.start(ctx)
 	n.started = true
 	go func() {
 		defer close(n.done)

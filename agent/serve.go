@@ -36,6 +36,7 @@ type server struct {
 	devicePlugin   *deviceplugin.Watcher
 	pub            *publish.Publisher
 	pods           *podNetwork // nil without NRI
+	nodePods       *nodePods   // the node's pods, for the NRI plugin and the share police
 	drivers        Drivers     // those of the start (not a late GPU driver)
 	cdiHook        string      // nvidia-cdi-hook on the node; "" for none
 
@@ -157,7 +158,8 @@ func (s *server) startPublisher(ctx context.Context) error {
 func (s *server) buildDrivers(ctx context.Context) error {
 	s.cdiHook = s.installHook(ctx)
 	var err error
-	if s.pods, err = newPodNetwork(ctx, s.opts, s.claims, s.node, s.inv, s.m); err != nil {
+	s.nodePods = newNodePods(s.claims, s.opts.NodeName)
+	if s.pods, err = newPodNetwork(ctx, s.opts, s.claims, s.nodePods, s.node, s.inv, s.m); err != nil {
 		return err
 	}
 	if s.drivers, err = s.newDrivers(ctx, s.inv, s.pods.network()); err != nil {
@@ -233,7 +235,8 @@ func (s *server) startNRI(ctx context.Context) {
 	s.onStop(s.pods.wait)
 }
 
-// startHealth starts the health monitors of the hardware the node has.
+// startHealth starts the health monitors of the hardware the node has,
+// and the police of the GPU shares.
 func (s *server) startHealth(ctx context.Context) {
 	if len(s.inv.PFs) > 0 {
 		s.health.startNIC(ctx, s.node)
@@ -243,6 +246,7 @@ func (s *server) startHealth(ctx context.Context) {
 	}
 	if d := s.drivers.GPU; d != nil {
 		s.health.startMPS(ctx, d.MPS)
+		s.startPolicing(ctx, d)
 	}
 }
 
@@ -278,6 +282,7 @@ func (s *server) startLateGPU(ctx context.Context) error {
 	}
 	s.health.startGPU(ctx, s.node.GPU())
 	s.health.startMPS(ctx, d.GPU.MPS)
+	s.startPolicing(ctx, d.GPU)
 	s.pub.Poke()
 	return nil
 }

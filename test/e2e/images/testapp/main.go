@@ -18,6 +18,11 @@
 //
 // NET lines list the container's network interfaces (its pod's network
 // namespace), after the paths.
+//
+// With TESTAPP_EXEC_ENV ("K=V;K=V") it first executes itself again, in
+// the same process, with those variables set over what the container got:
+// a workload that starts with an environment of its own choosing (its
+// /proc/<pid>/environ says so), such as MPS limits above its share.
 package main
 
 import (
@@ -34,6 +39,9 @@ import (
 )
 
 func main() {
+	if set := os.Getenv(execEnv); set != "" {
+		reexec(set)
+	}
 	w := os.Stdout
 	fmt.Fprintln(w, "=== ENV")
 	env := os.Environ()
@@ -50,6 +58,34 @@ func main() {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	<-sigs
+}
+
+const execEnv = "TESTAPP_EXEC_ENV"
+
+// reexec executes the program again with the variables in set ("K=V;K=V")
+// over its environment, without TESTAPP_EXEC_ENV.
+func reexec(set string) {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	delete(env, execEnv)
+	for _, kv := range strings.Split(set, ";") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	var out []string
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		err = syscall.Exec(exe, os.Args, out)
+	}
+	fmt.Fprintf(os.Stderr, "testapp: executing again with %s: %v\n", set, err)
+	os.Exit(1)
 }
 
 // show prints one path: a directory recursively, a device node with its
