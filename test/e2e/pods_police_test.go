@@ -59,12 +59,13 @@ func appPID(t *testing.T, r ran) uint32 {
 		if err != nil || !strings.Contains(string(cg), id) {
 			continue
 		}
-		if comm, _ := os.ReadFile(filepath.Join(d, "comm")); strings.TrimSpace(string(comm)) == "testapp" {
+		// The image runs the test app as /app.
+		if comm, _ := os.ReadFile(filepath.Join(d, "comm")); strings.TrimSpace(string(comm)) == "app" {
 			pid, _ := strconv.ParseUint(filepath.Base(d), 10, 32)
 			return uint32(pid)
 		}
 	}
-	t.Fatalf("pod %s: no testapp process in container %s", r.pod.Name, id)
+	t.Fatalf("pod %s: no test app process in container %s", r.pod.Name, id)
 	return 0
 }
 
