@@ -75,6 +75,9 @@ type Watcher struct {
 	// told are the findings already reported, by process and reason: a
 	// process that goes on overrunning under Report is reported once.
 	told map[toldKey]bool
+	// listErr is each GPU's last listing error, logged when it changes
+	// (an old driver refuses every round alike).
+	listErr map[string]string
 }
 
 type toldKey struct {
@@ -88,7 +91,7 @@ func New(o Options) *Watcher {
 	if o.ProcRoot == "" {
 		o.ProcRoot = "/proc"
 	}
-	return &Watcher{o: o, told: map[toldKey]bool{}}
+	return &Watcher{o: o, told: map[toldKey]bool{}, listErr: map[string]string{}}
 }
 
 // Run checks every Interval until ctx ends.
@@ -135,8 +138,15 @@ func (w *Watcher) checkGPU(ctx context.Context, gpu string, claims []Claim, seen
 	logger := klog.FromContext(ctx)
 	listed, err := w.o.Processes.GPUProcesses(gpu)
 	if err != nil {
-		logger.Error(err, "Listing the processes on a GPU with shares: its shares are not policed this round", "gpu", gpu)
+		if w.listErr[gpu] != err.Error() {
+			w.listErr[gpu] = err.Error()
+			logger.Error(err, "Listing the processes on a GPU with shares: its shares are not policed until the driver lists them (said again only if the error changes)", "gpu", gpu)
+		}
 		return
+	}
+	if w.listErr[gpu] != "" {
+		delete(w.listErr, gpu)
+		logger.Info("The processes on a GPU with shares are listed again: its shares are policed", "gpu", gpu)
 	}
 	var procs []observed
 	var held []*proc

@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
 	"k8s.io/utils/ptr"
 
 	"github.com/hwdra/hwdra/hw"
@@ -221,5 +223,31 @@ func TestWatcherLeavesWhatItCannotPlace(t *testing.T) {
 	}
 	if got := events_(rec); len(got) != 0 {
 		t.Errorf("events %q", got)
+	}
+}
+
+// failing lists nothing: an old driver's answer.
+type failing struct{ *node }
+
+func (failing) GPUProcesses(string) ([]hw.GPUProcess, error) {
+	return nil, fmt.Errorf("GetComputeRunningProcesses: ERROR_NOT_SUPPORTED")
+}
+
+// TestWatcherWithoutProcessList: a driver that lists no processes leaves
+// the shares unpoliced, said once, and nothing is acted on.
+func TestWatcherWithoutProcessList(t *testing.T) {
+	n := newNode(t)
+	n.claims = []Claim{{Namespace: "ns", Name: "a", GPU: "g", Share: &Share{Memory: gib, Compute: 40}}}
+	var logged strings.Builder
+	ctx := klog.NewContext(context.Background(), textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&logged))))
+	w := New(Options{Claims: n, Processes: failing{n}, Pods: n, Stop: true, Observer: n, ProcRoot: n.procRoot, Interval: time.Hour})
+	for range 3 {
+		w.Check(ctx)
+	}
+	if c := strings.Count(logged.String(), "not policed until the driver lists them"); c != 1 {
+		t.Errorf("said %d times, want once:\n%s", c, logged.String())
+	}
+	if len(n.found) != 0 {
+		t.Errorf("acted on %q", n.found)
 	}
 }
