@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/internal/keyedlock"
+	"github.com/hwdra/hwdra/internal/procstat"
 	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/nvml"
 )
@@ -209,7 +210,7 @@ func waitPID(ctx context.Context, pipe string, timeout time.Duration) (record, e
 		data, err := os.ReadFile(filepath.Join(pipe, pidFile))
 		if err == nil {
 			pid, perr := strconv.Atoi(strings.TrimSpace(string(data)))
-			if st, serr := startTime(pid); perr == nil && serr == nil {
+			if st, serr := procstat.StartTime(pid); perr == nil && serr == nil {
 				return record{PID: pid, StartTime: st}, nil
 			}
 		}
@@ -222,28 +223,6 @@ func waitPID(ctx context.Context, pipe string, timeout time.Duration) (record, e
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-}
-
-// startTime is a running process's start time (clock ticks after boot),
-// an error if it is gone or a zombie.
-func startTime(pid int) (uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("process %d: unreadable stat", pid)
-	}
-	f := strings.Fields(string(data[i+1:]))
-	if len(f) < 20 {
-		return 0, fmt.Errorf("process %d: unreadable stat", pid)
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return 0, fmt.Errorf("process %d has exited", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
 }
 
 // control sends one command to a daemon through the control program.
@@ -267,7 +246,7 @@ func (m *Manager) alive(ctx context.Context, r record) error {
 	if r.PID == 0 {
 		return errors.New("never started")
 	}
-	if st, err := startTime(r.PID); err != nil || st != r.StartTime {
+	if st, err := procstat.StartTime(r.PID); err != nil || st != r.StartTime {
 		return fmt.Errorf("process %d is gone", r.PID)
 	}
 	_, err := m.control(ctx, r.Spec.ID, "get_server_list")
@@ -314,7 +293,7 @@ func (m *Manager) Stop(ctx context.Context, id string) error {
 // a moment (after a quit), then SIGTERM, then SIGKILL.
 func (m *Manager) kill(r record) error {
 	running := func() bool {
-		st, err := startTime(r.PID)
+		st, err := procstat.StartTime(r.PID)
 		return r.PID > 0 && err == nil && st == r.StartTime
 	}
 	for _, sig := range []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL} {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/internal/procstat"
 	"github.com/hwdra/hwdra/mock/drivertools"
 	"github.com/hwdra/hwdra/nvml"
 )
@@ -144,7 +145,7 @@ func TestStartStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	if syscall.Kill(pid, 0) == nil {
-		if _, err := startTime(pid); err == nil {
+		if _, err := procstat.StartTime(pid); err == nil {
 			t.Errorf("process %d runs after Stop", pid)
 		}
 	}
@@ -214,7 +215,7 @@ func TestSuperviseRestarts(t *testing.T) {
 	}
 }
 
-func startTimeOK(pid int) bool { _, err := startTime(pid); return err == nil }
+func startTimeOK(pid int) bool { _, err := procstat.StartTime(pid); return err == nil }
 
 // A daemon that refuses its defaults fails Start; it stays recorded and
 // Stop leaves nothing running. A missing program fails with its path.

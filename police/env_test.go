@@ -47,14 +47,3 @@ func deref[T any](p *T) any {
 	}
 	return *p
 }
-
-// TestParseStat: the command field may hold spaces and parentheses.
-func TestParseStat(t *testing.T) {
-	state, start, err := parseStat([]byte("4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 100 18446744073709551615\n"))
-	if err != nil || state != 'S' || start != 987654 {
-		t.Errorf("parseStat = %c, %d, %v; want S, 987654", state, start, err)
-	}
-	if _, _, err := parseStat([]byte("4242 (x) S 1")); err == nil {
-		t.Error("a short stat line was taken")
-	}
-}

@@ -1,7 +1,6 @@
 package police
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hwdra/hwdra/internal/procstat"
 )
 
 // proc is one process as /proc shows it, held by a pidfd: a signal sent
@@ -56,7 +57,7 @@ func (p *proc) read(dir string) error {
 	if err != nil {
 		return err
 	}
-	state, start, err := parseStat(stat)
+	state, start, err := procstat.Parse(stat)
 	if err != nil {
 		return fmt.Errorf("%s/stat: %w", dir, err)
 	}
@@ -76,22 +77,6 @@ func (p *proc) read(dir string) error {
 		p.environ = env
 	}
 	return nil
-}
-
-// parseStat reads the state (field 3) and start time (field 22) of
-// /proc/<pid>/stat; the command (field 2) is in parentheses and may hold
-// spaces and parentheses itself, so fields are counted after its last ')'.
-func parseStat(b []byte) (state byte, start uint64, err error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, 0, errors.New("no command field")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 || len(f[0]) != 1 {
-		return 0, 0, fmt.Errorf("%d fields after the command, want at least 20", len(f))
-	}
-	start, err = strconv.ParseUint(f[19], 10, 64)
-	return f[0][0], start, err
 }
 
 // kill sends SIGKILL through the pidfd: the process cannot catch it, and

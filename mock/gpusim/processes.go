@@ -1,18 +1,15 @@
 package gpusim
 
 import (
-	"bytes"
 	"cmp"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/internal/procstat"
 	"github.com/hwdra/hwdra/mock/persist"
 )
 
@@ -66,7 +63,7 @@ func (d *gpu) runningLocked() []persist.ProcessState {
 	var out []persist.ProcessState
 	for _, p := range d.processes {
 		if p.StartTime != 0 {
-			if st, err := startTime(p.PID); err != nil || st != p.StartTime {
+			if st, err := procstat.StartTime(int(p.PID)); err != nil || st != p.StartTime {
 				continue
 			}
 		}
@@ -95,7 +92,7 @@ func (g *GPUs) SetProcesses(busID string, procs []hw.GPUProcess) error {
 		if p.GPUInstance != nil {
 			s.GPUInstance = ptr(*p.GPUInstance)
 		}
-		if st, err := startTime(p.PID); err == nil {
+		if st, err := procstat.StartTime(int(p.PID)); err == nil {
 			s.StartTime = st
 		}
 		set = append(set, s)
@@ -161,26 +158,3 @@ func migWord(mode int) string {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// startTime is a running process's start time (/proc/<pid>/stat field
-// 22, clock ticks after boot); an error for a PID that is gone or a
-// zombie (its GPU contexts died with it).
-func startTime(pid uint32) (uint64, error) {
-	data, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("process %d: unreadable stat", pid)
-	}
-	f := strings.Fields(string(data[i+1:]))
-	if len(f) < 20 {
-		return 0, fmt.Errorf("process %d: unreadable stat", pid)
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return 0, fmt.Errorf("process %d has exited", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
-}

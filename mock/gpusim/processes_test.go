@@ -10,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/internal/procstat"
 	"github.com/hwdra/hwdra/mock/persist"
 )
 
@@ -110,7 +111,7 @@ func TestProcessExits(t *testing.T) {
 	// This test's own PID, recorded with another start time: a later
 	// process under a reused PID.
 	self := uint32(os.Getpid())
-	st, err := startTime(self)
+	st, err := procstat.StartTime(int(self))
 	if err != nil || st == 0 {
 		t.Fatalf("own start time: %d %v", st, err)
 	}
