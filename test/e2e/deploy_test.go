@@ -43,10 +43,11 @@ func TestDeployManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	renders := map[string]string{"deploy/hwdra.yaml": string(plain)}
-	// The chart's classes (gpu, mig, vgpu, passthrough and share of
-	// gpu.hwdra.io; vf-share and vf of sriov.hwdra.io), and a DeviceClass
-	// per MIG profile offered as an extended resource on top.
-	const nClasses = 7
+	// The chart's classes (gpu, mig, vgpu, passthrough, share and
+	// dedicated-share of gpu.hwdra.io; vf-share and vf of sriov.hwdra.io),
+	// and a DeviceClass per MIG profile offered as an extended resource on
+	// top.
+	const nClasses = 8
 	classCount := map[string]int{"deploy/hwdra.yaml": nClasses, "chart, default values": nClasses, "chart, the suite's values": nClasses,
 		"chart, ci/mock-values.yaml": nClasses + len(ciValues["extendedResources"].(map[string]any)["migProfiles"].([]any))}
 	for name, values := range map[string]map[string]any{
@@ -135,7 +136,7 @@ func TestDeployManifests(t *testing.T) {
 	for _, c := range classes.Items {
 		have[c.Name] = true
 	}
-	for _, name := range []string{"gpu.hwdra.io", "mig.gpu.hwdra.io", "vgpu.gpu.hwdra.io", "vf-share.sriov.hwdra.io", "vf.sriov.hwdra.io"} {
+	for _, name := range []string{"gpu.hwdra.io", "mig.gpu.hwdra.io", "vgpu.gpu.hwdra.io", "share.gpu.hwdra.io", "dedicated-share.gpu.hwdra.io", "vf-share.sriov.hwdra.io", "vf.sriov.hwdra.io"} {
 		if !have[name] {
 			t.Errorf("DeviceClass %s missing", name)
 		}
