@@ -37,7 +37,7 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logs, root.PersistentFlags())
-	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand(), poolStatusCommand(), doctorCommand(), versionCommand())
+	root.AddCommand(agentCommand(), labCommand(), probeCommand(), slicesCommand(), poolStatusCommand(), doctorCommand(), convertCommand(), versionCommand())
 	if mock := mockCommand(); mock != nil {
 		root.AddCommand(mock)
 	}
