@@ -12,71 +12,129 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-
 	"k8s.io/apiserver/pkg/storage/names"
-
-	"github.com/hwdra/hwdra/api"
 )
 
-// claimFile is the claims of one --claim file (or of stdin): allocated
-// together, as one pod's claims are.
-type claimFile struct {
-	path   string
+// claimGroup is claims allocated together, as one pod's are: a pod's
+// (named by the claims it names, the claims made from the templates it
+// names and the claim of its extended resources), or those of one --claim
+// file (or of stdin) that no pod names.
+type claimGroup struct {
+	name   string // the file, or "file, document 3: Pod ns/name"
 	claims []*resourceapi.ResourceClaim
 }
 
 // stdinPath is the --claim that reads standard input, as kubectl -f -.
 const stdinPath = "-"
 
-// readClaims reads ResourceClaims and ResourceClaimTemplates (a template
-// stands for the claim it would make) from YAML or JSON files, from the
-// .yaml, .yml and .json files of directories (not their subdirectories),
-// and from stdin for "-", as kubectl -f does; applies the defaults the API
-// server would and validates them as it would. Every problem of every file
-// is reported, and any problem means no claims.
-func readClaims(paths []string, stdin io.Reader) ([]claimFile, error) {
+// readClaims reads YAML or JSON files, from the .yaml, .yml and .json
+// files of directories (not their subdirectories), and from stdin for
+// "-", as kubectl -f does, each of one or more documents, and Lists. It
+// takes ResourceClaims and ResourceClaimTemplates (v1, and v1beta1 and
+// v1beta2 converted to v1), Pods and the pods of workloads
+// (manifests.go), resolves what the pods ask for (pods.go) with the
+// given DeviceClasses, applies the defaults the API server would and
+// validates the claims as it would. It returns the groups to allocate in
+// order and a line for each thing worth saying: what it skipped and why,
+// what each pod gets. Every problem of every file is reported, and any
+// problem means no claims.
+func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceClass) ([]claimGroup, []string, error) {
 	if len(paths) == 0 {
-		return nil, errors.New("no --claim given")
+		return nil, nil, errors.New("no --claim given")
 	}
 	files, err := expand(paths)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	type read struct {
+		path string
+		manifest
 	}
 	var (
-		out  []claimFile
-		errs []error
-		seen = map[string]string{}
+		all   []read
+		errs  []error
+		notes []string
+		seen  = map[string]*readClaim{} // by kind, namespace and name
 	)
 	for _, file := range files {
 		docs, err := readDocuments(file, stdin)
 		if err == nil && len(docs) == 0 {
-			err = fmt.Errorf("%s: no ResourceClaim or ResourceClaimTemplate in it", displayName(file))
+			err = fmt.Errorf("%s: no ResourceClaim, ResourceClaimTemplate or pod in it", displayName(file))
 		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		f := claimFile{path: displayName(file)}
+		f := read{path: displayName(file)}
 		for i, doc := range docs {
-			claim, err := toClaim(doc)
+			m, err := decodeDocument(fmt.Sprintf("%s, document %d", f.path, i+1), doc)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%s, document %d: %w", f.path, i+1, err))
-				continue
+				errs = append(errs, err)
 			}
-			key := claim.Namespace + "/" + claim.Name
-			if prev, dup := seen[key]; dup {
-				errs = append(errs, fmt.Errorf("%s, document %d: claim %s already read from %s", f.path, i+1, key, prev))
-				continue
+			for _, c := range m.claims {
+				key := claimKey(c.template != nil, c.claim.Namespace, c.claim.Name)
+				if prev, dup := seen[key]; dup {
+					errs = append(errs, fmt.Errorf("%s: %s already read from %s", c.at, key, prev.at))
+					continue
+				}
+				seen[key] = c
+				f.claims = append(f.claims, c)
 			}
-			seen[key] = f.path
-			f.claims = append(f.claims, claim)
+			f.pods = append(f.pods, m.pods...)
+			f.notes = append(f.notes, m.notes...)
 		}
-		out = append(out, f)
+		all = append(all, f)
 	}
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return nil, nil, errors.Join(errs...)
 	}
-	return out, nil
+
+	// Pods first: which claims they take.
+	r := newResolver(seen, classes)
+	podGroups := make([][]claimGroup, len(all))
+	for i, f := range all {
+		for _, p := range f.pods {
+			g, lines, err := r.pod(p)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if len(g.claims) > 0 {
+				podGroups[i] = append(podGroups[i], g)
+			}
+			all[i].notes = append(all[i].notes, lines...)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, nil, errors.Join(errs...)
+	}
+	// Then each file: the claims no pod names, together; its pods.
+	var out []claimGroup
+	for i, f := range all {
+		notes = append(notes, f.notes...)
+		g := claimGroup{name: f.path}
+		for _, c := range f.claims {
+			if !c.used {
+				g.claims = append(g.claims, c.claim)
+			}
+		}
+		if len(g.claims) > 0 {
+			out = append(out, g)
+		}
+		out = append(out, podGroups[i]...)
+	}
+	if len(out) == 0 {
+		return nil, notes, errors.New("nothing to allocate: no claim, claim template or pod that asks for devices in the files given")
+	}
+	return out, notes, nil
+}
+
+// claimKey names a claim or a template for duplicates and lookups.
+func claimKey(template bool, namespace, name string) string {
+	if template {
+		return "ResourceClaimTemplate " + namespace + "/" + name
+	}
+	return "ResourceClaim " + namespace + "/" + name
 }
 
 func displayName(file string) string {
@@ -153,39 +211,10 @@ func readDocuments(file string, stdin io.Reader) ([]json.RawMessage, error) {
 	}
 }
 
-// toClaim decodes one document strictly.
-func toClaim(doc json.RawMessage) (*resourceapi.ResourceClaim, error) {
-	var head map[string]any
-	if err := json.Unmarshal(doc, &head); err != nil {
-		return nil, errors.New("must be an object with apiVersion and kind")
-	}
-	value := func(key string) string { // as written; "" where missing
-		if v, ok := head[key]; ok && v != nil {
-			return fmt.Sprint(v)
-		}
-		return ""
-	}
-	if v := value("apiVersion"); v != resourceapi.SchemeGroupVersion.String() {
-		return nil, fmt.Errorf("apiVersion %q: want %s", v, resourceapi.SchemeGroupVersion)
-	}
-	claim := &resourceapi.ResourceClaim{}
-	var template *resourceapi.ResourceClaimTemplate
-	switch kind := value("kind"); kind {
-	case "ResourceClaim":
-		if err := api.Unmarshal(doc, claim); err != nil {
-			return nil, err
-		}
-	case "ResourceClaimTemplate":
-		template = &resourceapi.ResourceClaimTemplate{}
-		if err := api.Unmarshal(doc, template); err != nil {
-			return nil, err
-		}
-		claim.ObjectMeta = template.ObjectMeta
-		claim.Spec = template.Spec.Spec
-	default:
-		return nil, fmt.Errorf("kind %q: want ResourceClaim or ResourceClaimTemplate", kind)
-	}
-	// As the API server: a generated name, the namespace kubectl uses.
+// prepareClaim does to a decoded claim (or the claim a template stands
+// for) what the API server does on create: a generated name, the
+// namespace kubectl uses, the defaults; then validates it as it would.
+func prepareClaim(claim *resourceapi.ResourceClaim, template *resourceapi.ResourceClaimTemplate) error {
 	if claim.Name == "" && claim.GenerateName != "" {
 		claim.Name = names.SimpleNameGenerator.GenerateName(claim.GenerateName)
 	}
@@ -194,10 +223,14 @@ func toClaim(doc json.RawMessage) (*resourceapi.ResourceClaim, error) {
 	}
 	setDefaults(&claim.Spec)
 	if err := validate(claim, template); err != nil {
-		return nil, err
+		return err
 	}
-	claim.UID = types.UID("lab-" + claim.Namespace + "-" + claim.Name)
-	return claim, nil
+	claim.UID = claimUID(claim)
+	return nil
+}
+
+func claimUID(c *resourceapi.ResourceClaim) types.UID {
+	return types.UID("lab-" + c.Namespace + "-" + c.Name)
 }
 
 // setDefaults applies the API server's defaults for device requests: an

@@ -13,31 +13,31 @@ import (
 	"github.com/hwdra/hwdra/allocate"
 )
 
-// allocation is what became of one --claim file.
+// allocation is what became of one group of claims.
 type allocation struct {
-	file claimFile
+	group claimGroup
 	// why is empty when the file's claims are allocated, else the causes
 	// (allocate.Explain), one per line.
 	why []string
 }
 
-// allocateFiles allocates the files' claims in turn, each file's together
-// (as one pod's claims), each beside the claims of the files before it
-// (as the scheduler places pods one after another). A file that does not
-// fit is explained and skipped; the rest go on.
-func allocateFiles(ctx context.Context, slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, files []claimFile) []allocation {
+// allocateGroups allocates the groups' claims in turn, each group's
+// together (as one pod's claims), each beside the claims of the groups
+// before it (as the scheduler places pods one after another). A group
+// that does not fit is explained and skipped; the rest go on.
+func allocateGroups(ctx context.Context, slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, groups []claimGroup) []allocation {
 	alloc := allocate.New(allocate.ClusterFeatures, NodeName, slices, classes)
-	out := make([]allocation, len(files))
-	for i, f := range files {
-		out[i].file = f
-		switch err := allocateBounded(ctx, alloc, f.claims); {
+	out := make([]allocation, len(groups))
+	for i, g := range groups {
+		out[i].group = g
+		switch err := allocateBounded(ctx, alloc, g.claims); {
 		case err == nil:
 		case errors.Is(err, errTimeout):
 			out[i].why = []string{err.Error()} // explaining would take as long again, and more
 		default:
 			// Unsatisfiable, or an error such as a class that does not
 			// exist: Explain finds it per request.
-			out[i].why = alloc.Explain(ctx, f.claims...)
+			out[i].why = alloc.Explain(ctx, g.claims...)
 		}
 	}
 	return out
@@ -56,19 +56,23 @@ func allocateBounded(ctx context.Context, alloc *allocate.Allocator, claims []*r
 
 var errTimeout = errors.New("the allocator found no placement")
 
-// notAllocated is the error of the files that were not allocated, with
-// their causes; nil when every file was.
+// notAllocated is the error of the groups that were not allocated, with
+// their causes; nil when every group was.
 func notAllocated(results []allocation) error {
 	var parts []string
+	what := "file(s)"
 	for _, r := range results {
 		if len(r.why) > 0 {
-			parts = append(parts, r.file.path+":\n    "+strings.Join(r.why, "\n    "))
+			parts = append(parts, r.group.name+":\n    "+strings.Join(r.why, "\n    "))
+		}
+		if strings.Contains(r.group.name, ": Pod ") {
+			what = "file(s) and pod(s)"
 		}
 	}
 	if len(parts) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %d of %d file(s):\n  %s", allocate.ErrUnsatisfiable, len(parts), len(results), strings.Join(parts, "\n  "))
+	return fmt.Errorf("%w: %d of %d %s:\n  %s", allocate.ErrUnsatisfiable, len(parts), len(results), what, strings.Join(parts, "\n  "))
 }
 
 // capacityNotes say where the allocator counts another amount of a

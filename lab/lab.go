@@ -78,7 +78,17 @@ type Options struct {
 func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	ctx = klog.NewContext(ctx, textlogger.NewLogger(textlogger.NewConfig(
 		textlogger.Output(&linePrefixer{w: out, prefix: "log: "}), textlogger.WithHeader(false))))
-	files, err := readClaims(opts.ClaimFiles, opts.Stdin)
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		return err
+	}
+	groups, notes, err := readClaims(opts.ClaimFiles, opts.Stdin, classes)
+	if len(notes) > 0 {
+		section(out, "Manifests")
+		for _, n := range notes {
+			fmt.Fprintln(out, n)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -135,19 +145,15 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 		fmt.Fprintf(out, "not offered: %s\n", s)
 	}
 
-	classes, err := deploy.DeviceClasses()
-	if err != nil {
-		return err
-	}
-	results := allocateFiles(ctx, objs, classes, files)
+	results := allocateGroups(ctx, objs, classes, groups)
 	section(out, "Allocation (the scheduler's allocator)")
 	var claims []*resourceapi.ResourceClaim
 	for _, r := range results {
 		if len(r.why) > 0 {
-			fmt.Fprintf(out, "%s: not allocated (why: at the end)\n", r.file.path)
+			fmt.Fprintf(out, "%s: not allocated (why: at the end)\n", r.group.name)
 			continue
 		}
-		for _, c := range r.file.claims {
+		for _, c := range r.group.claims {
 			if err := printYAML(out, map[string]any{c.Name: c.Status.Allocation.Devices.Results}); err != nil {
 				return err
 			}
@@ -155,7 +161,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 				fmt.Fprintln(out, note)
 			}
 		}
-		claims = append(claims, r.file.claims...)
+		claims = append(claims, r.group.claims...)
 	}
 	if len(claims) == 0 {
 		return notAllocated(results)

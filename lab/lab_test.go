@@ -142,7 +142,7 @@ func TestLabBadInput(t *testing.T) {
 	}{
 		"no claims":    {nil, "no --claim given"},
 		"missing file": {[]string{filepath.Join(dir, "nope.yaml")}, "no such file"},
-		"wrong kind":   {[]string{write("pod.yaml", "apiVersion: resource.k8s.io/v1\nkind: Pod\nmetadata: {name: x}\n")}, `kind "Pod"`},
+		"wrong kind":   {[]string{write("pod.yaml", "apiVersion: resource.k8s.io/v1\nkind: Pod\nmetadata: {name: x}\n")}, "pod.yaml, document 1: Pod x: no kind Pod in resource.k8s.io/v1"},
 		"unknown field": {[]string{write("typo.yaml", "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: x}\nspec: {devices: {requets: []}}\n")},
 			`unknown field "spec.devices.requets"`},
 		"wrong type": {[]string{write("type.yaml", claimYAML("t", "exactly: {deviceClassName: gpu.hwdra.io, count: many}"))},
@@ -189,7 +189,7 @@ func TestLabBadInput(t *testing.T) {
 			`metadata.namespace: Invalid value: "Bad_NS": a lowercase RFC 1123 label`},
 		"invalid toleration": {[]string{write("tol.yaml", claimYAML("tol", `exactly: {deviceClassName: gpu.hwdra.io, tolerations: [{key: "a b", operator: Exists}]}`))},
 			`spec.devices.requests[0].exactly.tolerations[0].key: Invalid value: "a b"`},
-		"an empty file": {[]string{write("empty.yaml", "# nothing\n")}, "empty.yaml: no ResourceClaim or ResourceClaimTemplate in it"},
+		"an empty file": {[]string{write("empty.yaml", "# nothing\n")}, "empty.yaml: no ResourceClaim, ResourceClaimTemplate or pod in it"},
 		"negative count": {[]string{write("neg.yaml", claimYAML("neg", "exactly: {deviceClassName: gpu.hwdra.io, count: -1}"))},
 			"ResourceClaim \"neg\" is invalid:\n  spec.devices.requests[0].exactly.count: Invalid value: -1: must be greater than zero"},
 		"bad selector": {[]string{write("cel.yaml", claimYAML("cel", "exactly: {deviceClassName: gpu.hwdra.io, selectors: [{cel: {expression: 'device.attributes['}}]}"))},
@@ -200,7 +200,7 @@ func TestLabBadInput(t *testing.T) {
 			"    constraints: [{requests: [other], matchAttribute: resource.kubernetes.io/numaNode}]\n")},
 			`spec.devices.constraints[0].requests[0]: Invalid value: "other": must be the name of a request`},
 		"empty directory":               {[]string{t.TempDir()}, "no .yaml, .yml or .json file in the directory"},
-		"every bad file of a directory": {[]string{bad}, "bad1.yaml, document 1: kind \"Pod\": want ResourceClaim or ResourceClaimTemplate\n" + bad + "/bad2.yaml, document 1: unknown field \"spec.x\""},
+		"every bad file of a directory": {[]string{bad}, "bad1.yaml, document 1: Pod x: no kind Pod in resource.k8s.io/v1\n" + bad + "/bad2.yaml, document 1: ResourceClaim z: unknown field \"spec.x\""},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

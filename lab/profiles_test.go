@@ -61,11 +61,11 @@ func TestUserGuideProfiles(t *testing.T) {
 func profilesTable(t *testing.T) string {
 	t.Helper()
 	ctx := context.Background()
-	files, err := readClaims([]string{filepath.Join("..", "deploy", "examples")}, nil)
+	classes, err := deploy.DeviceClasses()
 	if err != nil {
 		t.Fatal(err)
 	}
-	classes, err := deploy.DeviceClasses()
+	files, _, err := readClaims([]string{filepath.Join("..", "deploy", "examples")}, nil, classes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func profilesTable(t *testing.T) string {
 				claims[i] = c.DeepCopy()
 			}
 			if allocateBounded(ctx, allocate.New(allocate.ClusterFeatures, NodeName, objs, classes), claims) == nil {
-				fit = append(fit, "`"+strings.TrimSuffix(filepath.Base(f.path), ".yaml")+"`")
+				fit = append(fit, "`"+strings.TrimSuffix(filepath.Base(f.name), ".yaml")+"`")
 			}
 		}
 		examples := strings.Join(fit, ", ")

@@ -34,7 +34,7 @@ func labCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	addHardwareFlag(cmd, &opts.Hardware)
-	f.StringSliceVar(&opts.ClaimFiles, "claim", nil, "ResourceClaim or ResourceClaimTemplate YAML/JSON files, directories of them, or - for standard input, as kubectl -f takes them (repeatable, comma-separated; deploy/examples has some). Each file's claims are allocated together, as one pod's, beside those of the files before it")
+	f.StringSliceVar(&opts.ClaimFiles, "claim", nil, "YAML/JSON files, directories of them, or - for standard input, as kubectl -f takes them (repeatable, comma-separated; deploy/examples has claims): ResourceClaims and ResourceClaimTemplates (v1, v1beta1, v1beta2), Pods and the pods of workloads with the claims they name and the extended resources they ask for; other kinds are skipped, each said. Each pod's claims are allocated together, and each file's claims that no pod names, beside those before them")
 	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
 	f.BoolVar(&opts.Keep, "keep", false, "leave the claims prepared instead of unpreparing them at the end (where every claim prepared: a failed or interrupted run is undone)")
 	f.StringVar(&opts.CDIHook, "nvidia-cdi-hook", "", "nvidia-cdi-hook for the hooks of the driver files generated for containers (an installed NVIDIA Container Toolkit's); empty: the one beside hwdra, if any")
