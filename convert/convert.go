@@ -24,10 +24,13 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/hwdra/hwdra/internal/claimspec"
 )
 
 // Input is one file's content; Name is how findings name it.
@@ -273,10 +276,10 @@ func (c *converter) resource(d *doc, version string) []byte {
 	}
 	js := d.js
 	switch version {
-	case "v1", "v1beta2":
-	case "v1beta1":
+	case "v1":
+	case "v1beta2", "v1beta1":
 		var err error
-		if js, err = liftV1beta1(js, kind); err != nil {
+		if js, err = toV1(js, kind, version); err != nil {
 			c.problem(d, nil, err.Error())
 			return d.raw
 		}
@@ -335,31 +338,30 @@ func (c *converter) resource(d *doc, version string) []byte {
 	return out
 }
 
-// liftV1beta1 moves each v1beta1 request's fields under exactly, where v1
-// has them.
-func liftV1beta1(js []byte, kind string) ([]byte, error) {
-	var m map[string]any
-	if err := json.Unmarshal(js, &m); err != nil {
+// toV1 converts a v1beta2 or v1beta1 object to v1 as the API server does
+// (internal/claimspec, which the lab reads them with too); a DeviceClass
+// has v1's shape in both.
+func toV1(js []byte, kind, version string) ([]byte, error) {
+	strict := func(out any) error { return yaml.UnmarshalStrict(js, out) }
+	var obj any
+	var err error
+	tm := metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: kind}
+	switch kind {
+	case "ResourceClaim":
+		var c *resourceapi.ResourceClaim
+		c, err = claimspec.DecodeClaim(version, strict)
+		c.TypeMeta, obj = tm, c
+	case "ResourceClaimTemplate":
+		var t *resourceapi.ResourceClaimTemplate
+		t, err = claimspec.DecodeTemplate(version, strict)
+		t.TypeMeta, obj = tm, t
+	default:
+		return js, nil
+	}
+	if err != nil {
 		return nil, err
 	}
-	path := map[string][]string{"ResourceClaim": {"spec", "devices"}, "ResourceClaimTemplate": {"spec", "spec", "devices"}}[kind]
-	devices, _ := dig(m, path...).(map[string]any)
-	reqs, _ := devices["requests"].([]any)
-	for _, r := range reqs {
-		req, ok := r.(map[string]any)
-		if !ok || req["firstAvailable"] != nil || req["exactly"] != nil {
-			continue
-		}
-		exactly := map[string]any{}
-		for k, v := range req {
-			if k != "name" {
-				exactly[k] = v
-				delete(req, k)
-			}
-		}
-		req["exactly"] = exactly
-	}
-	return json.Marshal(m)
+	return json.Marshal(obj)
 }
 
 func dig(v any, path ...string) any {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/hwdra/hwdra/api"
+	"github.com/hwdra/hwdra/internal/claimspec"
 )
 
 // manifest is what one document of a --claim file holds for the lab:
@@ -106,7 +107,7 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 	case resourceapi.SchemeGroupVersion.WithKind("ResourceClaim"),
 		resourcev1beta2.SchemeGroupVersion.WithKind("ResourceClaim"),
 		resourcev1beta1.SchemeGroupVersion.WithKind("ResourceClaim"):
-		c, err := decodeClaim(gv.Version, strict)
+		c, err := claimspec.DecodeClaim(gv.Version, strict)
 		if err == nil {
 			err = prepareClaim(c, nil)
 		}
@@ -117,7 +118,7 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 	case resourceapi.SchemeGroupVersion.WithKind("ResourceClaimTemplate"),
 		resourcev1beta2.SchemeGroupVersion.WithKind("ResourceClaimTemplate"),
 		resourcev1beta1.SchemeGroupVersion.WithKind("ResourceClaimTemplate"):
-		t, err := decodeTemplate(gv.Version, strict)
+		t, err := claimspec.DecodeTemplate(gv.Version, strict)
 		c := &resourceapi.ResourceClaim{}
 		if err == nil {
 			c.ObjectMeta, c.Spec = t.ObjectMeta, t.Spec.Spec
@@ -203,54 +204,6 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 		m.notes = append(m.notes, object+": runs no pod (0 replicas)")
 	}
 	return m, nil
-}
-
-// decodeClaim decodes a ResourceClaim of a version the API server serves,
-// as v1.
-func decodeClaim(version string, strict func(any) error) (*resourceapi.ResourceClaim, error) {
-	c := &resourceapi.ResourceClaim{}
-	var err error
-	switch version {
-	case "v1beta1":
-		var in resourcev1beta1.ResourceClaim
-		if err = strict(&in); err == nil {
-			c.ObjectMeta = in.ObjectMeta
-			c.Spec, err = specFromV1beta1(in.Spec)
-		}
-	case "v1beta2":
-		var in resourcev1beta2.ResourceClaim
-		if err = strict(&in); err == nil {
-			c.ObjectMeta = in.ObjectMeta
-			c.Spec, err = specFromV1beta2(in.Spec)
-		}
-	default:
-		err = strict(c)
-	}
-	c.Status = resourceapi.ResourceClaimStatus{} // as on create: the API server drops a new claim's status
-	return c, err
-}
-
-// decodeTemplate is decodeClaim's for a ResourceClaimTemplate.
-func decodeTemplate(version string, strict func(any) error) (*resourceapi.ResourceClaimTemplate, error) {
-	t := &resourceapi.ResourceClaimTemplate{}
-	var err error
-	switch version {
-	case "v1beta1":
-		var in resourcev1beta1.ResourceClaimTemplate
-		if err = strict(&in); err == nil {
-			t.ObjectMeta, t.Spec.ObjectMeta = in.ObjectMeta, in.Spec.ObjectMeta
-			t.Spec.Spec, err = specFromV1beta1(in.Spec.Spec)
-		}
-	case "v1beta2":
-		var in resourcev1beta2.ResourceClaimTemplate
-		if err = strict(&in); err == nil {
-			t.ObjectMeta, t.Spec.ObjectMeta = in.ObjectMeta, in.Spec.ObjectMeta
-			t.Spec.Spec, err = specFromV1beta2(in.Spec.Spec)
-		}
-	default:
-		err = strict(t)
-	}
-	return t, err
 }
 
 // workloadPods are the pods a workload runs from its template, n of

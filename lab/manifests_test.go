@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/hwdra/hwdra/internal/claimspec"
 )
 
 // runLab runs the lab on mock:dgx-h100 with manifests given inline, one
@@ -285,7 +287,7 @@ func TestConvert(t *testing.T) {
 	if err := yaml.UnmarshalStrict([]byte(v1beta1YAML), &b1); err != nil {
 		t.Fatal(err)
 	}
-	got, err := specFromV1beta1(b1)
+	got, err := claimspec.FromV1beta1(b1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +303,7 @@ func TestConvert(t *testing.T) {
 	if err := yaml.UnmarshalStrict(v1YAML, &b2); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := specFromV1beta2(b2); err != nil || !equality.Semantic.DeepEqual(got, want) {
+	if got, err := claimspec.FromV1beta2(b2); err != nil || !equality.Semantic.DeepEqual(got, want) {
 		t.Errorf("v1beta2: %v\n got %+v\nwant %+v", err, got, want)
 	}
 }

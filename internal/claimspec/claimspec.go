@@ -1,4 +1,6 @@
-package lab
+// Package claimspec reads ResourceClaims and ResourceClaimTemplates of
+// every version the API server serves (v1, v1beta2, v1beta1) as v1.
+package claimspec
 
 import (
 	"encoding/json"
@@ -13,7 +15,7 @@ import (
 // The API server serves ResourceClaims and ResourceClaimTemplates as
 // v1beta1 and v1beta2 too and converts them to v1. Its conversions live
 // in k8s.io/kubernetes (pkg/apis/resource/v1beta1, v1beta2), which is
-// not a dependency, so the lab converts the claim's spec itself: in
+// not a dependency, so hwdra converts the claim's spec itself (the lab, hwdra convert): in
 // k8s.io/api v0.37.2 v1beta2's spec is v1's field for field, and
 // v1beta1's differs only in a request's own fields, which v1 moved under
 // `exactly` (Convert_v1beta1_DeviceRequest_To_resource_DeviceRequest:
@@ -21,14 +23,14 @@ import (
 // same go through JSON, strictly, so a field one side lacks is an error
 // (TestConvert), never dropped.
 
-// specFromV1beta2 converts a v1beta2 claim spec to v1.
-func specFromV1beta2(in resourcev1beta2.ResourceClaimSpec) (resourceapi.ResourceClaimSpec, error) {
+// FromV1beta2 converts a v1beta2 claim spec to v1.
+func FromV1beta2(in resourcev1beta2.ResourceClaimSpec) (resourceapi.ResourceClaimSpec, error) {
 	var out resourceapi.ResourceClaimSpec
 	return out, sameShape(in, &out)
 }
 
-// specFromV1beta1 converts a v1beta1 claim spec to v1.
-func specFromV1beta1(in resourcev1beta1.ResourceClaimSpec) (resourceapi.ResourceClaimSpec, error) {
+// FromV1beta1 converts a v1beta1 claim spec to v1.
+func FromV1beta1(in resourcev1beta1.ResourceClaimSpec) (resourceapi.ResourceClaimSpec, error) {
 	requests := in.Devices.Requests
 	in.Devices.Requests = nil
 	var out resourceapi.ResourceClaimSpec
@@ -76,4 +78,52 @@ func sameShape(in, out any) error {
 		return fmt.Errorf("converting %T to %T: %w", in, out, err)
 	}
 	return nil
+}
+
+// DecodeClaim decodes a ResourceClaim of a version the API server serves,
+// as v1; strict decodes the document into what it is given.
+func DecodeClaim(version string, strict func(any) error) (*resourceapi.ResourceClaim, error) {
+	c := &resourceapi.ResourceClaim{}
+	var err error
+	switch version {
+	case "v1beta1":
+		var in resourcev1beta1.ResourceClaim
+		if err = strict(&in); err == nil {
+			c.ObjectMeta = in.ObjectMeta
+			c.Spec, err = FromV1beta1(in.Spec)
+		}
+	case "v1beta2":
+		var in resourcev1beta2.ResourceClaim
+		if err = strict(&in); err == nil {
+			c.ObjectMeta = in.ObjectMeta
+			c.Spec, err = FromV1beta2(in.Spec)
+		}
+	default:
+		err = strict(c)
+	}
+	c.Status = resourceapi.ResourceClaimStatus{} // as on create: the API server drops a new claim's status
+	return c, err
+}
+
+// DecodeTemplate is DecodeClaim's for a ResourceClaimTemplate.
+func DecodeTemplate(version string, strict func(any) error) (*resourceapi.ResourceClaimTemplate, error) {
+	t := &resourceapi.ResourceClaimTemplate{}
+	var err error
+	switch version {
+	case "v1beta1":
+		var in resourcev1beta1.ResourceClaimTemplate
+		if err = strict(&in); err == nil {
+			t.ObjectMeta, t.Spec.ObjectMeta = in.ObjectMeta, in.Spec.ObjectMeta
+			t.Spec.Spec, err = FromV1beta1(in.Spec.Spec)
+		}
+	case "v1beta2":
+		var in resourcev1beta2.ResourceClaimTemplate
+		if err = strict(&in); err == nil {
+			t.ObjectMeta, t.Spec.ObjectMeta = in.ObjectMeta, in.Spec.ObjectMeta
+			t.Spec.Spec, err = FromV1beta2(in.Spec.Spec)
+		}
+	default:
+		err = strict(t)
+	}
+	return t, err
 }
