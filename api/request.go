@@ -59,3 +59,60 @@ func sourceName(s resourceapi.AllocationConfigSource) string {
 	}
 	return "the claim"
 }
+
+// Unapplied is an opaque configuration of an allocated claim that no
+// driver reads: its driver owns none of the devices it applies to (another
+// vendor's driver, such as NVIDIA's gpu.nvidia.com, or a typo). Drivers
+// skip configurations that are not theirs, so without a word the claim
+// would get defaults: an exclusive GPU instead of MPS.
+type Unapplied struct {
+	// Where names the configuration as the user wrote it:
+	// "spec.devices.config[0]" of the claim, or "a config of DeviceClass X".
+	Where string
+	// Driver is the configuration's driver; Owners the drivers of the
+	// devices it applies to.
+	Driver string
+	Owners []string
+}
+
+func (u Unapplied) String() string {
+	return fmt.Sprintf("%s is for driver %s, which owns none of the devices it applies to (%s): no driver reads it", u.Where, u.Driver, strings.Join(u.Owners, ", "))
+}
+
+// UnappliedConfigs are the claim's opaque configurations that no driver
+// of its allocation reads (none before allocation).
+func UnappliedConfigs(claim *resourceapi.ResourceClaim) []Unapplied {
+	if claim.Status.Allocation == nil {
+		return nil
+	}
+	var out []Unapplied
+	claimIndex := 0 // the allocation lists the classes' configs first, then the claim's in order
+	for _, c := range claim.Status.Allocation.Devices.Config {
+		where := fmt.Sprintf("spec.devices.config[%d]", claimIndex)
+		if c.Source == resourceapi.AllocationConfigSourceClass {
+			where = "a config of the DeviceClass"
+		} else {
+			claimIndex++
+		}
+		if c.Opaque == nil {
+			continue
+		}
+		var owners []string
+		applies := false
+		for _, r := range claim.Status.Allocation.Devices.Results {
+			base, _, _ := strings.Cut(r.Request, "/")
+			if len(c.Requests) > 0 && !slices.Contains(c.Requests, r.Request) && !slices.Contains(c.Requests, base) {
+				continue
+			}
+			applies = applies || r.Driver == c.Opaque.Driver
+			if !slices.Contains(owners, r.Driver) {
+				owners = append(owners, r.Driver)
+			}
+		}
+		if !applies && len(owners) > 0 {
+			slices.Sort(owners)
+			out = append(out, Unapplied{Where: where, Driver: c.Opaque.Driver, Owners: owners})
+		}
+	}
+	return out
+}

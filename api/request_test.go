@@ -118,3 +118,33 @@ func TestGpuConfig(t *testing.T) {
 		t.Fatalf("want mig.computeInstanceSlices error, got %v", err)
 	}
 }
+
+// TestUnappliedConfigs: a configuration whose driver owns none of the
+// devices it applies to is named by where the user wrote it; one whose
+// driver owns some of them, or that applies to a request of its driver,
+// is not.
+func TestUnappliedConfigs(t *testing.T) {
+	gpu := `{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"}`
+	c := claimWith(
+		opaque(resourceapi.AllocationConfigSourceClass, "gpu.hwdra.io", gpu),
+		opaque(resourceapi.AllocationConfigSourceClaim, "gpu.nvidia.com", `{}`, "gpu"),
+		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`}`, "net"),
+		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`}`, "gpu"),
+		opaque(resourceapi.AllocationConfigSourceClaim, "gpu.hwdra.io", gpu),
+	)
+	c.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{
+		{Request: "gpu/small", Driver: "gpu.hwdra.io", Pool: "n", Device: "g"},
+		{Request: "net", Driver: "sriov.hwdra.io", Pool: "n", Device: "v"},
+	}
+	var got []string
+	for _, u := range UnappliedConfigs(c) {
+		got = append(got, u.String())
+	}
+	want := []string{
+		"spec.devices.config[0] is for driver gpu.nvidia.com, which owns none of the devices it applies to (gpu.hwdra.io): no driver reads it",
+		"spec.devices.config[2] is for driver sriov.hwdra.io, which owns none of the devices it applies to (gpu.hwdra.io): no driver reads it",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

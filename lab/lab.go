@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hwdra/hwdra/agent"
+	"github.com/hwdra/hwdra/api"
 	"github.com/hwdra/hwdra/backend"
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/deploy"
@@ -159,6 +160,11 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 			}
 			for _, note := range capacityNotes(c) {
 				fmt.Fprintln(out, note)
+			}
+			// Drivers skip configs that are not theirs: say so before the
+			// claim is prepared with defaults.
+			for _, u := range api.UnappliedConfigs(c) {
+				fmt.Fprintf(out, "warning: claim %s: %s; the claim is prepared as if it were not there\n", c.Name, u)
 			}
 		}
 		claims = append(claims, r.group.claims...)

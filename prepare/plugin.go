@@ -20,6 +20,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/hwdra/hwdra/api"
 	"github.com/hwdra/hwdra/hw"
 	"github.com/hwdra/hwdra/internal/keyedlock"
 	"github.com/hwdra/hwdra/internal/state"
@@ -254,6 +255,8 @@ func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.Resourc
 		}
 	}
 
+	p.warnUnapplied(ctx, claim)
+
 	// Nothing is written until the driver saves its first intent: a
 	// prepare without hardware side effects costs one checkpoint write,
 	// and a crash before it leaves at most a CDI spec, which start-up
@@ -288,6 +291,19 @@ func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.Resourc
 		return nil, errors.Join(err, p.store(claim.UID, nil))
 	}
 	return devices, nil
+}
+
+// warnUnapplied logs the claim's configurations that no driver reads
+// (another vendor's driver, a typo): the claim gets defaults, which the
+// user did not ask for. The agent posts no Events on claims. Only the
+// driver of the claim's first device says it, once per claim for both.
+func (p *Plugin[R]) warnUnapplied(ctx context.Context, claim *resourceapi.ResourceClaim) {
+	if a := claim.Status.Allocation; a == nil || len(a.Devices.Results) == 0 || a.Devices.Results[0].Driver != p.opts.DriverName {
+		return
+	}
+	for _, u := range api.UnappliedConfigs(claim) {
+		klog.FromContext(ctx).Info("Warning: a configuration of the claim is ignored: "+u.String(), "claim", klog.KObj(claim), "driver", u.Driver)
+	}
 }
 
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin.

@@ -1,6 +1,7 @@
 package prepare
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"maps"
@@ -15,8 +16,11 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/internal/state"
@@ -434,4 +438,31 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("not within 10s: %s", what)
+}
+
+// TestPrepareLogsConfigsNoDriverReads: a claim configured for a driver
+// that owns none of its devices (NVIDIA's gpu.nvidia.com) is prepared with
+// defaults, and the agent says so in its log, once.
+func TestPrepareLogsConfigsNoDriverReads(t *testing.T) {
+	var log bytes.Buffer
+	ctx := klog.NewContext(context.Background(), textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&log))))
+	p := newPlugin(t, &ledger{held: map[string]bool{}}, t.TempDir(), "boot-1")
+	c := testClaim("u1")
+	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+		Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: "test.hwdra.io", Pool: "node", Device: "dev-0"}},
+		Config: []resourceapi.DeviceAllocationConfiguration{{Source: resourceapi.AllocationConfigSourceClaim, DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "gpu.nvidia.com", Parameters: runtime.RawExtension{Raw: []byte(`{}`)}}}}},
+	}}
+	for range 2 { // the kubelet's retry logs nothing more
+		if res, err := p.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{c}); err != nil || res["u1"].Err != nil {
+			t.Fatal(err, res["u1"].Err)
+		}
+	}
+	want := `spec.devices.config[0] is for driver gpu.nvidia.com, which owns none of the devices it applies to (test.hwdra.io)`
+	if n := strings.Count(log.String(), want); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, log.String())
+	}
+	if !strings.Contains(log.String(), `claim="ns/c-u1"`) {
+		t.Errorf("the log names no claim:\n%s", log.String())
+	}
 }
