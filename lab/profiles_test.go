@@ -30,35 +30,46 @@ var userGuide = filepath.Join("..", "docs", "user-guide.md")
 const (
 	tableBegin = "<!-- mock profiles: go test ./lab -run TestUserGuideProfiles -update-user-guide -->\n"
 	tableEnd   = "<!-- end of mock profiles -->\n"
+	// The table of what each example gets on each profile.
+	getsBegin = "<!-- examples per profile: go test ./lab -run TestUserGuideProfiles -update-user-guide -->\n"
+	getsEnd   = "<!-- end of examples per profile -->\n"
 )
 
-// TestUserGuideProfiles: the user guide's table of the built-in mock
-// profiles says what each has and offers and which example claims fit it,
-// as the profiles, the slices and the allocator have it.
+// TestUserGuideProfiles: the user guide's tables of the built-in mock
+// profiles say what each has and offers, which example claims fit it and
+// what each example gets on it, as the profiles, the slices and the
+// allocator have it.
 func TestUserGuideProfiles(t *testing.T) {
-	table := profilesTable(t)
+	profiles, gets := profilesTables(t)
 	data, err := os.ReadFile(userGuide)
 	if err != nil {
 		t.Fatal(err)
 	}
 	doc := string(data)
-	begin, end := strings.Index(doc, tableBegin), strings.Index(doc, tableEnd)
-	if begin < 0 || end < begin {
-		t.Fatalf("%s has no %q ... %q", userGuide, tableBegin, tableEnd)
+	for _, table := range []struct{ begin, end, text string }{{tableBegin, tableEnd, profiles}, {getsBegin, getsEnd, gets}} {
+		begin, end := strings.Index(doc, table.begin), strings.Index(doc, table.end)
+		if begin < 0 || end < begin {
+			t.Fatalf("%s has no %q ... %q", userGuide, table.begin, table.end)
+		}
+		begin += len(table.begin)
+		if *updateUserGuide {
+			doc = doc[:begin] + table.text + doc[end:]
+			continue
+		}
+		if doc[begin:end] != table.text {
+			t.Errorf("%s's table after %q is not what the profiles offer; go test ./lab -run TestUserGuideProfiles -update-user-guide writes:\n%s", userGuide, table.begin, table.text)
+		}
 	}
-	begin += len(tableBegin)
 	if *updateUserGuide {
-		if err := os.WriteFile(userGuide, []byte(doc[:begin]+table+doc[end:]), 0o644); err != nil {
+		if err := os.WriteFile(userGuide, []byte(doc), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		return
-	}
-	if doc[begin:end] != table {
-		t.Errorf("%s's table of the mock profiles is not what they offer; go test ./lab -run TestUserGuideProfiles -update-user-guide writes:\n%s", userGuide, table)
 	}
 }
 
-func profilesTable(t *testing.T) string {
+// profilesTables are the table of the profiles and the table of what each
+// example gets on each profile alone.
+func profilesTables(t *testing.T) (string, string) {
 	t.Helper()
 	ctx := context.Background()
 	classes, err := deploy.DeviceClasses()
@@ -69,37 +80,26 @@ func profilesTable(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b strings.Builder
+	var b, gets strings.Builder
 	b.WriteString("| profile | GPUs | GPU devices | NICs | NIC devices | examples that fit |\n|---|---|---|---|---|---|\n")
+	cells := make([][]string, len(files)) // [file][profile]
 	for _, name := range profile.Builtins() {
 		p, err := profile.Load(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		node, err := backend.Open("mock:" + name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		inv, err := node.Inventory(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		node.Close()
-		res, _ := resources.ForNode(NodeName, inv, config.Default(), device.AllFeatures, hw.Health{})
-		var objs []*resourceapi.ResourceSlice
-		for driver := range res {
-			for _, s := range resources.Objects(driver, NodeName, res[driver]) {
-				objs = append(objs, &s)
-			}
-		}
+		objs := publishedSlices(t, "mock:"+name)
 		var fit []string
-		for _, f := range files {
+		for i, f := range files {
 			claims := make([]*resourceapi.ResourceClaim, len(f.claims))
 			for i, c := range f.claims {
 				claims[i] = c.DeepCopy()
 			}
 			if allocateBounded(ctx, allocate.New(allocate.ClusterFeatures, NodeName, objs, classes), claims) == nil {
 				fit = append(fit, "`"+strings.TrimSuffix(filepath.Base(f.name), ".yaml")+"`")
+				cells[i] = append(cells[i], allocated(objs, claims))
+			} else {
+				cells[i] = append(cells[i], "refused")
 			}
 		}
 		examples := strings.Join(fit, ", ")
@@ -111,7 +111,74 @@ func profilesTable(t *testing.T) string {
 		}
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", name, gpusOf(p), gpuDevices(objs), nicsOf(p), nicDevices(objs), examples)
 	}
-	return b.String()
+	gets.WriteString("| example |")
+	for _, name := range profile.Builtins() {
+		gets.WriteString(" `" + name + "` |")
+	}
+	gets.WriteString("\n|---|" + strings.Repeat("---|", len(profile.Builtins())) + "\n")
+	for i, f := range files {
+		fmt.Fprintf(&gets, "| `%s` | %s |\n", filepath.Base(f.name), strings.Join(cells[i], " | "))
+	}
+	return b.String(), gets.String()
+}
+
+// allocated says what the claims got, device by device: the kind (and
+// profile) of each, with the subrequest a prioritized list chose.
+func allocated(objs []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) string {
+	devs := map[string]resourceapi.Device{}
+	for _, s := range objs {
+		for _, d := range s.Spec.Devices {
+			devs[s.Spec.Driver+"/"+d.Name] = d
+		}
+	}
+	var got []string
+	count := map[string]int{}
+	for _, c := range claims {
+		for _, r := range c.Status.Allocation.Devices.Results {
+			what := describe(r.Driver, devs[r.Driver+"/"+r.Device])
+			if _, sub, ok := strings.Cut(r.Request, "/"); ok {
+				what += " (`" + sub + "`)"
+			}
+			if count[what]++; count[what] == 1 {
+				got = append(got, what)
+			}
+		}
+	}
+	for i, what := range got {
+		if n := count[what]; n > 1 {
+			got[i] = fmt.Sprintf("%d × %s", n, what)
+		}
+	}
+	return strings.Join(got, " + ")
+}
+
+// describe names a published device's kind as the user asked for it.
+func describe(driver string, d resourceapi.Device) string {
+	str := func(name resourceapi.QualifiedName) string {
+		if a, ok := d.Attributes[name]; ok && a.StringValue != nil {
+			return *a.StringValue
+		}
+		return ""
+	}
+	if driver == device.NICDriver {
+		if str(device.NICAttrMode) == "shared" {
+			return "VF share"
+		}
+		return "VF"
+	}
+	switch str(device.AttrType) {
+	case device.KindGPU:
+		return "whole GPU"
+	case device.KindMIG:
+		return "MIG " + str(device.AttrProfile)
+	case device.KindVGPU:
+		return "vGPU " + str(device.AttrProfile)
+	case device.KindShare:
+		return "GPU share"
+	case device.KindPassthrough:
+		return "passthrough GPU"
+	}
+	return d.Name
 }
 
 func gpusOf(p profile.Profile) string {
@@ -205,4 +272,27 @@ func orNone(parts []string) string {
 		return "none"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// publishedSlices are the slices the agent publishes on the hardware, with
+// the default configuration.
+func publishedSlices(t *testing.T, hardware string) []*resourceapi.ResourceSlice {
+	t.Helper()
+	node, err := backend.Open(hardware)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	inv, err := node.Inventory(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := resources.ForNode(NodeName, inv, config.Default(), device.AllFeatures, hw.Health{})
+	var objs []*resourceapi.ResourceSlice
+	for driver := range res {
+		for _, s := range resources.Objects(driver, NodeName, res[driver]) {
+			objs = append(objs, &s)
+		}
+	}
+	return objs
 }

@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/deploy"
 )
 
 // TestLabWarnsOfConfigsNoDriverReads: gpu-mps.yaml written for NVIDIA's
@@ -33,5 +36,34 @@ func TestLabWarnsOfConfigsNoDriverReads(t *testing.T) {
 	)
 	if t.Failed() {
 		t.Log(out.String())
+	}
+}
+
+// TestFirstAvailableFitsEveryMIGModel: first-available.yaml's smallest
+// subrequest takes a one-slice MIG partition on every MIG-capable model,
+// not only on the H100 whose profile names it once spelled out.
+func TestFirstAvailableFitsEveryMIGModel(t *testing.T) {
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _, err := readClaims(examples("first-available.yaml"), nil, classes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"a30-24gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "b200-180gb"} {
+		t.Run(m, func(t *testing.T) {
+			spec := filepath.Join(t.TempDir(), "node.yaml")
+			if err := os.WriteFile(spec, []byte("gpus: [{model: "+m+", count: 1, mig: true}]\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			claim := files[0].claims[0].DeepCopy()
+			if err := allocate.New(allocate.ClusterFeatures, NodeName, publishedSlices(t, "mock:"+spec), classes).Allocate(context.Background(), claim); err != nil {
+				t.Fatal(err)
+			}
+			if r := claim.Status.Allocation.Devices.Results[0]; r.Request != "gpu/small" || !strings.Contains(r.Device, "-mig-1g-") {
+				t.Errorf("got %s for %s, want a 1g partition for gpu/small", r.Device, r.Request)
+			}
+		})
 	}
 }
