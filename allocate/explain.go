@@ -21,7 +21,8 @@ const ProbeTimeout = 10 * time.Second
 
 // Explain says why claims that do not fit (Fits fails) cannot be allocated
 // now, in the user's terms, one cause per line: for a claim that cannot
-// be allocated even on the empty node, the cause per request (no such
+// be allocated even on the empty node, that it asks for more devices than
+// the API's limit per claim, else the cause per request (no such
 // class; the class has no device here; the selectors exclude every device
 // of the class; no device has the capacity asked for, or enough of it;
 // more devices asked for than match; the matching devices cannot be taken
@@ -118,6 +119,12 @@ func (e *explainer) requests(c *resourceapi.ResourceClaim) []request {
 
 // claim explains a claim that does not fit the empty node.
 func (e *explainer) claim(ctx context.Context, c *resourceapi.ResourceClaim) []string {
+	if n := e.fewestDevices(ctx, c); n > resourceapi.AllocationResultsMaxSize {
+		// The allocator refuses such a claim before it looks at a device;
+		// each request alone may fit, which would blame their competing.
+		return []string{fmt.Sprintf("the claim asks for at least %d devices, more than the API's limit of %d devices per claim (an allocation holds at most %d results): split its requests over several claims",
+			n, resourceapi.AllocationResultsMaxSize, resourceapi.AllocationResultsMaxSize)}
+	}
 	var lines []string
 	allFit := true
 	for _, r := range e.requests(c) {
@@ -146,6 +153,29 @@ func (e *explainer) claim(ctx context.Context, c *resourceapi.ResourceClaim) []s
 		unmet = []string{"each constraint can be met alone, but not all of them together"}
 	}
 	return append(lines, unmet...)
+}
+
+// fewestDevices is the fewest devices an allocation of c holds, as the
+// allocator counts them before it searches: each request's count, a
+// prioritized list's smallest, every matching device for allocationMode
+// All (none where the class cannot be read: the request explains that).
+func (e *explainer) fewestDevices(ctx context.Context, c *resourceapi.ResourceClaim) int {
+	total := 0
+	for _, req := range c.Spec.Devices.Requests {
+		fewest := -1
+		for _, r := range e.requests(&resourceapi.ResourceClaim{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}}) {
+			n := int(min(r.exact.Count, int64(resourceapi.AllocationResultsMaxSize+1))) // large counts cannot overflow the sum
+			if r.exact.AllocationMode == resourceapi.DeviceAllocationModeAll {
+				matching, _ := e.matching(ctx, r)
+				n = len(matching)
+			}
+			if fewest < 0 || n < fewest {
+				fewest = n
+			}
+		}
+		total += max(fewest, 0)
+	}
+	return total
 }
 
 func describeConstraint(c resourceapi.DeviceConstraint) string {

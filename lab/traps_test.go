@@ -67,3 +67,39 @@ func TestFirstAvailableFitsEveryMIGModel(t *testing.T) {
 		})
 	}
 }
+
+// TestLabNamesTheDevicesPerClaimLimit: two requests of 17 MIG partitions
+// each fit the node alone; together they pass the API's 32 devices per
+// claim, which is the cause, not devices they compete for.
+func TestLabNamesTheDevicesPerClaimLimit(t *testing.T) {
+	dir := t.TempDir()
+	mig := "exactly: {deviceClassName: mig.gpu.hwdra.io, count: 17}"
+	for name, claim := range map[string]string{
+		"two-17.yaml": claimYAML("two-17", mig+"\n    - name: more\n      "+mig),
+		"one-33.yaml": claimYAML("one-33", "exactly: {deviceClassName: mig.gpu.hwdra.io, count: 33}"),
+		"all.yaml":    claimYAML("all", "exactly: {deviceClassName: mig.gpu.hwdra.io, allocationMode: All}"),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(claim), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := Run(context.Background(), &bytes.Buffer{}, Options{Hardware: "mock:dgx-h100", ClaimFiles: []string{dir}})
+	if err == nil {
+		t.Fatal("allocated")
+	}
+	for _, want := range []string{
+		"claim two-17 cannot be allocated on this node:\n        the claim asks for at least 34 devices, more than the API's limit of 32 devices per claim",
+		"claim one-33 cannot be allocated on this node:\n        the claim asks for at least 33 devices",
+		"claim all cannot be allocated on this node:\n        the claim asks for at least 160 devices",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q", want)
+		}
+	}
+	if strings.Contains(err.Error(), "not all together") {
+		t.Errorf("blames competing requests:\n%v", err)
+	}
+	if t.Failed() {
+		t.Log(err)
+	}
+}
