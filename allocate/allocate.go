@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/utils/ptr"
 )
 
 // ClusterFeatures are the DRA features of the clusters hwdra targets
@@ -167,9 +168,14 @@ func (a *Allocator) Release(claim *resourceapi.ResourceClaim) {
 }
 
 // track records (or forgets) what a result uses, as the scheduler derives
-// its allocated state from allocated claims.
+// its allocated state from allocated claims (kube-scheduler's
+// dynamicresources foreachAllocatedDevice): a device taken with admin
+// access is not in use, so later claims may still have it.
 func (a *Allocator) track(result *resourceapi.AllocationResult, add bool) {
 	for _, r := range result.Devices.Results {
+		if ptr.Deref(r.AdminAccess, false) {
+			continue
+		}
 		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
 		if r.ShareID == nil {
 			if add {

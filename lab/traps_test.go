@@ -103,3 +103,22 @@ func TestLabNamesTheDevicesPerClaimLimit(t *testing.T) {
 		t.Log(err)
 	}
 }
+
+// TestLabAdminAccessLeavesDevicesFree: a claim with admin access to every
+// GPU (a monitoring agent's) does not count as their use, as the
+// scheduler's allocated state leaves it out: a later claim of all eight
+// still gets them.
+func TestLabAdminAccessLeavesDevicesFree(t *testing.T) {
+	dir := t.TempDir()
+	files := []string{filepath.Join(dir, "1-admin.yaml"), filepath.Join(dir, "2-all.yaml")}
+	os.WriteFile(files[0], []byte(claimYAML("admin", "exactly: {deviceClassName: gpu.hwdra.io, allocationMode: All, adminAccess: true}")), 0o644)
+	os.WriteFile(files[1], []byte(claimYAML("all", "exactly: {deviceClassName: gpu.hwdra.io, count: 8}")), 0o644)
+	var out bytes.Buffer
+	if err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ClaimFiles: files}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	wantOutput(t, out.String(), "adminAccess: true", "admin: unprepared", "all: unprepared")
+	if t.Failed() {
+		t.Log(out.String())
+	}
+}
