@@ -127,6 +127,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	if err != nil {
 		fmt.Fprintf(out, "warning: some devices could not be read: %v\n", err)
 	}
+	modesBefore := computeModes(node, inv) // "Hardware after prepare" shows what changed
 	res, skipped := resources.ForNode(NodeName, inv, cfg, device.AllFeatures, hw.Health{})
 	var objs []*resourceapi.ResourceSlice
 	section(out, "Hardware and slices")
@@ -214,6 +215,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	after, _ := node.Inventory(ctx)
 	section(out, "Hardware after prepare")
 	printHardwareChanges(out, inv, after)
+	printSettings(out, node, after, modesBefore, drivers)
 	printDaemons(out, drivers.GPU)
 	if len(opts.Exec) > 0 {
 		return execute(ctx, out, opts, handed)

@@ -122,3 +122,26 @@ func TestLabAdminAccessLeavesDevicesFree(t *testing.T) {
 		t.Log(out.String())
 	}
 }
+
+// TestLabShowsTheSettingsPrepareMade: "Hardware after prepare" shows the
+// compute mode and time slice that sharing set and a VF's settings, as
+// the hardware has them.
+func TestLabShowsTheSettingsPrepareMade(t *testing.T) {
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100",
+		ClaimFiles: examples("gpu-timeslicing.yaml", "gpu-mps.yaml", "vf-share-10g.yaml")})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	got := out.String()
+	after := got[strings.Index(got, "== Hardware after prepare =="):]
+	wantOutput(t, after,
+		"GPU 0000:1b:00.0: compute mode Default (as it was), time slice Long",
+		"GPU 0000:43:00.0: compute mode ExclusiveProcess (was Default)",
+		"of claim vf-share-10g: max tx rate 10000 Mb/s, min tx rate 10000 Mb/s, VLAN none, trust off, spoof check on",
+		"MTU 1500",
+	)
+	if t.Failed() {
+		t.Log(got)
+	}
+}
