@@ -261,10 +261,10 @@ func TestLabReadsStdin(t *testing.T) {
 func TestLabExamplesDirectory(t *testing.T) {
 	var out bytes.Buffer
 	err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ClaimFiles: examples("")})
-	if err == nil || !strings.Contains(err.Error(), "2 of 12 file(s):\n  ../deploy/examples/passthrough.yaml:\n    claim passthrough cannot be allocated on this node:\n        request gpu: class passthrough.gpu.hwdra.io has no device on this node\n  ../deploy/examples/vgpu.yaml:\n    claim vgpu cannot be allocated on this node:\n        request vgpu: class vgpu.gpu.hwdra.io has no device on this node") {
+	if err == nil || !strings.Contains(err.Error(), "2 of 13 file(s):\n  ../deploy/examples/passthrough.yaml:\n    claim passthrough cannot be allocated on this node:\n        request gpu: class passthrough.gpu.hwdra.io has no device on this node\n  ../deploy/examples/vgpu.yaml:\n    claim vgpu cannot be allocated on this node:\n        request vgpu: class vgpu.gpu.hwdra.io has no device on this node") {
 		t.Errorf("error %v", err)
 	}
-	wantOutput(t, out.String(), "gpu-full: unprepared", "mig-1g-10gb: unprepared", "vf-share-10g: unprepared", "gpu-and-vf-same-numa: unprepared",
+	wantOutput(t, out.String(), "gpu-full: unprepared", "mig-1g-10gb: unprepared", "vf-share-10g: unprepared", "vf-configured: unprepared", "gpu-and-vf-same-numa: unprepared",
 		"first-available: unprepared", "mig-on-distinct-gpus: unprepared", "gpu-share: unprepared", "gpu-share-dedicated: unprepared", "gpu-mps: unprepared", "gpu-timeslicing: unprepared", "../deploy/examples/vgpu.yaml: not allocated", "../deploy/examples/passthrough.yaml: not allocated")
 	if t.Failed() {
 		t.Log(out.String())

@@ -96,15 +96,17 @@ func vfSettings(c hw.VFConfig) string {
 	}
 	parts := []string{"max tx rate " + rate(c.MaxTxRateMbps), "min tx rate " + rate(c.MinTxRateMbps)}
 	if c.NodeGUID != "" || c.PortGUID != "" {
+		// InfiniBand: the Ethernet settings do not apply (they read as zero).
 		parts = append(parts, "node GUID "+c.NodeGUID, "port GUID "+c.PortGUID)
-	}
-	vlan := "none"
-	if c.VLAN != 0 {
-		vlan = fmt.Sprintf("%d (QoS %d)", c.VLAN, c.QoS)
-	}
-	parts = append(parts, "VLAN "+vlan, "trust "+onOff(c.Trust), "spoof check "+onOff(c.SpoofChk))
-	if c.MAC != "" {
-		parts = append(parts, "MAC "+c.MAC)
+	} else {
+		vlan := "none"
+		if c.VLAN != 0 {
+			vlan = fmt.Sprintf("%d (QoS %d)", c.VLAN, c.QoS)
+		}
+		parts = append(parts, "VLAN "+vlan, "trust "+onOff(c.Trust), "spoof check "+onOff(c.SpoofChk))
+		if c.MAC != "" {
+			parts = append(parts, "MAC "+c.MAC)
+		}
 	}
 	if c.MTU != 0 {
 		parts = append(parts, fmt.Sprintf("MTU %d", c.MTU))

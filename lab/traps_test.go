@@ -145,3 +145,20 @@ func TestLabShowsTheSettingsPrepareMade(t *testing.T) {
 		t.Log(got)
 	}
 }
+
+// TestVfConfigExample: vf-configured.yaml prepares on Ethernet (cx7) and
+// InfiniBand (dgx-a100) PFs alike, its MTU set on the VF, and is refused
+// with the reason on a node without NICs.
+func TestVfConfigExample(t *testing.T) {
+	for _, hw := range []string{"cx7", "dgx-a100"} {
+		var out bytes.Buffer
+		if err := Run(context.Background(), &out, Options{Hardware: "mock:" + hw, ClaimFiles: examples("vf-configured.yaml")}); err != nil {
+			t.Fatalf("%s: %v\n%s", hw, err, out.String())
+		}
+		wantOutput(t, out.String(), "of claim vf-configured: ", "MTU 4000", "vf-configured: unprepared")
+	}
+	err := Run(context.Background(), &bytes.Buffer{}, Options{Hardware: "mock:h100-mig", ClaimFiles: examples("vf-configured.yaml")})
+	if err == nil || !strings.Contains(err.Error(), "request nic: class vf-share.sriov.hwdra.io has no device on this node") {
+		t.Errorf("on a node without NICs: %v", err)
+	}
+}
