@@ -41,6 +41,18 @@ done
 # The notes after install say how to check the agent.
 "$helm" install hwdra "$chart" -n hwdra-system --dry-run=client 2>&1 | grep -q 'rollout status daemonset/hwdra-agent' ||
   { echo "check-chart: NOTES.txt does not say how to check the agent"; exit 1; }
+# The notes name every DeviceClass the chart renders, the optional MIG
+# classes too (both come from hwdra.deviceClasses in _helpers.tpl).
+for set in "" "extendedResources.migProfiles={1g.10gb,3g.40gb}"; do
+  out=$("$helm" install hwdra "$chart" -n hwdra-system --dry-run=client ${set:+--set "$set"} 2>&1)
+  rendered=$(awk '/^NOTES:/ {exit} /^kind: DeviceClass$/ {dc=1; next} dc && /^  name: / {print $2; dc=0}' <<<"$out" | sort)
+  noted=$(awk '/^NOTES:/ {n=1} n && /^DeviceClasses for claims/ {d=1; next} d && /^  [a-z0-9.-]+: / {sub(":", "", $1); print $1}' <<<"$out" | sort)
+  if [ -z "$rendered" ] || [ "$rendered" != "$noted" ]; then
+    echo "check-chart: NOTES.txt names other DeviceClasses than the chart renders (${set:-default values}):"
+    diff <(echo "$rendered") <(echo "$noted") || true
+    exit 1
+  fi
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp deploy/hwdra.yaml "$tmp/committed.yaml"

@@ -55,3 +55,84 @@ names a DeviceClass (mig-<profile>.gpu.hwdra.io, a DNS subdomain). */}}
 {{- end -}}
 {{ . }}
 {{- end -}}
+
+{{/*
+The chart's DeviceClasses: the one list deviceclasses.yaml renders and
+NOTES.txt names, so that the notes never miss a class. Each has name,
+what (the notes' words), doc (the comment above it), expression (the
+selector's lines), optional config (a GpuConfig's parameters) and
+extendedResourceName. YAML: include it and fromYamlArray.
+*/}}
+{{- define "hwdra.deviceClasses" -}}
+{{- $ext := .Values.extendedResources -}}
+{{- $gpuDriver := `device.driver == "gpu.hwdra.io" &&` -}}
+{{- $typeIn := `"type" in device.attributes["gpu.hwdra.io"] &&` -}}
+{{- $classes := list -}}
+{{- $names := list -}}
+{{- $gpu := dict "name" "gpu.hwdra.io" "what" "whole GPUs" "doc" "" "expression" (list $gpuDriver `"profile" in device.attributes["gpu.hwdra.io"] &&` `device.attributes["gpu.hwdra.io"].profile == "full"`) -}}
+{{- with $ext.gpu -}}
+{{- $_ := set $gpu "extendedResourceName" (include "hwdra.extendedResourceName" (list "extendedResources.gpu" .)) -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- $classes = append $classes $gpu -}}
+{{- $classes = append $classes (dict "name" "mig.gpu.hwdra.io" "what" "MIG partitions of any profile"
+  "doc" "A MIG partition of any profile; a claim picks the profile with its own\nselector (see examples/mig-1g.10gb.yaml)."
+  "expression" (list $gpuDriver $typeIn `device.attributes["gpu.hwdra.io"].type == "mig"`)) -}}
+{{- range $ext.migProfiles -}}
+{{- $profile := include "hwdra.migProfile" . -}}
+{{- $name := include "hwdra.extendedResourceName" (list "extendedResources.migPrefix + migProfiles" (printf "%s%s" $ext.migPrefix $profile)) -}}
+{{- if has $name $names -}}
+{{- fail (printf "extendedResources: %s is named twice: each extended resource maps to one DeviceClass" $name) -}}
+{{- end -}}
+{{- $names = append $names $name -}}
+{{- $classes = append $classes (dict "name" (printf "mig-%s.gpu.hwdra.io" $profile) "what" (printf "MIG partitions of profile %s, for pods asking for %s" $profile $name)
+  "doc" (printf "MIG partitions of profile %s for pods asking for %s." $profile $name) "extendedResourceName" $name
+  "expression" (list $gpuDriver $typeIn `device.attributes["gpu.hwdra.io"].type == "mig" &&` `"profile" in device.attributes["gpu.hwdra.io"] &&` (printf `device.attributes["gpu.hwdra.io"].profile == %q` $profile))) -}}
+{{- end -}}
+{{- $classes = append $classes (dict "name" "vgpu.gpu.hwdra.io" "what" "vGPUs of any type"
+  "doc" "A vGPU of any type; a claim picks the type with a selector on profile."
+  "expression" (list $gpuDriver $typeIn `device.attributes["gpu.hwdra.io"].type == "vgpu"`)) -}}
+{{- $classes = append $classes (dict "name" "passthrough.gpu.hwdra.io" "what" "whole GPUs bound to vfio-pci, for VMs"
+  "doc" `A whole GPU bound to vfio-pci, for a VM (KubeVirt, Kata): the claim's
+container gets the GPU's VFIO group node and /dev/vfio/vfio, and
+HWDRA_<DEVICE>_PCI with its PCI address. Such a GPU is never also offered
+to containers: NVML, and so every other GPU device, does not see it.`
+  "expression" (list $gpuDriver $typeIn `device.attributes["gpu.hwdra.io"].type == "passthrough"`)) -}}
+{{- $classes = append $classes (dict "name" "share.gpu.hwdra.io" "what" "GPU shares, policed"
+  "doc" `A share of a GPU: part of its memory and compute, which independent claims
+take side by side (capacity.requests: gpu.hwdra.io/memory in bytes,
+gpu.hwdra.io/compute in percent of the GPU's multiprocessors; the request
+policy supplies what a claim leaves out, 4Gi and 10). A GPU offers shares
+while it is not in MIG mode; the first share keeps its whole GPU, MIG
+partitions and vGPUs away, and they keep shares away. Each share's
+containers run under the GPU's MPS server of its policed shares, given
+what it consumed as limits in their environment, and the agent polices
+them (GpuConfig share.isolation Policed, the default).`
+  "expression" (list $gpuDriver $typeIn `device.attributes["gpu.hwdra.io"].type == "share"`)) -}}
+{{- $classes = append $classes (dict "name" "dedicated-share.gpu.hwdra.io" "what" "GPU shares under an MPS server of their own"
+  "doc" `A dedicated share of a GPU: the same devices and capacities as
+share.gpu.hwdra.io, beside its policed shares on the same GPU, but the
+share runs under an MPS server of its own whose defaults are what it
+consumed: ceilings its processes cannot raise from their environment.
+The price, measured on an H200: two servers on a GPU take turns (two
+shares of 40% and 30% computed 44% less together under two servers than
+under one), and the GPU is in compute mode Default while a dedicated
+share is on it. A claim's own GpuConfig replaces this one.`
+  "expression" (list $gpuDriver $typeIn `device.attributes["gpu.hwdra.io"].type == "share"`)
+  "config" (dict "apiVersion" "gpu.hwdra.io/v1alpha1" "kind" "GpuConfig" "share" (dict "isolation" "Dedicated"))) -}}
+{{- $classes = append $classes (dict "name" "vf-share.sriov.hwdra.io" "what" "VFs with a share of their PF's bandwidth"
+  "doc" `A share of a PF: one VF and a part of the PF's bandwidth. The claim says
+how much (capacity.requests["sriov.hwdra.io/bandwidth"]); the PF's
+requestPolicy supplies the default. The scheduler never gives a PF's
+shares more than its link speed; on Ethernet the VF's transmit rate is
+capped at the share (max_tx_rate), and guaranteed it (min_tx_rate) where
+the PF's driver takes a minimum: mlx5 (with the firmware's eswitch
+bandwidth share) and ice (with DCB off). The device metadata says what
+the VF got (sriov.hwdra.io/minTxRateMbps, maxTxRateMbps); docs/user-guide.md
+lists what a share gets per link type and driver.`
+  "expression" (list `device.driver == "sriov.hwdra.io" && device.allowMultipleAllocations`)) -}}
+{{- $classes = append $classes (dict "name" "vf.sriov.hwdra.io" "what" "whole VFs, exclusively (PFs in exclusive mode)"
+  "doc" "A whole VF, exclusively (PFs configured in exclusive mode)."
+  "expression" (list `device.driver == "sriov.hwdra.io" && !device.allowMultipleAllocations`)) -}}
+{{- toYaml $classes -}}
+{{- end -}}
