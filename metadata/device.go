@@ -32,8 +32,8 @@ const (
 	// (KubeVirt's virt-launcher reads that attribute from this metadata).
 	AttrParentPCIBusID = device.GPUDriver + "/parentPciBusID"
 
-	// VFs, besides resource.kubernetes.io/pciBusID (the VF's) and the
-	// published mode, pfName, pfPciAddress and vfIndex.
+	// VFs, besides what the slice publishes, resource.kubernetes.io/pciBusID
+	// (the VF's), vfIndex, vfDeviceID and vfDriver.
 	AttrBandwidth = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
 	// A share's VF transmit rates as set, in Mb/s: the cap (max_tx_rate)
 	// and the guaranteed minimum (min_tx_rate, 0 where the PF's driver
@@ -90,6 +90,10 @@ func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
 // NIC is a prepared NIC device (a VF share of a PF, or an exclusive VF)
 // as its container reads it.
 type NIC struct {
+	// Published are the device's attributes in its ResourceSlice (the
+	// PF's NUMA node, PCIe root, link type, driver, IDs, RDMA, eswitch
+	// mode): a workload pins itself to its VF's NUMA node from them.
+	Published         map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 	Mode              string // "shared" or "exclusive"
 	PFAddress, PFName string
 	// VF is the VF prepared for the claim; nil for an adminAccess
@@ -101,6 +105,9 @@ type NIC struct {
 type VF struct {
 	PCIAddress string
 	Index      int
+	// DeviceID and Driver are the VF's PCI device ID and kernel driver,
+	// published for an exclusive VF, known for a share's once it is chosen.
+	DeviceID, Driver string
 	// Bandwidth is a share's, and Rates its VF's transmit rates as set.
 	Bandwidth *resource.Quantity
 	Rates     *TxRates
@@ -114,10 +121,15 @@ type VF struct {
 // TxRates are a VF's transmit rate limits in Mb/s (0: none).
 type TxRates struct{ MinMbps, MaxMbps int }
 
-// Attributes are the device's immediate metadata. The interface the pod
-// sees comes later (Network).
+// Attributes are the device's immediate metadata: every attribute the
+// ResourceSlice publishes for it, under the same names with the same
+// values, plus the VF it got and how it was configured. The interface
+// the pod sees comes later (Network).
 func (n NIC) Attributes() map[string]resourceapi.DeviceAttribute {
-	out := make(map[string]resourceapi.DeviceAttribute, 10)
+	out := make(map[string]resourceapi.DeviceAttribute, len(n.Published)+12)
+	for k, v := range n.Published {
+		out[string(k)] = v
+	}
 	setString(out, string(device.NICAttrMode), n.Mode)
 	setString(out, string(device.NICAttrPFPCIAddress), n.PFAddress)
 	setString(out, string(device.NICAttrPFName), n.PFName)
@@ -127,6 +139,8 @@ func (n NIC) Attributes() map[string]resourceapi.DeviceAttribute {
 	}
 	setString(out, string(deviceattribute.StandardDeviceAttributePCIBusID), vf.PCIAddress)
 	setInt(out, string(device.NICAttrVFIndex), &vf.Index)
+	setString(out, string(device.NICAttrVFDeviceID), vf.DeviceID)
+	setString(out, string(device.NICAttrVFDriver), vf.Driver)
 	if vf.Bandwidth != nil {
 		setString(out, AttrBandwidth, vf.Bandwidth.String())
 	}

@@ -53,9 +53,14 @@ func TestGPUAttributes(t *testing.T) {
 
 func TestNICAttributes(t *testing.T) {
 	bw := resource.MustParse("10G")
-	pf := NIC{Mode: "shared", PFAddress: "0000:17:00.0", PFName: "ens1f0"}
-	base := map[string]resourceapi.DeviceAttribute{
+	published := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		"sriov.hwdra.io/mode": s("shared"), "sriov.hwdra.io/pfPciAddress": s("0000:17:00.0"), "sriov.hwdra.io/pfName": s("ens1f0"),
+		"resource.kubernetes.io/numaNode": i(1), "resource.kubernetes.io/pcieRoot": s("pci0000:17"), "sriov.hwdra.io/linkType": s("ethernet"),
+	}
+	pf := NIC{Published: published, Mode: "shared", PFAddress: "0000:17:00.0", PFName: "ens1f0"}
+	base := map[string]resourceapi.DeviceAttribute{}
+	for k, v := range published {
+		base[string(k)] = v
 	}
 	with := func(extra map[string]resourceapi.DeviceAttribute) map[string]resourceapi.DeviceAttribute {
 		out := map[string]resourceapi.DeviceAttribute{}
@@ -67,16 +72,17 @@ func TestNICAttributes(t *testing.T) {
 		return out
 	}
 	share, plain := pf, pf
-	share.VF = &VF{PCIAddress: "0000:17:00.3", Index: 1, Bandwidth: &bw, MAC: "02:00:00:00:00:01", VLAN: 100, VLANQoS: 3, RDMADevice: "mlx5_3"}
+	share.VF = &VF{PCIAddress: "0000:17:00.3", Index: 1, DeviceID: "101e", Driver: "mlx5_core", Bandwidth: &bw, MAC: "02:00:00:00:00:01", VLAN: 100, VLANQoS: 3, RDMADevice: "mlx5_3"}
 	plain.VF = &VF{PCIAddress: "0000:17:00.2", Index: 0}
 	for _, tc := range []struct {
 		name string
 		nic  NIC
 		want map[string]resourceapi.DeviceAttribute
 	}{
-		{"adminAccess: the PF's only", pf, base},
+		{"adminAccess: what the slice publishes", pf, base},
 		{"a configured share", share, with(map[string]resourceapi.DeviceAttribute{
 			"resource.kubernetes.io/pciBusID": s("0000:17:00.3"), "sriov.hwdra.io/vfIndex": i(1), "sriov.hwdra.io/bandwidth": s("10G"),
+			"sriov.hwdra.io/vfDeviceID": s("101e"), "sriov.hwdra.io/vfDriver": s("mlx5_core"),
 			"sriov.hwdra.io/mac": s("02:00:00:00:00:01"), "sriov.hwdra.io/vlan": i(100), "sriov.hwdra.io/vlanQoS": i(3), "sriov.hwdra.io/rdmaDevice": s("mlx5_3"),
 		})},
 		{"a VF as it is: index 0, no VLAN, no MAC", plain, with(map[string]resourceapi.DeviceAttribute{

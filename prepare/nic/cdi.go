@@ -20,7 +20,8 @@ import (
 // where its record survives a lost checkpoint.
 func (d *Driver) describe(a Assignment, applied hw.VFConfig) (*cdispec.ContainerEdits, metadata.NIC, error) {
 	md := nicMetadata(a)
-	md.VF = &metadata.VF{PCIAddress: a.VF.PCIAddress, Index: a.VF.Index, Bandwidth: a.Bandwidth, MAC: applied.MAC, VLAN: applied.VLAN, VLANQoS: applied.QoS}
+	md.VF = &metadata.VF{PCIAddress: a.VF.PCIAddress, Index: a.VF.Index, DeviceID: a.VF.DeviceID, Driver: a.VF.Driver,
+		Bandwidth: a.Bandwidth, MAC: applied.MAC, VLAN: applied.VLAN, VLANQoS: applied.QoS}
 	if a.Bandwidth != nil && !a.KeepRate {
 		md.VF.Rates = &metadata.TxRates{MinMbps: applied.MinTxRateMbps, MaxMbps: applied.MaxTxRateMbps}
 	}
@@ -70,7 +71,8 @@ func (d *Driver) describe(a Assignment, applied hw.VFConfig) (*cdispec.Container
 	return edits, md, nil
 }
 
-// nicMetadata is the metadata every device of the PF carries.
+// nicMetadata is the metadata every device of the PF carries: what its
+// slice publishes.
 func nicMetadata(a Assignment) metadata.NIC {
-	return metadata.NIC{Mode: string(a.Mode), PFAddress: a.PF.PCIAddress, PFName: a.PF.Netdev}
+	return metadata.NIC{Published: a.Published, Mode: string(a.Mode), PFAddress: a.PF.PCIAddress, PFName: a.PF.Netdev}
 }

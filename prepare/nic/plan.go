@@ -32,6 +32,9 @@ type Assignment struct {
 	Mode  config.Mode
 	PF    hw.PF
 	VF    hw.VF
+	// Published are the device's attributes in its ResourceSlice, which
+	// its metadata carries.
+	Published map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 	// Config is what to set. KeepRate (exclusive VFs): the rate fields are
 	// replaced by the VF's own before applying.
 	Config   hw.VFConfig
@@ -78,7 +81,7 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 		if !ok {
 			return nil, fmt.Errorf("request %q: device %s is not among this node's %s devices (gone since it was allocated?)", r.Request, r.Device, device.NICDriver)
 		}
-		a.Mode, a.PF = dev.Mode, dev.PF
+		a.Mode, a.PF, a.Published = dev.Mode, dev.PF, dev.Attributes
 		if r.AdminAccess != nil && *r.AdminAccess {
 			a.Admin = true
 			out = append(out, a)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/hwdra/hwdra/config"
 	"github.com/hwdra/hwdra/hw"
@@ -287,4 +288,59 @@ func TestInfiniBandShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.checkPristine()
+}
+
+// TestMetadataIsWhatTheSlicePublishes: a container's metadata about its
+// VF holds every attribute the ResourceSlice publishes for the device
+// (the PF's NUMA node, PCIe root, link type, driver, IDs, RDMA, eswitch
+// mode), same names, same values, plus what exists only once prepared:
+// as the GPU's (prepare/gpu's test of the same name).
+func TestMetadataIsWhatTheSlicePublishes(t *testing.T) {
+	for _, tc := range []struct {
+		name, agentConfig string
+		req               resourceapi.DeviceRequest
+		runtime           []string
+	}{
+		{"share", "", share("nic", "25G"), []string{"resource.kubernetes.io/pciBusID", "sriov.hwdra.io/vfIndex", "sriov.hwdra.io/vfDeviceID", "sriov.hwdra.io/vfDriver",
+			"sriov.hwdra.io/bandwidth", "sriov.hwdra.io/maxTxRateMbps", "sriov.hwdra.io/minTxRateMbps", "sriov.hwdra.io/rdmaDevice"}},
+		{"exclusive VF", exclusiveConfig, vfRequest("nic"), []string{"sriov.hwdra.io/rdmaDevice"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, cx7Node, tc.agentConfig)
+			c := e.allocate(newClaim("", tc.req))
+			dev := e.mustPrepare(c).Devices[0]
+			offers, _ := e.cfg.Resolve(e.pfs)
+			published := resources.NICDevices(offers, device.AllFeatures)[dev.DeviceName].Attributes
+			if len(published) == 0 {
+				t.Fatalf("device %s is not published", dev.DeviceName)
+			}
+			for _, name := range []resourceapi.QualifiedName{"resource.kubernetes.io/numaNode", "resource.kubernetes.io/pcieRoot", device.NICAttrLinkType,
+				device.NICAttrDriver, device.NICAttrVendorID, device.NICAttrDeviceID, device.NICAttrRDMA, device.NICAttrEswitchMode} {
+				if _, ok := published[name]; !ok {
+					t.Errorf("the slice publishes no %s: the test shows nothing about it", name)
+				}
+			}
+			got := dev.Metadata.Attributes
+			for name, want := range published {
+				if v, ok := got[string(name)]; !ok || !equality.Semantic.DeepEqual(v, want) {
+					t.Errorf("metadata %s = %v, the slice publishes %v", name, v, want)
+				}
+			}
+			extra := 0
+			for _, name := range tc.runtime {
+				if _, ok := got[name]; !ok {
+					t.Errorf("no %s in the metadata", name)
+				}
+				if _, ok := published[resourceapi.QualifiedName(name)]; !ok {
+					extra++
+				}
+			}
+			if len(got) != len(published)+extra {
+				t.Errorf("metadata has %d attributes, want the %d published and %v:\n%v", len(got), len(published), tc.runtime, got)
+			}
+			if err := e.unprepare(c); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }

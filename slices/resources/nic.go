@@ -55,6 +55,9 @@ type NICDevice struct {
 	VF *hw.VF
 	// Bandwidth is the PF's policy (shared devices).
 	Bandwidth config.BandwidthPolicy
+	// Attributes are the device's published attributes: its metadata
+	// carries them.
+	Attributes map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 }
 
 // NICDevices maps every device NIC publishes for these offers and
@@ -81,6 +84,7 @@ func buildNICs(nodeName string, offers []config.NICOffer, f device.Features, h H
 		}
 		devices = append(devices, d)
 		if catalog != nil {
+			what.Attributes = d.Attributes
 			catalog[d.Name] = what
 		}
 	}
