@@ -441,8 +441,18 @@ func TestPublishesWhatChanged(t *testing.T) {
 	r.wantMetric("hwdra_resource_publications_total", gpuLabels, 1)
 	r.wantMetric("hwdra_published_devices", map[string]string{"driver": device.GPUDriver, "kind": device.KindGPU}, 2)
 	r.wantMetric("hwdra_published_devices", map[string]string{"driver": device.GPUDriver, "kind": device.KindMIG}, 40)
-	if n, ok := r.metric("hwdra_resourceslice_writes_total", map[string]string{"driver": device.GPUDriver, "operation": "create"}); !ok || n != float64(len(ss)) {
-		t.Errorf("slice creates %v (present: %v), want %d", n, ok, len(ss))
+	// The controller counts a create once the call has returned, which
+	// may be after the slice is in the store: wait for the count.
+	creates := map[string]string{"driver": device.GPUDriver, "operation": "create"}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n, ok := r.metric("hwdra_resourceslice_writes_total", creates)
+		if ok && n == float64(len(ss)) {
+			break
+		}
+		if time.Now().After(deadline) || n > float64(len(ss)) {
+			t.Errorf("slice creates %v (present: %v), want %d", n, ok, len(ss))
+			break
+		}
 	}
 	if k := r.pub.KindOf(device.GPUDriver, gpu); k != device.KindGPU {
 		t.Errorf("KindOf(%s) = %q", gpu, k)
