@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -31,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hwdra/hwdra/internal/claimspec"
+	"github.com/hwdra/hwdra/internal/manifestfiles"
 )
 
 // Input is one file's content; Name is how findings name it.
@@ -63,41 +63,24 @@ type Result struct {
 // Read reads files, the .yaml, .yml and .json files of directories (not
 // their subdirectories) and "-" (stdin), as kubectl -f does.
 func Read(paths []string, stdin io.Reader) ([]Input, error) {
+	files, err := manifestfiles.Expand(paths)
+	if err != nil {
+		return nil, err
+	}
 	var out []Input
-	for _, p := range paths {
-		if p == "-" {
-			data, err := io.ReadAll(stdin)
-			if err != nil {
+	for _, f := range files {
+		var data []byte
+		if f == manifestfiles.Stdin {
+			if data, err = io.ReadAll(stdin); err != nil {
 				return nil, fmt.Errorf("standard input: %w", err)
 			}
 			out = append(out, Input{Name: "<stdin>", Data: data})
 			continue
 		}
-		files := []string{p}
-		if st, err := os.Stat(p); err != nil {
+		if data, err = os.ReadFile(f); err != nil {
 			return nil, err
-		} else if st.IsDir() {
-			files = nil
-			entries, err := os.ReadDir(p)
-			if err != nil {
-				return nil, err
-			}
-			for _, e := range entries {
-				if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml" || ext == ".json") {
-					files = append(files, filepath.Join(p, e.Name()))
-				}
-			}
-			if len(files) == 0 {
-				return nil, fmt.Errorf("%s: no .yaml, .yml or .json file in it", p)
-			}
 		}
-		for _, f := range files {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, Input{Name: f, Data: data})
-		}
+		out = append(out, Input{Name: f, Data: data})
 	}
 	return out, nil
 }

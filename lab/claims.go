@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apiserver/pkg/storage/names"
+
+	"github.com/hwdra/hwdra/internal/manifestfiles"
 )
 
 // claimGroup is claims allocated together, as one pod's are: a pod's
@@ -25,7 +26,7 @@ type claimGroup struct {
 }
 
 // stdinPath is the --claim that reads standard input, as kubectl -f -.
-const stdinPath = "-"
+const stdinPath = manifestfiles.Stdin
 
 // readClaims reads YAML or JSON files, from the .yaml, .yml and .json
 // files of directories (not their subdirectories), and from stdin for
@@ -42,9 +43,9 @@ func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceCl
 	if len(paths) == 0 {
 		return nil, nil, errors.New("no --claim given")
 	}
-	files, err := expand(paths)
+	files, err := manifestfiles.Expand(paths)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("--claim: %w", err)
 	}
 	type read struct {
 		path string
@@ -142,44 +143,6 @@ func displayName(file string) string {
 		return "(stdin)"
 	}
 	return file
-}
-
-// expand replaces each directory by its manifest files, in name order.
-func expand(paths []string) ([]string, error) {
-	var files []string
-	stdin := false
-	for _, p := range paths {
-		if p == stdinPath {
-			if stdin {
-				return nil, errors.New("--claim -: standard input given twice")
-			}
-			stdin = true
-			files = append(files, p)
-			continue
-		}
-		st, err := os.Stat(p)
-		if err != nil {
-			return nil, fmt.Errorf("--claim: %w", err)
-		}
-		if !st.IsDir() {
-			files = append(files, p)
-			continue
-		}
-		entries, err := os.ReadDir(p)
-		if err != nil {
-			return nil, fmt.Errorf("--claim: %w", err)
-		}
-		n := len(files)
-		for _, e := range entries {
-			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml" || ext == ".json") {
-				files = append(files, filepath.Join(p, e.Name()))
-			}
-		}
-		if len(files) == n {
-			return nil, fmt.Errorf("%s: no .yaml, .yml or .json file in the directory", p)
-		}
-	}
-	return files, nil
 }
 
 // readDocuments reads the documents of a file, or of stdin for "-".
