@@ -193,8 +193,8 @@ func (w *Watcher) observe(lp hw.GPUProcess, p *proc, claims []Claim) (observed, 
 		l := limitsOf(p.environ)
 		o.limits = &l
 	}
-	uid, containerID, inPod := containerOf(p.cgroup)
-	if !inPod {
+	uid, containerID := p.pod, p.container
+	if !p.inPod {
 		// The MPS server the agent's daemons start runs outside pods
 		// (beside the agent's pod or in the agent's cgroup).
 		o.server = p.comm == "nvidia-cuda-mps-server"

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/hwdra/hwdra/internal/procstat"
 )
@@ -16,11 +17,15 @@ import (
 // proc is one process as /proc shows it, held by a pidfd: a signal sent
 // through it reaches this process, never one that took its PID later.
 type proc struct {
-	pidfd   int
-	start   uint64 // start time (clock ticks after boot): with the PID, its identity
-	comm    string
-	cgroup  string
-	environ []byte // nil where it could not be read
+	pidfd int
+	start uint64 // start time (clock ticks after boot): with the PID, its identity
+	// pod and container are what its cgroup names (containerOf); inPod
+	// false for a process of no pod, whose command (comm) is read.
+	pod       types.UID
+	container string
+	inPod     bool
+	comm      string
+	environ   []byte // nil where it could not be read
 }
 
 // errGone: the process exited (or is a zombie, whose context is gone).
@@ -65,14 +70,17 @@ func (p *proc) read(dir string) error {
 		return errGone
 	}
 	p.start = start
-	if comm, err := os.ReadFile(filepath.Join(dir, "comm")); err == nil {
-		p.comm = strings.TrimSpace(string(comm))
-	}
 	cgroup, err := os.ReadFile(filepath.Join(dir, "cgroup"))
 	if err != nil {
 		return fmt.Errorf("%s/cgroup: %w", dir, err)
 	}
-	p.cgroup = string(cgroup)
+	p.pod, p.container, p.inPod = containerOf(string(cgroup))
+	if !p.inPod {
+		// Only a process outside pods may be the MPS server.
+		if comm, err := os.ReadFile(filepath.Join(dir, "comm")); err == nil {
+			p.comm = strings.TrimSpace(string(comm))
+		}
+	}
 	if env, err := os.ReadFile(filepath.Join(dir, "environ")); err == nil {
 		p.environ = env
 	}
