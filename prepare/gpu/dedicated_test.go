@@ -18,6 +18,7 @@ import (
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/health"
 	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/internal/procstat"
 	"github.com/hwdra/hwdra/internal/state"
 	"github.com/hwdra/hwdra/mock/drivertools"
 	"github.com/hwdra/hwdra/mps"
@@ -493,10 +494,19 @@ func TestDedicatedShareDaemonDown(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			keepPID := e.daemonPID(tc.keep)
-			if err := syscall.Kill(e.daemonPID(tc.kill), syscall.SIGKILL); err != nil {
+			killed := e.daemonPID(tc.kill)
+			if err := syscall.Kill(killed, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(50 * time.Millisecond) // reaped by its parent, the launcher's init
+			// Dead (a zombie or reaped) as the manager's check reads it.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if _, err := procstat.StartTime(killed); err != nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("daemon %s (PID %d) still runs after SIGKILL", tc.kill, killed)
+				}
+			}
 			m.Check(ctx)
 			if got, want := faulted(), []string{shareDevice + ": MPSDaemonDown"}; !slices.Equal(got, want) {
 				t.Errorf("devices faulted %v, want %v", got, want)
