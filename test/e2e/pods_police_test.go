@@ -89,6 +89,31 @@ func listProcesses(t *testing.T, mockDir, gpu string, procs ...string) {
 	hwdraInject(t, mockDir, args...)
 }
 
+// policeRounds is the rounds the agent pod's police has made
+// (hwdra_gpu_share_check_duration_seconds_count).
+func policeRounds(t *testing.T) int {
+	t.Helper()
+	v, err := framework.AgentMetric("127.0.0.1:9464", "hwdra_gpu_share_check_duration_seconds_count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(v)
+	return n
+}
+
+// waitRounds waits until the police has made n rounds more than from:
+// whatever it would do about the processes listed before, it has done.
+func waitRounds(t *testing.T, from, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for got := policeRounds(t); got < from+n; got = policeRounds(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the police made %d rounds in 20 s, want %d", got-from, n)
+		}
+		time.Sleep(policeEvery * time.Millisecond / 2)
+	}
+}
+
 // waitRestarted waits until the pod's app container was killed (exit code
 // 137, SIGKILL) and started again, as the kubelet reports it.
 func (s *scenario) waitRestarted(name string) *corev1.Pod {
@@ -194,19 +219,7 @@ func TestPodsGPUSharesReported(t *testing.T) {
 	}
 	// Three more rounds: still running, reported once (one finding per
 	// process: its memory over the share is not reported apart).
-	rounds := func() int {
-		v, _ := framework.AgentMetric("127.0.0.1:9464", "hwdra_gpu_share_check_duration_seconds_count")
-		n, _ := strconv.Atoi(v)
-		return n
-	}
-	from := rounds()
-	deadline := time.Now().Add(20 * time.Second)
-	for rounds() < from+3 && time.Now().Before(deadline) {
-		time.Sleep(policeEvery * time.Millisecond)
-	}
-	if rounds() < from+3 {
-		t.Fatalf("the police made %d rounds after the event, want 3", rounds()-from)
-	}
+	waitRounds(t, policeRounds(t), 3)
 	if !running(fmt.Sprint(pid)) {
 		t.Errorf("the reported app (PID %d) was stopped", pid)
 	}
@@ -294,20 +307,8 @@ func TestPodsGPUSharesDedicated(t *testing.T) {
 	pidP, pidD := appPID(t, p), appPID(t, d)
 	// Within its share, limits raised but held by its daemon: left alone.
 	// The police's rounds are counted: three after the list, then judge.
-	rounds := func() int {
-		v, _ := framework.AgentMetric("127.0.0.1:9464", "hwdra_gpu_share_check_duration_seconds_count")
-		n, _ := strconv.Atoi(v)
-		return n
-	}
 	listProcesses(t, mockDir, gpu, fmt.Sprintf("%d:8Gi:mps", pidP), fmt.Sprintf("%d:4Gi:mps", pidD))
-	from := rounds()
-	deadline := time.Now().Add(20 * time.Second)
-	for rounds() < from+3 && time.Now().Before(deadline) {
-		time.Sleep(policeEvery * time.Millisecond)
-	}
-	if rounds() < from+3 {
-		t.Fatalf("the police made %d rounds, want 3", rounds()-from)
-	}
+	waitRounds(t, policeRounds(t), 3)
 	s.untouched("dedicated", pidD)
 
 	// Outside MPS: a context of its own on the whole GPU.
