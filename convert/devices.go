@@ -20,19 +20,26 @@ import (
 func (c *converter) deviceClass(d *doc, spec *resourceapi.DeviceClassSpec) bool {
 	p := field.NewPath("spec")
 	changed := c.selectors(d, spec.Selectors, p.Child("selectors"))
-	kept := spec.Config[:0]
-	for i := range spec.Config {
-		if o := spec.Config[i].Opaque; o != nil {
+	var cfgChanged bool
+	spec.Config, cfgChanged = configs(c, d, spec.Config, func(x *resourceapi.DeviceClassConfiguration) *resourceapi.OpaqueDeviceConfiguration { return x.Opaque }, p.Child("config"))
+	return cfgChanged || changed
+}
+
+// configs converts the opaque configs of a class or a claim, leaving out
+// those that convert to nothing; changed reports whether any was touched.
+func configs[T any](c *converter, d *doc, list []T, opaque func(*T) *resourceapi.OpaqueDeviceConfiguration, p *field.Path) (kept []T, changed bool) {
+	kept = list[:0]
+	for i := range list {
+		if o := opaque(&list[i]); o != nil {
 			res := convertOpaque(o)
-			changed = c.apply(d, res, o, p.Child("config").Index(i).Child("opaque")) || changed
+			changed = c.apply(d, res, o, p.Index(i).Child("opaque")) || changed
 			if res.drop {
 				continue
 			}
 		}
-		kept = append(kept, spec.Config[i])
+		kept = append(kept, list[i])
 	}
-	spec.Config = kept
-	return changed
+	return kept, changed
 }
 
 // deviceClaim converts a claim's (or a template's claim's) devices.
@@ -62,19 +69,9 @@ func (c *converter) deviceClaim(d *doc, dc *resourceapi.DeviceClaim, p *field.Pa
 			changed = true
 		}
 	}
-	kept := dc.Config[:0]
-	for i := range dc.Config {
-		if o := dc.Config[i].Opaque; o != nil {
-			res := convertOpaque(o)
-			changed = c.apply(d, res, o, p.Child("config").Index(i).Child("opaque")) || changed
-			if res.drop {
-				continue
-			}
-		}
-		kept = append(kept, dc.Config[i])
-	}
-	dc.Config = kept
-	return changed
+	var cfgChanged bool
+	dc.Config, cfgChanged = configs(c, d, dc.Config, func(x *resourceapi.DeviceClaimConfiguration) *resourceapi.OpaqueDeviceConfiguration { return x.Opaque }, p.Child("config"))
+	return cfgChanged || changed
 }
 
 // apply reports what became of an opaque config and puts the converted
