@@ -9,11 +9,24 @@ cd "$(dirname "$0")/.."
 helm=${HELM:-$(hack/build-helm.sh)}
 chart=deploy/helm/hwdra
 "$helm" lint --strict "$chart"
-"$helm" template hwdra "$chart" -n hwdra-system --kube-version v1.37.0 >/dev/null
-for values in "$chart"/ci/*-values.yaml; do
-  "$helm" lint --strict "$chart" -f "$values"
-  "$helm" template hwdra "$chart" -n hwdra-system --kube-version v1.37.0 -f "$values" >/dev/null
+# Every Kubernetes minor the chart installs on (kubeVersion: 1.36 and 1.37;
+# hack/e2e-previous-minor.sh runs the core scenarios on 1.36) renders the
+# same objects, with each test cluster's values too.
+for kube in v1.36.0 v1.37.0; do
+  rendered=$("$helm" template hwdra "$chart" -n hwdra-system --kube-version "$kube")
+  [ "$kube" = v1.36.0 ] && first=$rendered
+  [ "$rendered" = "$first" ] || { echo "check-chart: the chart renders differently on $kube than on v1.36.0"; exit 1; }
+  for values in "$chart"/ci/*-values.yaml; do
+    "$helm" lint --strict "$chart" -f "$values" --kube-version "$kube" >/dev/null
+    "$helm" template hwdra "$chart" -n hwdra-system --kube-version "$kube" -f "$values" >/dev/null
+  done
 done
+# An older cluster is refused by name, before anything is installed.
+if out=$("$helm" template hwdra "$chart" --kube-version v1.35.4 2>&1); then
+  echo "check-chart: Kubernetes v1.35.4 was accepted (kubeVersion says 1.36 and later)"; exit 1
+fi
+grep -q 'chart requires kubeVersion: >=1.36.0-0 which is incompatible with Kubernetes v1.35.4' <<<"$out" ||
+  { echo "check-chart: unclear refusal of Kubernetes v1.35.4: $out"; exit 1; }
 # Bad values are refused with a message that names them.
 if out=$("$helm" template hwdra "$chart" --set hardware=gpu 2>&1); then
   echo "check-chart: hardware=gpu was accepted"; exit 1

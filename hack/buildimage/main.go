@@ -1,6 +1,8 @@
 // Command buildimage writes the agent's image archive (hack/build-image.sh
-// builds the binary and calls it): the hwdra binary as /hwdra, the glibc
-// files it needs at run time taken from this machine, the PCI IDs database
+// builds the binaries and calls it), one image per architecture under one
+// index: the hwdra binary as /hwdra, the glibc files it needs at run time
+// (this machine's, or the cross toolchain's for another architecture),
+// the PCI IDs database
 // (names of GPUs bound to vfio-pci), the static programs it ships beside
 // itself (nvidia-cdi-hook, which it installs on the node), and nothing
 // more.
@@ -26,59 +28,83 @@ import (
 const nvmlDeps = "libm.so.6,libdl.so.2,libpthread.so.0,librt.so.1"
 
 func main() {
-	binary := flag.String("binary", "", "the hwdra binary (cgo, dynamically linked against glibc)")
 	ref := flag.String("ref", "", "image reference, <registry>/<name>:<tag>")
 	out := flag.String("out", "", "archive to write")
 	dlopened := flag.String("dlopened", nvmlDeps, "comma-separated libraries loaded at run time whose dependencies resolve in the image")
 	pciIDs := flag.String("pci-ids", "/usr/share/misc/pci.ids", "the PCI IDs database to put in the image (Debian's pci.ids package); missing: GPUs bound to vfio-pci are named by their device ID")
-	var beside []string
-	flag.Func("beside", "a static program to ship beside /hwdra, under its own name (repeatable)", func(path string) error {
-		beside = append(beside, path)
+	var dirs, beside []string
+	flag.Func("platform-dir", "a directory with one architecture's hwdra binary (cgo, dynamically linked against glibc) and the programs named by --beside (repeatable: one image per architecture, under one index)", func(dir string) error {
+		dirs = append(dirs, dir)
+		return nil
+	})
+	flag.Func("beside", "a static program in each platform directory to ship beside /hwdra, under its own name (repeatable)", func(name string) error {
+		beside = append(beside, name)
 		return nil
 	})
 	flag.Parse()
-	if *binary == "" || *ref == "" || *out == "" {
-		fmt.Fprintln(os.Stderr, "usage: buildimage --binary FILE --ref REGISTRY/NAME:TAG --out FILE")
+	if len(dirs) == 0 || *ref == "" || *out == "" {
+		fmt.Fprintln(os.Stderr, "usage: buildimage --platform-dir DIR [--platform-dir DIR] [--beside NAME] --ref REGISTRY/NAME:TAG --out FILE")
 		os.Exit(2)
 	}
-	if err := run(*binary, *ref, *out, *pciIDs, strings.Split(*dlopened, ","), beside); err != nil {
+	var imgs []ociimage.Image
+	for _, dir := range dirs {
+		img, err := image(dir, *ref, *pciIDs, strings.Split(*dlopened, ","), beside)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "buildimage: %s: %v\n", dir, err)
+			os.Exit(1)
+		}
+		imgs = append(imgs, img)
+	}
+	if err := ociimage.WriteArchive(*out, imgs...); err != nil {
 		fmt.Fprintln(os.Stderr, "buildimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(binary, ref, out, pciIDs string, dlopened, beside []string) error {
+// image is one architecture's image: that of dir's hwdra binary, with
+// that architecture's glibc files.
+func image(dir, ref, pciIDs string, dlopened, beside []string) (ociimage.Image, error) {
+	binary := filepath.Join(dir, "hwdra")
+	arch, err := ociimage.Arch(binary)
+	if err != nil {
+		return ociimage.Image{}, err
+	}
 	prog, err := os.ReadFile(binary)
 	if err != nil {
-		return err
+		return ociimage.Image{}, err
 	}
 	libs, err := ociimage.RuntimeFiles(binary, dlopened...)
 	if err != nil {
-		return err
+		return ociimage.Image{}, err
 	}
 	files := append(ociimage.BaseFiles("/hwdra"), ociimage.File{Path: "hwdra", Mode: 0o755, Data: prog})
 	files = append(files, libs...)
-	for _, path := range beside {
+	for _, name := range beside {
+		path := filepath.Join(dir, name)
+		if a, err := ociimage.Arch(path); err != nil || a != arch {
+			return ociimage.Image{}, fmt.Errorf("%s: want an %s program beside %s (%s, %v)", path, arch, binary, a, err)
+		}
 		data, err := os.ReadFile(path)
 		if err != nil {
-			return err
+			return ociimage.Image{}, err
 		}
-		files = append(files, ociimage.File{Path: filepath.Base(path), Mode: 0o755, Data: data})
+		files = append(files, ociimage.File{Path: name, Mode: 0o755, Data: data})
 	}
 	if db, err := os.ReadFile(pciIDs); err == nil {
-		for _, dir := range []string{"usr", "usr/share", "usr/share/misc"} {
-			if !slices.ContainsFunc(files, func(f ociimage.File) bool { return f.Path == dir }) {
-				files = append(files, ociimage.File{Path: dir, Mode: 0o755, Dir: true})
+		for _, d := range []string{"usr", "usr/share", "usr/share/misc"} {
+			if !slices.ContainsFunc(files, func(f ociimage.File) bool { return f.Path == d }) {
+				files = append(files, ociimage.File{Path: d, Mode: 0o755, Dir: true})
 			}
 		}
 		files = append(files, ociimage.File{Path: "usr/share/misc/pci.ids", Mode: 0o644, Data: db})
 	} else {
 		fmt.Fprintf(os.Stderr, "buildimage: no PCI IDs database (%v): GPUs bound to vfio-pci will be named by device ID\n", err)
 	}
-	return ociimage.WriteArchive(out, ociimage.Image{
+	return ociimage.Image{
 		Ref:        ref,
+		Arch:       arch,
 		Files:      files,
 		Entrypoint: []string{"/hwdra"},
 		Env:        []string{"PATH=/"},
-	})
+	}, nil
 }

@@ -1,14 +1,16 @@
 // Package ociimage writes container images as tar archives without a
 // registry or a container engine: an OCI image layout (what `ctr images
 // import` reads) that also carries Docker's manifest.json (what `docker
-// load` reads, before and after Docker 25), with one uncompressed layer.
-// The agent's image (hack/build-image.sh) and the real-node suite's test
+// load` reads, before and after Docker 25), with one gzip layer per image:
+// one image, or one per platform under an image index (the agent's
+// amd64 and arm64 images). The agent's image (hack/build-image.sh) and the real-node suite's test
 // images are written with it.
 package ociimage
 
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -40,6 +42,9 @@ type Image struct {
 	Files      []File
 	Entrypoint []string
 	Env        []string
+	// Arch is the image's architecture as Go names it (amd64, arm64);
+	// empty: this program's.
+	Arch string
 }
 
 // BaseFiles are what a container runtime expects of any image: passwd and
@@ -109,56 +114,75 @@ func Layer(files []File) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// WriteArchive writes img to path.
-func WriteArchive(path string, img Image) error {
-	colon := strings.LastIndex(img.Ref, ":")
-	if colon < 0 || strings.Contains(img.Ref[colon:], "/") || !strings.Contains(img.Ref[:colon], "/") {
-		return fmt.Errorf("image reference %q: want <registry>/<name>:<tag>", img.Ref)
+// WriteArchive writes one image, or one image per platform under one
+// reference, to path. With several, the archive's index names an image
+// index (as `ctr export` writes a multi-platform image): `ctr images
+// import` takes the platforms it is asked for, a registry push
+// (hack/push) the whole index; Docker's manifest.json names the image of
+// the architecture this program runs on (docker load takes one).
+func WriteArchive(path string, imgs ...Image) error {
+	if len(imgs) == 0 {
+		return fmt.Errorf("%s: no image to write", path)
 	}
-	layer, err := Layer(img.Files)
-	if err != nil {
-		return err
+	ref := imgs[0].Ref
+	colon := strings.LastIndex(ref, ":")
+	if colon < 0 || strings.Contains(ref[colon:], "/") || !strings.Contains(ref[:colon], "/") {
+		return fmt.Errorf("image reference %q: want <registry>/<name>:<tag>", ref)
 	}
-	layerDesc := describe("application/vnd.oci.image.layer.v1.tar", layer)
-	config, err := json.Marshal(map[string]any{
-		"architecture": runtime.GOARCH,
-		"os":           "linux",
-		"created":      epoch.UTC().Format(time.RFC3339),
-		"config":       map[string]any{"Entrypoint": img.Entrypoint, "Env": img.Env, "WorkingDir": "/"},
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerDesc.Digest}},
-	})
-	if err != nil {
-		return err
+	var blobs []blob
+	var manifests []descriptor
+	dockerImage := -1
+	seen := map[string]bool{}
+	for i, img := range imgs {
+		if img.Ref != ref {
+			return fmt.Errorf("one archive, one reference: %q and %q", ref, img.Ref)
+		}
+		arch := img.arch()
+		if seen[arch] {
+			return fmt.Errorf("image %s: architecture %s given twice", ref, arch)
+		}
+		seen[arch] = true
+		desc, b, err := img.manifest()
+		if err != nil {
+			return fmt.Errorf("image %s (%s): %w", ref, arch, err)
+		}
+		blobs = append(blobs, b...)
+		manifests = append(manifests, desc)
+		if arch == runtime.GOARCH || dockerImage < 0 && i == len(imgs)-1 {
+			dockerImage = i
+		}
 	}
-	configDesc := describe("application/vnd.oci.image.config.v1+json", config)
-	manifest, err := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
-		"config":        configDesc,
-		"layers":        []descriptor{layerDesc},
-	})
-	if err != nil {
-		return err
+	names := map[string]string{
+		"io.containerd.image.name":          ref,
+		"org.opencontainers.image.ref.name": ref[colon+1:],
 	}
-	manifestDesc := describe("application/vnd.oci.image.manifest.v1+json", manifest)
-	manifestDesc.Annotations = map[string]string{
-		"io.containerd.image.name":          img.Ref,
-		"org.opencontainers.image.ref.name": img.Ref[colon+1:],
+	top := manifests[0]
+	if len(imgs) > 1 {
+		index, err := json.Marshal(map[string]any{
+			"schemaVersion": 2,
+			"mediaType":     mediaIndex,
+			"manifests":     manifests,
+		})
+		if err != nil {
+			return err
+		}
+		top = describe(mediaIndex, index)
+		blobs = append(blobs, blob{top, index})
 	}
-	manifestDesc.Platform = map[string]string{"architecture": runtime.GOARCH, "os": "linux"}
+	top.Annotations = names
 	index, err := json.Marshal(map[string]any{
 		"schemaVersion": 2,
-		"mediaType":     "application/vnd.oci.image.index.v1+json",
-		"manifests":     []descriptor{manifestDesc},
+		"mediaType":     mediaIndex,
+		"manifests":     []descriptor{top},
 	})
 	if err != nil {
 		return err
 	}
-	blob := func(d descriptor) string { return "blobs/sha256/" + strings.TrimPrefix(d.Digest, "sha256:") }
 	// Docker's own format, read by every `docker load`: it names the
-	// same blobs.
+	// same blobs. blobs holds each image's layer, config and manifest
+	// in that order.
 	dockerManifest, err := json.Marshal([]map[string]any{{
-		"Config": blob(configDesc), "RepoTags": []string{img.Ref}, "Layers": []string{blob(layerDesc)},
+		"Config": blobs[3*dockerImage+1].path(), "RepoTags": []string{ref}, "Layers": []string{blobs[3*dockerImage].path()},
 	}})
 	if err != nil {
 		return err
@@ -180,9 +204,12 @@ func WriteArchive(path string, img Image) error {
 		{"manifest.json", dockerManifest},
 		{"blobs/", nil},
 		{"blobs/sha256/", nil},
-		{blob(layerDesc), layer},
-		{blob(configDesc), config},
-		{blob(manifestDesc), manifest},
+	}
+	for _, b := range blobs {
+		entries = append(entries, struct {
+			name string
+			data []byte
+		}{b.path(), b.data})
 	}
 	for _, e := range entries {
 		hdr := &tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.data)), ModTime: epoch, Typeflag: tar.TypeReg}
@@ -206,4 +233,69 @@ func WriteArchive(path string, img Image) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+const (
+	mediaIndex    = "application/vnd.oci.image.index.v1+json"
+	mediaManifest = "application/vnd.oci.image.manifest.v1+json"
+	mediaConfig   = "application/vnd.oci.image.config.v1+json"
+	mediaLayer    = "application/vnd.oci.image.layer.v1.tar+gzip"
+)
+
+type blob struct {
+	desc descriptor
+	data []byte
+}
+
+func (b blob) path() string { return "blobs/sha256/" + strings.TrimPrefix(b.desc.Digest, "sha256:") }
+
+func (img Image) arch() string {
+	if img.Arch != "" {
+		return img.Arch
+	}
+	return runtime.GOARCH
+}
+
+// manifest builds img's layer (gzip: what registries serve and nodes
+// pull), config and manifest: the blobs in that order, and the manifest's
+// descriptor with its platform.
+func (img Image) manifest() (descriptor, []blob, error) {
+	layer, err := Layer(img.Files)
+	if err != nil {
+		return descriptor{}, nil, err
+	}
+	diffID := describe("", layer).Digest
+	var zipped bytes.Buffer
+	// No name, no time in the gzip header: the same files, the same digest.
+	zw := gzip.NewWriter(&zipped)
+	if _, err := zw.Write(layer); err != nil {
+		return descriptor{}, nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return descriptor{}, nil, err
+	}
+	layerDesc := describe(mediaLayer, zipped.Bytes())
+	config, err := json.Marshal(map[string]any{
+		"architecture": img.arch(),
+		"os":           "linux",
+		"created":      epoch.UTC().Format(time.RFC3339),
+		"config":       map[string]any{"Entrypoint": img.Entrypoint, "Env": img.Env, "WorkingDir": "/"},
+		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{diffID}},
+	})
+	if err != nil {
+		return descriptor{}, nil, err
+	}
+	configDesc := describe(mediaConfig, config)
+	manifest, err := json.Marshal(map[string]any{
+		"schemaVersion": 2,
+		"mediaType":     mediaManifest,
+		"config":        configDesc,
+		"layers":        []descriptor{layerDesc},
+	})
+	if err != nil {
+		return descriptor{}, nil, err
+	}
+	desc := describe(mediaManifest, manifest)
+	desc.Platform = map[string]string{"architecture": img.arch(), "os": "linux"}
+	return desc, []blob{{layerDesc, zipped.Bytes()}, {configDesc, config}, {desc, manifest}}, nil
 }

@@ -3,6 +3,7 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -104,10 +106,12 @@ func TestArchive(t *testing.T) {
 	if err := json.Unmarshal(blobs[docker[0].Config], &config); err != nil {
 		t.Fatal(err)
 	}
-	if len(config.RootFS.DiffIDs) != 1 || config.RootFS.DiffIDs[0] != manifest.Layers[0].Digest || config.Config.Entrypoint[0] != "/app" {
-		t.Errorf("config %+v", config)
+	layer := gunzip(t, blobs[docker[0].Layers[0]])
+	if sum := sha256.Sum256(layer); len(config.RootFS.DiffIDs) != 1 || config.RootFS.DiffIDs[0] != "sha256:"+hex.EncodeToString(sum[:]) ||
+		config.Config.Entrypoint[0] != "/app" || manifest.Layers[0].MediaType != mediaLayer {
+		t.Errorf("config %+v, layer %+v: want the uncompressed layer's digest as its diff ID", config, manifest.Layers[0])
 	}
-	content, hdrs, order := readTar(t, bytes.NewReader(blobs[docker[0].Layers[0]]))
+	content, hdrs, order := readTar(t, bytes.NewReader(layer))
 	if string(content["app"]) != "#!/bin/true\n" || hdrs["app"].Mode != 0o755 {
 		t.Errorf("app: %q mode %o", content["app"], hdrs["app"].Mode)
 	}
@@ -129,6 +133,98 @@ func TestArchive(t *testing.T) {
 	b, _ := os.ReadFile(again)
 	if !bytes.Equal(a, b) {
 		t.Error("two archives of the same image differ")
+	}
+}
+
+func gunzip(t *testing.T, data []byte) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestArchivePlatforms: images of two architectures under one reference
+// make one archive whose index names an image index (what ctr imports per
+// platform and a registry push takes whole), each manifest with its
+// platform and its config's architecture; docker load's manifest.json
+// names this machine's. One reference, one image per architecture.
+func TestArchivePlatforms(t *testing.T) {
+	const ref = "registry.local/app:v2"
+	path := filepath.Join(t.TempDir(), "img.tar")
+	img := func(arch, content string) Image {
+		return Image{Ref: ref, Arch: arch, Files: []File{{Path: "app", Mode: 0o755, Data: []byte(content)}}, Entrypoint: []string{"/app"}}
+	}
+	if err := WriteArchive(path, img("arm64", "arm"), img("amd64", "x86")); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	blobs, _, _ := readTar(t, f)
+	read := func(d descriptor, v any) {
+		t.Helper()
+		data, ok := blobs["blobs/sha256/"+strings.TrimPrefix(d.Digest, "sha256:")]
+		if !ok || len(data) != d.Size {
+			t.Fatalf("blob %s: missing or not %d bytes", d.Digest, d.Size)
+		}
+		if err := json.Unmarshal(data, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var top struct{ Manifests []descriptor }
+	if err := json.Unmarshal(blobs["index.json"], &top); err != nil || len(top.Manifests) != 1 {
+		t.Fatalf("index.json: %v %s", err, blobs["index.json"])
+	}
+	if d := top.Manifests[0]; d.MediaType != mediaIndex || d.Annotations["io.containerd.image.name"] != ref {
+		t.Fatalf("index.json names %+v, want an image index named %s", d, ref)
+	}
+	var index struct{ Manifests []descriptor }
+	read(top.Manifests[0], &index)
+	archs := map[string]string{}
+	for _, m := range index.Manifests {
+		var manifest struct {
+			Config descriptor
+			Layers []descriptor
+		}
+		read(m, &manifest)
+		var config struct{ Architecture string }
+		read(manifest.Config, &config)
+		if m.Platform["architecture"] != config.Architecture || m.Platform["os"] != "linux" {
+			t.Errorf("manifest platform %v, config architecture %s", m.Platform, config.Architecture)
+		}
+		content, _, _ := readTar(t, bytes.NewReader(gunzip(t, blobs["blobs/sha256/"+strings.TrimPrefix(manifest.Layers[0].Digest, "sha256:")])))
+		archs[config.Architecture] = string(content["app"])
+	}
+	if len(archs) != 2 || archs["arm64"] != "arm" || archs["amd64"] != "x86" {
+		t.Errorf("platforms %v, want arm64: arm, amd64: x86", archs)
+	}
+	var docker []struct{ Config string }
+	if err := json.Unmarshal(blobs["manifest.json"], &docker); err != nil || len(docker) != 1 {
+		t.Fatalf("manifest.json: %v", err)
+	}
+	var config struct{ Architecture string }
+	if err := json.Unmarshal(blobs[docker[0].Config], &config); err != nil || config.Architecture != runtime.GOARCH {
+		t.Errorf("manifest.json names the %s image (%v), want this machine's %s", config.Architecture, err, runtime.GOARCH)
+	}
+
+	other := img("arm64", "x")
+	other.Ref = "registry.local/app:v3"
+	for name, imgs := range map[string][]Image{
+		"two references":         {img("amd64", "a"), other},
+		"one architecture twice": {img("amd64", "a"), img("amd64", "b")},
+		"none":                   nil,
+	} {
+		if err := WriteArchive(filepath.Join(t.TempDir(), "x.tar"), imgs...); err == nil {
+			t.Errorf("%s: no error", name)
+		}
 	}
 }
 
@@ -168,7 +264,7 @@ func TestRuntimeFiles(t *testing.T) {
 	}
 	want := []string{strings.TrimPrefix(interp, "/")}
 	for _, lib := range []string{"libc.so.6", "libm.so.6"} {
-		p, err := findLibrary(lib)
+		p, err := findLibrary(runtime.GOARCH, lib)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -237,16 +333,91 @@ func TestRuntimeFilesRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	layer, err := Layer(append(append(BaseFiles("/prog"), File{Path: "prog", Mode: 0o755, Data: prog}), libs...))
+	root := t.TempDir()
+	unpack(t, root, append(append(BaseFiles("/prog"), File{Path: "prog", Mode: 0o755, Data: prog}), libs...))
+	cmd := exec.Command("/prog", "/")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the program in its image root: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "prog") {
+		t.Errorf("ls / in the image root: %q, want prog among it", out)
+	}
+}
+
+// TestRuntimeFilesCross: a program cross-compiled for arm64 gets the cross
+// toolchain's loader and libraries where an arm64 loader looks, and runs
+// (under qemu-user, with the image's root as its root) from them alone.
+func TestRuntimeFilesCross(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the cross check builds arm64 on amd64")
+	}
+	cc, err := exec.LookPath("aarch64-linux-gnu-gcc")
+	if err != nil {
+		t.Skip("no arm64 cross compiler (Debian: apt-get install gcc-aarch64-linux-gnu)")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "hello.c")
+	if err := os.WriteFile(src, []byte("#include <stdio.h>\nint main(void) { printf(\"hello %d\\n\", 2); return 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "hello")
+	if out, err := exec.Command(cc, "-o", exe, src).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", cc, err, out)
+	}
+	if arch, err := Arch(exe); err != nil || arch != "arm64" {
+		t.Fatalf("Arch(%s) = %q, %v", exe, arch, err)
+	}
+	files, err := RuntimeFiles(exe, "libm.so.6", "librt.so.1")
 	if err != nil {
 		t.Fatal(err)
 	}
+	byPath := map[string]File{}
+	for _, f := range files {
+		byPath[f.Path] = f
+	}
+	for _, want := range []string{"lib/ld-linux-aarch64.so.1", "usr/lib/aarch64-linux-gnu/libc.so.6", "usr/lib/aarch64-linux-gnu/libm.so.6", "usr/lib/aarch64-linux-gnu/librt.so.1"} {
+		if f, ok := byPath[want]; !ok || len(f.Data) == 0 {
+			t.Errorf("%s not in the image's files", want)
+		} else if arch, _ := elfMachineOf(f.Data); arch != "arm64" {
+			t.Errorf("%s: %s, want arm64", want, arch)
+		}
+	}
+	qemu, err := exec.LookPath("qemu-aarch64")
+	if err != nil {
+		t.Skip("no qemu-aarch64 (Debian: apt-get install qemu-user): the image's files are not run")
+	}
 	root := t.TempDir()
+	prog, _ := os.ReadFile(exe)
+	unpack(t, root, append(files, File{Path: "prog", Mode: 0o755, Data: prog}))
+	out, err := exec.Command(qemu, "-L", root, filepath.Join(root, "prog")).CombinedOutput()
+	if err != nil || string(out) != "hello 2\n" {
+		t.Fatalf("the arm64 program from the image's files under qemu: %v: %q", err, out)
+	}
+}
+
+func elfMachineOf(data []byte) (string, error) {
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("ociimage-elf-%d", os.Getpid()))
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return "", err
+	}
+	defer os.Remove(path)
+	return Arch(path)
+}
+
+// unpack writes files into root as a container runtime unpacks a layer.
+func unpack(t *testing.T, root string, files []File) {
+	t.Helper()
+	layer, err := Layer(files)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tr := tar.NewReader(bytes.NewReader(layer))
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			break
+			return
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -264,14 +435,5 @@ func TestRuntimeFilesRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	cmd := exec.Command("/prog", "/")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("the program in its image root: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "prog") {
-		t.Errorf("ls / in the image root: %q, want prog among it", out)
 	}
 }

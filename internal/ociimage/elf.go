@@ -10,15 +10,26 @@ import (
 	"strings"
 )
 
-// RuntimeFiles are the files a dynamically linked program needs from the
-// machine that built it: its program interpreter (the dynamic loader) and
-// every shared library it names, transitively, plus the libraries named in
-// dlopened, which the program loads at run time but links against none of
-// (their own dependencies included). Each is taken at its path on this
-// machine, with the symbolic links on the way (/lib -> usr/lib on a merged
-// /usr), so the loader finds them in the image where it finds them here.
+// RuntimeFiles are the files a dynamically linked program needs at run
+// time: its program interpreter (the dynamic loader) and every shared
+// library it names, transitively, plus the libraries named in dlopened,
+// which the program loads at run time but links against none of (their
+// own dependencies included).
+//
+// A program of this machine's architecture gets them from this machine,
+// each at its path here, with the symbolic links on the way (/lib ->
+// usr/lib on a merged /usr), so the loader finds them in the image where
+// it finds them here. A cross-compiled one (arm64 built on amd64) gets
+// them from the cross toolchain's libraries (Debian's libc6-<arch>-cross
+// under /usr/<triple>/lib, or a multiarch libc), placed where that
+// architecture's loader looks on a Debian-like system: the loader at its
+// interpreter path, the libraries in /usr/lib/<triple>.
 func RuntimeFiles(exe string, dlopened ...string) ([]File, error) {
-	c := &collector{files: map[string]File{}}
+	arch, err := Arch(exe)
+	if err != nil {
+		return nil, err
+	}
+	c := &collector{files: map[string]File{}, arch: arch}
 	interp, needed, err := elfDeps(exe)
 	if err != nil {
 		return nil, err
@@ -26,7 +37,7 @@ func RuntimeFiles(exe string, dlopened ...string) ([]File, error) {
 	if interp == "" {
 		return nil, nil // static: nothing to add
 	}
-	if err := c.add(interp); err != nil {
+	if err := c.addInterp(interp); err != nil {
 		return nil, fmt.Errorf("program interpreter of %s: %w", exe, err)
 	}
 	queue := append(needed, dlopened...)
@@ -38,11 +49,11 @@ func RuntimeFiles(exe string, dlopened ...string) ([]File, error) {
 			continue
 		}
 		done[soname] = true
-		path, err := findLibrary(soname)
+		path, err := findLibrary(arch, soname)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", exe, err)
 		}
-		if err := c.add(path); err != nil {
+		if err := c.addLibrary(path); err != nil {
 			return nil, err
 		}
 		_, more, err := elfDeps(path)
@@ -57,6 +68,26 @@ func RuntimeFiles(exe string, dlopened ...string) ([]File, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
+}
+
+// triples are the GNU triples of the architectures images are built for:
+// Debian's multiarch directory and cross toolchain prefix.
+var triples = map[string]string{"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+
+// Arch is the architecture (as Go names it) of the ELF program at path.
+func Arch(path string) (string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	switch f.Machine {
+	case elf.EM_X86_64:
+		return "amd64", nil
+	case elf.EM_AARCH64:
+		return "arm64", nil
+	}
+	return "", fmt.Errorf("%s: ELF machine %v: not an architecture images are built for (amd64, arm64)", path, f.Machine)
 }
 
 func elfDeps(path string) (interp string, needed []string, err error) {
@@ -81,33 +112,80 @@ func elfDeps(path string) (interp string, needed []string, err error) {
 	return interp, needed, nil
 }
 
-// libDirs are where the loader looks on Debian-like systems (multiarch
-// first) and others.
-func libDirs() []string {
-	multiarch := map[string]string{"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}[runtime.GOARCH]
+// libDirs are where arch's libraries are on this machine: for its own
+// architecture where the loader looks on Debian-like systems (multiarch
+// first) and others; for another, the cross toolchain's and multiarch
+// directories.
+func libDirs(arch string) []string {
+	triple := triples[arch]
+	if arch != runtime.GOARCH {
+		return []string{"/usr/" + triple + "/lib", "/usr/lib/" + triple, "/lib/" + triple}
+	}
 	var dirs []string
-	if multiarch != "" {
-		dirs = append(dirs, "/lib/"+multiarch, "/usr/lib/"+multiarch)
+	if triple != "" {
+		dirs = append(dirs, "/lib/"+triple, "/usr/lib/"+triple)
 	}
 	return append(dirs, "/lib64", "/usr/lib64", "/lib", "/usr/lib")
 }
 
-func findLibrary(soname string) (string, error) {
-	for _, d := range libDirs() {
+func findLibrary(arch, soname string) (string, error) {
+	for _, d := range libDirs(arch) {
 		p := filepath.Join(d, soname)
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("shared library %s not found in %v", soname, libDirs())
+	hint := ""
+	if arch != runtime.GOARCH {
+		hint = fmt.Sprintf(" (Debian: apt-get install libc6-dev-%s-cross)", arch)
+	}
+	return "", fmt.Errorf("%s library %s not found in %v%s", arch, soname, libDirs(arch), hint)
 }
 
 // collector gathers files with the directories and symbolic links on
 // their paths.
-type collector struct{ files map[string]File }
+type collector struct {
+	files map[string]File
+	arch  string
+}
 
-func (c *collector) add(path string) error {
-	return c.addDepth(filepath.Clean(path), 0)
+func (c *collector) cross() bool { return c.arch != runtime.GOARCH }
+
+// addInterp adds the program interpreter at the path the program names.
+func (c *collector) addInterp(interp string) error {
+	if !c.cross() {
+		return c.addDepth(filepath.Clean(interp), 0)
+	}
+	host, err := findLibrary(c.arch, filepath.Base(interp))
+	if err != nil {
+		return err
+	}
+	return c.put(interp, host)
+}
+
+// addLibrary adds a library found at path on this machine.
+func (c *collector) addLibrary(path string) error {
+	if !c.cross() {
+		return c.addDepth(filepath.Clean(path), 0)
+	}
+	return c.put(filepath.Join("/usr/lib", triples[c.arch], filepath.Base(path)), path)
+}
+
+// put adds the file at host (links followed) as a regular file at path in
+// the image, with its parent directories.
+func (c *collector) put(path, host string) error {
+	data, err := os.ReadFile(host)
+	if err != nil {
+		return err
+	}
+	rel := strings.TrimPrefix(filepath.Clean(path), "/")
+	for dir := filepath.Dir(rel); dir != "."; dir = filepath.Dir(dir) {
+		if _, ok := c.files[dir]; !ok {
+			c.files[dir] = File{Path: dir, Mode: 0o755, Dir: true}
+		}
+	}
+	c.files[rel] = File{Path: rel, Mode: 0o755, Data: data}
+	return nil
 }
 
 func (c *collector) addDepth(path string, depth int) error {

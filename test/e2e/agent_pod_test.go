@@ -41,6 +41,9 @@ func TestAgentPodRollingUpdate(t *testing.T) {
 		t.Fatal("the MIG pod runs, but the mock hardware shows no change")
 	}
 	container := r.pod.Status.ContainerStatuses[0].ContainerID
+	// The image as the kubelet reports it: pulled from the suite's
+	// registry by tag, resolved to the pushed index (amd64 and arm64).
+	checkAgentImage(t, n, old, framework.AgentImageTag)
 
 	values["image"].(map[string]any)["tag"] = framework.AgentImageTagNext
 	began := time.Now()
@@ -52,6 +55,7 @@ func TestAgentPodRollingUpdate(t *testing.T) {
 	if pod.UID == old.UID {
 		t.Fatalf("helm upgrade left the agent pod %s in place", pod.Name)
 	}
+	checkAgentImage(t, n, pod, framework.AgentImageTagNext)
 	for _, want := range []string{`version="` + framework.AgentImageTagNext + `"`, "Took over the node from the previous agent"} {
 		if err := pod.WaitLog(ctx, want, 10*time.Second); err != nil {
 			t.Errorf("%v\n%s", err, pod.Tail(30))
@@ -279,4 +283,20 @@ func agentPodMemory(tb testing.TB) framework.Memory {
 		}
 	}
 	return m
+}
+
+// checkAgentImage: the agent pod's container runs the image pushed as tag,
+// as the pod's status says (the kubelet's image ID is the repository
+// digest the node pulled: the index's, for a multi-platform tag).
+func checkAgentImage(t *testing.T, n *framework.Node, agent *framework.AgentPod, tag string) {
+	t.Helper()
+	p, err := n.Admin.CoreV1().Pods(framework.AgentNamespace).Get(context.Background(), agent.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := framework.AgentImageRepository + "@" + framework.AgentImageDigests[tag]
+	if len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].ImageID != want ||
+		p.Status.ContainerStatuses[0].Image != framework.AgentImageRepository+":"+tag {
+		t.Errorf("agent pod %s: container status %+v, want image %s:%s, image ID %s", p.Name, p.Status.ContainerStatuses, framework.AgentImageRepository, tag, want)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -140,5 +141,50 @@ func TestDeployManifests(t *testing.T) {
 		if !have[name] {
 			t.Errorf("DeviceClass %s missing", name)
 		}
+	}
+}
+
+// TestDeployPodSecurity: the suite's API server enforces the baseline Pod
+// Security standard on every namespace without a label of its own, as
+// hardened clusters do; the chart was installed from the suite's registry
+// into a namespace created with the label the README's install sets. The
+// agent's pod (the installed DaemonSet's template) is admitted there and
+// refused, naming what baseline forbids, in a namespace without the label.
+func TestDeployPodSecurity(t *testing.T) {
+	n := framework.Shared(t)
+	ctx := context.Background()
+	agentNS, err := n.Admin.CoreV1().Namespaces().Get(ctx, framework.AgentNamespace, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := agentNS.Labels[framework.PodSecurityLabel]; got != "privileged" {
+		t.Errorf("namespace %s: %s=%q, want privileged", agentNS.Name, framework.PodSecurityLabel, got)
+	}
+	ds, err := n.Admin.AppsV1().DaemonSets(framework.AgentNamespace).Get(ctx, "hwdra-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img := ds.Spec.Template.Spec.Containers[0].Image; !strings.HasPrefix(img, framework.AgentImageRepository+":") {
+		t.Errorf("the installed DaemonSet runs %s, want an image pushed to %s", img, framework.AgentImageRepository)
+	}
+	pod := func(ns string) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "agent-pod-security", Namespace: ns},
+			Spec:       *ds.Spec.Template.Spec.DeepCopy(),
+		}
+		// The agent's service account is in its own namespace only, and
+		// the service account check comes before Pod Security's.
+		p.Spec.ServiceAccountName = "default"
+		return p
+	}
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	if _, err := n.Admin.CoreV1().Pods(framework.AgentNamespace).Create(ctx, pod(framework.AgentNamespace), dry); err != nil {
+		t.Errorf("the agent's pod in its labelled namespace: %v", err)
+	}
+	plain := n.CreateNamespace(t, "no-psa-label")
+	_, err = n.Admin.CoreV1().Pods(plain).Create(ctx, pod(plain), dry)
+	if err == nil || !strings.Contains(err.Error(), `violates PodSecurity "baseline:latest"`) ||
+		!strings.Contains(err.Error(), "hostNetwork") || !strings.Contains(err.Error(), "privileged") {
+		t.Errorf("the agent's pod in a namespace without the label: %v, want refused by Pod Security baseline naming hostNetwork and privileged", err)
 	}
 }

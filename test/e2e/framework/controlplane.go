@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"testing"
 	"time"
 )
 
@@ -32,6 +35,67 @@ func DefaultFeatureGates() map[string]bool {
 		// Granular status authorization is what lets RBAC restrict the
 		// agent's status.devices writes to its own drivers and node.
 		"DRAResourceClaimGranularStatusAuthorization": true,
+	}
+}
+
+// gatesSince are the gates of DefaultFeatureGates that Kubernetes added
+// after 1.36, by the minor that added them: the suite runs on the previous
+// minor too (K8S_VERSION=v1.36.3 hack/e2e-realnode.sh), whose components
+// refuse a gate they do not know. Without one the cluster is as one with
+// the gate off: the agent's feature check finds the field dropped.
+var gatesSince = map[string]int{
+	"DRADeviceCompatibilityGroups": 37,
+	"DRAPartitionableDevicesType":  37,
+}
+
+// dropUnknownGates removes from gates those the node's Kubernetes minor
+// does not have.
+func dropUnknownGates(gates map[string]bool) error {
+	minor, err := KubeMinor()
+	if err != nil {
+		return err
+	}
+	for gate, since := range gatesSince {
+		if minor < since {
+			delete(gates, gate)
+		}
+	}
+	return nil
+}
+
+var (
+	kubeMinorOnce sync.Once
+	kubeMinor     int
+	kubeMinorErr  error
+)
+
+// KubeMinor is the minor version of the node's Kubernetes binaries (37 for
+// v1.37.2), as kube-apiserver --version says.
+func KubeMinor() (int, error) {
+	kubeMinorOnce.Do(func() {
+		out, err := exec.Command(bin("kube-apiserver"), "--version").Output()
+		if err != nil {
+			kubeMinorErr = fmt.Errorf("kube-apiserver --version: %w", err)
+			return
+		}
+		var major int
+		if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "Kubernetes v%d.%d", &major, &kubeMinor); err != nil || major != 1 {
+			kubeMinorErr = fmt.Errorf("kube-apiserver --version said %q: want Kubernetes v1.MINOR.PATCH", out)
+		}
+	})
+	return kubeMinor, kubeMinorErr
+}
+
+// RequireMinor skips t where the node's Kubernetes is older than 1.minor,
+// saying why the test needs it.
+func RequireMinor(t testing.TB, minor int, why string) {
+	t.Helper()
+	have, err := KubeMinor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if have < minor {
+		t.Skipf("Kubernetes 1.%d here; this test needs 1.%d: %s", have, minor, why)
 	}
 }
 
@@ -124,6 +188,11 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 	n.kubeconfigs = kc
 	gates := gateFlag(n.Options.FeatureGates)
 
+	admissionFile := filepath.Join(dir, "admission.yaml")
+	if err := os.WriteFile(admissionFile, []byte(podSecurityAdmission), 0o644); err != nil {
+		return err
+	}
+
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
 	n.Etcd = n.newProcess("etcd", bin("etcd"),
 		"--name=e2e", "--data-dir="+filepath.Join(dir, "etcd"),
@@ -147,6 +216,7 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 		"--token-auth-file="+tokenFile,
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
+		"--admission-control-config-file="+admissionFile,
 		"--service-account-issuer="+saIssuer,
 		"--service-account-key-file="+p.SAPub,
 		"--service-account-signing-key-file="+p.SAKey,

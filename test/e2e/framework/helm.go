@@ -6,22 +6,25 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 
 	"sigs.k8s.io/yaml"
 )
 
-// The agent's chart and image in the suite: the chart deploy/helm/hwdra,
-// installed with the helm CLI built from its Go module
-// (hack/build-helm.sh), and the agent image built by hack/build-image.sh,
-// imported into the node's containerd. Two tags of the same source are
-// built (their binaries differ in their version string), for the rolling
-// update from one to the other.
+// The agent's chart and image in the suite: the chart deploy/helm/hwdra
+// and the agent image built by hack/build-image.sh, pushed by
+// hack/push.sh to the suite's registry (registry.go) and installed from
+// there with the helm CLI built from its Go module (hack/build-helm.sh).
+// Two versions of the same source are built (their binaries differ in
+// their version string), for the rolling update from one to the other:
+// the first as the product ships (an index of linux/amd64 and
+// linux/arm64), the second for this machine's platform only.
 const (
-	AgentImageRepository = "registry.local/hwdra"
-	AgentImageTag        = "e2e-1"
-	AgentImageTagNext    = "e2e-2"
+	AgentImageRepository = registryPath + "/hwdra"
+	AgentImageTag        = "0.1.0-e2e.1"
+	AgentImageTagNext    = "0.1.0-e2e.2"
 	// ReleaseName is the chart's release in AgentNamespace.
 	ReleaseName = "hwdra"
 	// AgentPodLabel on the node lets the chart's DaemonSet run there;
@@ -37,7 +40,8 @@ var (
 )
 
 // buildAgentImages runs hack/build-image.sh for both tags into dir, with
-// the hardware simulator in (the product image has none).
+// the hardware simulator in (the product image has none): the archives of
+// AgentImageTag and AgentImageTagNext, in that order.
 func buildAgentImages(dir string) ([]string, error) {
 	agentImagesOnce.Do(func() {
 		if p := os.Getenv(envAgentImages); p != "" {
@@ -49,10 +53,15 @@ func buildAgentImages(dir string) ([]string, error) {
 			agentImagesErr = err
 			return
 		}
-		for _, tag := range []string{AgentImageTag, AgentImageTagNext} {
+		for _, b := range []struct{ tag, platforms string }{
+			{AgentImageTag, "linux/amd64,linux/arm64"},
+			{AgentImageTagNext, "linux/" + runtime.GOARCH},
+		} {
+			tag := b.tag
 			cmd := exec.Command(filepath.Join(root, "hack", "build-image.sh"))
 			cmd.Dir = root
 			cmd.Env = append(os.Environ(), "HWDRA_IMAGE_REPOSITORY="+AgentImageRepository, "HWDRA_IMAGE_TAG="+tag, "HWDRA_IMAGE_OUTPUT="+dir,
+				"HWDRA_IMAGE_PLATFORMS="+b.platforms,
 				// The suite's nodes run on mock hardware: the test image keeps the simulator.
 				"HWDRA_IMAGE_SIMULATOR=1")
 			out, err := cmd.Output()
@@ -136,7 +145,7 @@ func (n *Node) Helm(ctx context.Context, args ...string) (string, error) {
 // has AgentPodLabel. Tests change hardware, image and environment.
 func (n *Node) AgentValues(hardware string) map[string]any {
 	return map[string]any{
-		"image":          map[string]any{"repository": AgentImageRepository, "tag": AgentImageTag, "pullPolicy": "Never"},
+		"image":          map[string]any{"repository": AgentImageRepository, "tag": AgentImageTag, "pullPolicy": "IfNotPresent"},
 		"hardware":       hardware,
 		"kubeletRootDir": n.KubeletRoot(),
 		"cdiDir":         n.CDIDir,
@@ -167,11 +176,15 @@ func (n *Node) NetnsDir() string {
 	return filepath.Join(n.Root, "ctrd", "state", "io.containerd.grpc.v1.cri", "netns")
 }
 
-// InstallChart installs or upgrades the chart with values.
+// InstallChart installs or upgrades the chart with values, from the
+// suite's registry, into the agent's namespace with its Pod Security
+// label.
 func (n *Node) InstallChart(ctx context.Context, values map[string]any) error {
-	chart, err := ChartDir()
-	if err != nil {
+	if err := n.pushAgentImages(ctx); err != nil {
 		return err
+	}
+	if err := n.ensureAgentNamespace(ctx); err != nil {
+		return fmt.Errorf("namespace %s: %w", AgentNamespace, err)
 	}
 	data, err := yaml.Marshal(values)
 	if err != nil {
@@ -184,7 +197,8 @@ func (n *Node) InstallChart(ctx context.Context, values map[string]any) error {
 	if err := os.WriteFile(file, data, 0o644); err != nil {
 		return err
 	}
-	_, err = n.Helm(ctx, "upgrade", "--install", ReleaseName, chart, "--namespace", AgentNamespace, "--create-namespace", "-f", file)
+	_, err = n.Helm(ctx, "upgrade", "--install", ReleaseName, AgentChart, "--version", AgentImageTag, "--plain-http",
+		"--namespace", AgentNamespace, "-f", file)
 	return err
 }
 

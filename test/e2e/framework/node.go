@@ -127,6 +127,9 @@ func start(opts Options) (*Node, error) {
 	}
 	gates := DefaultFeatureGates()
 	maps.Copy(gates, opts.FeatureGates)
+	if err := dropUnknownGates(gates); err != nil {
+		return nil, err
+	}
 	opts.FeatureGates = gates
 
 	runRoot := os.Getenv(envRoot)
@@ -177,14 +180,9 @@ func (n *Node) boot(ctx context.Context, imageDir string) error {
 	if img.err != nil {
 		return img.err
 	}
+	// The agent's image is not imported: the chart's install pulls it
+	// from the suite's registry (registry.go).
 	archives := img.archives
-	// The agent's image: scenarios that need it fail without it, the
-	// others run.
-	if agent, err := buildAgentImages(filepath.Join(imageDir, "..", "agent-image")); err == nil {
-		archives = append(archives, agent...)
-	} else {
-		fmt.Fprintf(os.Stderr, "hwdra e2e: no agent image: %v\n", err)
-	}
 	if err := n.startContainerd(ctx, archives); err != nil {
 		return err
 	}
