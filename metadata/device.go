@@ -142,7 +142,7 @@ func (n NIC) Attributes() map[string]resourceapi.DeviceAttribute {
 	setString(out, string(device.NICAttrVFDeviceID), vf.DeviceID)
 	setString(out, string(device.NICAttrVFDriver), vf.Driver)
 	if vf.Bandwidth != nil {
-		setString(out, AttrBandwidth, vf.Bandwidth.String())
+		setString(out, AttrBandwidth, decimal(*vf.Bandwidth))
 	}
 	if r := vf.Rates; r != nil {
 		setInt(out, AttrMaxTxRate, &r.MaxMbps)
@@ -181,4 +181,15 @@ func setInt(attrs map[string]resourceapi.DeviceAttribute, name string, v *int) {
 		i := int64(*v)
 		attrs[name] = resourceapi.DeviceAttribute{IntValue: &i}
 	}
+}
+
+// decimal writes a bandwidth in decimal units ("10G"), as links are rated
+// and claims ask: Kubernetes 1.36's scheduler records a share's consumed
+// capacity in binary units (9765625Ki for a request of 10G). A value no
+// decimal suffix states exactly is written as it came.
+func decimal(q resource.Quantity) string {
+	if v, ok := q.AsInt64(); ok && v%1000 == 0 {
+		return resource.NewQuantity(v, resource.DecimalSI).String()
+	}
+	return q.String()
 }

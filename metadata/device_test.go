@@ -97,6 +97,17 @@ func TestNICAttributes(t *testing.T) {
 	}
 }
 
+// TestBandwidthDecimal: a share's bandwidth is written in decimal units
+// however the scheduler recorded it (Kubernetes 1.36 writes 10G as
+// 9765625Ki); a value no decimal suffix states exactly stays as it came.
+func TestBandwidthDecimal(t *testing.T) {
+	for in, want := range map[string]string{"10G": "10G", "9765625Ki": "10G", "25G": "25G", "1500M": "1500M", "12Ki": "12Ki", "0": "0"} {
+		if got := decimal(resource.MustParse(in)); got != want {
+			t.Errorf("%s: %s, want %s", in, got, want)
+		}
+	}
+}
+
 func TestNetwork(t *testing.T) {
 	got := Network("net1", []netip.Prefix{netip.MustParsePrefix("10.0.0.5/24"), netip.MustParsePrefix("fd00::5/64")}, "02:00:00:00:00:01")
 	want := &resourceapi.NetworkDeviceData{InterfaceName: "net1", IPs: []string{"10.0.0.5/24", "fd00::5/64"}, HardwareAddress: "02:00:00:00:00:01"}

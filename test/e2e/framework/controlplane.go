@@ -64,26 +64,35 @@ func dropUnknownGates(gates map[string]bool) error {
 }
 
 var (
-	kubeMinorOnce sync.Once
-	kubeMinor     int
-	kubeMinorErr  error
+	kubeVersionOnce sync.Once
+	kubeVersion     string
+	kubeMinor       int
+	kubeVersionErr  error
 )
 
-// KubeMinor is the minor version of the node's Kubernetes binaries (37 for
-// v1.37.2), as kube-apiserver --version says.
-func KubeMinor() (int, error) {
-	kubeMinorOnce.Do(func() {
+// KubeVersion is the version of the node's Kubernetes binaries ("v1.37.2"),
+// as kube-apiserver --version says.
+func KubeVersion() (string, error) {
+	kubeVersionOnce.Do(func() {
 		out, err := exec.Command(bin("kube-apiserver"), "--version").Output()
 		if err != nil {
-			kubeMinorErr = fmt.Errorf("kube-apiserver --version: %w", err)
+			kubeVersionErr = fmt.Errorf("kube-apiserver --version: %w", err)
 			return
 		}
-		var major int
-		if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "Kubernetes v%d.%d", &major, &kubeMinor); err != nil || major != 1 {
-			kubeMinorErr = fmt.Errorf("kube-apiserver --version said %q: want Kubernetes v1.MINOR.PATCH", out)
+		kubeVersion = strings.TrimPrefix(strings.TrimSpace(string(out)), "Kubernetes ")
+		var major, patch int
+		if _, err := fmt.Sscanf(kubeVersion, "v%d.%d.%d", &major, &kubeMinor, &patch); err != nil || major != 1 {
+			kubeVersionErr = fmt.Errorf("kube-apiserver --version said %q: want Kubernetes v1.MINOR.PATCH", out)
 		}
 	})
-	return kubeMinor, kubeMinorErr
+	return kubeVersion, kubeVersionErr
+}
+
+// KubeMinor is the minor version of the node's Kubernetes binaries (37 for
+// v1.37.2).
+func KubeMinor() (int, error) {
+	_, err := KubeVersion()
+	return kubeMinor, err
 }
 
 // RequireMinor skips t where the node's Kubernetes is older than 1.minor,
