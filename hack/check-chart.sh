@@ -51,6 +51,12 @@ for bad in imag.tag=x image.pullpolicy=Never metricsPort=http config.nics[0].mod
   fi
   grep -q 'values don.t meet the specifications of the schema' <<<"$out" || { echo "check-chart: unclear error for --set $bad: $out"; exit 1; }
 done
+# The claim-limits policy is there by default and gone with gpusPerNode 0.
+"$helm" template hwdra "$chart" | grep -q '^  name: hwdra-agent-claim-limits$' ||
+  { echo "check-chart: no claim-limits policy with the default values"; exit 1; }
+if "$helm" template hwdra "$chart" --set claimLimits.gpusPerNode=0 | grep -q 'claim-limits'; then
+  echo "check-chart: claimLimits.gpusPerNode=0 still renders the claim-limits policy"; exit 1
+fi
 # The notes after install say how to check the agent.
 "$helm" install hwdra "$chart" -n hwdra-system --dry-run=client 2>&1 | grep -q 'rollout status daemonset/hwdra-agent' ||
   { echo "check-chart: NOTES.txt does not say how to check the agent"; exit 1; }

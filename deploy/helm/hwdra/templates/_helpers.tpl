@@ -136,3 +136,39 @@ lists what a share gets per link type and driver.`
   "expression" (list `device.driver == "sriov.hwdra.io" && !device.allowMultipleAllocations`)) -}}
 {{- toYaml $classes -}}
 {{- end -}}
+
+{{/*
+The claim-limits policy's CEL (templates/claim-limits-policy.yaml). CEL
+in admission has no let and wants lists of one type, so each device
+request (an exact request or a firstAvailable alternative) is first made a
+map of strings by hwdra.claimAlt: its name, class, count, "y" for
+allocationMode All, and its profile: the class's (mig-<profile>.gpu.hwdra.io)
+or the first selector's `profile == "..."`. hwdra.claimPerGPU is how many
+of it one GPU holds: whole and passthrough GPUs one, MIG profiles and vGPU
+types as files/per-gpu-limits.json says, 0 (no limit) for the rest.
+*/}}
+{{- define "hwdra.claimAlt" -}}
+{{- $x := index . 0 -}}{{- $name := index . 1 -}}
+{{- $p := `r'profile["\]\s]*==\s*"[^"]+"'` -}}
+{'name': string({{ $name }}), 'class': string({{ $x }}.deviceClassName),
+ 'count': string(has({{ $x }}.count) ? {{ $x }}.count : 1),
+ 'all': string(has({{ $x }}.allocationMode) && {{ $x }}.allocationMode == 'All' ? 'y' : ''),
+ 'profile': string({{ $x }}.deviceClassName.startsWith('mig-') && {{ $x }}.deviceClassName.endsWith('.gpu.hwdra.io') ?
+   {{ $x }}.deviceClassName.substring(4, size({{ $x }}.deviceClassName) - 13) :
+   has({{ $x }}.selectors) && {{ $x }}.selectors.exists(s, has(s.cel) && s.cel.expression.matches({{ $p }})) ?
+   {{ $x }}.selectors.filter(s, has(s.cel) && s.cel.expression.matches({{ $p }}))[0].cel.expression.find({{ $p }}).find(r'"[^"]+"$').replace('"', '') : '')}
+{{- end -}}
+
+{{- define "hwdra.claimPerGPU" -}}
+(a.class in ['gpu.hwdra.io', 'passthrough.gpu.hwdra.io'] ? 1 :
+ (a.class in ['mig.gpu.hwdra.io', 'vgpu.gpu.hwdra.io'] || a.class.startsWith('mig-')) && a.profile in variables.perGPU ? variables.perGPU[a.profile] : 0)
+{{- end -}}
+
+{{- define "hwdra.claimRefused" -}}
+a.all == '' && {{ include "hwdra.claimPerGPU" . }} > 0 && int(a.count) > {{ include "hwdra.claimPerGPU" . }} * {{ . }}
+{{- end -}}
+
+{{- define "hwdra.claimRefusal" -}}
+'request ' + a.name + ': ' + a.count + ' x ' + (a.profile == '' ? 'whole GPU' : a.profile) + ' of class ' + a.class +
+ ', no node holds more than ' + string({{ include "hwdra.claimPerGPU" . }} * {{ . }}) + ' (' + string({{ include "hwdra.claimPerGPU" . }}) + ' per GPU, {{ . }} GPUs per node)'
+{{- end -}}
