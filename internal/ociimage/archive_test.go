@@ -43,21 +43,12 @@ func readTar(t *testing.T, r io.Reader) (map[string][]byte, map[string]*tar.Head
 // files, links and directories, parents first.
 func TestArchive(t *testing.T) {
 	const ref = "registry.local/app:v1"
-	path := filepath.Join(t.TempDir(), "img.tar")
 	files := append(BaseFiles("/app"),
 		File{Path: "app", Mode: 0o755, Data: []byte("#!/bin/true\n")},
 		File{Path: "lib64", Link: "usr/lib64"},
 		File{Path: "usr", Mode: 0o755, Dir: true},
 	)
-	if err := WriteArchive(path, Image{Ref: ref, Files: files, Entrypoint: []string{"/app"}}); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	blobs, _, _ := readTar(t, f)
+	path, blobs := writeArchive(t, Image{Ref: ref, Files: files, Entrypoint: []string{"/app"}})
 	if _, ok := blobs["oci-layout"]; !ok {
 		t.Fatal("no oci-layout")
 	}
@@ -136,6 +127,22 @@ func TestArchive(t *testing.T) {
 	}
 }
 
+// writeArchive writes imgs to an archive and returns its path and entries.
+func writeArchive(t *testing.T, imgs ...Image) (string, map[string][]byte) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "img.tar")
+	if err := WriteArchive(path, imgs...); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	blobs, _, _ := readTar(t, f)
+	return path, blobs
+}
+
 func gunzip(t *testing.T, data []byte) []byte {
 	t.Helper()
 	zr, err := gzip.NewReader(bytes.NewReader(data))
@@ -156,19 +163,10 @@ func gunzip(t *testing.T, data []byte) []byte {
 // names this machine's. One reference, one image per architecture.
 func TestArchivePlatforms(t *testing.T) {
 	const ref = "registry.local/app:v2"
-	path := filepath.Join(t.TempDir(), "img.tar")
 	img := func(arch, content string) Image {
 		return Image{Ref: ref, Arch: arch, Files: []File{{Path: "app", Mode: 0o755, Data: []byte(content)}}, Entrypoint: []string{"/app"}}
 	}
-	if err := WriteArchive(path, img("arm64", "arm"), img("amd64", "x86")); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	blobs, _, _ := readTar(t, f)
+	_, blobs := writeArchive(t, img("arm64", "arm"), img("amd64", "x86"))
 	read := func(d descriptor, v any) {
 		t.Helper()
 		data, ok := blobs["blobs/sha256/"+strings.TrimPrefix(d.Digest, "sha256:")]
