@@ -78,12 +78,7 @@ func (c inventories) get(t *testing.T, spec string) hw.Inventory {
 	if inv, ok := c[spec]; ok {
 		return inv
 	}
-	n, err := backend.Open(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	inv, err := n.Inventory(context.Background())
+	inv, err := backend.Probe(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,7 +111,7 @@ func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, invs 
 			count++
 		}
 		for j := range count {
-			name := fmt.Sprintf("k%d-%s-%05d", k, kind.name, j)
+			name := fmt.Sprintf("k%d-%s-%05d", k, strings.ReplaceAll(kind.name, ".", "-"), j) // a DNS label
 			names[kind.name] = append(names[kind.name], name)
 			jobs = append(jobs, job{name, k})
 		}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
+	"k8s.io/client-go/util/retry"
 )
 
 // SchedulerMetricsURL is where the scheduler of a ControlPlaneOnly node
@@ -180,20 +181,30 @@ func SimulatedNode(name string) *corev1.Node {
 
 // RegisterNode creates a SimulatedNode, takes off the not-ready taint the
 // TaintNodesByCondition admission puts on every new Node (the node
-// lifecycle controller, which would, is off), and writes its status.
+// lifecycle controller, which would, is off), and writes its status. The
+// controller-manager writes Nodes too (the TTL annotation): each write
+// retries on conflict.
 func RegisterNode(ctx context.Context, cs kubernetes.Interface, name string) error {
 	want := SimulatedNode(name)
-	got, err := cs.CoreV1().Nodes().Create(ctx, want, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := cs.CoreV1().Nodes().Create(ctx, want, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
-	got.Spec.Taints = nil
-	if got, err = cs.CoreV1().Nodes().Update(ctx, got, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("node %s taints: %w", name, err)
-	}
-	got.Status = want.Status
-	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("node %s status: %w", name, err)
+	nodes := cs.CoreV1().Nodes()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got, err := nodes.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		got.Spec.Taints = nil
+		if got, err = nodes.Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		got.Status = want.Status
+		_, err = nodes.UpdateStatus(ctx, got, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: %w", name, err)
 	}
 	return nil
 }
