@@ -289,6 +289,18 @@ func (n *Node) Inventory(ctx context.Context) (hw.Inventory, error) {
 	return inv, errors.Join(errs...)
 }
 
+// Probe opens spec, takes its inventory and closes it: what a node has,
+// for tests and tools that read a profile once. Unlike Inventory it
+// fails on any device it cannot read.
+func Probe(ctx context.Context, spec string) (hw.Inventory, error) {
+	n, err := Open(spec)
+	if err != nil {
+		return hw.Inventory{}, err
+	}
+	inv, err := n.Inventory(ctx)
+	return inv, errors.Join(err, n.Close())
+}
+
 // Close releases NVML and removes mock hardware.
 func (n *Node) Close() error {
 	var errs []error

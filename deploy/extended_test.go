@@ -87,12 +87,7 @@ func exampleClaim(t *testing.T, file string) *resourceapi.ResourceClaim {
 // and the shipped classes, and the number of whole GPUs they publish.
 func nodeAllocator(t *testing.T, profile string, classes []*resourceapi.DeviceClass) (*allocate.Allocator, int) {
 	t.Helper()
-	n, err := backend.Open("mock:" + profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	inv, err := n.Inventory(context.Background())
+	inv, err := backend.Probe(context.Background(), "mock:"+profile)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -278,12 +278,7 @@ func orNone(parts []string) string {
 // the default configuration.
 func publishedSlices(t *testing.T, hardware string) []*resourceapi.ResourceSlice {
 	t.Helper()
-	node, err := backend.Open(hardware)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	inv, err := node.Inventory(context.Background())
+	inv, err := backend.Probe(context.Background(), hardware)
 	if err != nil {
 		t.Fatal(err)
 	}

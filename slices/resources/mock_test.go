@@ -20,12 +20,7 @@ import (
 // probe reads a mock node through the real backends.
 func probe(t testing.TB, spec string) hw.Inventory {
 	t.Helper()
-	n, err := backend.Open(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	inv, err := n.Inventory(context.Background())
+	inv, err := backend.Probe(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}

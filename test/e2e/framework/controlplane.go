@@ -243,26 +243,30 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 		return fmt.Errorf("kube-apiserver: %w\n%s", err, n.APIServer.Tail(30))
 	}
 
-	n.ControllerManager = n.newProcess("kube-controller-manager", bin("kube-controller-manager"),
-		"--kubeconfig="+kc["controller-manager"],
+	cmArgs := []string{"--kubeconfig=" + kc["controller-manager"],
 		"--leader-elect=false", "--secure-port=0",
-		"--root-ca-file="+p.CACert,
-		"--service-account-private-key-file="+p.SAKey,
+		"--root-ca-file=" + p.CACert,
+		"--service-account-private-key-file=" + p.SAKey,
 		"--use-service-account-credentials=false",
-		"--flex-volume-plugin-dir="+filepath.Join(n.Root, "cm-flexvolume"),
-		"--feature-gates="+gates,
-		"--profiling=false")
-	n.Scheduler = n.newProcess("kube-scheduler", bin("kube-scheduler"),
-		"--kubeconfig="+kc["scheduler"],
+		"--flex-volume-plugin-dir=" + filepath.Join(n.Root, "cm-flexvolume"),
+		"--feature-gates=" + gates,
+		"--profiling=false"}
+	schedArgs := []string{"--kubeconfig=" + kc["scheduler"],
 		"--leader-elect=false", "--secure-port=0",
-		"--feature-gates="+gates,
-		"--profiling=false")
-	for _, proc := range []*Process{n.ControllerManager, n.Scheduler} {
-		if err := proc.Start(); err != nil {
-			return err
-		}
+		"--feature-gates=" + gates,
+		"--profiling=false"}
+	if n.Options.ControlPlaneOnly {
+		cmArgs, schedArgs = fleetControllerManagerArgs(cmArgs), fleetSchedulerArgs(schedArgs)
 	}
-	return nil
+	n.ControllerManager = n.newProcess("kube-controller-manager", bin("kube-controller-manager"), cmArgs...)
+	n.Scheduler = n.newProcess("kube-scheduler", bin("kube-scheduler"), schedArgs...)
+	if err := n.ControllerManager.Start(); err != nil {
+		return err
+	}
+	if n.Options.DeferScheduler {
+		return nil
+	}
+	return n.Scheduler.Start()
 }
 
 // waitAPIServer polls /readyz with the admin credentials.

@@ -28,6 +28,10 @@ const (
 	// EnvArtifacts optionally names a directory that receives every
 	// component's log after each node stops.
 	EnvArtifacts = "HWDRA_E2E_ARTIFACTS"
+	// EnvControlPlaneOnly=1 makes a run of control planes only
+	// (Options.ControlPlaneOnly; hack/fleet.sh): no machine lock, no
+	// images, no node; tests that need a node skip.
+	EnvControlPlaneOnly = "HWDRA_E2E_CONTROL_PLANE_ONLY"
 	// EnvKeep keeps the run's temp directory (not the processes) for
 	// debugging.
 	EnvKeep = "HWDRA_E2E_KEEP"
@@ -85,3 +89,6 @@ func checkEnvironment() error {
 func binDir() string { return os.Getenv(EnvBin) }
 
 func bin(name string) string { return filepath.Join(binDir(), name) }
+
+// ControlPlaneOnlyRun says whether this run starts control planes only.
+func ControlPlaneOnlyRun() bool { return os.Getenv(EnvControlPlaneOnly) == "1" }

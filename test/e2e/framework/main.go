@@ -47,13 +47,18 @@ func Main(m *testing.M) {
 func runInNamespace() int {
 	// One real node per machine at a time: nodes share the paths the
 	// kubelet writes outside its root, and a run's teardown removes them.
-	unlock, err := lockMachine()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
-		return 1
+	// A run of control planes only writes nothing there and runs beside
+	// one; it leaves stale runs (and their cgroups) to the next full run.
+	cpOnly := ControlPlaneOnlyRun()
+	if !cpOnly {
+		unlock, err := lockMachine()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+			return 1
+		}
+		defer unlock()
+		sweepStale()
 	}
-	defer unlock()
-	sweepStale()
 	// Short: unix socket paths under it must stay < 108 bytes. The pid in
 	// the name lets a later run clean up after a killed one.
 	root, err := os.MkdirTemp("", fmt.Sprintf("hwe2e-%d-", os.Getpid()))
@@ -62,9 +67,12 @@ func runInNamespace() int {
 		return 1
 	}
 	ns := "hwdra-e2e-" + strconv.Itoa(os.Getpid())
-	fixed := snapshotFixedPaths()
+	var fixed []string
+	if !cpOnly {
+		fixed = snapshotFixedPaths()
+	}
 	defer func() {
-		sweep(ns, root, fixed, func(format string, args ...any) {
+		sweep(ns, root, fixed, !cpOnly, func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, "hwdra e2e: sweep: "+format+"\n", args...)
 		})
 	}()
@@ -75,7 +83,11 @@ func runInNamespace() int {
 	cmd := exec.Command(os.Args[0], os.Args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), envChild+"=1", envRoot+"="+root)
-	cmd.Env = append(cmd.Env, prebuild(root)...)
+	if cpOnly {
+		cmd.Env = append(cmd.Env, prebuildHwdra(root)...)
+	} else {
+		cmd.Env = append(cmd.Env, prebuild(root)...)
+	}
 	if err := startInNamespace(ns, cmd); err != nil {
 		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
 		return 1
@@ -137,12 +149,20 @@ func prebuild(root string) []string {
 		agentDone <- env
 	}()
 	defer func() { <-imagesDone }()
-	if os.Getenv(EnvHwdra) == "" {
-		if path, err := buildHwdra(root); err == nil && path != "" {
-			env = append(env, EnvHwdra+"="+path)
-		}
-	}
+	env = append(env, prebuildHwdra(root)...)
 	return append(env, <-agentDone...)
+}
+
+// prebuildHwdra builds ./cmd/hwdra unless HWDRA_BIN names one, and returns
+// the child's environment naming it.
+func prebuildHwdra(root string) []string {
+	if os.Getenv(EnvHwdra) != "" {
+		return nil
+	}
+	if path, err := buildHwdra(root); err == nil && path != "" {
+		return []string{EnvHwdra + "=" + path}
+	}
+	return nil
 }
 
 // createNamespace makes the named network namespace with loopback up and a

@@ -26,6 +26,15 @@ type Options struct {
 	FeatureGates map[string]bool
 	// SkipDeploy leaves the chart (deploy/helm/hwdra) uninstalled.
 	SkipDeploy bool
+	// ControlPlaneOnly starts etcd, the API server, the controller-manager
+	// (without the node lifecycle controller: no kubelet keeps a Lease)
+	// and the scheduler (its metrics on SchedulerMetricsURL), and nothing
+	// of the node: no containerd, kubelet or chart. For simulated fleets
+	// whose Node objects the test writes (fleet.go).
+	ControlPlaneOnly bool
+	// DeferScheduler leaves the scheduler stopped until StartScheduler,
+	// so a test measures scheduling alone, not its pods' creation.
+	DeferScheduler bool
 }
 
 // Node is a running single-node cluster.
@@ -73,12 +82,23 @@ func SkipIfUnavailable(t testing.TB) {
 	}
 }
 
+// skipIfControlPlaneOnly skips t in a run that starts control planes only
+// (ControlPlaneOnlyRun), which takes no machine lock: a node would collide
+// with another run's kubelet.
+func skipIfControlPlaneOnly(t testing.TB, opts Options) {
+	t.Helper()
+	if ControlPlaneOnlyRun() && !opts.ControlPlaneOnly {
+		t.Skipf("real-node test skipped: %s=1 starts control planes only", EnvControlPlaneOnly)
+	}
+}
+
 // Shared returns the suite's node with default options, starting it on first
 // use; it stops when the suite ends. Tests that use it leave it as they found
 // it (their own namespaces, their own agents).
 func Shared(t testing.TB) *Node {
 	t.Helper()
 	SkipIfUnavailable(t)
+	skipIfControlPlaneOnly(t, Options{})
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	if sharedNode == nil {
@@ -99,6 +119,7 @@ func Shared(t testing.TB) *Node {
 func New(t testing.TB, opts Options) *Node {
 	t.Helper()
 	SkipIfUnavailable(t)
+	skipIfControlPlaneOnly(t, opts)
 	stopShared()
 	n, err := start(opts)
 	if err != nil {
@@ -156,6 +177,9 @@ func start(opts Options) (*Node, error) {
 func (n *Node) boot(ctx context.Context, imageDir string) error {
 	if err := os.MkdirAll(n.Root, 0o755); err != nil {
 		return err
+	}
+	if n.Options.ControlPlaneOnly {
+		return n.bootControlPlane(ctx)
 	}
 	if err := makeShared(n.Root); err != nil {
 		return err
@@ -242,7 +266,9 @@ func (n *Node) Stop() {
 		// Whatever still runs with a path under the root (shims whose
 		// sandbox could not be removed) has no owner left.
 		killByCommandLine(n.Root, log)
-		cleanupCgroups(log)
+		if !n.Options.ControlPlaneOnly { // no pods; another run's may be there
+			cleanupCgroups(log)
+		}
 		unmountUnder(n.Root, log)
 		n.saveLogs()
 		if os.Getenv(EnvKeep) == "" {

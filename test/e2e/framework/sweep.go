@@ -37,8 +37,9 @@ type logf func(format string, args ...any)
 // sweep removes everything a run may have left behind, whether or not the
 // tests cleaned up: processes in the namespace, containers (found through the
 // kubepods cgroups, since they live in their pods' own namespaces), mounts
-// under the root, cgroups, fixed paths and the namespace itself.
-func sweep(ns, root string, createdFixed []string, log logf) {
+// under the root, cgroups (where cgroups is set), fixed paths and the
+// namespace itself.
+func sweep(ns, root string, createdFixed []string, cgroups bool, log logf) {
 	if out, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil {
 		for _, f := range strings.Fields(string(out)) {
 			if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
@@ -48,7 +49,9 @@ func sweep(ns, root string, createdFixed []string, log logf) {
 		}
 	}
 	killByCommandLine(root, log)
-	cleanupCgroups(log)
+	if cgroups { // the kubepods cgroups are the machine's, not the run's
+		cleanupCgroups(log)
+	}
 	unmountUnder(root, log)
 	if os.Getenv(EnvKeep) == "" {
 		if err := os.RemoveAll(root); err != nil {
@@ -94,10 +97,10 @@ func sweepStale() {
 		log("sweeping namespace %s", fields[0])
 		roots, _ := filepath.Glob(filepath.Join(os.TempDir(), "hwe2e-"+pidStr+"-*"))
 		for _, root := range roots {
-			sweep(fields[0], root, nil, log)
+			sweep(fields[0], root, nil, true, log)
 		}
 		if len(roots) == 0 {
-			sweep(fields[0], filepath.Join(os.TempDir(), "hwe2e-"+pidStr+"-none"), nil, log)
+			sweep(fields[0], filepath.Join(os.TempDir(), "hwe2e-"+pidStr+"-none"), nil, true, log)
 		}
 	}
 }

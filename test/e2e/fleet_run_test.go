@@ -1,0 +1,308 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/test/e2e/framework"
+)
+
+// fleetRun is what one run measured.
+type fleetRun struct {
+	nodes, pods int
+	slices      int     // ResourceSlice objects
+	sliceBytes  int     // their JSON
+	watchEvents float64 // the API server's ResourceSlice watch events
+	watchBytes  float64
+	total       time.Duration // scheduler start to the last good pod bound
+	cpu         time.Duration // the scheduler's CPU until then
+	kinds       map[string]kindResult
+	badAttempts float64 // the scheduler's unschedulable attempts
+	badEvents   int32   // the bad pod's FailedScheduling events, counted
+}
+
+// kindResult: a kind's pods are scheduled in turn after the previous
+// kind's (createPriorityClasses), so its window runs from the previous
+// kind's last bind to its own last.
+type kindResult struct {
+	pods      int
+	rate      float64       // pods/s in its window
+	cpuPerPod time.Duration // the scheduler's CPU in its window, per pod
+	p50, p99  time.Duration // time to bind, from the scheduler's start
+}
+
+// bind is a pod's binding as the test saw it, with the scheduler's CPU
+// time then.
+type bind struct {
+	at  time.Duration // since the scheduler started
+	cpu time.Duration
+}
+
+// runFleet starts a control plane, registers nodes Nodes publishing model's
+// slices, creates pods pods (and first a pod with badClaims[bad], if bad is
+// set), starts the scheduler and measures until every other pod is bound.
+func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, invs inventories, timeout time.Duration) fleetRun {
+	ctx := context.Background()
+	n := framework.New(t, framework.Options{ControlPlaneOnly: true, DeferScheduler: true, SkipDeploy: true})
+	cs, err := n.FastAdmin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range classes {
+		if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := createPriorityClasses(ctx, cs); err != nil {
+		t.Fatal(err)
+	}
+	before, err := n.APIServerMetrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fleetRun{nodes: nodes, kinds: map[string]kindResult{}}
+	var mu sync.Mutex
+	began := time.Now()
+	err = parallel(nodes, func(i int) error {
+		name := fmt.Sprintf("fleet-%05d", i)
+		if err := framework.RegisterNode(ctx, cs, name); err != nil {
+			return err
+		}
+		for _, s := range model.slices(name, invs.get(t, fleetHardware(i))) {
+			if _, err := cs.ResourceV1().ResourceSlices().Create(ctx, &s, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("slice %s: %w", s.Name, err)
+			}
+			mu.Lock()
+			r.slices, r.sliceBytes = r.slices+1, r.sliceBytes+jsonSize(&s)
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %d nodes, %d slices in %v", model.name, nodes, r.slices, time.Since(began).Round(time.Millisecond))
+
+	ns := n.CreateNamespace(t, "fleet")
+	names := map[string][]string{} // kind -> its pods
+	type job struct {
+		name string
+		kind int
+	}
+	var jobs []job
+	for k, kind := range fleetKinds {
+		count := pods / len(fleetKinds)
+		if k < pods%len(fleetKinds) {
+			count++
+		}
+		for j := range count {
+			name := fmt.Sprintf("k%d-%s-%05d", k, strings.ReplaceAll(kind.name, ".", "-"), j) // a DNS label
+			names[kind.name] = append(names[kind.name], name)
+			jobs = append(jobs, job{name, k})
+		}
+	}
+	r.pods = len(jobs)
+	if bad != "" { // created first, the queue's head
+		if err := createPod(ctx, cs, ns, "a-bad", "fleet-bad", badClaims[bad]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	began = time.Now()
+	err = parallel(len(jobs), func(i int) error {
+		kind := fleetKinds[jobs[i].kind]
+		reqs := kind.ours
+		if model.name == oneDeviceModel.name {
+			reqs = kind.one
+		}
+		return createPod(ctx, cs, ns, jobs[i].name, kindPriority(jobs[i].kind), reqs)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %d pods and their claims in %v", model.name, len(jobs), time.Since(began).Round(time.Millisecond))
+
+	stop := make(chan struct{})
+	defer close(stop)
+	b := watchBinds(t, n, ns, len(jobs), stop)
+	b.started(time.Now())
+	if err := n.StartScheduler(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.all:
+	case <-time.After(timeout):
+		t.Fatalf("%s: %d of %d pods bound within %v; %s", model.name, len(b.snapshot()), len(jobs), timeout, whyPending(ctx, n, ns))
+	}
+	fillKinds(&r, b.snapshot(), names)
+
+	after, err := n.APIServerMetrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.watchEvents = watchMetric(after, "apiserver_watch_events_total") - watchMetric(before, "apiserver_watch_events_total")
+	r.watchBytes = watchMetric(after, "apiserver_watch_events_sizes_sum") - watchMetric(before, "apiserver_watch_events_sizes_sum")
+	if bad != "" {
+		sched, err := framework.SchedulerMetrics(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.badAttempts = framework.MetricSum(sched, "scheduler_schedule_attempts_total", "result=unschedulable") +
+			framework.MetricSum(sched, "scheduler_schedule_attempts_total", "result=error")
+		r.badEvents = failedScheduling(ctx, t, n, ns, "a-bad")
+	}
+	return r
+}
+
+// watchMetric sums a watch metric's ResourceSlice samples (the label is
+// kind=ResourceSlice or resource=resourceslices, by version).
+func watchMetric(text, name string) float64 {
+	return framework.MetricSum(text, name, "kind=ResourceSlice") + framework.MetricSum(text, name, "resource=resourceslices")
+}
+
+// binds records every pod's binding: when (since the scheduler started)
+// and the scheduler's CPU time then.
+type binds struct {
+	mu    sync.Mutex
+	start time.Time
+	sched *framework.Process
+	got   map[string]bind
+	want  int // pods to bind, "a-bad" aside
+	all   chan struct{}
+}
+
+// watchBinds watches ns's pods until stop closes.
+func watchBinds(t *testing.T, n *framework.Node, ns string, want int, stop <-chan struct{}) *binds {
+	b := &binds{sched: n.Scheduler, got: map[string]bind{}, want: want, all: make(chan struct{})}
+	f := informers.NewSharedInformerFactoryWithOptions(n.Admin, 0, informers.WithNamespace(ns))
+	_, err := f.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, obj any) {
+			if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+				b.bound(p.Name)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Start(stop)
+	f.WaitForCacheSync(stop)
+	return b
+}
+
+func (b *binds) bound(name string) {
+	cpu, _ := b.sched.CPUTime()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, seen := b.got[name]; seen || b.start.IsZero() {
+		return
+	}
+	b.got[name] = bind{at: time.Since(b.start), cpu: cpu}
+	if _, bad := b.got["a-bad"]; len(b.got) == b.want && !bad {
+		close(b.all)
+	}
+}
+
+func (b *binds) started(at time.Time) {
+	b.mu.Lock()
+	b.start = at
+	b.mu.Unlock()
+}
+
+func (b *binds) snapshot() map[string]bind {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.got)
+}
+
+// fillKinds computes each kind's figures from the binds; kinds are
+// scheduled in fleetKinds' order (createPriorityClasses). The first kind's window starts at its
+// first bind, not at the scheduler's start (which includes its informers'
+// sync), and so counts one pod less.
+func fillKinds(r *fleetRun, got map[string]bind, names map[string][]string) {
+	var prev *bind
+	for _, kind := range fleetKinds {
+		var ats []time.Duration
+		first, last := bind{at: time.Duration(1 << 62)}, bind{}
+		for _, name := range names[kind.name] {
+			b := got[name]
+			ats = append(ats, b.at)
+			if b.at < first.at {
+				first = b
+			}
+			if b.at > last.at {
+				last = b
+			}
+		}
+		if len(ats) == 0 {
+			continue
+		}
+		origin, count := first, len(ats)-1
+		if prev != nil {
+			origin, count = *prev, len(ats)
+		}
+		k := kindResult{pods: len(ats), p50: percentile(ats, 0.5), p99: percentile(ats, 0.99)}
+		if window := last.at - origin.at; window > 0 && count > 0 {
+			k.rate = float64(count) / window.Seconds()
+			k.cpuPerPod = (last.cpu - origin.cpu) / time.Duration(count)
+		}
+		r.kinds[kind.name] = k
+		prev = &last
+		if last.at > r.total {
+			r.total, r.cpu = last.at, last.cpu
+		}
+	}
+}
+
+// failedScheduling counts the scheduler's FailedScheduling events of a pod
+// (the recorder folds repeats into one event's count).
+func failedScheduling(ctx context.Context, t *testing.T, n *framework.Node, ns, pod string) int32 {
+	evs, err := n.Admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count int32
+	for _, e := range evs.Items {
+		if e.Reason != "FailedScheduling" {
+			continue
+		}
+		switch {
+		case e.Series != nil:
+			count += e.Series.Count
+		case e.Count > 0:
+			count += e.Count
+		default:
+			count++
+		}
+	}
+	return count
+}
+
+// whyPending says what the scheduler said of a pod still unbound.
+func whyPending(ctx context.Context, n *framework.Node, ns string) string {
+	pods, err := n.Admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName="})
+	if err != nil || len(pods.Items) == 0 {
+		return fmt.Sprintf("no pod pending (%v)", err)
+	}
+	p := pods.Items[len(pods.Items)-1]
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return fmt.Sprintf("%d pending, e.g. %s: %s: %s", len(pods.Items), p.Name, c.Reason, c.Message)
+		}
+	}
+	return fmt.Sprintf("%d pending, e.g. %s: never tried", len(pods.Items), p.Name)
+}

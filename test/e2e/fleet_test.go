@@ -1,0 +1,130 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestFleet measures what our ResourceSlices cost the real scheduler and
+// API server across a fleet of simulated nodes (no kubelet; the scheduler
+// only binds, as upstream scheduler_perf), against the same hardware as
+// one device per GPU and per VF. Each run is a control plane of its own
+// (framework.Options.ControlPlaneOnly) whose scheduler starts once every
+// pod exists. Heavy: it runs only with HWDRA_FLEET=1 (hack/fleet.sh).
+//
+//	HWDRA_FLEET_NODES (10), HWDRA_FLEET_PODS (50), HWDRA_FLEET_BAD
+//	(comma-separated badClaims keys; default all, "none" for none),
+//	HWDRA_FLEET_TIMEOUT (10m, per run)
+func TestFleet(t *testing.T) {
+	if os.Getenv("HWDRA_FLEET") != "1" {
+		t.Skip("fleet harness: set HWDRA_FLEET=1 (hack/fleet.sh)")
+	}
+	nodes, pods := envInt(t, "HWDRA_FLEET_NODES", 10), envInt(t, "HWDRA_FLEET_PODS", 50)
+	timeout := 10 * time.Minute
+	if v := os.Getenv("HWDRA_FLEET_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		timeout = d
+	}
+	bad := []string{"25x2g.20gb", "17x3g.40gb", "15xH100-1-10C"}
+	if v := os.Getenv("HWDRA_FLEET_BAD"); v == "none" {
+		bad = nil
+	} else if v != "" {
+		bad = strings.Split(v, ",")
+	}
+	invs := inventories{}
+	t.Run("as-hwdra-slices", func(t *testing.T) { checkOursIsHwdraSlices(t, invs) })
+
+	runs := map[string]fleetRun{}
+	for _, m := range []fleetModel{oursModel, oneDeviceModel} {
+		t.Run(m.name, func(t *testing.T) { runs[m.name] = runFleet(t, m, nodes, pods, "", invs, timeout) })
+	}
+	ours, one := runs[oursModel.name], runs[oneDeviceModel.name]
+	if ours.kinds == nil || one.kinds == nil {
+		t.Fatal("a run failed")
+	}
+	var out []string
+	for _, k := range fleetKinds {
+		o, d := ours.kinds[k.name], one.kinds[k.name]
+		out = append(out, fmt.Sprintf("fleet %s nodes=%d pods=%d ours=%.1f pods/s one-device=%.1f pods/s cpu-ratio=%.2f p99=%.2fs (ours cpu/pod=%v one-device=%v p50=%.2fs, from scheduler start)",
+			k.name, nodes, o.pods, o.rate, d.rate, ratio(o.cpuPerPod, d.cpuPerPod), o.p99.Seconds(),
+			o.cpuPerPod.Round(time.Microsecond), d.cpuPerPod.Round(time.Microsecond), o.p50.Seconds()))
+	}
+	for _, m := range []string{oursModel.name, oneDeviceModel.name} {
+		r := runs[m]
+		f := float64(r.nodes)
+		out = append(out,
+			fmt.Sprintf("fleet all %s nodes=%d pods=%d %.1f pods/s scheduler-cpu/pod=%v",
+				m, r.nodes, r.pods, float64(r.pods)/r.total.Seconds(), (r.cpu/time.Duration(r.pods)).Round(time.Microsecond)),
+			fmt.Sprintf("fleet apiserver %s nodes=%d slices/node=%.1f bytes/node=%.0f watch-events/node=%.1f watch-bytes/node=%.0f",
+				m, r.nodes, float64(r.slices)/f, float64(r.sliceBytes)/f, r.watchEvents/f, r.watchBytes/f))
+	}
+	for _, line := range out { // as they come: a failed bad-claim run keeps them
+		t.Log(line)
+	}
+	for _, b := range bad {
+		if _, ok := badClaims[b]; !ok {
+			t.Fatalf("HWDRA_FLEET_BAD: no bad claim %q", b)
+		}
+		t.Run("bad-"+b, func(t *testing.T) {
+			r := runFleet(t, oursModel, nodes, pods, b, invs, timeout)
+			line := fmt.Sprintf("fleet bad-claim %s nodes=%d held=%.1fs attempts=%.0f (FailedScheduling events %d; all bound after %.1fs, %.1fs without it; scheduler cpu %v vs %v)",
+				b, nodes, (r.total - ours.total).Seconds(), r.badAttempts, r.badEvents, r.total.Seconds(), ours.total.Seconds(),
+				r.cpu.Round(time.Millisecond), ours.cpu.Round(time.Millisecond))
+			out = append(out, line)
+			t.Log(line)
+		})
+	}
+	fmt.Println(strings.Join(out, "\n"))
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	i, err := strconv.Atoi(v)
+	if err != nil || i <= 0 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return i
+}
+
+// checkOursIsHwdraSlices: what the fleet's DGX, vGPU and NIC nodes get is
+// what `hwdra slices` prints for them, object for object.
+func checkOursIsHwdraSlices(t *testing.T, invs inventories) {
+	for _, hardware := range []string{fleetHardware(0), fleetHardware(9), fleetHardware(19)} {
+		node := "fleet-check"
+		want := hwdraSlices(t, hardware, node)
+		got := oursModel.slices(node, invs.get(t, hardware))
+		if len(got) != len(want) {
+			t.Fatalf("%s: %d slices, hwdra slices prints %d", hardware, len(got), len(want))
+		}
+		for i := range got {
+			var mine map[string]any
+			b, _ := json.Marshal(&got[i])
+			if err := json.Unmarshal(b, &mine); err != nil {
+				t.Fatal(err)
+			}
+			a, _ := json.Marshal(mine["spec"])
+			w, _ := json.Marshal(want[i].Object["spec"])
+			if got[i].Name != want[i].GetName() || string(a) != string(w) {
+				t.Fatalf("%s: slice %d differs from hwdra slices':\n%s %s\n%s %s", hardware, i, got[i].Name, a, want[i].GetName(), w)
+			}
+		}
+	}
+}
