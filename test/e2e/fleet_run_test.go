@@ -1,19 +1,25 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
@@ -30,6 +36,7 @@ type fleetRun struct {
 	kinds       map[string]kindResult
 	badAttempts float64 // the scheduler's unschedulable attempts
 	badEvents   int32   // the bad pod's FailedScheduling events, counted
+	badRefused  string  // the claim-limits policy's refusal of the bad claim, if it refused it
 }
 
 // kindResult: a kind's pods are scheduled in turn after the previous
@@ -52,7 +59,10 @@ type bind struct {
 // runFleet starts a control plane, registers nodes Nodes publishing model's
 // slices, creates pods pods (and first a pod with badClaims[bad], if bad is
 // set), starts the scheduler and measures until every other pod is bound.
-func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, invs inventories, timeout time.Duration) fleetRun {
+//
+// With limits the chart's claim-limits admission policy is installed, as
+// on an operator's cluster: a bad claim it refuses never exists.
+func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, limits bool, invs inventories, timeout time.Duration) fleetRun {
 	ctx := context.Background()
 	n := framework.New(t, framework.Options{ControlPlaneOnly: true, DeferScheduler: true, SkipDeploy: true})
 	cs, err := n.FastAdmin()
@@ -70,6 +80,9 @@ func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, invs 
 	}
 	if err := createPriorityClasses(ctx, cs); err != nil {
 		t.Fatal(err)
+	}
+	if limits {
+		installClaimLimits(ctx, t, n)
 	}
 	before, err := n.APIServerMetrics(ctx)
 	if err != nil {
@@ -118,7 +131,12 @@ func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, invs 
 	}
 	r.pods = len(jobs)
 	if bad != "" { // created first, the queue's head
-		if err := createPod(ctx, cs, ns, "a-bad", "fleet-bad", badClaims[bad]); err != nil {
+		err := createPod(ctx, cs, ns, "a-bad", "fleet-bad", badClaims[bad])
+		switch {
+		case err != nil && limits && strings.Contains(err.Error(), "claimLimits.gpusPerNode"):
+			r.badRefused = err.Error()
+			bad = "" // never reaches the scheduler
+		case err != nil:
 			t.Fatal(err)
 		}
 	}
@@ -166,6 +184,53 @@ func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, invs 
 		r.badEvents = failedScheduling(ctx, t, n, ns, "a-bad")
 	}
 	return r
+}
+
+// installClaimLimits applies the chart's claim-limits policy and its
+// binding (deploy/hwdra.yaml: the chart with its defaults, 8 GPUs per
+// node) and waits until a claim it refuses is refused.
+func installClaimLimits(ctx context.Context, t *testing.T, n *framework.Node) {
+	t.Helper()
+	dir, err := framework.DeployDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "hwdra.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := framework.ReadObjects(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var policy []*unstructured.Unstructured
+	for _, o := range objs {
+		if strings.HasSuffix(o.GetName(), "-claim-limits") {
+			policy = append(policy, o)
+		}
+	}
+	if len(policy) != 2 {
+		t.Fatalf("deploy/hwdra.yaml: %d claim-limits objects, want the policy and its binding", len(policy))
+	}
+	if _, err := framework.Apply(ctx, n.AdminConfig, "", policy...); err != nil {
+		t.Fatal(err)
+	}
+	// A policy takes effect once the API server has compiled it.
+	probe := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "limits-probe", Namespace: "default"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+			allocate.Request("dev", "gpu.hwdra.io", 99, ""),
+		}}}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := n.Admin.ResourceV1().ResourceClaims("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil && strings.Contains(err.Error(), "claimLimits.gpusPerNode") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the claim-limits policy is not in force after 30 s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // watchMetric sums a watch metric's ResourceSlice samples (the label is
