@@ -44,7 +44,13 @@ type fleetModel struct {
 // oursModel is what the agent publishes: ForNode with the default
 // configuration and every feature, as `hwdra slices` prints it.
 var oursModel = fleetModel{"ours", func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
-	res, _ := resources.ForNode(node, inv, config.Default(), device.AllFeatures, hw.Health{})
+	return modelSlices(node, inv, config.Default())
+}}
+
+// modelSlices are ForNode's objects for a configuration, in hwdra slices'
+// order.
+func modelSlices(node string, inv hw.Inventory, cfg *config.AgentConfig) []resourceapi.ResourceSlice {
+	res, _ := resources.ForNode(node, inv, cfg, device.AllFeatures, hw.Health{})
 	var out []resourceapi.ResourceSlice
 	for _, d := range []string{device.GPUDriver, device.NICDriver} { // hwdra slices' order
 		if r, ok := res[d]; ok {
@@ -52,6 +58,23 @@ var oursModel = fleetModel{"ours", func(node string, inv hw.Inventory) []resourc
 		}
 	}
 	return out
+}
+
+// leanModel is what the agent publishes with gpus.migProfiles limited to
+// the profiles most claims ask for (1g.*, 3g.40gb, 7g.80gb, no +me
+// variants), as slices/resources' fleet benchmark measures it.
+var leanModel = fleetModel{"lean", func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
+	lean, err := config.Parse([]byte(`apiVersion: config.hwdra.io/v1alpha1
+kind: AgentConfig
+gpus:
+  migProfiles:
+    include: ["1g.*", 3g.40gb, 7g.80gb]
+    exclude: ["*+me*", 1g.20gb]
+`))
+	if err != nil {
+		panic(err) // a constant
+	}
+	return modelSlices(node, inv, lean)
 }}
 
 // oneDeviceModel is the same hardware without any DRA feature: one device

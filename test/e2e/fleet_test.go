@@ -20,7 +20,8 @@ import (
 //	HWDRA_FLEET_NODES (10), HWDRA_FLEET_PODS (50), HWDRA_FLEET_BAD
 //	(comma-separated badClaims keys; default all, "none" for none),
 //	HWDRA_FLEET_TIMEOUT (10m, per run), HWDRA_FLEET_CLAIM_LIMITS (0: the
-//	bad-claim runs without the chart's claim-limits policy)
+//	bad-claim runs without the chart's claim-limits policy),
+//	HWDRA_FLEET_LEAN (1: also the lean publication, leanModel)
 func TestFleet(t *testing.T) {
 	if os.Getenv("HWDRA_FLEET") != "1" {
 		t.Skip("fleet harness: set HWDRA_FLEET=1 (hack/fleet.sh)")
@@ -47,8 +48,12 @@ func TestFleet(t *testing.T) {
 	invs := inventories{}
 	t.Run("as-hwdra-slices", func(t *testing.T) { checkOursIsHwdraSlices(t, invs) })
 
+	models := []fleetModel{oursModel, oneDeviceModel}
+	if os.Getenv("HWDRA_FLEET_LEAN") == "1" {
+		models = append(models, leanModel)
+	}
 	runs := map[string]fleetRun{}
-	for _, m := range []fleetModel{oursModel, oneDeviceModel} {
+	for _, m := range models {
 		t.Run(m.name, func(t *testing.T) { runs[m.name] = runFleet(t, m, nodes, pods, "", false, invs, timeout) })
 	}
 	ours, one := runs[oursModel.name], runs[oneDeviceModel.name]
@@ -56,20 +61,31 @@ func TestFleet(t *testing.T) {
 		t.Fatal("a run failed")
 	}
 	var out []string
-	for _, k := range fleetKinds {
-		o, d := ours.kinds[k.name], one.kinds[k.name]
-		out = append(out, fmt.Sprintf("fleet %s nodes=%d pods=%d ours=%.1f pods/s one-device=%.1f pods/s cpu-ratio=%.2f p99=%.2fs (ours cpu/pod=%v one-device=%v p50=%.2fs, from scheduler start)",
-			k.name, nodes, o.pods, o.rate, d.rate, ratio(o.cpuPerPod, d.cpuPerPod), o.p99.Seconds(),
-			o.cpuPerPod.Round(time.Microsecond), d.cpuPerPod.Round(time.Microsecond), o.p50.Seconds()))
+	for _, m := range models {
+		if m.name == oneDeviceModel.name {
+			continue
+		}
+		// "fleet KIND ... ours=": the default publication; another model
+		// says its name: "fleet[lean] KIND ... lean=".
+		prefix := "fleet"
+		if m.name != oursModel.name {
+			prefix += "[" + m.name + "]"
+		}
+		for _, k := range fleetKinds {
+			o, d := runs[m.name].kinds[k.name], one.kinds[k.name]
+			out = append(out, fmt.Sprintf("%s %s nodes=%d pods=%d %s=%.1f pods/s one-device=%.1f pods/s cpu-ratio=%.2f p99=%.2fs (%s cpu/pod=%v one-device=%v p50=%.2fs, from scheduler start)",
+				prefix, k.name, nodes, o.pods, m.name, o.rate, d.rate, ratio(o.cpuPerPod, d.cpuPerPod), o.p99.Seconds(),
+				m.name, o.cpuPerPod.Round(time.Microsecond), d.cpuPerPod.Round(time.Microsecond), o.p50.Seconds()))
+		}
 	}
-	for _, m := range []string{oursModel.name, oneDeviceModel.name} {
-		r := runs[m]
+	for _, m := range models {
+		r := runs[m.name]
 		f := float64(r.nodes)
 		out = append(out,
 			fmt.Sprintf("fleet all %s nodes=%d pods=%d %.1f pods/s scheduler-cpu/pod=%v",
-				m, r.nodes, r.pods, float64(r.pods)/r.total.Seconds(), (r.cpu/time.Duration(r.pods)).Round(time.Microsecond)),
+				m.name, r.nodes, r.pods, float64(r.pods)/r.total.Seconds(), (r.cpu/time.Duration(r.pods)).Round(time.Microsecond)),
 			fmt.Sprintf("fleet apiserver %s nodes=%d slices/node=%.1f bytes/node=%.0f watch-events/node=%.1f watch-bytes/node=%.0f",
-				m, r.nodes, float64(r.slices)/f, float64(r.sliceBytes)/f, r.watchEvents/f, r.watchBytes/f))
+				m.name, r.nodes, float64(r.slices)/f, float64(r.sliceBytes)/f, r.watchEvents/f, r.watchBytes/f))
 	}
 	for _, line := range out { // as they come: a failed bad-claim run keeps them
 		t.Log(line)
