@@ -63,19 +63,23 @@ func modelSlices(node string, inv hw.Inventory, cfg *config.AgentConfig) []resou
 // leanModel is what the agent publishes with gpus.migProfiles limited to
 // the profiles most claims ask for (1g.*, 3g.40gb, 7g.80gb, no +me
 // variants), as slices/resources' fleet benchmark measures it.
-var leanModel = fleetModel{"lean", func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
-	lean, err := config.Parse([]byte(`apiVersion: config.hwdra.io/v1alpha1
-kind: AgentConfig
-gpus:
-  migProfiles:
-    include: ["1g.*", 3g.40gb, 7g.80gb]
-    exclude: ["*+me*", 1g.20gb]
-`))
+var leanModel = configModel("lean", `{include: ["1g.*", 3g.40gb, 7g.80gb], exclude: ["*+me*", 1g.20gb]}`)
+
+// plainModel offers every plain MIG profile and none of the media
+// extension variants (+me, -me).
+var plainModel = configModel("plain", `{exclude: ["*+me*", "*-me*"]}`)
+
+// configModel is what the agent publishes with gpus.migProfiles set to
+// migProfiles (YAML).
+func configModel(name, migProfiles string) fleetModel {
+	cfg, err := config.Parse([]byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\ngpus:\n  migProfiles: " + migProfiles + "\n"))
 	if err != nil {
-		panic(err) // a constant
+		panic(fmt.Sprintf("fleet model %s: %v", name, err)) // a constant
 	}
-	return modelSlices(node, inv, lean)
-}}
+	return fleetModel{name, func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
+		return modelSlices(node, inv, cfg)
+	}}
+}
 
 // oneDeviceModel is the same hardware without any DRA feature: one device
 // per GPU and per VF, no counters, no shares (fleet_bench_test.go's

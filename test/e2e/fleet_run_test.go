@@ -43,7 +43,8 @@ type fleetRun struct {
 // kind's (createPriorityClasses), so its window runs from the previous
 // kind's last bind to its own last.
 type kindResult struct {
-	pods      int
+	pods      int           // bound
+	unbound   int           // left pending when the run ended
 	rate      float64       // pods/s in its window
 	cpuPerPod time.Duration // the scheduler's CPU in its window, per pod
 	p50, p99  time.Duration // time to bind, from the scheduler's start
@@ -161,10 +162,29 @@ func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, limit
 	if err := n.StartScheduler(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-b.all:
-	case <-time.After(timeout):
-		t.Fatalf("%s: %d of %d pods bound within %v; %s", model.name, len(b.snapshot()), len(jobs), timeout, whyPending(ctx, n, ns))
+	// Until every pod is bound, the run's timeout, or a minute without a
+	// bind (the rest refused everywhere): a run that leaves pods pending
+	// fails, but still gives its figures and says which kinds it left.
+	deadline := time.After(timeout)
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	bound, lastBind := 0, time.Now()
+wait:
+	for {
+		select {
+		case <-b.all:
+			break wait
+		case <-deadline:
+			t.Errorf("%s: %d of %d pods bound within %v; %s", model.name, len(b.snapshot()), len(jobs), timeout, whyPending(ctx, n, ns))
+			break wait
+		case <-tick.C:
+			if got := len(b.snapshot()); got != bound {
+				bound, lastBind = got, time.Now()
+			} else if time.Since(lastBind) > time.Minute {
+				t.Errorf("%s: %d of %d pods bound, none for a minute; %s", model.name, got, len(jobs), whyPending(ctx, n, ns))
+				break wait
+			}
+		}
 	}
 	fillKinds(&r, b.snapshot(), names)
 
@@ -303,8 +323,13 @@ func fillKinds(r *fleetRun, got map[string]bind, names map[string][]string) {
 	for _, kind := range fleetKinds {
 		var ats []time.Duration
 		first, last := bind{at: time.Duration(1 << 62)}, bind{}
+		unbound := 0
 		for _, name := range names[kind.name] {
-			b := got[name]
+			b, ok := got[name]
+			if !ok {
+				unbound++
+				continue
+			}
 			ats = append(ats, b.at)
 			if b.at < first.at {
 				first = b
@@ -314,13 +339,14 @@ func fillKinds(r *fleetRun, got map[string]bind, names map[string][]string) {
 			}
 		}
 		if len(ats) == 0 {
+			r.kinds[kind.name] = kindResult{unbound: unbound}
 			continue
 		}
 		origin, count := first, len(ats)-1
 		if prev != nil {
 			origin, count = *prev, len(ats)
 		}
-		k := kindResult{pods: len(ats), p50: percentile(ats, 0.5), p99: percentile(ats, 0.99)}
+		k := kindResult{pods: len(ats), unbound: unbound, p50: percentile(ats, 0.5), p99: percentile(ats, 0.99)}
 		if window := last.at - origin.at; window > 0 && count > 0 {
 			k.rate = float64(count) / window.Seconds()
 			k.cpuPerPod = (last.cpu - origin.cpu) / time.Duration(count)

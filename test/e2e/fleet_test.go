@@ -21,7 +21,8 @@ import (
 //	(comma-separated badClaims keys; default all, "none" for none),
 //	HWDRA_FLEET_TIMEOUT (10m, per run), HWDRA_FLEET_CLAIM_LIMITS (0: the
 //	bad-claim runs without the chart's claim-limits policy),
-//	HWDRA_FLEET_LEAN (1: also the lean publication, leanModel)
+//	HWDRA_FLEET_LEAN (1: also the leaner publications, plainModel and
+//	leanModel)
 func TestFleet(t *testing.T) {
 	if os.Getenv("HWDRA_FLEET") != "1" {
 		t.Skip("fleet harness: set HWDRA_FLEET=1 (hack/fleet.sh)")
@@ -50,7 +51,7 @@ func TestFleet(t *testing.T) {
 
 	models := []fleetModel{oursModel, oneDeviceModel}
 	if os.Getenv("HWDRA_FLEET_LEAN") == "1" {
-		models = append(models, leanModel)
+		models = append(models, plainModel, leanModel)
 	}
 	runs := map[string]fleetRun{}
 	for _, m := range models {
@@ -73,9 +74,13 @@ func TestFleet(t *testing.T) {
 		}
 		for _, k := range fleetKinds {
 			o, d := runs[m.name].kinds[k.name], one.kinds[k.name]
-			out = append(out, fmt.Sprintf("%s %s nodes=%d pods=%d %s=%.1f pods/s one-device=%.1f pods/s cpu-ratio=%.2f p99=%.2fs (%s cpu/pod=%v one-device=%v p50=%.2fs, from scheduler start)",
+			left := ""
+			if o.unbound+d.unbound > 0 {
+				left = fmt.Sprintf(" LEFT PENDING: %s %d, one-device %d;", m.name, o.unbound, d.unbound)
+			}
+			out = append(out, fmt.Sprintf("%s %s nodes=%d pods=%d %s=%.1f pods/s one-device=%.1f pods/s cpu-ratio=%.2f p99=%.2fs (%s%s cpu/pod=%v one-device=%v p50=%.2fs, from scheduler start)",
 				prefix, k.name, nodes, o.pods, m.name, o.rate, d.rate, ratio(o.cpuPerPod, d.cpuPerPod), o.p99.Seconds(),
-				m.name, o.cpuPerPod.Round(time.Microsecond), d.cpuPerPod.Round(time.Microsecond), o.p50.Seconds()))
+				left, m.name, o.cpuPerPod.Round(time.Microsecond), d.cpuPerPod.Round(time.Microsecond), o.p50.Seconds()))
 		}
 	}
 	for _, m := range models {
