@@ -87,7 +87,7 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 
 	var controller []resourcealpha.PoolStatus
 	for _, d := range []string{gpuDriver, nicDriver} {
-		controller = append(controller, requestPoolStatus(t, n, d)...)
+		controller = append(controller, requestPoolStatus(t, n, d, n.Name)...)
 	}
 	if len(controller) != 2 {
 		t.Fatalf("controller reported %d pools, want 2: %+v", len(controller), controller)
@@ -112,7 +112,7 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 	}
 
 	began := time.Now()
-	ours := hwdraPoolStatus(t, n)
+	ours := hwdraPoolStatus(t, n, n.Name)
 	framework.Timing(t, "pool-status-command", time.Since(began))
 	if len(ours.Pools) != len(controller) {
 		t.Fatalf("hwdra pool-status reports %d pools, the controller %d", len(ours.Pools), len(controller))
@@ -161,14 +161,15 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 }
 
 // requestPoolStatus asks kube-controller-manager for the pool status of
-// driver's pool on the node and returns its pools once it has answered.
-func requestPoolStatus(t *testing.T, n *framework.Node, driver string) []resourcealpha.PoolStatus {
+// driver's pool (every pool of driver for pool "") and returns its pools
+// once it has answered.
+func requestPoolStatus(t *testing.T, n *framework.Node, driver, pool string) []resourcealpha.PoolStatus {
 	t.Helper()
 	ctx := context.Background()
 	api := n.Admin.ResourceV1alpha3().ResourcePoolStatusRequests()
 	req, err := api.Create(ctx, &resourcealpha.ResourcePoolStatusRequest{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "hwdra-"},
-		Spec:       resourcealpha.ResourcePoolStatusRequestSpec{Driver: driver, PoolName: ptr.To(n.Name)},
+		Spec:       resourcealpha.ResourcePoolStatusRequestSpec{Driver: driver, PoolName: poolName(pool)},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create ResourcePoolStatusRequest for %s: %v", driver, err)
@@ -193,11 +194,19 @@ func requestPoolStatus(t *testing.T, n *framework.Node, driver string) []resourc
 	}
 }
 
-// hwdraPoolStatus runs `hwdra pool-status -o json` as the admin, for the node.
-func hwdraPoolStatus(t *testing.T, n *framework.Node) poolstatus.Report {
+func poolName(pool string) *string {
+	if pool == "" {
+		return nil
+	}
+	return &pool
+}
+
+// hwdraPoolStatus runs `hwdra pool-status -o json` as the admin, for the
+// node (every node for "").
+func hwdraPoolStatus(t *testing.T, n *framework.Node, node string) poolstatus.Report {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(framework.HwdraBinary(t), "pool-status", "--kubeconfig", n.AdminKubeconfig(), "--node", n.Name, "-o", "json")
+	cmd := exec.Command(framework.HwdraBinary(t), "pool-status", "--kubeconfig", n.AdminKubeconfig(), "--node", node, "-o", "json")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("hwdra pool-status: %v\n%s", err, stderr.String())

@@ -329,9 +329,9 @@ func TestPartitionTypeGateOff(t *testing.T) {
 
 	var controller []resourcealpha.PoolStatus
 	for _, d := range []string{gpuDriver, nicDriver} {
-		controller = append(controller, requestPoolStatus(t, n, d)...)
+		controller = append(controller, requestPoolStatus(t, n, d, n.Name)...)
 	}
-	ours := hwdraPoolStatus(t, n)
+	ours := hwdraPoolStatus(t, n, n.Name)
 	if len(controller) != 2 || len(ours.Pools) != 2 {
 		t.Fatalf("pools: controller %d, hwdra pool-status %d; want 2", len(controller), len(ours.Pools))
 	}

@@ -159,7 +159,7 @@ func (n *Node) WaitAgentRollout(ctx context.Context, timeout time.Duration) (*Ag
 		ds, err := n.Admin.AppsV1().DaemonSets(AgentNamespace).Get(ctx, "hwdra-agent", metav1.GetOptions{})
 		if err == nil {
 			pods, perr := n.agentPods(ctx)
-			last = rolloutState(ds, pods, perr)
+			last = rolloutState(ds, pods, perr, 1)
 			if last == "" {
 				return &AgentPod{n: n, Name: pods[0].Name, UID: pods[0].UID}, nil
 			}
@@ -175,17 +175,18 @@ func (n *Node) WaitAgentRollout(ctx context.Context, timeout time.Duration) (*Ag
 	}
 }
 
-// rolloutState says what the rollout still waits for, "" when done.
-func rolloutState(ds *appsv1.DaemonSet, pods []corev1.Pod, err error) string {
+// rolloutState says what a rollout onto want nodes still waits for, ""
+// when done.
+func rolloutState(ds *appsv1.DaemonSet, pods []corev1.Pod, err error, want int32) string {
 	st := ds.Status
 	switch {
 	case err != nil:
 		return err.Error()
 	case st.ObservedGeneration < ds.Generation:
 		return "the controller has not seen the new template"
-	case st.DesiredNumberScheduled != 1 || st.UpdatedNumberScheduled != 1 || st.NumberAvailable != 1:
+	case st.DesiredNumberScheduled != want || st.UpdatedNumberScheduled != want || st.NumberAvailable != want:
 		return fmt.Sprintf("desired %d, updated %d, available %d", st.DesiredNumberScheduled, st.UpdatedNumberScheduled, st.NumberAvailable)
-	case len(pods) != 1:
+	case len(pods) != int(want):
 		var names []string
 		for _, p := range pods {
 			names = append(names, p.Name)
@@ -193,16 +194,24 @@ func rolloutState(ds *appsv1.DaemonSet, pods []corev1.Pod, err error) string {
 		sort.Strings(names)
 		return fmt.Sprintf("%d agent pods: %v", len(pods), names)
 	}
-	p := pods[0]
-	if p.DeletionTimestamp != nil {
-		return "the agent pod is terminating"
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-			return ""
+	for _, p := range pods {
+		if p.DeletionTimestamp != nil {
+			return "agent pod " + p.Name + " is terminating"
+		}
+		if !podReady(&p) {
+			return "agent pod " + p.Name + " not ready"
 		}
 	}
-	return "agent pod " + p.Name + " not ready"
+	return ""
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
 
 // LogPath is the agent container's log as the kubelet writes it (CRI
@@ -265,7 +274,7 @@ func (p *AgentPod) Client() (*kubernetes.Clientset, error) {
 		return nil, err
 	}
 	path := filepath.Join(p.n.Root, "cp", "agent-pod-"+string(p.UID)+".kubeconfig")
-	if err := writeKubeconfig(path, p.n.pki.CACert, token); err != nil {
+	if err := writeKubeconfig(path, "127.0.0.1", p.n.pki.CACert, token); err != nil {
 		return nil, err
 	}
 	_, cs, err := p.n.clientFromKubeconfig(path)

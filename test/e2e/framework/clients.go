@@ -75,7 +75,7 @@ func (n *Node) agentCredentials(ctx context.Context, name string, ref *authentic
 		return nil, fmt.Errorf("token for %s/%s: %w", AgentNamespace, AgentServiceAccount, err)
 	}
 	path := filepath.Join(n.Root, "cp", name+".kubeconfig")
-	if err := writeKubeconfig(path, n.pki.CACert, tr.Status.Token); err != nil {
+	if err := writeKubeconfig(path, "127.0.0.1", n.pki.CACert, tr.Status.Token); err != nil {
 		return nil, err
 	}
 	cfg, cs, err := n.clientFromKubeconfig(path)

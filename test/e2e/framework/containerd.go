@@ -25,6 +25,8 @@ imports = []
 [plugins]
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '@ROOT@/ctrd/certs.d'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = '@PAUSE@'
 
@@ -107,13 +109,28 @@ const cniConfig = `{
 }
 `
 
+// expand fills in a configuration with the node's paths as its processes
+// see them.
 func (n *Node) expand(tmpl string) string {
+	bridge, podCIDR := bridgeName, PodCIDR
+	if n.worker != nil {
+		bridge, podCIDR = workerBridge, n.worker.podCIDR()
+	}
 	return strings.NewReplacer(
-		"@ROOT@", n.Root, "@BIN@", binDir(), "@RUNC@", runcPath,
-		"@CDI@", n.CDIDir, "@NRI@", n.NRISocket, "@PAUSE@", PauseImage,
-		"@BRIDGE@", bridgeName, "@POD_CIDR@", PodCIDR, "@NODE_IP@", NodeIP,
+		"@ROOT@", n.onNode(n.Root), "@BIN@", binDir(), "@RUNC@", runcPath,
+		"@CDI@", n.onNode(n.CDIDir), "@NRI@", n.onNode(n.NRISocket), "@PAUSE@", PauseImage,
+		"@BRIDGE@", bridge, "@POD_CIDR@", podCIDR,
 	).Replace(tmpl)
 }
+
+// registryHosts is containerd's host configuration of the suite's
+// registry (registry.go) as the workers of a cluster reach it: plain
+// HTTP, as containerd assumes only for loopback.
+const registryHosts = `server = "http://@REGISTRY@"
+
+[host."http://@REGISTRY@"]
+  capabilities = ["pull", "resolve"]
+`
 
 // ContainerdSocket is the CRI endpoint.
 func (n *Node) ContainerdSocket() string { return filepath.Join(n.Root, "ctrd", "containerd.sock") }
@@ -132,10 +149,17 @@ func (n *Node) startContainerd(ctx context.Context, images []string) error {
 	if err := os.WriteFile(cfg, []byte(n.expand(containerdConfig)), 0o644); err != nil {
 		return err
 	}
+	hosts := filepath.Join(n.Root, "ctrd", "certs.d", workerRegistryAddr)
+	if err := os.MkdirAll(hosts, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(hosts, "hosts.toml"), []byte(strings.ReplaceAll(registryHosts, "@REGISTRY@", workerRegistryAddr)), 0o644); err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(n.Root, "cni/net.d/10-bridge.conflist"), []byte(n.expand(cniConfig)), 0o644); err != nil {
 		return err
 	}
-	n.Containerd = n.newProcess("containerd", bin("containerd"), "--config="+cfg, "--log-level=info")
+	n.Containerd = n.newProcess("containerd", bin("containerd"), "--config="+n.onNode(cfg), "--log-level=info")
 	// containerd finds its shim through PATH: ours (2.x) must win over any
 	// distribution's 1.x shim.
 	n.Containerd.Env = []string{"PATH=" + binDir() + ":" + os.Getenv("PATH")}

@@ -141,13 +141,13 @@ type identity struct {
 }
 
 // writeKubeconfig writes a kubeconfig that reaches the apiserver with token.
-func writeKubeconfig(path, caFile, token string) error {
+func writeKubeconfig(path, host, caFile, token string) error {
 	cfg := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - name: e2e
   cluster:
-    server: https://127.0.0.1:%d
+    server: https://%s:%d
     certificate-authority: %s
 users:
 - name: u
@@ -157,7 +157,7 @@ contexts:
 - name: c
   context: {cluster: e2e, user: u}
 current-context: c
-`, apiserverPort, caFile, token)
+`, host, apiserverPort, caFile, token)
 	return os.WriteFile(path, []byte(cfg), 0o600)
 }
 
@@ -179,6 +179,9 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 		"scheduler":          {"system:kube-scheduler", randomToken(), nil},
 		"kubelet":            {"system:node:" + n.Name, randomToken(), []string{"system:nodes"}},
 	}
+	for _, w := range n.Options.Workers {
+		ids["kubelet-"+w] = identity{"system:node:" + w, randomToken(), []string{"system:nodes"}}
+	}
 	var tokens strings.Builder
 	for _, id := range ids {
 		fmt.Fprintf(&tokens, "%s,%s,%s,\"%s\"\n", id.token, id.name, id.name, strings.Join(id.groups, ","))
@@ -190,7 +193,11 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 	kc := map[string]string{}
 	for name, id := range ids {
 		kc[name] = filepath.Join(dir, name+".kubeconfig")
-		if err := writeKubeconfig(kc[name], p.CACert, id.token); err != nil {
+		host := "127.0.0.1"
+		if strings.HasPrefix(name, "kubelet-") { // a worker's, from its own namespace
+			host = NodeIP
+		}
+		if err := writeKubeconfig(kc[name], host, p.CACert, id.token); err != nil {
 			return err
 		}
 	}
@@ -217,9 +224,15 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 		return fmt.Errorf("etcd: %w\n%s", err, n.Etcd.Tail(20))
 	}
 
+	bind := "127.0.0.1"
+	if len(n.Options.Workers) > 0 {
+		// The workers reach it on NodeIP, the tests on loopback; every
+		// address is inside the run's namespace.
+		bind = "0.0.0.0"
+	}
 	n.APIServer = n.newProcess("kube-apiserver", bin("kube-apiserver"),
 		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiserverPort),
+		"--bind-address="+bind, fmt.Sprintf("--secure-port=%d", apiserverPort),
 		"--advertise-address="+NodeIP,
 		"--tls-cert-file="+p.ServingCert, "--tls-private-key-file="+p.ServingKey,
 		"--token-auth-file="+tokenFile,
@@ -255,7 +268,10 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 		"--leader-elect=false", "--secure-port=0",
 		"--feature-gates=" + gates,
 		"--profiling=false"}
-	if n.Options.ControlPlaneOnly {
+	switch {
+	case len(n.Options.Workers) > 0:
+		cmArgs = clusterControllerManagerArgs(cmArgs)
+	case n.Options.ControlPlaneOnly:
 		cmArgs, schedArgs = fleetControllerManagerArgs(cmArgs), fleetSchedulerArgs(schedArgs)
 	}
 	n.ControllerManager = n.newProcess("kube-controller-manager", bin("kube-controller-manager"), cmArgs...)

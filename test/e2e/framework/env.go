@@ -40,6 +40,9 @@ const (
 	// namespace; envRoot passes it the run's temp directory.
 	envChild = "HWDRA_E2E_CHILD"
 	envRoot  = "HWDRA_E2E_ROOT"
+	// envNetns names the run's network namespace (a cluster's workers'
+	// are named after it).
+	envNetns = "HWDRA_E2E_NETNS"
 	// envAgentImages and envHelm pass the agent's image archives and the
 	// helm CLI, built before entering the namespace, to the child.
 	envAgentImages = "HWDRA_E2E_AGENT_IMAGES"

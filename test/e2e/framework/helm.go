@@ -144,23 +144,27 @@ func (n *Node) Helm(ctx context.Context, args ...string) (string, error) {
 // networking), the mock's veth stand-ins, and the pod only where the node
 // has AgentPodLabel. Tests change hardware, image and environment.
 func (n *Node) AgentValues(hardware string) map[string]any {
+	repo, apiHost := AgentImageRepository, "127.0.0.1"
+	if n.worker != nil { // in its own network namespace
+		repo, apiHost = workerRegistryAddr+"/e2e/hwdra", NodeIP
+	}
 	return map[string]any{
-		"image":          map[string]any{"repository": AgentImageRepository, "tag": AgentImageTag, "pullPolicy": "IfNotPresent"},
+		"image":          map[string]any{"repository": repo, "tag": AgentImageTag, "pullPolicy": "IfNotPresent"},
 		"hardware":       hardware,
-		"kubeletRootDir": n.KubeletRoot(),
-		"cdiDir":         n.CDIDir,
-		"nriSocket":      n.NRISocket,
-		"podNetnsDir":    n.NetnsDir(),
+		"kubeletRootDir": n.onNode(n.KubeletRoot()),
+		"cdiDir":         n.onNode(n.CDIDir),
+		"nriSocket":      n.onNode(n.NRISocket),
+		"podNetnsDir":    n.onNode(n.NetnsDir()),
 		// An explicit root: the chart's default mounts the node's / with
 		// HostToContainer propagation, which needs / shared (as on a
 		// systemd node); this machine's / may be private. On mock
 		// hardware the agent does not look there anyway.
-		"nvidiaDriverRoot": filepath.Join(n.Root, "driver-root"),
-		"stateDir":         n.AgentPodStateDir(),
+		"nvidiaDriverRoot": n.onNode(filepath.Join(n.Root, "driver-root")),
+		"stateDir":         n.onNode(n.AgentPodStateDir()),
 		"nodeSelector":     map[string]any{AgentPodLabel: "true"},
 		"logVerbosity":     2,
 		"extraEnv": []any{
-			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": apiHost},
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": fmt.Sprint(apiserverPort)},
 			map[string]any{"name": "HWDRA_MOCK_VETH", "value": "1"},
 		},

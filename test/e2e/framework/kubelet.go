@@ -23,7 +23,7 @@ const (
 // cgroup v1 (hybrid) without systemd, no swap accounting, no iptables, no
 // CAP_SYS_RESOURCE; everything it writes under its root where it lets us.
 func (n *Node) kubeletConfig() map[string]any {
-	return map[string]any{
+	cfg := map[string]any{
 		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
 		"kind":                     "KubeletConfiguration",
 		"failCgroupV1":             false,
@@ -32,9 +32,9 @@ func (n *Node) kubeletConfig() map[string]any {
 		"cgroupsPerQOS":            true,
 		"enforceNodeAllocatable":   []string{"pods"},
 		"protectKernelDefaults":    false,
-		"containerRuntimeEndpoint": "unix://" + n.ContainerdSocket(),
-		"podLogsDir":               filepath.Join(n.Root, "pod-logs"),
-		"address":                  NodeIP,
+		"containerRuntimeEndpoint": "unix://" + n.onNode(n.ContainerdSocket()),
+		"podLogsDir":               n.onNode(filepath.Join(n.Root, "pod-logs")),
+		"address":                  n.IP(),
 		"port":                     kubeletPort,
 		"readOnlyPort":             0,
 		"healthzBindAddress":       "127.0.0.1",
@@ -55,13 +55,17 @@ func (n *Node) kubeletConfig() map[string]any {
 		"resolvConf":             "",
 		"clusterDomain":          "cluster.local",
 		"makeIPTablesUtilChains": false,
-		"volumePluginDir":        filepath.Join(n.Root, "kubelet-volume-plugins"),
+		"volumePluginDir":        n.onNode(filepath.Join(n.Root, "kubelet-volume-plugins")),
 		"featureGates":           n.Options.FeatureGates,
 		// Faster status round trips than production defaults: tests wait
 		// on them.
 		"nodeStatusUpdateFrequency": "2s",
 		"syncFrequency":             "5s",
 	}
+	if n.worker != nil {
+		cfg["cgroupRoot"] = "/" + n.worker.cgroup
+	}
+	return cfg
 }
 
 // DevicePluginDir is the kubelet's device-plugin directory: fixed in the
@@ -90,11 +94,11 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		return err
 	}
 	n.Kubelet = n.newProcess("kubelet", bin("kubelet"),
-		"--config="+cfg,
+		"--config="+n.onNode(cfg),
 		"--kubeconfig="+n.kubeconfigs["kubelet"],
-		"--root-dir="+n.KubeletRoot(),
-		"--cert-dir="+filepath.Join(n.KubeletRoot(), "pki"),
-		"--node-ip="+NodeIP,
+		"--root-dir="+n.onNode(n.KubeletRoot()),
+		"--cert-dir="+n.onNode(filepath.Join(n.KubeletRoot(), "pki")),
+		"--node-ip="+n.IP(),
 		"--hostname-override="+n.Name,
 		"--v=2")
 	n.Kubelet.Env = []string{"PATH=" + binDir() + ":" + os.Getenv("PATH")}

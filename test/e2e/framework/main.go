@@ -82,7 +82,7 @@ func runInNamespace() int {
 	}
 	cmd := exec.Command(os.Args[0], os.Args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), envChild+"=1", envRoot+"="+root)
+	cmd.Env = append(os.Environ(), envChild+"=1", envRoot+"="+root, envNetns+"="+ns)
 	if cpOnly {
 		cmd.Env = append(cmd.Env, prebuildHwdra(root)...)
 	} else {

@@ -35,6 +35,10 @@ type Options struct {
 	// DeferScheduler leaves the scheduler stopped until StartScheduler,
 	// so a test measures scheduling alone, not its pods' creation.
 	DeferScheduler bool
+	// Workers makes this the control plane of a cluster (cluster.go):
+	// the API server reachable from the workers' namespaces, a kubelet
+	// identity per worker name, the node lifecycle controller on.
+	Workers []string
 }
 
 // Node is a running single-node cluster.
@@ -59,6 +63,11 @@ type Node struct {
 	kubeconfigs map[string]string
 	procs       []*Process
 	stopOnce    sync.Once
+
+	// A cluster's worker (cluster.go) runs in its own network and mount
+	// namespaces; see worker.
+	worker  *worker
+	profile string // a worker's built-in mock profile
 }
 
 // AdminKubeconfig is the path of a kubeconfig with the cluster admin's
@@ -229,6 +238,9 @@ func (n *Node) boot(ctx context.Context, imageDir string) error {
 
 func (n *Node) newProcess(name, path string, args ...string) *Process {
 	p := &Process{Name: name, Path: path, Args: args, LogPath: filepath.Join(n.Root, "logs", name+".log")}
+	if n.worker != nil {
+		n.worker.enter(p)
+	}
 	n.procs = append(n.procs, p)
 	return p
 }
@@ -265,9 +277,13 @@ func (n *Node) Stop() {
 		}
 		// Whatever still runs with a path under the root (shims whose
 		// sandbox could not be removed) has no owner left.
-		killByCommandLine(n.Root, log)
-		if !n.Options.ControlPlaneOnly { // no pods; another run's may be there
-			cleanupCgroups(log)
+		if n.worker != nil {
+			n.stopWorker(log)
+		} else {
+			killByCommandLine(n.Root, log)
+		}
+		if !n.Options.ControlPlaneOnly && n.worker == nil { // no pods; another run's may be there
+			cleanupCgroups(log, kubepodsCgroups)
 		}
 		unmountUnder(n.Root, log)
 		n.saveLogs()

@@ -30,6 +30,9 @@ import (
 // loopback registry; helm is told --plain-http).
 const (
 	registryAddr = "127.0.0.1:5000"
+	// registryListen and workerRegistryAddr: the same registry.
+	registryListen     = ":5000"
+	workerRegistryAddr = NodeIP + ":5000"
 	// registryPath is what hack/push.sh is given: the image goes to
 	// registryPath/hwdra, the chart to registryPath/charts/hwdra.
 	registryPath = registryAddr + "/e2e"
@@ -54,9 +57,11 @@ var (
 // startRegistry serves the in-process registry (once per run).
 func startRegistry() error {
 	registryOnce.Do(func() {
-		l, err := net.Listen("tcp", registryAddr)
+		// Every address of the run's namespace: the tests and the single
+		// node pull from loopback, a cluster's workers from NodeIP.
+		l, err := net.Listen("tcp", registryListen)
 		if err != nil {
-			registryErr = fmt.Errorf("registry on %s: %w", registryAddr, err)
+			registryErr = fmt.Errorf("registry on %s: %w", registryListen, err)
 			return
 		}
 		srv := &http.Server{Handler: registry.New(registry.Logger(log.New(io.Discard, "", 0))), ReadHeaderTimeout: 10 * time.Second}

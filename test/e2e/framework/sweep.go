@@ -40,17 +40,13 @@ type logf func(format string, args ...any)
 // under the root, cgroups (where cgroups is set), fixed paths and the
 // namespace itself.
 func sweep(ns, root string, createdFixed []string, cgroups bool, log logf) {
-	if out, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil {
-		for _, f := range strings.Fields(string(out)) {
-			if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
-				log("killing leftover process %d in %s", pid, ns)
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
+	workers := workerNamespaces(ns)
+	for _, n := range append([]string{ns}, workers...) {
+		killInNamespace(n, log)
 	}
 	killByCommandLine(root, log)
 	if cgroups { // the kubepods cgroups are the machine's, not the run's
-		cleanupCgroups(log)
+		cleanupCgroups(log, kubepodsCgroups)
 	}
 	unmountUnder(root, log)
 	if os.Getenv(EnvKeep) == "" {
@@ -65,9 +61,42 @@ func sweep(ns, root string, createdFixed []string, cgroups bool, log logf) {
 			log("remove %s: %v", p, err)
 		}
 	}
-	if out, err := exec.Command("ip", "netns", "delete", ns).CombinedOutput(); err != nil {
-		log("ip netns delete %s: %v: %s", ns, err, out)
+	for _, n := range append(workers, ns) {
+		if out, err := exec.Command("ip", "netns", "delete", n).CombinedOutput(); err != nil {
+			log("ip netns delete %s: %v: %s", n, err, out)
+		}
 	}
+}
+
+// killInNamespace SIGKILLs every process (but this one) in the named
+// network namespace.
+func killInNamespace(ns string, log logf) {
+	out, err := exec.Command("ip", "netns", "pids", ns).Output()
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(out)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
+			log("killing leftover process %d in %s", pid, ns)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// workerNamespaces lists the network namespaces of a run's cluster
+// workers: <ns>-<worker> (cluster.go).
+func workerNamespaces(ns string) []string {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], ns+"-") {
+			names = append(names, f[0])
+		}
+	}
+	return names
 }
 
 // sweepStale cleans up after runs whose parent process was killed before its
@@ -87,8 +116,8 @@ func sweepStale() {
 			continue
 		}
 		pidStr, ok := strings.CutPrefix(fields[0], "hwdra-e2e-")
-		if !ok {
-			continue
+		if !ok || strings.Contains(pidStr, "-") {
+			continue // not a run's, or a worker's: swept with its run's
 		}
 		pid, err := strconv.Atoi(pidStr)
 		if err != nil || syscall.Kill(pid, 0) == nil {
@@ -126,11 +155,14 @@ func killByCommandLine(dir string, log logf) {
 	}
 }
 
-// kubepodsCgroups lists the kubelet's top-level cgroup in every mounted
+// kubepodsCgroups lists the kubelets' top-level cgroups in every mounted
 // hierarchy (cgroup v1 controllers and the unified one).
 func kubepodsCgroups() []string {
 	var dirs []string
-	for _, pattern := range []string{"/sys/fs/cgroup/*/kubepods", "/sys/fs/cgroup/kubepods"} {
+	// A cluster's workers' kubelets have cgroup roots of their own
+	// (workerCgroupPrefix).
+	for _, pattern := range []string{"/sys/fs/cgroup/*/kubepods", "/sys/fs/cgroup/kubepods",
+		"/sys/fs/cgroup/*/" + workerCgroupPrefix + "*", "/sys/fs/cgroup/" + workerCgroupPrefix + "*"} {
 		m, _ := filepath.Glob(pattern)
 		dirs = append(dirs, m...)
 	}
@@ -139,10 +171,10 @@ func kubepodsCgroups() []string {
 
 // cleanupCgroups kills what still runs in kubepods and removes the cgroups,
 // deepest first (a cgroup with children or tasks cannot be removed).
-func cleanupCgroups(log logf) {
+func cleanupCgroups(log logf, tops func() []string) {
 	for attempt := 0; attempt < 50; attempt++ {
 		var all []string
-		for _, top := range kubepodsCgroups() {
+		for _, top := range tops() {
 			_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
 				if err == nil && d.IsDir() {
 					all = append(all, p)
@@ -164,7 +196,7 @@ func cleanupCgroups(log logf) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	log("cgroups left behind: %v", kubepodsCgroups())
+	log("cgroups left behind: %v", tops())
 }
 
 func readPids(file string) []int {
