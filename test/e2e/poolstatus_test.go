@@ -117,14 +117,7 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 	if len(ours.Pools) != len(controller) {
 		t.Fatalf("hwdra pool-status reports %d pools, the controller %d", len(ours.Pools), len(controller))
 	}
-	for i, want := range controller {
-		got := ours.Pools[i].PoolStatus
-		if !equality.Semantic.DeepEqual(got, want) {
-			g, _ := json.Marshal(got)
-			w, _ := json.Marshal(want)
-			t.Errorf("pool %s/%s:\n  hwdra pool-status %s\n  controller        %s", want.Driver, want.PoolName, g, w)
-		}
-	}
+	samePools(t, ours, controller)
 	for _, g := range ours.Pools[0].GPUs {
 		for _, p := range g.Profiles {
 			switch {
@@ -191,6 +184,20 @@ func requestPoolStatus(t *testing.T, n *framework.Node, driver, pool string) []r
 			t.Fatalf("ResourcePoolStatusRequest for %s unanswered after 60s (err %v)", driver, err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// samePools checks that hwdra pool-status reports, pool by pool, what the
+// controller does.
+func samePools(t *testing.T, ours poolstatus.Report, controller []resourcealpha.PoolStatus) {
+	t.Helper()
+	for i, want := range controller {
+		got := ours.Pools[i].PoolStatus
+		if !equality.Semantic.DeepEqual(got, want) {
+			g, _ := json.Marshal(got)
+			w, _ := json.Marshal(want)
+			t.Errorf("pool %s/%s:\n  hwdra pool-status %s\n  controller        %s", want.Driver, want.PoolName, g, w)
+		}
 	}
 }
 

@@ -198,14 +198,15 @@ func rolloutState(ds *appsv1.DaemonSet, pods []corev1.Pod, err error, want int32
 		if p.DeletionTimestamp != nil {
 			return "agent pod " + p.Name + " is terminating"
 		}
-		if !podReady(&p) {
+		if !PodReady(&p) {
 			return "agent pod " + p.Name + " not ready"
 		}
 	}
 	return ""
 }
 
-func podReady(p *corev1.Pod) bool {
+// PodReady says whether the pod's Ready condition is true.
+func PodReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
 			return true
