@@ -77,6 +77,10 @@ type Options struct {
 	// NVIDIA's device plugin has its socket while it serves GPUs (the
 	// agent then leaves them to it); empty: not watched.
 	DevicePluginDir string
+	// ClaimLimitGPUs is the most whole GPUs the chart's claim-limits
+	// policy lets a claim ask for (claimLimits.gpusPerNode); 0: no
+	// policy. A node with more GPUs warns (claimlimit.go).
+	ClaimLimitGPUs int
 
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -22,21 +23,38 @@ func (s *server) startPolicing(ctx context.Context, gpu *GPU) {
 		return
 	}
 	policy := s.cfg.GPUPolicy()
-	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: s.claims.EventsV1()})
-	if err := broadcaster.StartRecordingToSinkWithContext(ctx); err != nil {
-		klog.FromContext(ctx).Error(err, "Recording Events: the share police logs and counts what it finds, without Events")
-	}
-	s.onStop(broadcaster.Shutdown)
 	s.nodePods.start(ctx)
 	w := police.New(police.Options{
 		Claims: gpuClaims{gpu.Plugin}, Processes: backend, Pods: s.nodePods,
 		Interval: policy.ShareCheckInterval(), Stop: policy.StopsShareOveruse(),
-		Events:   broadcaster.NewRecorder(scheme.Scheme, "hwdra-agent"),
-		Node:     &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: s.opts.NodeName},
+		Events:   s.events(ctx),
+		Node:     nodeRef(s.opts.NodeName),
 		Observer: s.m,
 	})
 	ctx = klog.NewContext(ctx, klog.LoggerWithName(klog.FromContext(ctx), "police"))
 	go w.Run(ctx)
+}
+
+// events is the agent's one Event recorder (the share police's findings,
+// refused ResourceSlices), started at its first use. Without a sink the
+// agent logs and counts what it would have recorded.
+func (s *server) events(ctx context.Context) events.EventRecorder {
+	s.recorderOnce.Do(func() {
+		broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: s.claims.EventsV1()})
+		if err := broadcaster.StartRecordingToSinkWithContext(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Recording Events: the agent logs and counts what it finds, without Events")
+		}
+		s.onStop(broadcaster.Shutdown)
+		s.recorder = broadcaster.NewRecorder(scheme.Scheme, "hwdra-agent")
+	})
+	return s.recorder
+}
+
+// nodeRef is the node as its Events' object. Its UID is the node's name,
+// as the kubelet's Events have it, so that kubectl describe node, which
+// asks for Events of the Node's UID and of its name, shows them.
+func nodeRef(name string) *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: name, UID: types.UID(name)}
 }
 
 // gpuClaims are the GPU driver's prepared claims as the police reads them

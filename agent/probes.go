@@ -86,8 +86,8 @@ func (p *probes) serving(published, nri, degraded func() error, withheld func() 
 }
 
 // notes are what /readyz says besides "ok": where the NVIDIA driver is,
-// GPUs left to the device plugin, and a reduced device model as a
-// "warning: " line.
+// GPUs left to the device plugin, and a "warning: " line for a reduced
+// device model and for a claim-limits policy below the node's GPUs.
 func (p *probes) notes() []string {
 	p.mu.Lock()
 	degraded, withheld, driver := p.degraded, p.withheld, p.driver
@@ -105,7 +105,14 @@ func (p *probes) notes() []string {
 	}
 	if degraded != nil {
 		if err := degraded(); err != nil {
-			out = append(out, "warning: "+err.Error())
+			// errors.Join: a line for each.
+			errs := []error{err}
+			if joined, ok := err.(interface{ Unwrap() []error }); ok {
+				errs = joined.Unwrap()
+			}
+			for _, e := range errs {
+				out = append(out, "warning: "+e.Error())
+			}
 		}
 	}
 	return out

@@ -2,9 +2,11 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -43,5 +45,34 @@ func TestReadinessAnswers(t *testing.T) {
 				t.Errorf("/readyz: %d %q, want %d %q", rec.Code, body, tc.code, tc.wantBody)
 			}
 		})
+	}
+}
+
+// TestClaimLimitWarning: a node with more GPUs than the claim-limits
+// policy allows a claim warns, naming both numbers and the value to set;
+// a node within the limit, or no policy, does not.
+func TestClaimLimitWarning(t *testing.T) {
+	for _, tc := range []struct {
+		limit, gpus int
+		warn        bool
+	}{{8, 8, false}, {8, 4, false}, {0, 16, false}, {8, 16, true}, {4, 8, true}} {
+		err := claimLimitWarning(tc.limit, tc.gpus)
+		if (err != nil) != tc.warn {
+			t.Errorf("limit %d, %d GPUs: %v, want a warning %v", tc.limit, tc.gpus, err, tc.warn)
+			continue
+		}
+		if err != nil && (!strings.Contains(err.Error(), fmt.Sprintf("has %d GPUs", tc.gpus)) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("more than %d GPUs", tc.limit)) || !strings.Contains(err.Error(), "claimLimits.gpusPerNode")) {
+			t.Errorf("limit %d, %d GPUs: %q does not name both and the value to set", tc.limit, tc.gpus, err)
+		}
+	}
+	// Two warnings, a line each.
+	p := newProbes()
+	p.serving(nil, nil, func() error {
+		return errors.Join(errors.New("publishing without X"), claimLimitWarning(8, 16))
+	}, func() string { return "" })
+	notes := p.notes()
+	if len(notes) != 2 || !strings.HasPrefix(notes[0], "warning: publishing without X") || !strings.HasPrefix(notes[1], "warning: this node has 16 GPUs") {
+		t.Errorf("notes %q, want a warning line for each", notes)
 	}
 }

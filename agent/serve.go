@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/backend"
@@ -43,6 +44,10 @@ type server struct {
 	mu      sync.Mutex
 	stops   []func()
 	stopped bool
+
+	recorderOnce   sync.Once
+	recorder       events.EventRecorder // events()
+	claimLimitOnce sync.Once            // claimLimit told
 }
 
 // serve serves the node until ctx ends.
@@ -140,7 +145,7 @@ func (s *server) startPublisher(ctx context.Context) error {
 	s.pub = publish.New(publish.Options{
 		NodeName: s.opts.NodeName, Client: s.slices, Config: s.cfg, Registry: s.m.registry,
 		Hardware: s.node, Inventory: s.inv, Health: s.health, DevicePlugin: s.devicePlugin,
-		RecheckFeatures: s.opts.FeatureCheck,
+		RecheckFeatures: s.opts.FeatureCheck, Events: s.events(ctx),
 	})
 	s.onStop(s.pub.Stop)
 	collector := healthCollector{s.health}
@@ -306,7 +311,9 @@ func (s *server) publish(ctx context.Context) {
 	if err := s.pub.Publish(ctx); err != nil {
 		logger.Error(err, "Publishing devices")
 	}
-	s.pr.serving(s.pub.Verified, s.pods.ready(), s.pub.Degraded, s.pub.Withheld)
+	degraded := func() error { return errors.Join(s.pub.Degraded(), s.claimLimit(ctx)) }
+	_ = degraded() // told at once, not at the first probe
+	s.pr.serving(s.pub.Verified, s.pods.ready(), degraded, s.pub.Withheld)
 	s.pub.Run(ctx, s.opts.Rescan, s.health.republish)
 	logger.Info("Shutting down")
 }

@@ -17,6 +17,7 @@ type metrics struct {
 	devices      *prometheus.GaugeVec
 	fallbacks    *prometheus.GaugeVec
 	withheld     prometheus.Gauge
+	refusals     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, p *Publisher) *metrics {
@@ -41,13 +42,17 @@ func newMetrics(reg prometheus.Registerer, p *Publisher) *metrics {
 			Name: "hwdra_device_plugin_gpus",
 			Help: "GPUs of the node the agent leaves to NVIDIA's device plugin and does not publish: all while it sees the plugin serve GPUs, else those devicePlugin.ownedGPUs does not give the agent.",
 		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hwdra_resourceslice_refusals_total",
+			Help: "ResourceSlice writes of a driver the API server (or the slice library's validation) refused for good: an admission policy or webhook, a quota, an invalid or too large object. The agent is unready and a Warning Event ResourceSlicesRefused on the Node names the cause.",
+		}, []string{"driver"}),
 	}
 	// Series that exist from the start, so a dashboard sees zeros rather
 	// than nothing.
 	for _, g := range gates {
 		m.fallbacks.WithLabelValues(g.name)
 	}
-	reg.MustRegister(m.rescans, m.publications, m.devices, m.fallbacks, m.withheld, sliceWrites{p})
+	reg.MustRegister(m.rescans, m.publications, m.devices, m.fallbacks, m.withheld, m.refusals, sliceWrites{p})
 	return m
 }
 

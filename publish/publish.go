@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
@@ -56,6 +57,13 @@ type Options struct {
 	// node; nil: it does not. The GPUs the configuration does not give the
 	// agent are then left out of the slices (config.AgentConfig.OwnGPUs).
 	DevicePlugin DevicePlugin
+
+	// Events records a Warning Event on the Node when the API server
+	// refuses the node's slices (refused.go); nil: none.
+	Events events.EventRecorder
+	// Resync is how long a publication may stay unverified before it is
+	// handed to its controller again (refused.go); 0: 30 s.
+	Resync time.Duration
 
 	// RecheckFeatures is how often Run checks which DRA features' fields
 	// the API server keeps (features.go: one dry-run create each time);
@@ -123,6 +131,12 @@ type Publisher struct {
 	// server, else why not (verify.go); verifyPoke wakes the check.
 	verified   map[string]error
 	verifyPoke chan struct{}
+	// handed is when each driver's publication was last handed to its
+	// controller (refused.go).
+	handed map[string]time.Time
+	// refusal is, by driver, the last write the API server refused, until
+	// a publication is verified.
+	refusal map[string]error
 
 	poke    chan struct{}
 	metrics *metrics
@@ -134,6 +148,9 @@ func New(opts Options) *Publisher {
 	if opts.RecheckFeatures == 0 {
 		opts.RecheckFeatures = 10 * time.Minute
 	}
+	if opts.Resync == 0 {
+		opts.Resync = defaultResync
+	}
 	p := &Publisher{
 		opts:        opts,
 		inv:         opts.Inventory,
@@ -143,6 +160,8 @@ func New(opts Options) *Publisher {
 		skipped:     map[string]bool{},
 		kinds:       map[string]map[string]string{},
 		verified:    map[string]error{},
+		handed:      map[string]time.Time{},
+		refusal:     map[string]error{},
 		verifyPoke:  make(chan struct{}, 1),
 		poke:        make(chan struct{}, 1),
 	}
@@ -166,6 +185,7 @@ func (p *Publisher) Serve(driver string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.drivers = append(slices.Clone(p.drivers), driver)
+	p.metrics.refusals.WithLabelValues(driver) // a series from the start
 }
 
 // served are the drivers whose pools are published.
@@ -325,6 +345,9 @@ func (p *Publisher) update(ctx context.Context, driver string, res resourceslice
 			Resources:  own,
 			ErrorHandler: func(ctx context.Context, err error, msg string) {
 				p.toVerify(driver, err)
+				if refused(err) {
+					p.reportRefusal(ctx, driver, err)
+				}
 				p.HandleError(ctx, err, msg)
 			},
 		})
@@ -335,6 +358,7 @@ func (p *Publisher) update(ctx context.Context, driver string, res resourceslice
 	p.mu.Lock()
 	p.controllers[driver] = c
 	p.published[driver] = res
+	p.handed[driver] = time.Now()
 	p.mu.Unlock()
 	return nil
 }

@@ -47,6 +47,8 @@ func (p *Publisher) Verified() error {
 		switch {
 		case !ok:
 			problems = append(problems, d+": not published yet")
+		case err != nil && p.refusal[d] != nil && err != p.refusal[d]:
+			problems = append(problems, d+": "+err.Error()+"; the last write was refused: "+p.refusal[d].Error())
 		case err != nil:
 			problems = append(problems, d+": "+err.Error())
 		}
@@ -58,9 +60,12 @@ func (p *Publisher) Verified() error {
 }
 
 // verifyLoop checks pending publications until ctx ends: at once, then
-// with backoff from 500 ms to 30 s while one does not hold.
+// with backoff from 500 ms to the resync period while one does not hold
+// (handing it to its controller again after a resync period, refused.go),
+// and at once after a controller's write.
 func (p *Publisher) verifyLoop(ctx context.Context) {
-	backoff := 500 * time.Millisecond
+	first := min(500*time.Millisecond, p.opts.Resync)
+	backoff := first
 	for {
 		pending := false
 		p.mu.Lock()
@@ -81,25 +86,60 @@ func (p *Publisher) verifyLoop(ctx context.Context) {
 			if p.verified[d] != nil {
 				p.verified[d] = err
 			}
+			if err == nil {
+				delete(p.refusal, d)
+			}
 			p.mu.Unlock()
 			if err != nil {
 				pending = true
 				klog.FromContext(ctx).V(2).Info("Published ResourceSlices not in the API server yet", "driver", d, "reason", err)
+				p.resyncStale(ctx, d, time.Now())
 			}
 		}
-		wait := time.Hour
-		if pending {
-			wait, backoff = backoff, min(2*backoff, 30*time.Second)
-		} else {
-			backoff = 500 * time.Millisecond
+		if !pending {
+			backoff = first
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.verifyPoke:
+			}
+			continue
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-p.verifyPoke:
-		case <-time.After(wait):
+		// The next check: after the backoff, when poked, or as soon as a
+		// controller has written (its stats, in process): a write that
+		// was refused or failed may have gone through.
+		deadline, writes := time.Now().Add(backoff), p.writes()
+		backoff = min(2*backoff, p.opts.Resync)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.verifyPoke:
+				break wait
+			case <-time.After(min(writesPoll, time.Until(deadline))):
+				if !time.Now().Before(deadline) || p.writes() != writes {
+					break wait
+				}
+			}
 		}
 	}
+}
+
+// writesPoll is how often an unverified publication's controllers'
+// write counts are looked at.
+const writesPoll = 250 * time.Millisecond
+
+// writes is how many writes the controllers have made.
+func (p *Publisher) writes() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for _, c := range p.controllers {
+		st := c.GetStats()
+		n += st.NumCreates + st.NumUpdates + st.NumDeletes
+	}
+	return n
 }
 
 // verify compares the API server's slices of the driver with the last
