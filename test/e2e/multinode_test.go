@@ -27,7 +27,8 @@ import (
 //
 // They run in order on the one cluster (booting one costs a minute on
 // this machine): Placement, FitsOnlyAcrossNodes, HealthFault, PoolStatus
-// and RollingUpdate with bare pods; Drain with Deployments; NodeLost.
+// and RollingUpdate with bare pods; Drain with Deployments; NodeLost;
+// RefusedSlices and NodeVanishes (multinode_faults_test.go).
 const (
 	dgxNode, migNode, vgpuNode, nicNode = "dgx", "mig", "vgpu", "nic"
 	// nicOnlyPF is the first PF of the nic worker (mock/profile cx7.yaml);
@@ -73,6 +74,8 @@ func TestMultiNode(t *testing.T) {
 		{"RollingUpdate", m.rollingUpdate},
 		{"Drain", m.drain},
 		{"NodeLost", m.nodeLost},
+		{"RefusedSlices", m.refusedSlices},
+		{"NodeVanishes", m.nodeVanishes},
 	} {
 		if !t.Run(s.name, s.run) {
 			return // the later scenarios build on what the earlier left

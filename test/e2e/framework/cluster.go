@@ -449,6 +449,12 @@ func (c *Cluster) InstallAgents(t testing.TB, values map[string]any) {
 	}
 }
 
+// LabelForAgent labels the worker for the agent's DaemonSet, as an
+// operator's node labelling does for a node that registers anew.
+func (c *Cluster) LabelForAgent(ctx context.Context, w *Node) error {
+	return w.labelNode(ctx, AgentPodLabel, "true")
+}
+
 // UpgradeAgents installs or upgrades the chart with values, labels the
 // workers and waits until the rollout is done on every one.
 func (c *Cluster) UpgradeAgents(ctx context.Context, values map[string]any, timeout time.Duration) error {
