@@ -23,27 +23,28 @@ func TestClaimLimitBelowTheNode(t *testing.T) {
 		code, body := probe(t, a.opts.MetricsAddress, "/readyz")
 		return code == http.StatusOK && strings.Contains(body, "\n"+want)
 	})
-	var found int
 	waitFor(t, "the Event on the Node", func() bool {
 		list, err := a.client.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		found = 0
 		for _, e := range list.Items {
 			if e.Reason == reasonClaimLimit && e.Regarding.Kind == "Node" && e.Regarding.Name == node && e.Type == "Warning" &&
 				strings.Contains(e.Note, "claimLimits.gpusPerNode") {
-				found++
+				return true
 			}
 		}
-		return found > 0
+		return false
 	})
 	// More probes tell nothing new.
 	for range 3 {
 		probe(t, a.opts.MetricsAddress, "/readyz")
 	}
 	a.settle()
-	list, _ := a.client.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	list, err := a.client.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	n := 0
 	for _, e := range list.Items {
 		if e.Reason == reasonClaimLimit {

@@ -187,6 +187,9 @@ wait:
 		}
 	}
 	fillKinds(&r, b.snapshot(), names)
+	if model.name != oneDeviceModel.name {
+		t.Logf("fleet vgpu-hosts %s: vgpu pods left pending %d; %s", model.name, r.kinds["vgpu"].unbound, vgpuHostGPUs(ctx, t, n, ns, nodes, invs))
+	}
 
 	after, err := n.APIServerMetrics(ctx)
 	if err != nil {
@@ -396,4 +399,46 @@ func whyPending(ctx context.Context, n *framework.Node, ns string) string {
 		}
 	}
 	return fmt.Sprintf("%d pending, e.g. %s: never tried", len(pods.Items), p.Name)
+}
+
+// vgpuHostGPUs says how the vGPU hosts' GPUs are used when the run ends.
+// A GPU holding a container's MIG partition can hold no time-sliced vGPU
+// (their compatibility groups differ: the GPU runs one mode), so MIG pods
+// the scheduler places on a vGPU host take that GPU's vGPUs away.
+func vgpuHostGPUs(ctx context.Context, t *testing.T, n *framework.Node, ns string, nodes int, invs inventories) string {
+	hosts := map[string]bool{}
+	for i := range nodes {
+		if fleetHardware(i) == "mock:h100-vgpu" {
+			hosts[fmt.Sprintf("fleet-%05d", i)] = true
+		}
+	}
+	claims, err := n.Admin.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Sprintf("vGPU hosts: listing claims: %v", err)
+	}
+	mig, vgpu := map[string]bool{}, map[string]bool{}
+	for _, c := range claims.Items {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, res := range c.Status.Allocation.Devices.Results {
+			if !hosts[res.Pool] {
+				continue
+			}
+			// gpu-<domain>-<bus>-<device>-<function>-<kind>-...
+			parts := strings.SplitN(res.Device, "-", 7)
+			if len(parts) < 7 {
+				continue
+			}
+			gpu := res.Pool + "/" + strings.Join(parts[:5], "-")
+			if parts[5] == "vgpu" {
+				vgpu[gpu] = true
+			} else {
+				mig[gpu] = true
+			}
+		}
+	}
+	gpus := len(hosts) * len(invs.get(t, "mock:h100-vgpu").GPUs)
+	return fmt.Sprintf("vGPU hosts: %d with %d GPUs; %d hold containers' MIG partitions (no time-sliced vGPU fits there), %d hold vGPUs, %d hold nothing",
+		len(hosts), gpus, len(mig), len(vgpu), gpus-len(mig)-len(vgpu))
 }
