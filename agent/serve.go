@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -311,6 +312,11 @@ func (s *server) publish(ctx context.Context) {
 	if err := s.pub.Publish(ctx); err != nil {
 		logger.Error(err, "Publishing devices")
 	}
+	// The start's garbage (the probes, every driver's slices built and
+	// copied, the informers' first lists) is most of the heap by now and
+	// would stay resident until the heap doubles: collect it and hand it
+	// back to the system once, rather than carry it for the pod's life.
+	debug.FreeOSMemory()
 	degraded := func() error { return errors.Join(s.pub.Degraded(), s.claimLimit(ctx)) }
 	_ = degraded() // told at once, not at the first probe
 	s.pr.serving(s.pub.Verified, s.pods.ready(), degraded, s.pub.Withheld)
