@@ -21,6 +21,7 @@ import (
 
 	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -416,6 +417,7 @@ func vgpuHostGPUs(ctx context.Context, t *testing.T, n *framework.Node, ns strin
 	if err != nil {
 		return fmt.Sprintf("vGPU hosts: listing claims: %v", err)
 	}
+	gpusOfHost := invs.get(t, "mock:h100-vgpu").GPUs
 	mig, vgpu := map[string]bool{}, map[string]bool{}
 	for _, c := range claims.Items {
 		if c.Status.Allocation == nil {
@@ -425,20 +427,19 @@ func vgpuHostGPUs(ctx context.Context, t *testing.T, n *framework.Node, ns strin
 			if !hosts[res.Pool] {
 				continue
 			}
-			// gpu-<domain>-<bus>-<device>-<function>-<kind>-...
-			parts := strings.SplitN(res.Device, "-", 7)
-			if len(parts) < 7 {
-				continue
-			}
-			gpu := res.Pool + "/" + strings.Join(parts[:5], "-")
-			if parts[5] == "vgpu" {
-				vgpu[gpu] = true
-			} else {
-				mig[gpu] = true
+			for _, g := range gpusOfHost {
+				kind, ok := strings.CutPrefix(res.Device, device.GPUName(g.PCIBusID)+"-")
+				switch {
+				case !ok:
+				case strings.HasPrefix(kind, "vgpu-"):
+					vgpu[res.Pool+"/"+g.PCIBusID] = true
+				default:
+					mig[res.Pool+"/"+g.PCIBusID] = true
+				}
 			}
 		}
 	}
-	gpus := len(hosts) * len(invs.get(t, "mock:h100-vgpu").GPUs)
+	gpus := len(hosts) * len(gpusOfHost)
 	return fmt.Sprintf("vGPU hosts: %d with %d GPUs; %d hold containers' MIG partitions (no time-sliced vGPU fits there), %d hold vGPUs, %d hold nothing",
 		len(hosts), gpus, len(mig), len(vgpu), gpus-len(mig)-len(vgpu))
 }

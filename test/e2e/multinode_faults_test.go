@@ -162,16 +162,13 @@ func (m *multiNode) refuseSlicesOf(t *testing.T, node string) (lift func()) {
 // ready (or not).
 func (m *multiNode) waitAgentReady(t *testing.T, w *framework.Node, ready bool) {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		p, err := m.c.AgentPodOn(m.ctx, w)
-		if err == nil && framework.PodReady(p) == ready {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent on %s not ready=%v after 90s (err %v)", w.Name, ready, err)
-		}
-		time.Sleep(300 * time.Millisecond)
+	p, err := m.c.AgentPodOn(m.ctx, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.c.WaitPod(m.ctx, p.Namespace, p.Name, 90*time.Second, fmt.Sprintf("ready=%v", ready),
+		func(p *corev1.Pod) bool { return framework.PodReady(p) == ready }); err != nil {
+		t.Fatal(err)
 	}
 }
 
