@@ -14,12 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
-	"github.com/hwdra/hwdra/allocate"
-	"github.com/hwdra/hwdra/backend"
-	"github.com/hwdra/hwdra/config"
-	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/slices/device"
-	"github.com/hwdra/hwdra/slices/resources"
+	"github.com/hwdra/hwdra/internal/agent/config"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/resources"
+	"github.com/hwdra/hwdra/internal/backend"
+	"github.com/hwdra/hwdra/internal/hw"
+	"github.com/hwdra/hwdra/internal/tools/allocate"
 )
 
 // classFor finds the DeviceClass an extended resource maps to, as the

@@ -8,9 +8,9 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
-	"github.com/hwdra/hwdra/agent"
-	"github.com/hwdra/hwdra/mps"
-	"github.com/hwdra/hwdra/podnet"
+	"github.com/hwdra/hwdra/internal/agent"
+	"github.com/hwdra/hwdra/internal/agent/mps"
+	"github.com/hwdra/hwdra/internal/agent/podnet"
 )
 
 func agentCommand() *cobra.Command {

@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/hwdra/hwdra/convert"
+	"github.com/hwdra/hwdra/internal/tools/convert"
 )
 
 func convertCommand() *cobra.Command {

@@ -13,7 +13,7 @@ import (
 // TestConvertCommand: a partial conversion fails and writes nothing
 // unless --allow-partial; what was not converted is on stderr either way.
 func TestConvertCommand(t *testing.T) {
-	in := filepath.Join("..", "..", "convert", "testdata", "unmapped.yaml")
+	in := filepath.Join("..", "..", "internal", "tools", "convert", "testdata", "unmapped.yaml")
 	out := filepath.Join(t.TempDir(), "out.yaml")
 	run := func(args ...string) (string, error) {
 		if err := logsapi.ResetForTest(nil); err != nil {

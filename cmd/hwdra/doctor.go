@@ -12,10 +12,10 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/hwdra/hwdra/backend"
-	"github.com/hwdra/hwdra/config"
-	"github.com/hwdra/hwdra/doctor"
-	"github.com/hwdra/hwdra/podnet"
+	"github.com/hwdra/hwdra/internal/agent/config"
+	"github.com/hwdra/hwdra/internal/agent/podnet"
+	"github.com/hwdra/hwdra/internal/backend"
+	"github.com/hwdra/hwdra/internal/tools/doctor"
 )
 
 func doctorCommand() *cobra.Command {

@@ -5,7 +5,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/hwdra/hwdra/lab"
+	"github.com/hwdra/hwdra/internal/tools/lab"
 )
 
 func labCommand() *cobra.Command {

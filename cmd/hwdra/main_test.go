@@ -15,9 +15,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
-	"github.com/hwdra/hwdra/doctor"
-	"github.com/hwdra/hwdra/mock/mocktest"
-	"github.com/hwdra/hwdra/mock/persist"
+	"github.com/hwdra/hwdra/internal/mock/mocktest"
+	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/tools/doctor"
 )
 
 func run(t *testing.T, args ...string) (string, error) {

@@ -12,9 +12,9 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/mock/fault"
-	"github.com/hwdra/hwdra/mock/persist"
+	"github.com/hwdra/hwdra/internal/hw"
+	"github.com/hwdra/hwdra/internal/mock/fault"
+	"github.com/hwdra/hwdra/internal/mock/persist"
 )
 
 func mockCommand() *cobra.Command {

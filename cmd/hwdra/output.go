@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/internal/backend"
 )
 
 func addHardwareFlag(cmd *cobra.Command, hardware *string) {

@@ -6,9 +6,9 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/hwdra/hwdra/poolstatus"
+	"github.com/hwdra/hwdra/internal/tools/poolstatus"
 
-	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
 )
 
 func poolStatusCommand() *cobra.Command {

@@ -6,8 +6,8 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
-	"github.com/hwdra/hwdra/backend"
-	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/internal/backend"
+	"github.com/hwdra/hwdra/internal/hw"
 )
 
 func probeCommand() *cobra.Command {

@@ -4,17 +4,17 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/hwdra/hwdra/backend"
+	"github.com/hwdra/hwdra/internal/backend"
 
 	"github.com/spf13/cobra"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/hwdra/hwdra/config"
-	"github.com/hwdra/hwdra/hw"
+	"github.com/hwdra/hwdra/internal/agent/config"
+	"github.com/hwdra/hwdra/internal/hw"
 
-	"github.com/hwdra/hwdra/slices/device"
-	"github.com/hwdra/hwdra/slices/resources"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/resources"
 )
 
 func slicesCommand() *cobra.Command {

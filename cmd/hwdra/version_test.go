@@ -53,9 +53,9 @@ func TestImageBinary(t *testing.T) {
 		var agent, sim int
 		for line := range strings.Lines(string(syms)) {
 			switch {
-			case strings.Contains(line, "github.com/hwdra/hwdra/mock"):
+			case strings.Contains(line, "github.com/hwdra/hwdra/internal/mock"):
 				sim++
-			case strings.Contains(line, "github.com/hwdra/hwdra/agent."):
+			case strings.Contains(line, "github.com/hwdra/hwdra/internal/agent."):
 				agent++
 			}
 		}

@@ -33,10 +33,22 @@ func exitStderr(err error) []byte {
 	return nil
 }
 
-// room is a package's top-level folder.
+// room is a package's folder as docs/design.md's layout names it: the
+// agent's parts, the backends and the tools one folder below their group
+// (internal/agent/prepare), other internal packages and the simulator
+// (internal/mock) one below internal/, everything else its top-level
+// folder.
 func room(pkg string) string {
-	r, _, _ := strings.Cut(strings.TrimPrefix(pkg, module), "/")
-	return r
+	p := strings.TrimPrefix(pkg, module)
+	depth := 1
+	switch {
+	case strings.HasPrefix(p, "internal/agent/"), strings.HasPrefix(p, "internal/backend/"), strings.HasPrefix(p, "internal/tools/"):
+		depth = 3
+	case strings.HasPrefix(p, "internal/"):
+		depth = 2
+	}
+	parts := strings.SplitN(p, "/", depth+1)
+	return strings.Join(parts[:min(depth, len(parts))], "/")
 }
 
 // TestRoomsImportOneWay: no top-level folder imports, through any of its
@@ -105,7 +117,7 @@ func mapsKeys[V any](m map[string]V) func(func(string) bool) {
 const ImageTags = "nolab,nomock,grpcnotrace"
 
 // TestImageBuildHasNoSimulator: the agent image's binary links no package
-// of the hardware simulator (mock/, go-nvml's mocks) and no test helper, and still has the
+// of the hardware simulator (internal/mock/, go-nvml's mocks) and no test helper, and still has the
 // agent and the real backends.
 func TestImageBuildHasNoSimulator(t *testing.T) {
 	deps := goList(t, ImageTags, "{{.ImportPath}}", "-deps", "./cmd/hwdra")
@@ -118,19 +130,19 @@ func TestImageBuildHasNoSimulator(t *testing.T) {
 			ours = append(ours, strings.TrimPrefix(d, module))
 		}
 	}
-	for _, want := range []string{"agent", "nvml", "sriov", "backend", "podnet", "prepare/gpu"} {
+	for _, want := range []string{"internal/agent", "internal/backend/nvml", "internal/backend/sriov", "internal/backend", "internal/agent/podnet", "internal/agent/prepare/gpu"} {
 		if !slices.Contains(ours, want) {
 			t.Errorf("the image's build lacks %s: %v", want, ours)
 		}
 	}
 	for _, p := range ours {
-		if room(p) == "mock" || room(p) == "lab" || room(p) == "allocate" || strings.HasSuffix(p, "test") {
+		if room(p) == "internal/mock" || room(p) == "internal/tools/lab" || room(p) == "internal/tools/allocate" || strings.HasSuffix(p, "test") {
 			t.Errorf("the image's build links %s", p)
 		}
 	}
 	// The full build (go run ./cmd/hwdra, the lab) keeps the simulator.
 	full := goList(t, "", "{{.ImportPath}}", "-deps", "./cmd/hwdra")
-	if !slices.Contains(full, module+"mock/gpusim") || !slices.Contains(full, module+"mock/nicsim") {
+	if !slices.Contains(full, module+"internal/mock/gpusim") || !slices.Contains(full, module+"internal/mock/nicsim") {
 		t.Errorf("the full build lost the simulator")
 	}
 }

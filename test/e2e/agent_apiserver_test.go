@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

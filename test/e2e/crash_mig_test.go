@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hwdra/hwdra/mock/persist"
-	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

@@ -4,8 +4,8 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/hwdra/hwdra/mock/persist"
-	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

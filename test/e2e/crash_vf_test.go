@@ -7,9 +7,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/mock/persist"
-	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/hw"
+	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

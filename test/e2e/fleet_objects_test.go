@@ -14,12 +14,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/hwdra/hwdra/allocate"
-	"github.com/hwdra/hwdra/backend"
-	"github.com/hwdra/hwdra/config"
-	"github.com/hwdra/hwdra/hw"
-	"github.com/hwdra/hwdra/slices/device"
-	"github.com/hwdra/hwdra/slices/resources"
+	"github.com/hwdra/hwdra/internal/agent/config"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/resources"
+	"github.com/hwdra/hwdra/internal/backend"
+	"github.com/hwdra/hwdra/internal/hw"
+	"github.com/hwdra/hwdra/internal/tools/allocate"
 )
 
 // fleetHardware is the fleet's mix, per 20 nodes: 18 DGX H100s (8 GPUs,

@@ -19,9 +19,9 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/deploy"
-	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/tools/allocate"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

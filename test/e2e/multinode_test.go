@@ -11,7 +11,7 @@ import (
 	resourcealpha "k8s.io/api/resource/v1alpha3"
 	"k8s.io/utils/ptr"
 
-	"github.com/hwdra/hwdra/mock/persist"
+	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

@@ -8,7 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hwdra/hwdra/podnet"
+	"github.com/hwdra/hwdra/internal/agent/podnet"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

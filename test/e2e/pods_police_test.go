@@ -12,8 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hwdra/hwdra/mock/drivertools"
-	"github.com/hwdra/hwdra/mock/persist"
+	"github.com/hwdra/hwdra/internal/mock/drivertools"
+	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

@@ -10,7 +10,7 @@ import (
 	resourcev1beta2 "k8s.io/api/resource/v1beta2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/internal/tools/allocate"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/hwdra/hwdra/mock/drivertools"
+	"github.com/hwdra/hwdra/internal/mock/drivertools"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

@@ -15,9 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/hwdra/hwdra/poolstatus"
+	"github.com/hwdra/hwdra/internal/tools/poolstatus"
 
-	"github.com/hwdra/hwdra/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

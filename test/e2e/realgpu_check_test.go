@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hwdra/hwdra/mock/persist"
+	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

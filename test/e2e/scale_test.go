@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/hwdra/hwdra/allocate"
+	"github.com/hwdra/hwdra/internal/tools/allocate"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/hwdra/hwdra/mock/model"
+	"github.com/hwdra/hwdra/internal/mock/model"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 

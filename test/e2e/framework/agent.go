@@ -14,7 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hwdra/hwdra/mock/nicsim"
+	"github.com/hwdra/hwdra/internal/mock/nicsim"
 )
 
 // AgentArgs are the flags the DaemonSet gives `hwdra agent`: the kubelet's

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/hwdra/hwdra/mock/persist"
+	"github.com/hwdra/hwdra/internal/mock/persist"
 )
 
 // AgentPod is the agent as the chart runs it: the DaemonSet's pod on this

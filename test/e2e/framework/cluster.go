@@ -17,7 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/hwdra/hwdra/mock/persist"
+	"github.com/hwdra/hwdra/internal/mock/persist"
 )
 
 // A cluster is one control plane and worker nodes on this machine. Each
@@ -409,7 +409,7 @@ func (n *Node) prepareMockHardware(t testing.TB) error {
 	if err != nil {
 		return err
 	}
-	data, err := os.ReadFile(filepath.Join(root, "mock", "profile", "profiles", n.profile+".yaml"))
+	data, err := os.ReadFile(filepath.Join(root, "internal", "mock", "profile", "profiles", n.profile+".yaml"))
 	if err != nil {
 		return err
 	}

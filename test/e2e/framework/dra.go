@@ -20,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/hwdra/hwdra/allocate"
 	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/internal/tools/allocate"
 )
 
 // Helpers that act as the scheduler and the kubelet for claims without

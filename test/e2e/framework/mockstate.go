@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/diff"
 
+	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/internal/state"
-	"github.com/hwdra/hwdra/mock/persist"
 )
 
 // Mock hardware that outlives the agent, as real hardware does: the agent

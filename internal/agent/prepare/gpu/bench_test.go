@@ -1,0 +1,115 @@
+package gpu
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/hwdra/hwdra/internal/backend/driverlibs"
+)
+
+// benchPrepareUnprepare prepares and unprepares one claim through the
+// plugin per iteration, checkpoint writes (fsync of file and directory)
+// and CDI spec included, on an 8-GPU mock node with the node-wide driver
+// spec present; claims of held are prepared before and stay.
+func benchPrepareUnprepare(b *testing.B, profile string, req request, held ...request) {
+	benchPrepareUnprepareOn(b, newEnv(b, profile, true), req, held...)
+}
+
+// benchPrepareUnprepareOn is benchPrepareUnprepare on an env.
+func benchPrepareUnprepareOn(b *testing.B, e *env, req request, held ...request) {
+	before := e.hwState()
+	var kept []*resourceapi.ResourceClaim
+	for _, h := range held {
+		c := e.claim(h)
+		e.mustPrepare(c)
+		kept = append(kept, c)
+	}
+	c := e.claim(req)
+	if len(kept) > 0 {
+		// The claim lands where the held ones are (a later share of
+		// their GPU).
+		if got, want := c.Status.Allocation.Devices.Results[0].Device, kept[0].Status.Allocation.Devices.Results[0].Device; got != want {
+			b.Fatalf("the claim got %s, the held one %s", got, want)
+		}
+	}
+	ctx := klog.NewContext(context.Background(), logr.Discard())
+	claims := []*resourceapi.ResourceClaim{c}
+	refs := []kubeletplugin.NamespacedObject{{UID: c.UID}}
+	var prep, unprep time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		start := time.Now()
+		res, err := e.plugin.PrepareResourceClaims(ctx, claims)
+		prep += time.Since(start)
+		if err == nil {
+			err = res[c.UID].Err
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		start = time.Now()
+		unres, err := e.plugin.UnprepareResourceClaims(ctx, refs)
+		unprep += time.Since(start)
+		if err == nil {
+			err = unres[c.UID]
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(prep.Nanoseconds())/float64(b.N), "prepare-ns/op")
+	b.ReportMetric(float64(unprep.Nanoseconds())/float64(b.N), "unprepare-ns/op")
+	for _, k := range kept {
+		e.unprepare(k)
+	}
+	if after := e.hwState(); after != before {
+		b.Fatalf("hardware after the benchmark:\n%s\nwas\n%s", after, before)
+	}
+}
+
+func BenchmarkPrepareUnprepareFullGPU(b *testing.B) {
+	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", request{name: "gpu", cel: `profile == "full"`})
+}
+
+// A whole GPU whose container gets the driver's files generated from the
+// driver root (no toolkit spec): generated once, at the first prepare,
+// then only the driver version asked of NVML and the toolkit's folders
+// listed per prepare.
+func BenchmarkPrepareUnprepareFullGPUGeneratedFiles(b *testing.B) {
+	e := newEnv(b, "gpus: [{model: h100-80gb, count: 8}]", false)
+	e.driver.files = driverlibs.New(driverlibs.Options{Root: e.hw.DriverRoot(), DevRoot: e.hw.Dir(), NVML: e.nvml.Library(),
+		SpecDirs: []string{filepath.Join(e.dir, "etc-cdi")}, HookPath: "/var/lib/hwdra/bin/nvidia-cdi-hook"})
+	benchPrepareUnprepareOn(b, e, request{name: "gpu", cel: `profile == "full"`})
+}
+
+// A dynamic MIG partition on GPUs in MIG mode: GPU and compute instance
+// created and destroyed each time.
+func BenchmarkPrepareUnprepareMIG(b *testing.B) {
+	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8, mig: true}]", request{name: "mig", cel: `profile == "1g.10gb"`})
+}
+
+// The first share of a GPU: its MPS control daemon (the mock's stand-in,
+// a process started from the driver root) started, told its defaults,
+// and stopped again each time; the GPU's compute mode set and restored.
+func BenchmarkPrepareUnprepareFirstShare(b *testing.B) {
+	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", shareOf("s", "10Gi", "40"))
+}
+
+// A later share of a GPU whose daemon runs for another share: checked
+// through its control pipe, nothing started.
+func BenchmarkPrepareUnprepareLaterShare(b *testing.B) {
+	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", shareOf("s", "10Gi", "40"), shareOf("s", "20Gi", "40"))
+}
+
+// A whole GPU under MPS for one claim: its own daemon each time.
+func BenchmarkPrepareUnprepareMPSClaim(b *testing.B) {
+	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", request{name: "gpu", cel: `profile == "full"`, config: sharingConfig(`{"strategy": "MPS"}`)})
+}

@@ -1,0 +1,461 @@
+// Package lab runs the whole pipeline on one machine without a cluster:
+// probe the hardware, build the slices, allocate claims with the
+// scheduler's allocator, prepare them for real and show the result.
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hwdra/hwdra/api"
+	"github.com/hwdra/hwdra/deploy"
+	"github.com/hwdra/hwdra/internal/agent"
+	"github.com/hwdra/hwdra/internal/agent/config"
+	"github.com/hwdra/hwdra/internal/agent/mps"
+	"github.com/hwdra/hwdra/internal/agent/prepare"
+	"github.com/hwdra/hwdra/internal/backend"
+	"github.com/hwdra/hwdra/internal/backend/driverlibs"
+	"github.com/hwdra/hwdra/internal/hw"
+
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/agent/slices/resources"
+)
+
+// NodeName is the node the lab pretends to be.
+const NodeName = "lab"
+
+// Options are the lab command's settings.
+type Options struct {
+	Hardware   string
+	ConfigPath string
+	// ClaimFiles are files and directories of claims; "-" reads Stdin.
+	ClaimFiles []string
+	Stdin      io.Reader
+	// Keep leaves the claims prepared (state in StateDir) instead of
+	// unpreparing them at the end, where every claim prepared: a run that
+	// fails or is interrupted is undone all the same.
+	Keep bool
+	// StateDir and CDIDir default to a temporary directory.
+	StateDir, CDIDir string
+	// Exec is a command (hwdra lab's words after "--") run while the
+	// claims are prepared, before they are unprepared, with ExecCDIDirEnv
+	// and ExecCDIDevicesEnv: a container emulated from the claims' CDI
+	// specs (hack/cdirun), a test of the hardware.
+	Exec []string
+	// CDIHook is nvidia-cdi-hook for the hooks of the driver files
+	// generated for containers; empty: the one beside hwdra, if any.
+	CDIHook string
+	// Abort, once done, stops the undoing of what the run prepared (after
+	// a failure or an interruption: ctx done); the lab then says what it
+	// left and where. hwdra lab passes AbortOnSecondSignal's. Nil: never.
+	Abort context.Context
+}
+
+// Run does the pipeline and reports each step to out. What the agent's
+// parts log goes to out too, in its place among the steps, each line
+// marked "log:".
+//
+// The lab never leaves hardware changed: once a claim was handed to
+// prepare, whatever happens next (a claim that fails to prepare, any
+// other error, ctx cancelled: hwdra lab's SIGINT or SIGTERM) everything
+// prepared is unprepared, last first, on contexts of its own that ctx
+// does not cancel (undo.go). Only a run in which every claim prepared
+// keeps them under Keep.
+func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
+	ctx = klog.NewContext(ctx, textlogger.NewLogger(textlogger.NewConfig(
+		textlogger.Output(&linePrefixer{w: out, prefix: "log: "}), textlogger.WithHeader(false))))
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		return err
+	}
+	groups, notes, err := readClaims(opts.ClaimFiles, opts.Stdin, classes)
+	if len(notes) > 0 {
+		section(out, "Manifests")
+		for _, n := range notes {
+			fmt.Fprintln(out, n)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	// left: prepared claims stay (Keep, or an undo that could not finish),
+	// and with them their state and CDI specs.
+	left := false
+	cfg, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return err
+	}
+	if opts.StateDir == "" || opts.CDIDir == "" {
+		tmp, err := os.MkdirTemp("", "hwdra-lab-")
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if !left { // what is left keeps its records there
+				os.RemoveAll(tmp)
+			}
+		}()
+		if opts.StateDir == "" {
+			opts.StateDir = filepath.Join(tmp, "state")
+		}
+		if opts.CDIDir == "" {
+			opts.CDIDir = filepath.Join(tmp, "cdi")
+		}
+	}
+	node, err := backend.OpenWith(opts.Hardware, backend.Options{Logger: klog.FromContext(ctx)})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, node.Close()) }()
+
+	inv, err := node.Inventory(ctx)
+	if err != nil {
+		fmt.Fprintf(out, "warning: some devices could not be read: %v\n", err)
+	}
+	modesBefore := computeModes(node, inv) // "Hardware after prepare" shows what changed
+	res, skipped := resources.ForNode(NodeName, inv, cfg, device.AllFeatures, hw.Health{})
+	var objs []*resourceapi.ResourceSlice
+	section(out, "Hardware and slices")
+	fmt.Fprintf(out, "%d GPU(s), %d bound to vfio-pci, %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PassthroughGPUs), len(inv.PFs))
+	if node.GPU() != nil || node.NVMLPending() {
+		fmt.Fprintln(out, node.Driver())
+	}
+	for _, driver := range sortedKeys(res) {
+		n := 0
+		for _, s := range resources.Objects(driver, NodeName, res[driver]) {
+			objs = append(objs, &s)
+			n += len(s.Spec.Devices)
+		}
+		fmt.Fprintf(out, "%s: %d devices in %d slices\n", driver, n, len(res[driver].Pools[NodeName].Slices))
+	}
+	for _, s := range skipped {
+		fmt.Fprintf(out, "not offered: %s\n", s)
+	}
+
+	results := allocateGroups(ctx, objs, classes, groups)
+	section(out, "Allocation (the scheduler's allocator)")
+	var claims []*resourceapi.ResourceClaim
+	for _, r := range results {
+		if len(r.why) > 0 {
+			fmt.Fprintf(out, "%s: not allocated (why: at the end)\n", r.group.name)
+			continue
+		}
+		for _, c := range r.group.claims {
+			if err := printYAML(out, map[string]any{c.Name: c.Status.Allocation.Devices.Results}); err != nil {
+				return err
+			}
+			for _, note := range capacityNotes(c) {
+				fmt.Fprintln(out, note)
+			}
+			// Drivers skip configs that are not theirs: say so before the
+			// claim is prepared with defaults.
+			for _, u := range api.UnappliedConfigs(c) {
+				fmt.Fprintf(out, "warning: claim %s: %s; the claim is prepared as if it were not there\n", c.Name, u)
+			}
+		}
+		claims = append(claims, r.group.claims...)
+	}
+	if len(claims) == 0 {
+		return notAllocated(results)
+	}
+	defer func() { err = errors.Join(err, notAllocated(results)) }()
+	if ctx.Err() != nil {
+		return interrupted(ctx) // the allocations above may be cut short: nothing is prepared
+	}
+
+	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Published: published(inv), Config: cfg, NodeName: NodeName, CDIHook: cdiHook(opts.CDIHook)})
+	if err != nil {
+		return err
+	}
+	// From the first prepare on, every way out goes through the undo.
+	var handed []handedClaim
+	defer func() {
+		if len(handed) == 0 {
+			return
+		}
+		if err == nil && ctx.Err() != nil {
+			err = interrupted(ctx)
+		}
+		if err == nil && opts.Keep {
+			fmt.Fprintf(out, "\nKept prepared: state in %s, CDI specs in %s\n", opts.StateDir, opts.CDIDir)
+			left = true
+			return
+		}
+		var undoErr error
+		left, undoErr = undo(ctx, out, err, handed, undoEnv{opts: opts, node: node, before: inv, gpu: drivers.GPU})
+		err = errors.Join(err, undoErr)
+	}()
+	for name, plugin := range drivers.All() {
+		mine := claimsOf(claims, name)
+		if len(mine) == 0 {
+			continue
+		}
+		if err := prepareClaims(ctx, out, name, plugin, mine, opts, &handed); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return interrupted(ctx)
+	}
+	after, _ := node.Inventory(ctx)
+	section(out, "Hardware after prepare")
+	printHardwareChanges(out, inv, after)
+	printSettings(out, node, after, modesBefore, drivers)
+	printDaemons(out, drivers.GPU)
+	if len(opts.Exec) > 0 {
+		return execute(ctx, out, opts, handed)
+	}
+	return nil
+}
+
+// Environment of Options.Exec's command.
+const (
+	// ExecCDIDirEnv is the directory of the claims' CDI specs.
+	ExecCDIDirEnv = "HWDRA_LAB_CDI_DIR"
+	// ExecCDIDevicesEnv are the claims' CDI devices, comma-separated, the
+	// names a runtime injects them by (gpu.hwdra.io/claim=...).
+	ExecCDIDevicesEnv = "HWDRA_LAB_CDI_DEVICES"
+)
+
+// execute runs Options.Exec while the claims are prepared: a container
+// emulated from their CDI specs (hack/cdirun), a test of the hardware. Its
+// output goes in a section of its own; a failure fails the run (after
+// which the claims are undone as after any failure).
+func execute(ctx context.Context, out io.Writer, opts Options, handed []handedClaim) error {
+	section(out, "Exec: "+strings.Join(opts.Exec, " "))
+	var ids []string
+	for _, h := range handed {
+		ids = append(ids, h.cdi...)
+	}
+	cmd := exec.CommandContext(ctx, opts.Exec[0], opts.Exec[1:]...)
+	cmd.Env = append(os.Environ(), ExecCDIDirEnv+"="+opts.CDIDir, ExecCDIDevicesEnv+"="+strings.Join(ids, ","))
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s (run while the claims were prepared): %w", opts.Exec[0], err)
+	}
+	return nil
+}
+
+// printDaemons shows the MPS control daemons running for shared GPUs.
+func printDaemons(out io.Writer, gpu *agent.GPU) {
+	if gpu == nil {
+		return
+	}
+	ids := gpu.MPS.IDs()
+	if len(ids) == 0 {
+		fmt.Fprintln(out, "no MPS control daemons")
+	}
+	for _, id := range ids {
+		s, _ := gpu.MPS.Spec(id)
+		owner := "claim " + s.Owner
+		switch {
+		case s.Owner == mps.OwnerShares:
+			owner = "the GPU's policed shares"
+		case s.Share:
+			owner = "the dedicated share of claim " + s.Owner
+		}
+		defaults := "no defaults"
+		if s.ActiveThreadPercentage != nil || s.PinnedMemoryLimit != nil {
+			defaults = "defaults " + strings.Join(s.Commands(), ", ")
+		}
+		fmt.Fprintf(out, "MPS control daemon %s for %s: devices %s, %s, pipe directory %s\n", id, owner, strings.Join(s.Devices, ","), defaults, gpu.MPS.Dirs(id).Pipe)
+	}
+}
+
+// prepareClaims prepares a driver's claims one at a time, each noted in
+// handed before it is handed to the plugin (the undo's list), and starts
+// none once ctx is done.
+func prepareClaims(ctx context.Context, out io.Writer, driver string, plugin kubeletplugin.DRAPlugin, claims []*resourceapi.ResourceClaim, opts Options, handed *[]handedClaim) error {
+	section(out, "Prepare: "+driver)
+	if driver == device.NICDriver {
+		// No container runtime here: nothing to move a VF into.
+		fmt.Fprintln(out, "note: no NRI here (as the agent with --nri-socket=): VF netdevs stay in the host network namespace, their metadata has no networkData")
+	}
+	for _, c := range claims {
+		if ctx.Err() != nil {
+			return interrupted(ctx)
+		}
+		*handed = append(*handed, handedClaim{driver: driver, plugin: plugin, claim: c})
+		results, err := plugin.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{c})
+		if err == nil {
+			err = results[c.UID].Err
+		}
+		if err != nil {
+			(*handed)[len(*handed)-1].failed = true
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w, preparing %s: %w", interrupted(ctx), c.Name, err)
+			}
+			return fmt.Errorf("prepare %s: %w", c.Name, err)
+		}
+		r := results[c.UID]
+		type shown struct {
+			Request    string                                 `json:"request"`
+			Device     string                                 `json:"device"`
+			CDIDevices []string                               `json:"cdiDevices,omitempty"`
+			Metadata   map[string]resourceapi.DeviceAttribute `json:"metadata,omitempty"`
+		}
+		var devs []shown
+		for _, dev := range r.Devices {
+			(*handed)[len(*handed)-1].cdi = append((*handed)[len(*handed)-1].cdi, dev.CDIDeviceIDs...)
+			s := shown{Request: strings.Join(dev.Requests, ","), Device: dev.DeviceName, CDIDevices: dev.CDIDeviceIDs}
+			if dev.Metadata != nil {
+				s.Metadata = dev.Metadata.Attributes
+			}
+			devs = append(devs, s)
+		}
+		if err := printYAML(out, map[string]any{c.Name: devs}); err != nil {
+			return err
+		}
+		path := filepath.Join(opts.CDIDir, driver+"_claim_"+string(c.UID)+".json")
+		if spec, err := readSpec(path); err == nil {
+			fmt.Fprintf(out, "CDI spec of %s (%s):\n", c.Name, path)
+			if err := printYAML(out, spec); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readSpec reads a claim's CDI spec for showing: the checkpoint entry it
+// keeps in an annotation (one long line of JSON, for rebuilding a lost
+// state directory) is named, not shown; --keep leaves the file.
+func readSpec(path string) (map[string]any, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, err
+	}
+	if ann, ok := spec["annotations"].(map[string]any); ok {
+		if entry, ok := ann[prepare.ClaimAnnotation].(string); ok {
+			ann[prepare.ClaimAnnotation] = fmt.Sprintf("(checkpoint entry, %d bytes: rebuilds a lost state directory)", len(entry))
+		}
+	}
+	return spec, nil
+}
+
+// printHardwareChanges shows the state prepare changes: MIG mode and GPU
+// instances.
+func printHardwareChanges(out io.Writer, before, now hw.Inventory) {
+	was := map[string]hw.GPU{}
+	for _, g := range before.GPUs {
+		was[g.PCIBusID] = g
+	}
+	changed := false
+	for _, g := range now.GPUs {
+		b := was[g.PCIBusID]
+		if b.MIG.Enabled == g.MIG.Enabled && len(b.MIG.Instances) == len(g.MIG.Instances) {
+			continue
+		}
+		changed = true
+		fmt.Fprintf(out, "GPU %s: MIG %s, %d GPU instance(s)", g.PCIBusID, onOff(g.MIG.Enabled), len(g.MIG.Instances))
+		for _, in := range g.MIG.Instances {
+			if p, ok := g.MIG.Profile(in.ProfileID); ok {
+				fmt.Fprintf(out, " [%s at slice %d]", p.Name, in.Placement.Start)
+			}
+		}
+		fmt.Fprintln(out)
+	}
+	if !changed {
+		fmt.Fprintln(out, "no GPU instances or MIG modes differ from the start")
+	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func claimsOf(claims []*resourceapi.ResourceClaim, driver string) []*resourceapi.ResourceClaim {
+	var out []*resourceapi.ResourceClaim
+	for _, c := range claims {
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver == driver {
+				out = append(out, c)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func section(out io.Writer, title string) { fmt.Fprintf(out, "\n== %s ==\n", title) }
+
+func printYAML(out io.Writer, v any) error {
+	y, err := yaml.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = out.Write(y)
+	return err
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// linePrefixer writes prefix before each line.
+type linePrefixer struct {
+	w       io.Writer
+	prefix  string
+	midLine bool
+}
+
+func (p *linePrefixer) Write(b []byte) (int, error) {
+	var buf []byte
+	for _, c := range b {
+		if !p.midLine {
+			buf = append(buf, p.prefix...)
+		}
+		buf = append(buf, c)
+		p.midLine = c != '\n'
+	}
+	if _, err := p.w.Write(buf); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// published is what the lab "publishes": the node as probed, with every
+// feature (prepare.Published).
+type published hw.Inventory
+
+func (p published) Current() (hw.Inventory, device.Features) {
+	return hw.Inventory(p), device.AllFeatures
+}
+
+// cdiHook is the hook the lab's CDI specs name: the one given, else the
+// one shipped beside hwdra (the lab runs on the node: its path is the
+// node's).
+func cdiHook(given string) string {
+	if given != "" {
+		return given
+	}
+	return driverlibs.ShippedHook()
+}
