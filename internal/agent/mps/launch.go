@@ -66,27 +66,30 @@ type request struct {
 	Capabilities []capability.Cap `json:"capabilities"`
 	// Env is the daemon's whole environment.
 	Env []string `json:"env"`
+	// Program is the path of what the launcher becomes; its arguments
+	// (argv[0] too) follow the request.
+	Program string `json:"program,omitempty"`
 }
 
 // launcher runs in the launcher process.
 func launcher(args []string) error {
 	var req request
 	if len(args) < 1 || json.Unmarshal([]byte(args[0]), &req) != nil {
-		return errors.New("usage: <request JSON> <program> [args...]")
+		return errors.New("usage: <request JSON> [argv...]")
 	}
 	unix.CloseOnExec(statusFD)
 	runtime.LockOSThread()
 	if req.Remove {
 		return removeDaemonCgroups(req)
 	}
-	if len(args) < 2 {
+	if len(args) < 2 || req.Program == "" {
 		return errors.New("no program to run")
 	}
-	prog := args[1:]
+	argv := args[1:]
 	// The program is opened before the mounts change: it may be under a
 	// path that is covered (a mock driver root in a test's temp
 	// directory).
-	bin, err := os.Open(prog[0])
+	bin, err := os.Open(req.Program)
 	if err != nil {
 		return err
 	}
@@ -107,8 +110,8 @@ func launcher(args []string) error {
 	if err := dropPrivileges(req.Capabilities); err != nil {
 		return err
 	}
-	if err := syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", bin.Fd()), prog, req.Env); err != nil {
-		return fmt.Errorf("exec %s: %w", prog[0], err)
+	if err := syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", bin.Fd()), argv, req.Env); err != nil {
+		return fmt.Errorf("exec %s: %w", req.Program, err)
 	}
 	return nil
 }

@@ -219,7 +219,7 @@ func (m *Manager) launch(ctx context.Context, r record) (record, error) {
 	if err := m.opts.Programs.Check(Control); err != nil {
 		return r, fmt.Errorf("MPS daemon %s: %w", s.ID, err)
 	}
-	req := request{Capabilities: DaemonCapabilities, Env: m.env(s.env(d)...)}
+	req := request{Capabilities: DaemonCapabilities, Env: m.env(s.env(d)...), Program: m.opts.Programs.Path(Control)}
 	attr := &syscall.SysProcAttr{Setsid: true}
 	if os.Geteuid() == 0 {
 		// Without root there are no mount namespaces: the daemon keeps
@@ -244,7 +244,7 @@ func (m *Manager) launch(ctx context.Context, r record) (record, error) {
 		return r, err
 	}
 	defer status.Close()
-	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{launcherName, string(raw), m.opts.Programs.Path(Control), "-f"},
+	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{launcherName, string(raw), Control, "-f"},
 		Env: req.Env, Stdout: out, Stderr: out, ExtraFiles: []*os.File{statusW}, SysProcAttr: attr}
 	err = cmd.Start()
 	statusW.Close()
