@@ -265,6 +265,10 @@ func (m *Manager) launch(ctx context.Context, r record) (record, error) {
 	_ = status.SetReadDeadline(time.Now().Add(m.opts.Timeout))
 	said, err := io.ReadAll(io.LimitReader(status, 4096))
 	if len(said) > 0 || err != nil {
+		// A launcher that failed or hangs is still this process's child,
+		// whose PID no other process can have: ended here, as no record
+		// would name it (it runs no control program).
+		_ = cmd.Process.Kill()
 		return r, fmt.Errorf("MPS daemon %s: %s: %s%v%s", s.ID, launcherName, said, err, logTail(d.Log))
 	}
 	return r, nil
@@ -285,6 +289,7 @@ func (m *Manager) ready(ctx context.Context, r record) (record, error) {
 	exe, err := statID(fmt.Sprintf("/proc/%d/exe", r.PID))
 	want, werr := statID(m.opts.Programs.Path(Control))
 	if err != nil || werr != nil || exe != want {
+		_ = p.signal(unix.SIGKILL) // the agent's own child, which no record would name
 		return r, fmt.Errorf("MPS daemon %s: process %d runs no %s (%v, %v)%s", id, r.PID, m.opts.Programs.Path(Control), err, werr, logTail(d.Log))
 	}
 	r.Exe = &exe
