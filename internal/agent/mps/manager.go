@@ -351,14 +351,20 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// alive checks a recorded daemon: its process runs (the one launched)
-// and its control pipe answers.
+// alive checks a recorded daemon: its process runs (the one launched),
+// its control pipe is its own (the daemon listens there, not a client)
+// and answers.
 func (m *Manager) alive(ctx context.Context, r record) error {
 	p, err := m.open(r)
 	if err != nil {
 		return err
 	}
 	p.close()
+	if peer, err := controlPeer(m.Dirs(r.Spec.ID).Pipe); err != nil {
+		return fmt.Errorf("MPS daemon %s: its control pipe: %w", r.Spec.ID, err)
+	} else if peer != 0 && peer != r.PID {
+		return fmt.Errorf("MPS daemon %s: process %d listens on its control pipe, not the daemon %d (a client's)", r.Spec.ID, peer, r.PID)
+	}
 	_, err = m.control(ctx, r.Spec.ID, "get_server_list")
 	return err
 }

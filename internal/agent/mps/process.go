@@ -228,3 +228,39 @@ func endCgroup(name string) error {
 	}
 	return nil
 }
+
+// controlPeer is the process that listens on a daemon's control pipe,
+// where that is a Unix socket (the driver's own and the mock's are): 0
+// where it is no socket (a FIFO: nothing to ask). A tenant can delete
+// the pipe and listen there itself: its process then answers the
+// control program for the daemon, and new clients.
+func controlPeer(pipe string) (int, error) {
+	fi, err := os.Lstat(filepath.Join(pipe, controlPipe))
+	if err != nil {
+		return 0, err
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return 0, nil
+	}
+	dir, err := os.Open(pipe)
+	if err != nil {
+		return 0, err
+	}
+	defer dir.Close()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	// Through the directory's descriptor: a socket's path has at most
+	// 107 bytes, a pipe directory's need not.
+	addr := &unix.SockaddrUnix{Name: fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), controlPipe)}
+	if err := unix.Connect(fd, addr); err != nil {
+		return 0, err
+	}
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return 0, err
+	}
+	return int(cred.Pid), nil
+}

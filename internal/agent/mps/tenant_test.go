@@ -1,16 +1,19 @@
 package mps
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,10 +39,11 @@ func bystander(t *testing.T) (int, <-chan struct{}) {
 	return cmd.Process.Pid, ended
 }
 
-// plantPID is a tenant with the pipe directory mounted: until the test
-// ends it keeps the daemon's PID file saying pid, rewriting it the
-// moment anything else is there.
-func plantPID(t *testing.T, pipe string, pid int) {
+// plantPID is a tenant with the pipe directory mounted: until the
+// returned func is called (the tenant's container gone) it keeps the
+// daemon's PID file saying pid, rewriting it the moment anything else is
+// there.
+func plantPID(t *testing.T, pipe string, pid int) func() {
 	t.Helper()
 	file, want := filepath.Join(pipe, drivertools.PIDFile), []byte(strconv.Itoa(pid)+"\n")
 	done, stopped := make(chan struct{}), make(chan struct{})
@@ -56,7 +60,10 @@ func plantPID(t *testing.T, pipe string, pid int) {
 			}
 		}
 	}()
-	t.Cleanup(func() { close(done); <-stopped })
+	var once sync.Once
+	stop := func() { once.Do(func() { close(done); <-stopped }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // TestTenantPlantedPIDFile (issue 34, row 1): a tenant writes a node
@@ -70,7 +77,7 @@ func TestTenantPlantedPIDFile(t *testing.T) {
 	m, s, first := started(t, ctx)
 	victim, killed := bystander(t)
 	pipe := m.Dirs(s.ID).Pipe
-	plantPID(t, pipe, victim)
+	tenantGone := plantPID(t, pipe, victim)
 	daemons := []int{first}
 	for round := 1; round <= 2; round++ {
 		if err := os.Remove(filepath.Join(pipe, "control")); err != nil {
@@ -102,6 +109,7 @@ func TestTenantPlantedPIDFile(t *testing.T) {
 		default:
 		}
 	}
+	tenantGone() // its claim is unprepared once its containers are gone
 	if err := m.Stop(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -109,6 +117,58 @@ func TestTenantPlantedPIDFile(t *testing.T) {
 	case <-killed:
 		t.Fatalf("Stop killed the node process %d whose PID the tenant planted", victim)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// TestTenantControlPipeTakenOver: a tenant deletes the daemon's control
+// pipe and listens there itself, answering every command as the daemon
+// would (with the driver's programs in its container it could run a
+// daemon of its own there, which the other tenants' new clients would
+// reach). The agent does not take it for its daemon: the daemon is found
+// down and started again, and its control pipe is its own again.
+func TestTenantControlPipeTakenOver(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	m, s, first := started(t, ctx)
+	pipe := m.Dirs(s.ID).Pipe
+	if err := os.Remove(filepath.Join(pipe, "control")); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.Open(pipe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", fmt.Sprintf("/proc/self/fd/%d/control", dir.Fd()))
+	dir.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = bufio.NewReader(c).ReadString('\n')
+			_, _ = c.Write([]byte("OK\n\n"))
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-served })
+	down := m.Supervise(ctx)
+	if _, ok := down[s.ID]; !ok {
+		t.Fatalf("the daemon whose control pipe a tenant answers is not found down: %v", down)
+	}
+	pid := pidOf(t, m, s.ID)
+	if pid == first || !startTimeOK(pid) || startTimeOK(first) {
+		t.Errorf("daemon %d (was %d): not started again", pid, first)
+	}
+	if peer, err := controlPeer(pipe); err != nil || peer != pid {
+		t.Errorf("the control pipe is process %d's (%v), not the daemon %d's", peer, err, pid)
+	}
+	if err := m.Check(ctx, s.ID); err != nil {
+		t.Errorf("after the restart: %v", err)
 	}
 }
 
