@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -210,11 +211,19 @@ func inheritCpuset(dir string) error {
 }
 
 // removeCgroups removes the daemon's cgroups once they are empty; one
-// that is gone already is fine.
+// that is gone already is fine. A process that ended may hold its cgroup
+// a moment, until its parent reaps it (the agent, or the node's init for
+// a daemon of an earlier agent).
 func removeCgroups(dirs []cgroupDir) error {
 	var errs []error
 	for _, d := range dirs {
-		if err := unix.Rmdir(d.dir); err != nil && !errors.Is(err, unix.ENOENT) {
+		deadline := time.Now().Add(5 * time.Second)
+		err := unix.Rmdir(d.dir)
+		for errors.Is(err, unix.EBUSY) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+			err = unix.Rmdir(d.dir)
+		}
+		if err != nil && !errors.Is(err, unix.ENOENT) {
 			procs, _ := os.ReadFile(filepath.Join(d.dir, "cgroup.procs"))
 			errs = append(errs, fmt.Errorf("cgroup %s (processes %q): %w", d.dir, strings.Fields(string(procs)), err))
 		}

@@ -385,7 +385,11 @@ func TestTenantDaemonHoldsNoAgentPrivileges(t *testing.T) {
 		if err := m.Start(ctx, sp); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = m.Stop(context.Background(), sp.ID) })
+		t.Cleanup(func() {
+			if err := m.Stop(context.Background(), sp.ID); err != nil {
+				t.Errorf("stopping %s: %v", sp.ID, err)
+			}
+		})
 	}
 	pid := pidOf(t, m, s.ID)
 	proc := func(f string) string {
