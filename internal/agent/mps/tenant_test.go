@@ -392,50 +392,13 @@ func TestTenantDaemonHoldsNoAgentPrivileges(t *testing.T) {
 		})
 	}
 	pid := pidOf(t, m, s.ID)
-	proc := func(f string) string {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(data)
-	}
-	env := strings.Split(strings.TrimRight(proc("environ"), "\x00"), "\x00")
-	var names []string
-	for _, kv := range env {
-		names = append(names, strings.SplitN(kv, "=", 2)[0])
-	}
-	slices.Sort(names)
-	if want := []string{"CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_VISIBLE_DEVICES", "PATH"}; !slices.Equal(names, want) {
-		t.Errorf("the daemon's environment has %q, want only %q", names, want)
-	}
-	if _, err := os.ReadFile(fmt.Sprintf("/proc/%d/root%s", pid, token)); err == nil {
-		t.Errorf("the daemon reads the agent's token %s", token)
-	}
-	if strings.Contains(proc("mountinfo"), m.Dirs(other.ID).Shm) {
-		t.Errorf("the daemon's mounts hold another daemon's shared memory %s", m.Dirs(other.ID).Shm)
-	}
-	status := proc("status")
-	var want uint64
-	for _, c := range DaemonCapabilities {
-		want |= 1 << uint(c)
-	}
-	for _, f := range []string{"CapEff", "CapPrm", "CapBnd"} {
-		if got := statusField(t, status, f); got != fmt.Sprintf("%016x", want) {
-			t.Errorf("the daemon's %s is %s, want %016x (%v)", f, got, want, DaemonCapabilities)
-		}
-	}
-	if got := statusField(t, status, "CapInh"); got != "0000000000000000" {
-		t.Errorf("the daemon's CapInh is %s", got)
-	}
-	if got := statusField(t, status, "NoNewPrivs"); got != "1" {
-		t.Errorf("the daemon's NoNewPrivs is %s", got)
-	}
+	checkDaemonHolds(t, pid, token, m.Dirs(other.ID).Shm)
 	dir := filepath.Join(filepath.Dir(cgDir), filepath.Base(cgDir), cgroupName(s.ID))
 	if limit, err := os.ReadFile(filepath.Join(dir, "memory.limit_in_bytes")); err != nil || strings.TrimSpace(string(limit)) != strconv.Itoa(256<<20) {
 		t.Errorf("the daemon's cgroup memory limit: %q %v, want %d", limit, err, 256<<20)
 	}
 	if !inCgroup(pid, cgroupName(s.ID)) {
-		t.Errorf("the daemon is not in its cgroup: %s", proc("cgroup"))
+		t.Errorf("the daemon is not in its cgroup %s", cgroupName(s.ID))
 	}
 	// An MPS server left in the cgroup when its daemon goes.
 	server := exec.Command("sleep", "600")
@@ -458,6 +421,51 @@ func TestTenantDaemonHoldsNoAgentPrivileges(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the daemon's cgroup %s after Stop: %v", dir, err)
+	}
+}
+
+// checkDaemonHolds checks what daemon pid holds: an environment of the
+// daemon's variables alone, no token (at its path in the agent's mounts),
+// no other daemon's shared memory (otherShm), DaemonCapabilities alone and
+// no_new_privs.
+func checkDaemonHolds(t *testing.T, pid int, token, otherShm string) {
+	t.Helper()
+	proc := func(f string) string {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	var names []string
+	for _, kv := range strings.Split(strings.TrimRight(proc("environ"), "\x00"), "\x00") {
+		names = append(names, strings.SplitN(kv, "=", 2)[0])
+	}
+	slices.Sort(names)
+	if want := []string{"CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_VISIBLE_DEVICES", "PATH"}; !slices.Equal(names, want) {
+		t.Errorf("the daemon's environment has %q, want only %q", names, want)
+	}
+	if _, err := os.ReadFile(fmt.Sprintf("/proc/%d/root%s", pid, token)); err == nil {
+		t.Errorf("the daemon reads the agent's token %s", token)
+	}
+	if strings.Contains(proc("mountinfo"), otherShm) {
+		t.Errorf("the daemon's mounts hold another daemon's shared memory %s", otherShm)
+	}
+	status := proc("status")
+	var want uint64
+	for _, c := range DaemonCapabilities {
+		want |= 1 << uint(c)
+	}
+	for _, f := range []string{"CapEff", "CapPrm", "CapBnd"} {
+		if got := statusField(t, status, f); got != fmt.Sprintf("%016x", want) {
+			t.Errorf("the daemon's %s is %s, want %016x (%v)", f, got, want, DaemonCapabilities)
+		}
+	}
+	if got := statusField(t, status, "CapInh"); got != "0000000000000000" {
+		t.Errorf("the daemon's CapInh is %s", got)
+	}
+	if got := statusField(t, status, "NoNewPrivs"); got != "1" {
+		t.Errorf("the daemon's NoNewPrivs is %s", got)
 	}
 }
 
