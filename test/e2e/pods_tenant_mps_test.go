@@ -110,7 +110,7 @@ func TestTenantMPSSharedMemory(t *testing.T) {
 	s := startScenarioWith(t, "tenant-mps-shm", framework.MockProfile(t, "one-h100", oneH100),
 		map[string]any{"gpus": map[string]any{"mps": map[string]any{"shmSize": tenantShmSizeConfig, "daemonMemoryLimit": strconv.Itoa(tenantDaemonMemory)}}}, gpuDriver)
 	a := tenantPod(framework.PodWithClaimTemplate("tenant-a", s.template(gpuShareClaim(t, "tenant-a", "20Gi", "40")), mpsPaths...),
-		"mount:/dev/shm;exec:/dev/shm/run-me;fill:/dev/shm/fill;remove:/dev/shm/fill;write:/dev/shm/tenant-a=of tenant a")
+		"mount:/dev/shm;exec:/dev/shm/run-me;remove:/dev/shm/run-me;fill:/dev/shm/fill;remove:/dev/shm/fill;write:/dev/shm/tenant-a=of tenant a")
 	ra := s.waitRunning("tenant-a", "tenant shm pod", s.createPodFor(a))
 	pid := mpsClient(t, "tenant-a", ra, "40", "0=20480M")
 	res := tenantResults(ra.logs)
