@@ -260,6 +260,7 @@ func (m *Manager) launch(ctx context.Context, r record) (record, error) {
 		err = m.state.Put(s.ID, r)
 	}
 	if err != nil {
+		_ = cmd.Process.Kill() // not recorded: no Stop would find it
 		return r, fmt.Errorf("MPS daemon %s: %w%s", s.ID, err, logTail(d.Log))
 	}
 	_ = status.SetReadDeadline(time.Now().Add(m.opts.Timeout))
