@@ -137,7 +137,7 @@ func TestTenantMPSSharedMemory(t *testing.T) {
 		t.Fatalf("the second share reaches daemon %s, the first %s", p, pid)
 	}
 	// What is shared: the other tenant's files in the one /dev/shm.
-	if got, ok := rb.out.Files["/dev/shm/tenant-a"]; !ok || got != "of tenant a" {
+	if got, ok := rb.out.Files["/dev/shm/tenant-a"]; !ok || strings.TrimSpace(got) != "of tenant a" {
 		t.Errorf("the second tenant does not see the first's file in the daemon's /dev/shm (%q %v): have MPS clients stopped sharing it? Then say so in docs/design.md", got, ok)
 	}
 
