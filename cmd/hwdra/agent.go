@@ -24,8 +24,8 @@ func agentCommand() *cobra.Command {
 			if opts.NodeName == "" {
 				return fmt.Errorf("--node-name (or NODE_NAME) is required")
 			}
-			if opts.MPSCgroup != mps.CgroupSame && opts.MPSCgroup != mps.CgroupBesidePod {
-				return fmt.Errorf("--mps-daemon-cgroup: %q is none of \"\" and %q", opts.MPSCgroup, mps.CgroupBesidePod)
+			if !opts.MPSCgroup.Valid() {
+				return fmt.Errorf("--mps-daemon-cgroup: %q is none of \"\", %q and an absolute cgroup path", opts.MPSCgroup, mps.CgroupBesidePod)
 			}
 			if opts.KubeAPIQPS <= 0 || opts.KubeAPIBurst < 1 {
 				return fmt.Errorf("--kube-api-qps must be above 0 and --kube-api-burst at least 1 (have %v and %d)", opts.KubeAPIQPS, opts.KubeAPIBurst)
@@ -69,6 +69,6 @@ func agentCommand() *cobra.Command {
 	f.IntVar(&opts.ClaimLimitGPUs, "claim-limit-gpus-per-node", 0, "the most whole GPUs the chart's claim-limits admission policy lets a claim ask for (claimLimits.gpusPerNode; 0: no policy): a node with more GPUs warns in /readyz, its log and an Event, since claims it could satisfy are refused")
 	f.StringVar(&opts.NRISocket, "nri-socket", podnet.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
 	f.StringVar((*string)(&opts.MPSCgroup), "mps-daemon-cgroup", string(mps.CgroupSame),
-		`where the MPS control daemons of shared GPUs run: "" in the agent's cgroup (an agent run as a process: they outlive it in sessions of their own), "`+string(mps.CgroupBesidePod)+`" in a cgroup beside the agent's pod, which the runtime and the kubelet leave alone when the pod goes (the DaemonSet, with hostPID)`)
+		`where the MPS control daemons of shared GPUs run: "" in the agent's cgroup (an agent run as a process: they outlive it in sessions of their own), "`+string(mps.CgroupBesidePod)+`" in a cgroup of its own beside the agent's pod, which the runtime and the kubelet leave alone when the pod goes (the DaemonSet, with hostPID), or a cgroup path ("/hwdra-mps.slice") under which each gets a cgroup of its own; a daemon's own cgroup has its memory limited (gpus.mps.daemonMemoryLimit)`)
 	return cmd
 }

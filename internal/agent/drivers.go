@@ -111,6 +111,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			DevRoot:   node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
 			Sysfs: node.Sysfs, DriverFiles: driverlibs.New(node.DriverFiles(opts.CDIDir, opts.CDIHook)),
 			Programs: node.Programs, MPSCgroup: opts.MPSCgroup,
+			MPSShmSize: opts.gpuPolicy().MPSShmSize(), MPSMemoryLimit: opts.gpuPolicy().MPSDaemonMemoryLimit(),
 			Settings: opts.gpuSettings(),
 		})
 		if err != nil {
@@ -146,11 +147,15 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 
 // gpuSettings is the configuration's gpus.settings; without a
 // configuration the default, Manage.
-func (o PluginOptions) gpuSettings() config.GPUSettings {
+func (o PluginOptions) gpuSettings() config.GPUSettings { return o.gpuPolicy().Settings() }
+
+// gpuPolicy is the configuration's gpus section; without a configuration
+// the defaults.
+func (o PluginOptions) gpuPolicy() config.GPUPolicy {
 	if o.Config == nil {
-		return config.SettingsManage
+		return config.GPUPolicy{}
 	}
-	return o.Config.GPUPolicy().Settings()
+	return o.Config.GPUPolicy()
 }
 
 // nodeClaims is the API server's word on the claims allocated to a node

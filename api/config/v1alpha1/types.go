@@ -48,6 +48,25 @@ type GPUConfig struct {
 	// Shares says how the agent holds GPU shares to what the scheduler
 	// counted. Left out: the defaults.
 	Shares *GPUSharesConfig `json:"shares,omitempty"`
+	// MPS sizes what the agent gives each MPS control daemon (a claim's
+	// MPS devices, a GPU's shares). Left out: the defaults.
+	MPS *MPSConfig `json:"mps,omitempty"`
+}
+
+// MPSConfig sizes each MPS control daemon's resources. Quantities are
+// Kubernetes quantities of bytes ("1Gi").
+type MPSConfig struct {
+	// ShmSize is the size of the daemon's shared memory: a tmpfs of its
+	// own that the daemon and every container on it mount at /dev/shm
+	// (MPS servers and clients meet there, so all of them share it; the
+	// containers' own POSIX shared memory goes there too). A page
+	// written there counts against the memory limit of the container
+	// that wrote it first. 1Mi to 1Ti. Default: 1Gi.
+	ShmSize Quantity `json:"shmSize,omitempty"`
+	// DaemonMemoryLimit is the memory limit of the daemon's cgroup,
+	// which holds the control daemon and the MPS servers it starts. At
+	// least 64Mi. Default: 4Gi.
+	DaemonMemoryLimit Quantity `json:"daemonMemoryLimit,omitempty"`
 }
 
 // GPUSharesConfig is the policing of GPU shares: every CheckInterval the

@@ -59,7 +59,31 @@ func (g *GPUConfig) validate(p *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(sp.Child("checkIntervalMilliseconds"), *ms, "must be 100 to 60000"))
 		}
 	}
+	if m := g.MPS; m != nil {
+		mp := p.Child("mps")
+		if _, err := Bytes(m.ShmSize, 1<<20, 1<<40); err != nil {
+			errs = append(errs, field.Invalid(mp.Child("shmSize"), string(m.ShmSize), err.Error()))
+		}
+		if _, err := Bytes(m.DaemonMemoryLimit, 64<<20, 1<<50); err != nil {
+			errs = append(errs, field.Invalid(mp.Child("daemonMemoryLimit"), string(m.DaemonMemoryLimit), err.Error()))
+		}
+	}
 	return errs
+}
+
+// Bytes reads a size (a quantity of bytes, "1Gi") that must be from
+// minimum to maximum bytes. The error says what is wrong with it.
+func Bytes(s Quantity, minimum, maximum int64) (int64, error) {
+	q, err := resource.ParseQuantity(string(s))
+	switch {
+	case err != nil:
+		return 0, errors.New(`must be a quantity of bytes, like "1Gi"`)
+	case q.Cmp(*resource.NewQuantity(minimum, resource.BinarySI)) < 0:
+		return 0, fmt.Errorf("must be at least %s", resource.NewQuantity(minimum, resource.BinarySI))
+	case q.Cmp(*resource.NewQuantity(maximum, resource.BinarySI)) > 0:
+		return 0, fmt.Errorf("must be at most %s", resource.NewQuantity(maximum, resource.BinarySI))
+	}
+	return q.Value(), nil
 }
 
 // profilePatternRE: what MIG profile names are made of (lower-case

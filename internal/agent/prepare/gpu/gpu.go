@@ -72,6 +72,10 @@ type Options struct {
 	// MPSCgroup is where MPS control daemons' processes go: beside the
 	// agent's pod where it runs in one.
 	MPSCgroup mps.Cgroup
+	// MPSShmSize and MPSMemoryLimit size each MPS daemon's shared memory
+	// and its cgroup's memory limit, in bytes (gpus.mps); 0: the
+	// defaults.
+	MPSShmSize, MPSMemoryLimit int64
 	// Settings is gpus.settings (config.GPUPolicy.Settings): under Leave
 	// prepare never changes a GPU's MIG mode, compute mode or time slice.
 	// Empty: Manage.
@@ -153,7 +157,7 @@ func New(opts Options) (*Driver, error) {
 	}
 	daemons, err := mps.Open(mps.Options{
 		Dir: filepath.Join(opts.StateDir, "mps"), StateFile: filepath.Join(opts.StateDir, DriverName+".mps.json"),
-		Programs: opts.Programs, Cgroup: opts.MPSCgroup,
+		Programs: opts.Programs, Cgroup: opts.MPSCgroup, ShmSize: opts.MPSShmSize, MemoryLimit: opts.MPSMemoryLimit,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
