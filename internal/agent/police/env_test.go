@@ -109,4 +109,3 @@ func TestWorsen(t *testing.T) {
 		t.Errorf("none went back to a limit: %v", *l.memory)
 	}
 }
-
