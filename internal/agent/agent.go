@@ -89,6 +89,9 @@ type Options struct {
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.
 	node *backend.Node
+	// procRoot is where the share police reads processes ("": /proc): a
+	// test's, that puts its processes in pods.
+	procRoot string
 }
 
 // Run runs the agent until ctx is cancelled. It serves the node once it

@@ -28,7 +28,8 @@ const (
 	DefaultEnvBytesPerProcess = 6 << 20
 	// DefaultEnvBytesPerRound: a round starts no further environment read
 	// once it has read this much (so it reads at most this plus one
-	// process's cap). 32 MiB took 12 ms on this machine.
+	// process's cap): about 28 ms at the 1.2 GB/s measured here
+	// (BenchmarkReadFatEnvironment), 3% of a core at the default interval.
 	DefaultEnvBytesPerRound = 32 << 20
 	// envChunk is the one buffer's size.
 	envChunk = 32 << 10
