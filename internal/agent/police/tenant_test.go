@@ -367,3 +367,59 @@ func TestTenantPIDReusedUnderAStaleListing(t *testing.T) {
 		t.Errorf("acted on %q", n.found)
 	}
 }
+
+// snapshot answers the first listing with what the driver listed before
+// the PID was reused (the listing's content is older than its answer),
+// later ones from the driver.
+type snapshot struct {
+	Processes
+	first []hw.GPUProcess
+	calls int
+}
+
+func (s *snapshot) GPUProcesses(busID string) ([]hw.GPUProcess, error) {
+	if s.calls++; s.calls == 1 {
+		return s.first, nil
+	}
+	return s.Processes.GPUProcesses(busID)
+}
+
+// TestTenantPIDReusedBeforeTheListingReturned (row 9): the first listing
+// names the tenant's process, which had already gone and whose PID
+// another pod's process took before the listing returned (so that
+// process started before the round began: its start time does not give
+// it away). The second listing, from the mock GPU, no longer names the
+// PID: the process holding it is left alone.
+func TestTenantPIDReusedBeforeTheListingReturned(t *testing.T) {
+	const gpu = "0000:1b:00.0"
+	h := mocktest.Open(t, "gpus: [{model: h100-80gb, count: 1}]")
+	b := nvmlb.New(h.NVML, nvmlb.WithSysfs(h.Sysfs))
+	if err := b.Init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Shutdown() })
+	n := newNode(t)
+	n.claims = []Claim{{Namespace: "ns", Name: "a", GPU: gpu, Share: &Share{Memory: 10 * gib, Compute: 40}}}
+	tenant := exec.Command("sleep", "60")
+	n.start(tenant, n.pod("tenant", "a"))
+	if err := h.SetGPUProcesses(gpu, []hw.GPUProcess{{PID: uint32(tenant.Process.Pid), UsedMemory: gb(30), MPS: true}}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := b.GPUProcesses(gpu)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("the mock lists %+v, %v", first, err)
+	}
+	victim := reuseFor(t, n, tenant, "victim")
+	// The round begins in a later clock tick than the victim started in.
+	for started := startOf(t, victim.Process.Pid); bootTicks() <= started; {
+		runtime.Gosched()
+	}
+	w := New(Options{Claims: n, Processes: &snapshot{Processes: b, first: first}, Pods: n, Stop: true, Observer: n, ProcRoot: n.procRoot, Interval: time.Hour})
+	w.Check(context.Background())
+	if err := unkilled(victim); err != nil {
+		t.Fatalf("the process that took the listed PID over: %v; found %q", err, n.found)
+	}
+	if len(n.found) != 0 {
+		t.Errorf("acted on %q", n.found)
+	}
+}
