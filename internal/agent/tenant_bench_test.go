@@ -43,7 +43,8 @@ const (
 // runs every 100 ms; once it has read every process's environment and
 // the connections are held, the kubelet's probe must get through, and
 // the process's resident memory is reported before the tenant (idle),
-// under its load (load) and after a GC there, with the Go heap in use
+// under its load (load; peak: the most meanwhile) and after a GC there,
+// with the Go heap in use
 // (the process also holds the test binary and the fake API server: an
 // upper bound). The chart's limit is 256 MiB.
 func BenchmarkTenantAgentMemory(b *testing.B) {
@@ -76,6 +77,10 @@ func BenchmarkTenantAgentMemory(b *testing.B) {
 	env = nil
 	debug.FreeOSMemory() // starting 6 MB processes left garbage here
 	idle := rssKiB(b)
+	// The peak from here on (VmHWM, reset: proc(5), clear_refs).
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		b.Fatal(err)
+	}
 	if err := node.Mock().SetGPUProcesses("0000:1b:00.0", listed); err != nil {
 		b.Fatal(err)
 	}
@@ -94,7 +99,7 @@ func BenchmarkTenantAgentMemory(b *testing.B) {
 	if n := a.counter(`hwdra_gpu_share_violations_total{action="stopped",reason="GPUShareLimitsRaised"}`); n != 0 {
 		b.Errorf("%v processes within their share stopped", n)
 	}
-	loaded := rssKiB(b)
+	loaded, peak := rssKiB(b), statusKiB(b, "VmHWM")
 	debug.FreeOSMemory()
 	rss := rssKiB(b)
 	var ms runtime.MemStats
@@ -104,10 +109,31 @@ func BenchmarkTenantAgentMemory(b *testing.B) {
 	}
 	b.ReportMetric(float64(idle)/1024, "RSS-idle-MiB")
 	b.ReportMetric(float64(loaded)/1024, "RSS-load-MiB")
+	b.ReportMetric(float64(peak)/1024, "RSS-peak-MiB")
 	b.ReportMetric(float64(rss)/1024, "RSS-MiB")
 	b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
-	b.Logf("RSS %d MiB before the tenant; with 100 processes of 6 MB environments policed and %d connections held, %d MiB (%d MiB after a GC), heap in use %.1f MiB",
-		idle>>10, held, loaded>>10, rss>>10, float64(ms.HeapInuse)/(1<<20))
+	b.Logf("RSS %d MiB before the tenant; with 100 processes of 6 MB environments policed and %d connections held, %d MiB (at most %d MiB meanwhile; %d MiB after a GC), heap in use %.1f MiB",
+		idle>>10, held, loaded>>10, peak>>10, rss>>10, float64(ms.HeapInuse)/(1<<20))
+}
+
+// statusKiB is a "<name>: <n> kB" line of /proc/self/status.
+func statusKiB(b testing.TB, name string) int {
+	b.Helper()
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+":"); ok {
+			kib, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")))
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kib
+		}
+	}
+	b.Fatalf("no %s in /proc/self/status", name)
+	return 0
 }
 
 // tenantPod is a pod of the node whose container "app" uses claim, as the
