@@ -42,7 +42,7 @@ func BenchmarkCheck(b *testing.B) {
 
 // BenchmarkReadFatEnvironment reads one process's 6 MB environment
 // (/proc/<pid>/environ, through the scanner's one buffer), as a round
-// does up to its cap (DefaultEnvBytesPerRound): the cost of a round on a
+// does up to its cap (envBytesPerRound): the cost of a round on a
 // GPU whose processes have fat environments is the cap over this speed.
 func BenchmarkReadFatEnvironment(b *testing.B) {
 	bigStack(b)
@@ -57,7 +57,7 @@ func BenchmarkReadFatEnvironment(b *testing.B) {
 	b.ReportAllocs()
 	var read int64
 	for b.Loop() {
-		l, err := p.environment(&s, DefaultEnvBytesPerProcess)
+		l, err := p.environment(&s, envBytesPerProcess)
 		if err != nil || l.threads == nil {
 			b.Fatalf("%+v %v", l, err)
 		}

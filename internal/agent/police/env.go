@@ -23,14 +23,14 @@ const (
 // read as a stream through one buffer, keeping only the two variables
 // above, and never past the caps.
 const (
-	// DefaultEnvBytesPerProcess is the most of one process's environment
-	// the police reads: all that exec(2) lets a process start with.
-	DefaultEnvBytesPerProcess = 6 << 20
-	// DefaultEnvBytesPerRound: a round starts no further environment read
+	// envBytesPerProcess is the most of one process's environment the
+	// police reads: all that exec(2) lets a process start with.
+	envBytesPerProcess = 6 << 20
+	// envBytesPerRound: a round starts no further environment read
 	// once it has read this much (so it reads at most this plus one
 	// process's cap): about 28 ms at the 1.2 GB/s measured here
 	// (BenchmarkReadFatEnvironment), 3% of a core at the default interval.
-	DefaultEnvBytesPerRound = 32 << 20
+	envBytesPerRound = 32 << 20
 	// envChunk is the one buffer's size.
 	envChunk = 32 << 10
 	// maxValue is the longest value kept: longer is no value MPS reads.

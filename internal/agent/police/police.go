@@ -68,9 +68,6 @@ type Options struct {
 	Observer Observer
 	// ProcRoot is /proc, where a test does not say otherwise.
 	ProcRoot string
-	// EnvBytesPerProcess and EnvBytesPerRound bound the environment reads
-	// (0: DefaultEnvBytesPerProcess, DefaultEnvBytesPerRound).
-	EnvBytesPerProcess, EnvBytesPerRound int64
 }
 
 // Watcher polices the GPUs with shares.
@@ -110,12 +107,6 @@ type envSeen struct {
 func New(o Options) *Watcher {
 	if o.ProcRoot == "" {
 		o.ProcRoot = "/proc"
-	}
-	if o.EnvBytesPerProcess <= 0 {
-		o.EnvBytesPerProcess = DefaultEnvBytesPerProcess
-	}
-	if o.EnvBytesPerRound <= 0 {
-		o.EnvBytesPerRound = DefaultEnvBytesPerRound
 	}
 	return &Watcher{o: o, told: map[toldKey]bool{}, listErr: map[string]string{}, envs: map[procKey]*envSeen{}}
 }
@@ -281,7 +272,7 @@ func (w *Watcher) judge(ctx context.Context, r gpuRound, seen map[toldKey]bool) 
 // readEnvironments reads the environment of each process whose
 // decision needs it (an MPS client of a policed share), those never read
 // first, then those read longest ago, until the round has read
-// EnvBytesPerRound; each process is then judged on its reads at their
+// envBytesPerRound; each process is then judged on its reads at their
 // worst (startLimits.worsen): a process that rewrites its environment
 // in place after a read keeps what that read found. A process not read
 // yet is judged on memory alone this round. It returns the processes
@@ -313,13 +304,13 @@ func (w *Watcher) readEnvironments(ctx context.Context, rounds []gpuRound) map[p
 	var read int64
 	unread := 0
 	for _, x := range wants {
-		if read >= w.o.EnvBytesPerRound {
+		if read >= envBytesPerRound {
 			if w.envs[x.key] == nil {
 				unread++
 			}
 			continue
 		}
-		l, err := x.p.environment(&w.scanner, w.o.EnvBytesPerProcess)
+		l, err := x.p.environment(&w.scanner, envBytesPerProcess)
 		read += l.read
 		if err != nil {
 			if !errors.Is(err, errGone) {

@@ -110,7 +110,7 @@ func TestTenantHidesLimitsPastTheCap(t *testing.T) {
 	n.place(h.cmd.Process.Pid, n.pod("pa", "a"))
 	n.list(h.cmd, true, 1)
 	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", h.cmd.Process.Pid))
-	if err != nil || len(environ) <= DefaultEnvBytesPerProcess || !strings.HasSuffix(string(environ), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40\x00") {
+	if err != nil || len(environ) <= envBytesPerProcess || !strings.HasSuffix(string(environ), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40\x00") {
 		t.Fatalf("the helper's environment: %d bytes, %v", len(environ), err)
 	}
 	rec := events.NewFakeRecorder(10)
