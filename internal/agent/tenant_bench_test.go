@@ -61,11 +61,10 @@ func BenchmarkTenantAgentMemory(b *testing.B) {
 	pod := tenantPod(b, a, claim.Name)
 
 	const procs = 100
-	env := fatEnv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1")
 	var listed []hw.GPUProcess
 	for range procs {
 		cmd := exec.Command("sleep", "600")
-		cmd.Env = env
+		cmd.Env = fatEnv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1")
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}
@@ -74,7 +73,6 @@ func BenchmarkTenantAgentMemory(b *testing.B) {
 		placeInPod(b, procRoot, cmd.Process.Pid, pod)
 		listed = append(listed, hw.GPUProcess{PID: uint32(cmd.Process.Pid), UsedMemory: ptr.To(uint64(1 << 20)), MPS: true})
 	}
-	env = nil
 	debug.FreeOSMemory() // starting 6 MB processes left garbage here
 	idle := rssKiB(b)
 	// The peak from here on (VmHWM, reset: proc(5), clear_refs).

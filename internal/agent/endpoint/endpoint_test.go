@@ -200,8 +200,12 @@ func TestRequestLimits(t *testing.T) {
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: agent\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 2*l.MaxHeaderBytes+4096))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
-		t.Errorf("oversized headers: %v %v", resp, err)
+	if err != nil {
+		t.Fatalf("oversized headers: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("oversized headers: %s, want 431", resp.Status)
 	}
 
 	slow, err := net.Dial("tcp", addr)
