@@ -2,7 +2,8 @@ package agent
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/hwdra/hwdra/internal/agent/endpoint"
 	"github.com/hwdra/hwdra/internal/agent/police"
 	"github.com/hwdra/hwdra/internal/agent/publish"
 )
@@ -191,7 +193,8 @@ func (m *metrics) observe(driver, op, kind string, start time.Time, err error) {
 	m.claims.WithLabelValues(driver, op, kind, result(err)).Observe(time.Since(start).Seconds())
 }
 
-// serve exposes /metrics, /healthz and /readyz on addr until ctx ends.
+// serve exposes /metrics, /healthz and /readyz on addr until ctx ends,
+// within the endpoint's limits (the port is on the node's network).
 func (m *metrics) serve(ctx context.Context, addr string, pr *probes) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
@@ -201,18 +204,27 @@ func (m *metrics) serve(ctx context.Context, addr string, pr *probes) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown) // exiting: nothing to do about a slow client
-	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Metrics server")
-		}
-	}()
+	endpoint.Serve(ctx, ln, mux, endpoint.DefaultLimits)
 	klog.FromContext(ctx).Info("Serving metrics", "address", ln.Addr().String())
 	return nil
+}
+
+// metricsAddress is where the agent serves metrics and probes:
+// --metrics-address, its host replaced by --metrics-bind-address where
+// that is set (the chart passes the node's IP: status.hostIP).
+func metricsAddress(addr, bind string) (string, error) {
+	if addr == "" || bind == "" {
+		return addr, nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("--metrics-address %q: %w", addr, err)
+	}
+	if net.ParseIP(bind) == nil {
+		return "", fmt.Errorf("--metrics-bind-address %q: not an IP address", bind)
+	}
+	if host != "" {
+		return "", fmt.Errorf("--metrics-bind-address %q and --metrics-address %q both name a host: give the port alone to --metrics-address (\":%s\")", bind, addr, port)
+	}
+	return net.JoinHostPort(bind, port), nil
 }

@@ -236,7 +236,7 @@ func readyz(t *testing.T, want string, timeout time.Duration) string {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for {
-		resp, err := http.Get("http://127.0.0.1:9464/readyz")
+		resp, err := http.Get("http://" + framework.AgentAddr + "/readyz")
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -260,7 +260,7 @@ func wantFeatureMetric(t *testing.T, want string) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		got, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`)
+		got, err := framework.AgentMetric(framework.AgentAddr, `hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`)
 		if err == nil && got == want {
 			return
 		}
