@@ -148,9 +148,14 @@ func (e *env) startAgent() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	// Every PF shared (the default); claims may choose their VF's MAC.
+	cfg, err := config.Parse([]byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nvfPolicy: {allowMAC: true}\n"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	d, err := nic.New(nic.Options{
 		VFs:       e.hw.NICs().VFConfigurator(),
-		Published: published{PFs: pfs}, Config: config.Default(),
+		Published: published{PFs: pfs}, Config: cfg,
 		SysfsRoot: e.hw.Sysfs, DevRoot: e.hw.DevRoot(), StateDir: state, NodeName: testNode, BootID: testBoot, Network: e.net,
 	})
 	if err != nil {

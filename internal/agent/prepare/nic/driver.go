@@ -124,7 +124,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	// Plan and reserve under the locks of every PF the claim uses, so that
 	// concurrent claims on one PF never pick the same VF.
 	defer d.pfLocks.Lock(claimPFs(claim, catalog)...)()
-	plan, err := Plan(claim, catalog, d.heldCopy(), d.opts.NodeName)
+	plan, err := Plan(claim, catalog, d.heldCopy(), d.opts.NodeName, d.opts.Config)
 	if err != nil {
 		return nil, rec, err
 	}

@@ -9,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/hwdra/hwdra/api"
 	sriovv1alpha1 "github.com/hwdra/hwdra/api/sriov/v1alpha1"
 	"github.com/hwdra/hwdra/internal/agent/config"
 	"github.com/hwdra/hwdra/internal/agent/prepare"
@@ -48,9 +47,10 @@ type Assignment struct {
 // sriov.hwdra.io results gets and with which settings. catalog is what
 // the node publishes (resources.NICDevices); held maps the VFs other claims
 // hold (by VF PCI address). nodeName, if set, must be every result's
-// pool. Errors name the request and, for configuration, the claim and
-// field.
-func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevice, held map[string]types.UID, nodeName string) ([]Assignment, error) {
+// pool. policy says what the claim's own VfConfig may set on a PF's VFs
+// beyond its class's (nil: nothing). Errors name the request and, for
+// configuration, the field (the caller names the claim).
+func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevice, held map[string]types.UID, nodeName string, policy Policy) ([]Assignment, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("not allocated")
 	}
@@ -65,7 +65,7 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 		out     []Assignment
 		taken   = map[string]bool{} // VFs chosen by this plan
 		seen    = map[string]int{}  // results of a request so far
-		configs = map[string]*sriovv1alpha1.VfConfig{}
+		configs = map[string]requestConfig{}
 	)
 	for _, r := range results {
 		if r.Driver != device.NICDriver {
@@ -87,14 +87,15 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 			out = append(out, a)
 			continue
 		}
-		cfg, ok := configs[r.Request]
+		rc, ok := configs[r.Request]
 		if !ok {
 			var err error
-			if cfg, err = api.ForRequest(claim, device.NICDriver, r.Request, &sriovv1alpha1.VfConfig{}); err != nil {
+			if rc, err = configFor(claim, r.Request); err != nil {
 				return nil, err
 			}
-			configs[r.Request] = cfg
+			configs[r.Request] = rc
 		}
+		cfg := rc.merged
 		switch dev.Mode {
 		case config.ModeShared:
 			if r.ShareID == nil {
@@ -139,6 +140,13 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 			return nil, fmt.Errorf("request %q: device %s has mode %q", r.Request, r.Device, dev.Mode)
 		}
 		if err := checkLinkType(a.PF, cfg); err != nil {
+			return nil, fmt.Errorf("request %q: %w", r.Request, err)
+		}
+		var pol config.VFPolicy
+		if policy != nil {
+			pol = policy.VFPolicy(a.PF)
+		}
+		if err := checkPolicy(rc, a.PF, pol); err != nil {
 			return nil, fmt.Errorf("request %q: %w", r.Request, err)
 		}
 		if err := checkQuirks(a.PF, a.Config); err != nil {
