@@ -111,7 +111,8 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			DevRoot:   node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
 			Sysfs: node.Sysfs, DriverFiles: driverlibs.New(node.DriverFiles(opts.CDIDir, opts.CDIHook)),
 			Programs: node.Programs, MPSCgroup: opts.MPSCgroup,
-			Settings: opts.gpuSettings(),
+			Settings:           opts.gpuSettings(),
+			AllowUnsafeNoIOMMU: opts.Config != nil && opts.Config.AllowsUnsafeNoIOMMU(),
 		})
 		if err != nil {
 			return Drivers{}, err

@@ -3,6 +3,7 @@ package nic
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -48,6 +49,7 @@ func TestTenantVfConfigBeyondThePolicy(t *testing.T) {
 			if err == nil {
 				t.Fatal("prepared")
 			}
+			t.Logf("refused: %v", err)
 			pf := "PF pfa (0000:17:00.0)"
 			if e == ib {
 				pf = "PF ib0 (0000:31:00.0)"
@@ -180,4 +182,46 @@ func withClassConfig(c *resourceapi.ResourceClaim, vfConfig string) {
 
 func vfState(vlan, qos int, trust, spoof bool) string {
 	return fmt.Sprintf("%d/%d trust=%t spoof=%t", vlan, qos, trust, spoof)
+}
+
+// TestTenantNoIOMMUVFRefused is the attack of issue 34, row 10, on the NIC
+// side: a claim for an exclusive VF bound to vfio-pci on a node whose
+// kernel runs VFIO without an IOMMU would get /dev/vfio/noiommu-<N>, and
+// with it DMA into all of the node's memory. Refused at prepare before
+// the VF is reserved or touched, naming the claim, the VF and the
+// setting; with vfio.allowUnsafeNoIOMMU the claim gets the noiommu node.
+func TestTenantNoIOMMUVFRefused(t *testing.T) {
+	const node = `noIOMMU: true
+nics: [{model: e810, count: 1, vfs: 2, pciAddresses: ["0000:31:00.0"], netdevs: [pfv], vfDriver: vfio-pci}]`
+	e := newEnv(t, node, exclusiveConfig)
+	c := e.allocate(newClaim("", vfRequest("dpdk")))
+	_, err := e.prepare(c)
+	if err == nil {
+		t.Fatal("prepared")
+	}
+	t.Logf("refused: %v", err)
+	for _, want := range []string{"claim ns/" + c.Name, `request "dpdk"`, "VF 0000:31:01.0 (VF 0 of PF 0000:31:00.0) is in VFIO group noiommu-512", "vfio.allowUnsafeNoIOMMU"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
+	}
+	e.checkPristine()
+	if specs, _ := os.ReadDir(e.cdiDir()); len(specs) > 0 {
+		t.Errorf("CDI specs left: %v", specs)
+	}
+
+	allowed := newEnv(t, node, exclusiveConfig+"vfio: {allowUnsafeNoIOMMU: true}\n")
+	c = allowed.allocate(newClaim("", vfRequest("dpdk")))
+	res := allowed.mustPrepare(c)
+	spec := allowed.inject(res.Devices)
+	var nodes []string
+	for _, d := range spec.Linux.Devices {
+		nodes = append(nodes, d.Path)
+	}
+	if !slices.Contains(nodes, "/dev/vfio/noiommu-512") {
+		t.Errorf("allowed: device nodes %v, want /dev/vfio/noiommu-512", nodes)
+	}
+	if err := allowed.unprepare(c); err != nil {
+		t.Fatal(err)
+	}
 }
