@@ -96,60 +96,10 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 			configs[r.Request] = rc
 		}
 		cfg := rc.merged
-		switch dev.Mode {
-		case config.ModeShared:
-			if r.ShareID == nil {
-				return nil, fmt.Errorf("request %q: shared device %s allocated without a shareID", r.Request, r.Device)
-			}
-			bw, ok := r.ConsumedCapacity[device.NICCapBandwidth]
-			if !ok {
-				return nil, fmt.Errorf("request %q: share of %s consumes no %s", r.Request, r.Device, device.NICCapBandwidth)
-			}
-			mbps := bw.Value() / 1_000_000 // never above what was counted
-			if mbps < 1 {
-				// 0 would mean "no limit" to the kernel.
-				return nil, fmt.Errorf("request %q: share of %s: bandwidth %s is below 1 Mb/s, the VF rate limit's unit", r.Request, r.Device, bw.String())
-			}
-			vf, err := freeVF(dev.PF, held, taken)
-			if err != nil {
-				return nil, fmt.Errorf("request %q: %w", r.Request, err)
-			}
-			a.VF, a.Bandwidth = vf, &bw
-			a.Config = vfConfig(cfg, dev.PF, vf)
-			if dev.PF.LinkType == hw.LinkInfiniBand {
-				// No VF rate limit on an InfiniBand port: the share is
-				// what the scheduler counts, not enforced on the wire.
-				a.KeepRate = true
-			} else {
-				a.Config.MaxTxRateMbps = int(mbps)
-				if takesMinRate(dev.PF.Driver) {
-					a.Config.MinTxRateMbps = int(mbps)
-				}
-			}
-		case config.ModeExclusive:
-			vf := *dev.VF
-			if owner, ok := held[vf.PCIAddress]; ok {
-				return nil, fmt.Errorf("request %q: VF %d of %s (%s) is still held by claim %s", r.Request, vf.Index, pfName(dev.PF), vf.PCIAddress, owner)
-			}
-			if taken[vf.PCIAddress] {
-				return nil, fmt.Errorf("request %q: VF %d of %s (%s) is allocated twice in this claim", r.Request, vf.Index, pfName(dev.PF), vf.PCIAddress)
-			}
-			a.VF, a.KeepRate = vf, true
-			a.Config = vfConfig(cfg, dev.PF, vf)
-		default:
-			return nil, fmt.Errorf("request %q: device %s has mode %q", r.Request, r.Device, dev.Mode)
+		if err := pickVF(&a, r, dev, cfg, held, taken); err != nil {
+			return nil, err
 		}
-		if err := checkLinkType(a.PF, cfg); err != nil {
-			return nil, fmt.Errorf("request %q: %w", r.Request, err)
-		}
-		var pol config.VFPolicy
-		if policy != nil {
-			pol = policy.VFPolicy(a.PF)
-		}
-		if err := checkPolicy(rc, a.PF, pol); err != nil {
-			return nil, fmt.Errorf("request %q: %w", r.Request, err)
-		}
-		if err := checkQuirks(a.PF, a.Config); err != nil {
+		if err := check(a, rc, policy); err != nil {
 			return nil, fmt.Errorf("request %q: %w", r.Request, err)
 		}
 		taken[a.VF.PCIAddress] = true
@@ -157,6 +107,72 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 		out = append(out, a)
 	}
 	return out, nil
+}
+
+// pickVF gives a the VF of its result r: a free one of the PF for a
+// share, with the share's rate; the VF itself for an exclusive device.
+func pickVF(a *Assignment, r resourceapi.DeviceRequestAllocationResult, dev resources.NICDevice, cfg *sriovv1alpha1.VfConfig, held map[string]types.UID, taken map[string]bool) error {
+	switch dev.Mode {
+	case config.ModeShared:
+		if r.ShareID == nil {
+			return fmt.Errorf("request %q: shared device %s allocated without a shareID", r.Request, r.Device)
+		}
+		bw, ok := r.ConsumedCapacity[device.NICCapBandwidth]
+		if !ok {
+			return fmt.Errorf("request %q: share of %s consumes no %s", r.Request, r.Device, device.NICCapBandwidth)
+		}
+		mbps := bw.Value() / 1_000_000 // never above what was counted
+		if mbps < 1 {
+			// 0 would mean "no limit" to the kernel.
+			return fmt.Errorf("request %q: share of %s: bandwidth %s is below 1 Mb/s, the VF rate limit's unit", r.Request, r.Device, bw.String())
+		}
+		vf, err := freeVF(dev.PF, held, taken)
+		if err != nil {
+			return fmt.Errorf("request %q: %w", r.Request, err)
+		}
+		a.VF, a.Bandwidth = vf, &bw
+		a.Config = vfConfig(cfg, dev.PF, vf)
+		if dev.PF.LinkType == hw.LinkInfiniBand {
+			// No VF rate limit on an InfiniBand port: the share is
+			// what the scheduler counts, not enforced on the wire.
+			a.KeepRate = true
+		} else {
+			a.Config.MaxTxRateMbps = int(mbps)
+			if takesMinRate(dev.PF.Driver) {
+				a.Config.MinTxRateMbps = int(mbps)
+			}
+		}
+	case config.ModeExclusive:
+		vf := *dev.VF
+		if owner, ok := held[vf.PCIAddress]; ok {
+			return fmt.Errorf("request %q: VF %d of %s (%s) is still held by claim %s", r.Request, vf.Index, pfName(dev.PF), vf.PCIAddress, owner)
+		}
+		if taken[vf.PCIAddress] {
+			return fmt.Errorf("request %q: VF %d of %s (%s) is allocated twice in this claim", r.Request, vf.Index, pfName(dev.PF), vf.PCIAddress)
+		}
+		a.VF, a.KeepRate = vf, true
+		a.Config = vfConfig(cfg, dev.PF, vf)
+	default:
+		return fmt.Errorf("request %q: device %s has mode %q", r.Request, r.Device, dev.Mode)
+	}
+	return nil
+}
+
+// check refuses, before anything is touched, what the PF's link type has
+// no use for, what the claim asks beyond its class's settings and the
+// PF's policy, and what the PF's driver is known to refuse.
+func check(a Assignment, rc requestConfig, policy Policy) error {
+	if err := checkLinkType(a.PF, rc.merged); err != nil {
+		return err
+	}
+	var pol config.VFPolicy
+	if policy != nil {
+		pol = policy.VFPolicy(a.PF)
+	}
+	if err := checkPolicy(rc, a.PF, pol); err != nil {
+		return err
+	}
+	return checkQuirks(a.PF, a.Config)
 }
 
 // freeVF is the lowest-index VF of pf that is usable for a netdev share
