@@ -56,6 +56,17 @@ func init() {
 // and validates it. Errors name the field ("nics[1].bandwidth.step") and
 // say what is wrong with it; several are reported together.
 func Decode(data []byte) (Object, error) {
+	o, err := decodeAsWritten(data)
+	if err != nil {
+		return nil, err
+	}
+	o.Default()
+	return o, nil
+}
+
+// decodeAsWritten is Decode without the defaults: the object holds what
+// the document sets (a defaulted copy was validated).
+func decodeAsWritten(data []byte) (Object, error) {
 	js, err := toJSON(data)
 	if err != nil {
 		return nil, err
@@ -71,8 +82,12 @@ func Decode(data []byte) (Object, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s is not a configuration type", obj.GetObjectKind().GroupVersionKind().Kind)
 	}
-	o.Default()
-	if errs := o.Validate(); len(errs) > 0 {
+	defaulted, ok := o.DeepCopyObject().(Object)
+	if !ok {
+		return nil, fmt.Errorf("%s: its copy is not a configuration type", obj.GetObjectKind().GroupVersionKind().Kind)
+	}
+	defaulted.Default()
+	if errs := defaulted.Validate(); len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
 	return o, nil

@@ -57,6 +57,24 @@ done
 if "$helm" template hwdra "$chart" --set claimLimits.gpusPerNode=0 | grep -q 'claim-limits'; then
   echo "check-chart: claimLimits.gpusPerNode=0 still renders the claim-limits policy"; exit 1
 fi
+# The VF policy's admission part is there by default and refuses what no
+# PF allows; what config.vfPolicy allows somewhere it lets through; a VLAN
+# the agent would refuse is refused by the schema or the template, by name.
+vf=$("$helm" template hwdra "$chart" --show-only templates/vf-policy.yaml)
+for want in "name: hwdra-agent-vf-policy" "trust: true (no PF lets claims set it" "allowedVLANs: none"; do
+  grep -qF "$want" <<<"$vf" || { echo "check-chart: the default VF policy lacks \"$want\""; exit 1; }
+done
+vf=$("$helm" template hwdra "$chart" --show-only templates/vf-policy.yaml --set config.vfPolicy.pfs[0].allowTrust=true --set 'config.vfPolicy.allowedVLANs={100,200-299}')
+if grep -qF "trust: true (no PF" <<<"$vf" || ! grep -qF "allowedVLANs: 100, 200-299" <<<"$vf"; then
+  echo "check-chart: config.vfPolicy's allowances are not what the VF policy lets through"; exit 1
+fi
+for bad in "config.vfPolicy.allowedVLANs={4095}|values don.t meet the specifications of the schema" \
+  "config.vfPolicy.allowedVLANs={300-200}|config.vfPolicy: allowedVLANs \"300-200\": want a VLAN ID (0 to 4094) or a range from the lower to the higher"; do
+  if out=$("$helm" template hwdra "$chart" --set "${bad%%|*}" 2>&1); then
+    echo "check-chart: ${bad%%|*} was accepted"; exit 1
+  fi
+  grep -q "${bad#*|}" <<<"$out" || { echo "check-chart: unclear error for ${bad%%|*}: $out"; exit 1; }
+done
 # The notes after install say how to check the agent.
 "$helm" install hwdra "$chart" -n hwdra-system --dry-run=client 2>&1 | grep -q 'rollout status daemonset/hwdra-agent' ||
   { echo "check-chart: NOTES.txt does not say how to check the agent"; exit 1; }

@@ -112,7 +112,8 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 			Sysfs: node.Sysfs, DriverFiles: driverlibs.New(node.DriverFiles(opts.CDIDir, opts.CDIHook)),
 			Programs: node.Programs, MPSCgroup: opts.MPSCgroup,
 			MPSShmSize: opts.gpuPolicy().MPSShmSize(), MPSMemoryLimit: opts.gpuPolicy().MPSDaemonMemoryLimit(),
-			Settings: opts.gpuSettings(),
+			Settings:           opts.gpuSettings(),
+			AllowUnsafeNoIOMMU: opts.Config != nil && opts.Config.AllowsUnsafeNoIOMMU(),
 		})
 		if err != nil {
 			return Drivers{}, err

@@ -15,6 +15,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/publish"
 	"github.com/hwdra/hwdra/internal/backend"
 	"github.com/hwdra/hwdra/internal/backend/nvml"
+	"github.com/hwdra/hwdra/internal/hw"
 )
 
 // The runtime loop: publish reads the hardware and what prepare made,
@@ -37,6 +38,8 @@ import (
 //	podnet.Plugin          --> podnet.Pods               podClaims: the claims a pod names
 //	podnet.Plugin          --> podnet.Settler            backend.Node: sysfs current after a netdev moved
 //	podnet.Plugin          --> podnet.HookObserver       metrics: each runtime hook's duration
+//	podnet.Plugin          --> podnet.Links              backend.Node.VFLinks: the mock's veth stand-ins by identity (nil on a host: the kernel's parent device)
+//	podnet.Plugin          --> podnet.Events             lazyEvents: a pod's VF that cannot be found to return it
 //	metadata.StatusWriter  --> metadata.WriteObserver    metrics: each claim status write
 //	deviceplugin.Watcher   --> deviceplugin.Resources    config.AgentConfig: the device plugin's resource names
 //	police.Watcher         --> police.Claims             gpuClaims: the GPU driver's prepared claims and the shares they were counted for
@@ -61,6 +64,8 @@ var (
 	_ podnet.Pods            = podClaims{}
 	_ podnet.Settler         = (*backend.Node)(nil)
 	_ podnet.HookObserver    = (*metrics)(nil)
+	_ podnet.Links           = hw.VFLinks(nil)
+	_ podnet.Events          = lazyEvents{}
 	_ metadata.WriteObserver = (*metrics)(nil)
 	_ deviceplugin.Resources = (*config.AgentConfig)(nil)
 	_ police.Claims          = gpuClaims{}

@@ -45,7 +45,12 @@ func startNRIRig(t testing.TB, profile string) *nriRig {
 	r := &nriRig{t: t, host: nritest.HostNetns(t)}
 	sock := filepath.Join(t.TempDir(), "nri.sock")
 	r.rt = nritest.Start(t, sock, nil)
-	r.a = startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock})
+	// The claims of these tests choose their VF's MAC address.
+	cfg := filepath.Join(t.TempDir(), "agent-config.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nvfPolicy: {allowMAC: true}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.a = startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock, ConfigPath: cfg})
 	r.slice = r.a.slices(device.NICDriver, nil)
 	r.dra = drapb.NewDRAPluginClient(r.a.dial(filepath.Join(r.a.dir, "plugins", device.NICDriver, "dra.sock")))
 	return r

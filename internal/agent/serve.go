@@ -165,7 +165,7 @@ func (s *server) buildDrivers(ctx context.Context) error {
 	s.cdiHook = s.installHook(ctx)
 	var err error
 	s.nodePods = newNodePods(s.claims, s.opts.NodeName)
-	if s.pods, err = newPodNetwork(ctx, s.opts, s.claims, s.nodePods, s.node, s.inv, s.m); err != nil {
+	if s.pods, err = newPodNetwork(ctx, s.opts, s.claims, s.nodePods, s.node, s.inv, s.m, lazyEvents{s, ctx}); err != nil {
 		return err
 	}
 	if s.drivers, err = s.newDrivers(ctx, s.inv, s.pods.network()); err != nil {

@@ -89,6 +89,10 @@ func (h *Hardware) build() error {
 		return err
 	}
 	dev := nodefs.NewDev(h.DevRoot())
+	dev.NoIOMMU = h.Profile.NoIOMMU
+	if err := dev.NoIOMMUMode(h.Sysfs); err != nil {
+		return err
+	}
 	var err error
 	if h.gpus, err = gpusim.Build(h.Profile, h.Sysfs, h.ProcRoot(), dev, h.dir); err != nil {
 		return fmt.Errorf("mock profile %q: %w", h.Profile.Name, err)

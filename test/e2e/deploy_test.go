@@ -93,7 +93,7 @@ func TestDeployManifests(t *testing.T) {
 				}
 			}
 			for kind, want := range map[string]int{"DaemonSet": 1, "DeviceClass": classCount[name], "ClusterRole": 1, "ClusterRoleBinding": 1,
-				"ServiceAccount": 1, "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2, "ConfigMap": 1} {
+				"ServiceAccount": 1, "ValidatingAdmissionPolicy": 3, "ValidatingAdmissionPolicyBinding": 3, "ConfigMap": 1} {
 				if kinds[kind] != want {
 					t.Errorf("%d %s objects, want %d (all: %v)", kinds[kind], kind, want, kinds)
 				}

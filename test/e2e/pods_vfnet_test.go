@@ -211,11 +211,12 @@ func checkStatusWrites(t *testing.T, claims, maxRequests int) {
 
 // TestPodVFDirectClaim: a pod with a directly referenced ResourceClaim
 // whose opaque VfConfig sets the interface's name, MTU, MAC and an address
-// runs with that interface; its metadata (under resourceclaims/) and the
-// claim's status say the same; deleting the pod and the claim gives the
-// node its links back as they were.
+// runs with that interface (the agent's vfPolicy lets claims choose a MAC
+// address); its metadata (under resourceclaims/) and the claim's status
+// say the same; deleting the pod and the claim gives the node its links
+// back as they were.
 func TestPodVFDirectClaim(t *testing.T) {
-	s := startScenario(t, "pod-vf-direct", "mock:cx7", nicDriver)
+	s := startScenarioWith(t, "pod-vf-direct", "mock:cx7", map[string]any{"vfPolicy": map[string]any{"allowMAC": true}}, nicDriver)
 	before := nodeLinks(t)
 	claim := shareClaim(t, "10G")
 	claim.Name = "fast-net"

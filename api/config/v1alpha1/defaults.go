@@ -27,6 +27,11 @@ func (c *AgentConfig) Default() {
 	for i := range c.NICs {
 		c.NICs[i].defaults()
 	}
+	if c.VFPolicy != nil {
+		for i := range c.VFPolicy.PFs {
+			c.VFPolicy.PFs[i].Select.defaults()
+		}
+	}
 	if c.Health != nil && c.Health.FatalEffect == "" {
 		c.Health.FatalEffect = EffectNoSchedule
 	}
@@ -65,9 +70,7 @@ func (r *NICRule) defaults() {
 	if r.Mode == "" {
 		r.Mode = ModeShared
 	}
-	canonical(r.Select.PCIAddresses, canonicalPCIAddress)
-	canonical(r.Select.VendorIDs, canonicalID)
-	canonical(r.Select.DeviceIDs, canonicalID)
+	r.Select.defaults()
 	if r.Mode != ModeShared {
 		return
 	}
@@ -75,6 +78,13 @@ func (r *NICRule) defaults() {
 		r.Bandwidth = &Bandwidth{}
 	}
 	r.Bandwidth.defaults()
+}
+
+// defaults puts the selector's valid values in canonical form.
+func (s *PFSelector) defaults() {
+	canonical(s.PCIAddresses, canonicalPCIAddress)
+	canonical(s.VendorIDs, canonicalID)
+	canonical(s.DeviceIDs, canonicalID)
 }
 
 // defaults completes the policy from its valid values; an invalid one

@@ -385,7 +385,7 @@ func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, 
 	if err != nil {
 		return nil, metadata.GPU{}, err
 	}
-	edits, err := a.d.vfioEdits(group)
+	edits, err := a.d.vfioEdits("vGPU "+id, group)
 	if err != nil {
 		return nil, metadata.GPU{}, err
 	}
@@ -418,6 +418,9 @@ func (a *applier) vfVGPU(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits
 	vf, err := a.d.vfs.Free(g.PCIBusID, t.ID)
 	if err != nil {
 		return nil, metadata.GPU{}, fmt.Errorf("vGPU type %s: %w", t.Name, err)
+	}
+	if err := a.d.vfNoIOMMU(vf); err != nil {
+		return nil, metadata.GPU{}, err
 	}
 	r.VF = &VFRecord{Address: vf, Type: t.ID}
 	if err := a.d.own(vfKey(vf), a.claim); err != nil {
@@ -455,7 +458,7 @@ func (a *applier) vfVGPU(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits
 	if err := vfiopci.GroupViable(a.d.sysfs, group); err != nil {
 		return nil, metadata.GPU{}, fmt.Errorf("VF %s: %w", vf, err)
 	}
-	edits, err := a.d.vfioEdits(group)
+	edits, err := a.d.vfioEdits("VF "+vf+" of GPU "+g.PCIBusID, group)
 	if err != nil {
 		return nil, metadata.GPU{}, err
 	}
@@ -467,6 +470,21 @@ func (a *applier) vfVGPU(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits
 	return edits, md, nil
 }
 
+// vfNoIOMMU refuses a VF whose VFIO group already shows that it has no
+// IOMMU behind it, before the VF is made a vGPU (vfioEdits checks again
+// once it is one, where the group appears only then).
+func (d *Driver) vfNoIOMMU(vf string) error {
+	group, err := d.vfs.IOMMUGroup(vf)
+	if err != nil {
+		return nil //nolint:nilerr // no group yet: checked once the VF is a vGPU
+	}
+	g, err := vfiopci.VFIOGroup(d.sysfs, group)
+	if err != nil {
+		return nil //nolint:nilerr // no VFIO device yet: checked once the VF is a vGPU
+	}
+	return vfiopci.RefuseNoIOMMU("VF "+vf, g, d.noIOMMU)
+}
+
 // passthrough gives a GPU bound to vfio-pci to the container: its VFIO
 // group node and /dev/vfio/vfio, once the group is viable (every device
 // in it on a VFIO driver), with its PCI address in the environment.
@@ -475,7 +493,7 @@ func (a *applier) passthrough(p devicePlan) (*cdispec.ContainerEdits, error) {
 	if err := vfiopci.GroupViable(a.d.sysfs, g.IOMMUGroup); err != nil {
 		return nil, fmt.Errorf("GPU %s: %w", g.PCIBusID, err)
 	}
-	edits, err := a.d.vfioEdits(g.IOMMUGroup)
+	edits, err := a.d.vfioEdits("GPU "+g.PCIBusID, g.IOMMUGroup)
 	if err != nil {
 		return nil, err
 	}

@@ -80,6 +80,10 @@ type Options struct {
 	// prepare never changes a GPU's MIG mode, compute mode or time slice.
 	// Empty: Manage.
 	Settings config.GPUSettings
+	// AllowUnsafeNoIOMMU hands out VFIO groups of a kernel that runs VFIO
+	// without an IOMMU (vfio.allowUnsafeNoIOMMU); false refuses a claim
+	// for a device in one.
+	AllowUnsafeNoIOMMU bool
 }
 
 // Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
@@ -96,6 +100,8 @@ type Driver struct {
 	mps       *mps.Manager
 	// leave: gpus.settings is Leave (Options.Settings).
 	leave bool
+	// noIOMMU: Options.AllowUnsafeNoIOMMU.
+	noIOMMU bool
 
 	gpuLocks keyedlock.Locks
 	mu       sync.Mutex
@@ -174,6 +180,7 @@ func New(opts Options) (*Driver, error) {
 		programs:  opts.Programs,
 		mps:       daemons,
 		leave:     opts.Settings == config.SettingsLeave,
+		noIOMMU:   opts.AllowUnsafeNoIOMMU,
 		owners:    map[string]types.UID{},
 		users:     map[string]map[types.UID]bool{},
 		mpsUsers:  map[string]map[types.UID]bool{},

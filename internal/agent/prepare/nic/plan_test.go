@@ -107,7 +107,7 @@ func TestPlan(t *testing.T) {
 				c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
 					Source: resourceapi.AllocationConfigSourceClaim, Requests: cfg.Requests, DeviceConfiguration: cfg.DeviceConfiguration})
 			}
-			plan, err := Plan(c, catalog, tc.held, testNode)
+			plan, err := Plan(c, catalog, tc.held, testNode, permissive(t))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("got %v, want an error containing %q", err, tc.wantErr)

@@ -16,7 +16,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/slices/resources"
 )
 
-const exclusiveConfig = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nnics:\n- mode: exclusive\n"
+const exclusiveConfig = agentHeader + openPolicy + "nics:\n- mode: exclusive\n"
 
 // TestPrepareUnprepare: a share and an exclusive VF are configured as the
 // claim asks (a share's rate is its consumed bandwidth in Mb/s: its cap,
