@@ -47,8 +47,8 @@ type Assignment struct {
 // Plan decides, without touching anything, which VF each of the claim's
 // sriov.hwdra.io results gets and with which settings. catalog is what
 // the node publishes (resources.NICDevices); held maps the VFs other claims
-// hold (by VF PCI address). nodeName, if set, must be every result's
-// pool. Errors name the request and, for configuration, the claim and
+// hold (by VF PCI address). nodeName must be every result's pool
+// (prepare.OwnPool). Errors name the request and, for configuration, the claim and
 // field.
 func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevice, held map[string]types.UID, nodeName string) ([]Assignment, error) {
 	if claim.Status.Allocation == nil {
@@ -74,8 +74,8 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 		a := Assignment{Request: r.Request, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID,
 			EnvPrefix: envPrefix(r.Request, seen[r.Request], perRequest[r.Request])}
 		seen[r.Request]++
-		if nodeName != "" && r.Pool != nodeName {
-			return nil, fmt.Errorf("request %q: device %s is in pool %q, not this node's (%s)", r.Request, r.Device, r.Pool, nodeName)
+		if err := prepare.OwnPool(r, nodeName); err != nil {
+			return nil, err
 		}
 		dev, ok := catalog[r.Device]
 		if !ok {
