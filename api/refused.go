@@ -24,8 +24,8 @@ func refusedValue(js []byte, target reflect.Type) *field.Error {
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.UseNumber()
 	var doc any
-	if dec.Decode(&doc) != nil {
-		return nil
+	if err := dec.Decode(&doc); err != nil {
+		return nil //nolint:nilerr // no JSON to walk: the decoder's own error stands
 	}
 	return refusedAt(nil, doc, target, true)
 }
@@ -37,7 +37,7 @@ func refusedAt(path *field.Path, v any, t reflect.Type, root bool) *field.Error 
 	if !root && reflect.PointerTo(t).Implements(unmarshalerType) {
 		raw, err := json.Marshal(v)
 		if err != nil {
-			return nil
+			return nil //nolint:nilerr // a value read from JSON always marshals
 		}
 		if err := reflect.New(t).Interface().(json.Unmarshaler).UnmarshalJSON(raw); err != nil {
 			return field.Invalid(path, v, err.Error())
