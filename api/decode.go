@@ -74,9 +74,15 @@ func decodeAsWritten(data []byte) (Object, error) {
 	if err := checkKind(js); err != nil {
 		return nil, err
 	}
-	obj, _, err := decoder.Decode(js, nil, nil)
+	obj, gvk, err := decoder.Decode(js, nil, nil)
 	if err != nil {
-		return nil, decodeError(js, err)
+		var target reflect.Type
+		if gvk != nil {
+			if typed, err := scheme.New(*gvk); err == nil {
+				target = reflect.TypeOf(typed)
+			}
+		}
+		return nil, decodeError(js, err, target)
 	}
 	o, ok := obj.(Object)
 	if !ok {
@@ -106,7 +112,7 @@ func Unmarshal(data []byte, out any) error {
 	}
 	strict, err := sigsjson.UnmarshalStrict(js, out, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
 	if err != nil {
-		return decodeError(js, err)
+		return decodeError(js, err, reflect.TypeOf(out))
 	}
 	return utilerrors.NewAggregate(strict)
 }
@@ -117,6 +123,12 @@ func toJSON(data []byte) ([]byte, error) {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")
+		if strings.HasPrefix(msg, "unsupported map key of type") || strings.HasPrefix(msg, "yaml: invalid map key") {
+			// The messages of sigs.k8s.io/yaml and go-yaml for a null,
+			// list or map key print Go types ("%!s(<nil>)",
+			// "[]interface {}") and values.
+			return nil, errors.New("a key is null, a list or an object: keys must be strings")
+		}
 		// "yaml: unmarshal errors:\n  line 4: key "nics" already set in map\n  line 7: ..."
 		if lines := strings.Split(msg, "\n"); len(lines) > 1 && lines[0] == "yaml: unmarshal errors:" {
 			for i := range lines {
@@ -185,10 +197,17 @@ func checkKind(js []byte) error {
 // terms: its unknown and duplicate fields come with their paths
 // already ("unknown field \"nics[1].bandwidth.stp\""); a wrong type
 // names a Go type and a path without list indices, so it is found again
-// in the document by its offset.
-func decodeError(js []byte, err error) error {
+// in the document by its offset; a value a type refused in its own
+// UnmarshalJSON (a resource.Quantity) is found by decoding the document's
+// values of such types one by one into target.
+func decodeError(js []byte, err error, target reflect.Type) error {
 	if strict, ok := runtime.AsStrictDecodingError(err); ok {
 		return utilerrors.NewAggregate(strict.Errors())
+	}
+	if target != nil {
+		if ferr := refusedValue(js, target); ferr != nil {
+			return ferr
+		}
 	}
 	if offset, want, ok := typeError(err); ok {
 		if path, value, found := valueAt(js, offset); found {

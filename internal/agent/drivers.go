@@ -106,6 +106,7 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 	if len(inv.GPUs) > 0 && gpu != nil || len(inv.PassthroughGPUs) > 0 && !node.NVMLPending() {
 		d, err := gpuprep.New(gpuprep.Options{
 			NVML:      gpu, // nil where only GPUs bound to vfio-pci are there
+			NodeName:  opts.NodeName,
 			Published: opts.Published,
 			StateDir:  opts.StateDir,
 			DevRoot:   node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,

@@ -49,6 +49,7 @@ type server struct {
 	recorderOnce   sync.Once
 	recorder       events.EventRecorder // events()
 	claimLimitOnce sync.Once            // claimLimit told
+	statusAuth     statusAuth           // checkStatusAuth's finding
 }
 
 // serve serves the node until ctx ends.
@@ -317,7 +318,8 @@ func (s *server) publish(ctx context.Context) {
 	// would stay resident until the heap doubles: collect it and hand it
 	// back to the system once, rather than carry it for the pod's life.
 	debug.FreeOSMemory()
-	degraded := func() error { return errors.Join(s.pub.Degraded(), s.claimLimit(ctx)) }
+	go s.checkStatusAuth(ctx, s.opts.FeatureCheck)
+	degraded := func() error { return errors.Join(s.pub.Degraded(), s.claimLimit(ctx), s.statusAuth.warning()) }
 	_ = degraded() // told at once, not at the first probe
 	s.pr.serving(s.pub.Verified, s.pods.ready(), degraded, s.pub.Withheld)
 	s.pub.Run(ctx, s.opts.Rescan, s.health.republish)

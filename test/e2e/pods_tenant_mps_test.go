@@ -26,33 +26,6 @@ import (
 // daemons' privileges), from inside the containers of MPS clients: the
 // test app acts as a hostile tenant (TESTAPP_TENANT, images/testapp).
 
-// startScenarioWith is startScenario with the agent's configuration
-// (the chart's config value).
-func startScenarioWith(t *testing.T, name, hardware string, config map[string]any, drivers ...string) *scenario {
-	t.Helper()
-	n := framework.Shared(t)
-	ctx := context.Background()
-	values := n.AgentPodValues(t, hardware)
-	values["config"] = config
-	since := n.KubeletLogSize()
-	agent := n.StartAgentPod(t, values)
-	for _, d := range drivers {
-		if _, err := n.WaitPoolsComplete(ctx, d, 60*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		if err := n.WaitDriverRegistered(ctx, d, since, 15*time.Second); err != nil {
-			t.Logf("NOTE: %v; the first pod may wait for the kubelet's retry", err)
-		}
-	}
-	ns := n.CreateNamespace(t, name)
-	t.Cleanup(func() {
-		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
-	return &scenario{t: t, n: n, ns: ns, ctx: ctx, agent: agent}
-}
-
 // tenantPod is a test-app pod acting as a tenant (actions: TESTAPP_TENANT).
 func tenantPod(pod *corev1.Pod, actions string) *corev1.Pod {
 	pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env, corev1.EnvVar{Name: "TESTAPP_TENANT", Value: actions})

@@ -26,6 +26,25 @@ mock:/etc/hwdra/mock-profile.yaml
 {{- end -}}
 
 {{/*
+The node paths the agent looks for the NVIDIA driver in when no
+nvidiaDriverRoot is given (internal/backend's KnownRoots), each mounted
+read-only at /host<path>: the GPU operator's driver container's root
+(created empty where none runs yet: the container mounts it later, and
+HostToContainer shows that mount); for a driver installed on the node
+itself ("/"), only /usr (programs and libraries, and /usr/local/nvidia),
+/lib/firmware (the GSP firmware containers get) and /etc/cdi (the NVIDIA
+Container Toolkit's spec); GKE's root (created empty on other nodes).
+deploy/mounts_test.go holds this list to KnownRoots.
+*/}}
+{{- define "hwdra.driverSearchMounts" -}}
+- {name: driver-container, path: /run/nvidia/driver, type: DirectoryOrCreate, propagate: true}
+- {name: driver-host-usr, path: /usr, type: Directory}
+- {name: driver-host-firmware, path: /lib/firmware, type: DirectoryOrCreate}
+- {name: driver-host-cdi, path: /etc/cdi, type: DirectoryOrCreate}
+- {name: driver-gke, path: /home/kubernetes/bin/nvidia, type: DirectoryOrCreate}
+{{- end -}}
+
+{{/*
 An extended resource name as the API server takes it (k8s.io/kubernetes
 pkg/apis/core/v1/helper IsExtendedResourceName: <domain>/<name> outside
 kubernetes.io, "requests.<domain>/<name>" a qualified name), else a render

@@ -22,7 +22,7 @@ import (
 // never deadlock).
 func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
 	var rec Record
-	plans, err := plan(claim, d.catalog(), d.leave)
+	plans, err := plan(claim, d.catalog(), d.node, d.leave)
 	if err != nil {
 		return nil, rec, err
 	}

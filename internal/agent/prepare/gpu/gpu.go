@@ -42,6 +42,9 @@ type Options struct {
 	// NVML is the initialised GPU backend; nil on a node whose only GPUs
 	// are bound to vfio-pci (passthrough), which need none.
 	NVML *nvml.Backend
+	// NodeName is the node, and so the name of its pool: prepare refuses
+	// a device allocated from another pool.
+	NodeName string
 	// Published is what the node publishes now: its GPUs (NVML's and
 	// those bound to vfio-pci) and the features the slices were built
 	// with. Prepare looks devices up in the catalog they give
@@ -89,6 +92,7 @@ type Options struct {
 // Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
 type Driver struct {
 	nvml      *nvml.Backend
+	node      string
 	published prepare.Published
 	mdevs     *nvml.Mdevs
 	vfs       *nvml.VFVGPUs
@@ -138,8 +142,8 @@ var _ prepare.Driver[Record] = (*Driver)(nil)
 
 // New returns a Driver. It touches no hardware.
 func New(opts Options) (*Driver, error) {
-	if opts.Published == nil {
-		return nil, errors.New("gpu: Published is required")
+	if opts.Published == nil || opts.NodeName == "" {
+		return nil, errors.New("gpu: Published and NodeName are required")
 	}
 	switch opts.Settings {
 	case "", config.SettingsManage, config.SettingsLeave:
@@ -170,6 +174,7 @@ func New(opts Options) (*Driver, error) {
 	}
 	return &Driver{
 		nvml:      opts.NVML,
+		node:      opts.NodeName,
 		published: opts.Published,
 		mdevs:     nvml.NewMdevs(opts.SysfsRoot, opts.Sysfs),
 		vfs:       nvml.NewVFVGPUs(opts.SysfsRoot, opts.Sysfs),

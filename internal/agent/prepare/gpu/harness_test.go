@@ -128,6 +128,7 @@ func (e *env) restart(hook func(string) error) {
 	e.t.Helper()
 	d, err := New(Options{
 		NVML:      e.nvml,
+		NodeName:  testNode,
 		Published: e,
 		StateDir:  filepath.Join(e.dir, "state"),
 		DevRoot:   e.hw.DevRoot(),

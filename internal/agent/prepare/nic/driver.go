@@ -42,7 +42,7 @@ type Options struct {
 	SysfsRoot, DevRoot string
 	// StateDir holds the ledger, "sriov.hwdra.io.ledger.json".
 	StateDir string
-	// NodeName, if set, is the only pool prepare accepts.
+	// NodeName is the node, and so the only pool prepare accepts.
 	NodeName string
 	// BootID of the running kernel; empty reads /proc.
 	BootID string
@@ -89,8 +89,8 @@ const LedgerFile = device.NICDriver + ".ledger.json"
 // New opens the ledger. Hand the Driver to prepare.New, which calls
 // Reconcile before any prepare.
 func New(opts Options) (*Driver, error) {
-	if opts.VFs == nil || opts.Published == nil || opts.Config == nil || opts.StateDir == "" {
-		return nil, errors.New("nic: VFs, Published, Config and StateDir are required")
+	if opts.VFs == nil || opts.Published == nil || opts.Config == nil || opts.StateDir == "" || opts.NodeName == "" {
+		return nil, errors.New("nic: VFs, Published, Config, StateDir and NodeName are required")
 	}
 	if opts.SysfsRoot == "" {
 		opts.SysfsRoot = sriov.DefaultSysfsRoot

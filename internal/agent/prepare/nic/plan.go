@@ -46,10 +46,10 @@ type Assignment struct {
 // Plan decides, without touching anything, which VF each of the claim's
 // sriov.hwdra.io results gets and with which settings. catalog is what
 // the node publishes (resources.NICDevices); held maps the VFs other claims
-// hold (by VF PCI address). nodeName, if set, must be every result's
-// pool. policy says what the claim's own VfConfig may set on a PF's VFs
-// beyond its class's (nil: nothing). Errors name the request and, for
-// configuration, the field (the caller names the claim).
+// hold (by VF PCI address). nodeName must be every result's pool
+// (prepare.OwnPool). policy says what the claim's own VfConfig may set on
+// a PF's VFs beyond its class's (nil: nothing). Errors name the request
+// and, for configuration, the field (the caller names the claim).
 func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevice, held map[string]types.UID, nodeName string, policy Policy) ([]Assignment, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("not allocated")
@@ -74,8 +74,8 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 		a := Assignment{Request: r.Request, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID,
 			EnvPrefix: envPrefix(r.Request, seen[r.Request], perRequest[r.Request])}
 		seen[r.Request]++
-		if nodeName != "" && r.Pool != nodeName {
-			return nil, fmt.Errorf("request %q: device %s is in pool %q, not this node's (%s)", r.Request, r.Device, r.Pool, nodeName)
+		if err := prepare.OwnPool(r, nodeName); err != nil {
+			return nil, err
 		}
 		dev, ok := catalog[r.Device]
 		if !ok {
