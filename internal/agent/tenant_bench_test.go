@@ -102,6 +102,7 @@ func BenchmarkTenantAgentMemory(b *testing.B) {
 	rss := rssKiB(b)
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
+	unprepareClaims(b, a, device.GPUDriver, claim) // its MPS daemon would outlive the agent
 	a.stop()
 	for b.Loop() {
 	}
