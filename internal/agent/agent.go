@@ -85,6 +85,9 @@ type Options struct {
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.
 	node *backend.Node
+	// healthTimes shortens the health checks and timeouts in tests; nil:
+	// the agent's.
+	healthTimes *healthTimes
 }
 
 // Run runs the agent until ctx is cancelled. It serves the node once it

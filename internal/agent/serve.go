@@ -138,7 +138,7 @@ func (s *server) connect(ctx context.Context) error {
 // published, and the watch for NVIDIA's device plugin, whose GPUs it
 // leaves out (a change republishes).
 func (s *server) startPublisher(ctx context.Context) error {
-	s.health = newNodeHealth(s.cfg)
+	s.health = newNodeHealth(s.cfg, s.opts.healthTimes)
 	s.devicePlugin = deviceplugin.New(deviceplugin.Options{
 		Dir: s.opts.DevicePluginDir, NodeName: s.opts.NodeName, Client: s.slices,
 		Resources: s.cfg, Registry: s.m.registry,
