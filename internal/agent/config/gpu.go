@@ -19,7 +19,13 @@ type GPUPolicy struct {
 	// checkInterval is gpus.shares.checkIntervalMilliseconds (zero: the
 	// default).
 	checkInterval time.Duration
+	// noClaimStatus: gpus.claimStatus is Off (zero: Write).
+	noClaimStatus bool
 }
+
+// WritesClaimStatus reports whether prepared GPU devices get entries in
+// their claims' status.devices (gpus.claimStatus Write).
+func (p GPUPolicy) WritesClaimStatus() bool { return !p.noClaimStatus }
 
 // StopsShareOveruse reports whether a process that overruns a GPU share is
 // stopped (gpus.shares.overuse Stop) rather than only reported.
@@ -66,7 +72,8 @@ func gpuPolicy(g *configv1alpha1.GPUConfig) GPUPolicy {
 	if g == nil {
 		return GPUPolicy{}
 	}
-	p := GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy(), leave: g.Settings == configv1alpha1.GPUSettingsLeave}
+	p := GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy(), leave: g.Settings == configv1alpha1.GPUSettingsLeave,
+		noClaimStatus: g.ClaimStatus == configv1alpha1.GPUClaimStatusOff}
 	if s := g.Shares; s != nil {
 		p.report = s.Overuse == configv1alpha1.ShareOveruseReport
 		if s.CheckIntervalMilliseconds != nil {
