@@ -14,7 +14,11 @@ import (
 const (
 	// GPUs, besides device.AttrUUID: a MIG device's own (a whole GPU's
 	// is published).
-	AttrGPUInstanceID     = device.GPUDriver + "/gpuInstanceID"
+	AttrGPUInstanceID = device.GPUDriver + "/gpuInstanceID"
+	// AttrParentUUID is a MIG device's GPU's UUID (its own is
+	// device.AttrUUID), to join what is said of the GPU (dcgm-exporter's
+	// series, XIDs) with the partition.
+	AttrParentUUID        = device.GPUDriver + "/parentUUID"
 	AttrComputeInstanceID = device.GPUDriver + "/computeInstanceID"
 	AttrMdevUUID          = device.GPUDriver + "/mdevUUID"
 	// AttrVMMdevUUID is the mdev UUID again under the key KubeVirt's
@@ -60,8 +64,8 @@ const (
 type GPU struct {
 	// Published are the device's attributes in its ResourceSlice.
 	Published map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
-	// UUID of a MIG device.
-	UUID string
+	// UUID of a MIG device, ParentUUID its GPU's.
+	UUID, ParentUUID string
 	// GPUInstance of a MIG device or a MIG-backed vGPU; ComputeInstance
 	// of a MIG device.
 	GPUInstance, ComputeInstance *int
@@ -97,6 +101,7 @@ func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
 		out[string(k)] = v
 	}
 	setString(out, device.AttrUUID, g.UUID)
+	setString(out, AttrParentUUID, g.ParentUUID)
 	setInt(out, AttrGPUInstanceID, g.GPUInstance)
 	setInt(out, AttrComputeInstanceID, g.ComputeInstance)
 	setString(out, AttrMdevUUID, g.MdevUUID)
@@ -139,7 +144,7 @@ type VF struct {
 	DeviceID, Driver string
 	// Rates are a share's VF transmit rates as set.
 	Rates *TxRates
-	MAC       string
+	MAC   string
 	// VLAN and its QoS, where set (0: none).
 	VLAN, VLANQoS int
 	// RDMADevice is the VF's own RDMA device, where it has one.
