@@ -37,14 +37,14 @@ type server struct {
 	claims, slices, status kubernetes.Interface
 	// gpuStatus writes GPU claims' status.devices; nil with
 	// gpus.claimStatus Off.
-	gpuStatus *metadata.StatusWriter
-	health         *nodeHealth
-	devicePlugin   *deviceplugin.Watcher
-	pub            *publish.Publisher
-	pods           *podNetwork // nil without NRI
-	nodePods       *nodePods   // the node's pods, for the NRI plugin and the share police
-	drivers        Drivers     // those of the start (not a late GPU driver)
-	cdiHook        string      // nvidia-cdi-hook on the node; "" for none
+	gpuStatus    *metadata.StatusWriter
+	health       *nodeHealth
+	devicePlugin *deviceplugin.Watcher
+	pub          *publish.Publisher
+	pods         *podNetwork // nil without NRI
+	nodePods     *nodePods   // the node's pods, for the NRI plugin and the share police
+	drivers      Drivers     // those of the start (not a late GPU driver)
+	cdiHook      string      // nvidia-cdi-hook on the node; "" for none
 
 	mu      sync.Mutex
 	stops   []func()
