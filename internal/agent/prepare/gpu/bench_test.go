@@ -8,9 +8,13 @@ import (
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/hwdra/hwdra/internal/agent/metadata"
+	"github.com/hwdra/hwdra/internal/agent/prepare"
 	"github.com/hwdra/hwdra/internal/backend/driverlibs"
 )
 
@@ -40,6 +44,14 @@ func benchPrepareUnprepareOn(b *testing.B, e *env, req request, held ...request)
 		}
 	}
 	ctx := klog.NewContext(context.Background(), logr.Discard())
+	// As the agent runs it: each prepare queues the claim's status, which
+	// a writer applies in the background (to a fake API server here).
+	api := fake.NewClientset(c.DeepCopy())
+	status := metadata.NewStatusWriter(api, DriverName, nil)
+	statusCtx, stopStatus := context.WithCancel(ctx)
+	defer stopStatus()
+	go status.Run(statusCtx)
+	e.plugin.ReportTo(benchReporter{status})
 	claims := []*resourceapi.ResourceClaim{c}
 	refs := []kubeletplugin.NamespacedObject{{UID: c.UID}}
 	var prep, unprep time.Duration
@@ -65,6 +77,14 @@ func benchPrepareUnprepareOn(b *testing.B, e *env, req request, held ...request)
 		}
 	}
 	b.StopTimer()
+	for deadline := time.Now().Add(10 * time.Second); status.Pending() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatal("claim status not written within 10s")
+		}
+	}
+	if got, err := api.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{}); err != nil || len(got.Status.Devices) == 0 {
+		b.Fatalf("the claim's status after the benchmark: %v %v", got.Status.Devices, err)
+	}
 	b.ReportMetric(float64(prep.Nanoseconds())/float64(b.N), "prepare-ns/op")
 	b.ReportMetric(float64(unprep.Nanoseconds())/float64(b.N), "unprepare-ns/op")
 	for _, k := range kept {
@@ -73,6 +93,15 @@ func benchPrepareUnprepareOn(b *testing.B, e *env, req request, held ...request)
 	if after := e.hwState(); after != before {
 		b.Fatalf("hardware after the benchmark:\n%s\nwas\n%s", after, before)
 	}
+}
+
+// benchReporter queues a prepared claim's status as the agent does
+// (agent.gpuStatusReporter).
+type benchReporter struct{ w *metadata.StatusWriter }
+
+func (r benchReporter) Prepared(claim *resourceapi.ResourceClaim, c prepare.Claim[Record]) {
+	r.w.Set(metadata.ClaimStatus{Claim: metadata.ClaimRef{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name},
+		Devices: Statuses(c), Time: metav1.Now()})
 }
 
 func BenchmarkPrepareUnprepareFullGPU(b *testing.B) {
