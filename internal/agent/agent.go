@@ -30,8 +30,8 @@ type Options struct {
 	NodeName   string
 	Hardware   string
 	ConfigPath string
-	// KubeConfig reaches the API server; each of the agent's two clients
-	// (claims, slices) may send KubeAPIQPS requests a second, in bursts of
+	// KubeConfig reaches the API server; each of the agent's three clients
+	// (claims, slices, status) may send KubeAPIQPS requests a second, in bursts of
 	// KubeAPIBurst.
 	KubeConfig *rest.Config
 	// KubeConfigSource says where KubeConfig came from ("--kubeconfig

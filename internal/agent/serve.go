@@ -112,7 +112,7 @@ func (s *server) openHardware(ctx context.Context) error {
 	return nil
 }
 
-// connect makes the agent's two API clients, and watches through them
+// connect makes the agent's API clients, and watches through them
 // whether the API server answers: the log and /readyz say so when not.
 func (s *server) connect(ctx context.Context) error {
 	if s.opts.KubeClient != nil {
