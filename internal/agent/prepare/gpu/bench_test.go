@@ -182,3 +182,30 @@ func BenchmarkPrepareUnprepareLaterShare(b *testing.B) {
 func BenchmarkPrepareUnprepareMPSClaim(b *testing.B) {
 	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", request{name: "gpu", cel: `profile == "full"`, config: sharingConfig(`{"strategy": "MPS"}`)})
 }
+
+// BenchmarkQueueClaimStatus: what a prepare's path gains from claim
+// status, for a MIG claim and a share: its entries built from the
+// checkpoint (Statuses) and queued (StatusWriter.Set); the write itself
+// is the writer's goroutine's.
+func BenchmarkQueueClaimStatus(b *testing.B) {
+	for _, tc := range []struct {
+		name, profile string
+		req           request
+	}{
+		{"MIG", "gpus: [{model: h100-80gb, count: 1, mig: true}]", request{name: "mig", cel: `profile == "1g.10gb"`}},
+		{"share", "gpus: [{model: h100-80gb, count: 1}]", shareOf("s", "10Gi", "40")},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			e := newEnv(b, tc.profile, true)
+			c := e.claim(tc.req)
+			e.mustPrepare(c)
+			defer e.unprepare(c)
+			entry := e.plugin.Claims()[c.UID]
+			r := benchReporter{metadata.NewStatusWriter(nil, DriverName, nil)} // not run: Set alone
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Prepared(c, entry)
+			}
+		})
+	}
+}
