@@ -28,7 +28,7 @@ import (
 // only once it is prepared. Anything else unpublished (a capacity's
 // name, say) fails the test.
 var runtimeAttributes = map[string][]string{
-	device.GPUDriver: {device.AttrUUID, metadata.AttrParentUUID, metadata.AttrGPUInstanceID, metadata.AttrComputeInstanceID, metadata.AttrMdevUUID,
+	device.GPUDriver: {device.AttrUUID, metadata.AttrGPUInstanceID, metadata.AttrComputeInstanceID, metadata.AttrMdevUUID,
 		metadata.AttrVMMdevUUID, metadata.AttrMdevParent, metadata.AttrParentPCIBusID, metadata.AttrMPSThreadPercentage, metadata.AttrMPSMemoryLimitMiB},
 	device.NICDriver: {string(device.NICAttrMode), string(device.NICAttrPFPCIAddress), string(device.NICAttrPFName), pciBusID,
 		string(device.NICAttrVFIndex), string(device.NICAttrVFDeviceID), string(device.NICAttrVFDriver), metadata.AttrMaxTxRate,

@@ -16,8 +16,8 @@ const (
 	// is published).
 	AttrGPUInstanceID = device.GPUDriver + "/gpuInstanceID"
 	// AttrParentUUID is a MIG device's GPU's UUID (its own is
-	// device.AttrUUID), to join what is said of the GPU (dcgm-exporter's
-	// series, XIDs) with the partition.
+	// device.AttrUUID), published with the device (slices/resources):
+	// the claim status's data reads it from the metadata.
 	AttrParentUUID        = device.GPUDriver + "/parentUUID"
 	AttrComputeInstanceID = device.GPUDriver + "/computeInstanceID"
 	AttrMdevUUID          = device.GPUDriver + "/mdevUUID"
@@ -64,8 +64,8 @@ const (
 type GPU struct {
 	// Published are the device's attributes in its ResourceSlice.
 	Published map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
-	// UUID of a MIG device, ParentUUID its GPU's.
-	UUID, ParentUUID string
+	// UUID of a MIG device.
+	UUID string
 	// GPUInstance of a MIG device or a MIG-backed vGPU; ComputeInstance
 	// of a MIG device.
 	GPUInstance, ComputeInstance *int
@@ -101,7 +101,6 @@ func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
 		out[string(k)] = v
 	}
 	setString(out, device.AttrUUID, g.UUID)
-	setString(out, AttrParentUUID, g.ParentUUID)
 	setInt(out, AttrGPUInstanceID, g.GPUInstance)
 	setInt(out, AttrComputeInstanceID, g.ComputeInstance)
 	setString(out, AttrMdevUUID, g.MdevUUID)

@@ -29,11 +29,11 @@ func TestGPUAttributes(t *testing.T) {
 			"gpu.hwdra.io/profile": s("3g.40gb"), "gpu.hwdra.io/uuid": s("GPU-parent"), "resource.kubernetes.io/pciBusID": s("0000:1b:00.0"),
 		},
 	}, {
-		name: "MIG device: its own UUID replaces the published one, which stays as the parent's, with its instances",
-		gpu:  GPU{Published: published, UUID: "MIG-1", ParentUUID: "GPU-parent", GPUInstance: p(2), ComputeInstance: p(0)},
+		name: "MIG device: its own UUID replaces the published one, with its instances",
+		gpu:  GPU{Published: published, UUID: "MIG-1", GPUInstance: p(2), ComputeInstance: p(0)},
 		want: map[string]resourceapi.DeviceAttribute{
 			"gpu.hwdra.io/profile": s("3g.40gb"), "gpu.hwdra.io/uuid": s("MIG-1"), "resource.kubernetes.io/pciBusID": s("0000:1b:00.0"),
-			"gpu.hwdra.io/gpuInstanceID": i(2), "gpu.hwdra.io/computeInstanceID": i(0), "gpu.hwdra.io/parentUUID": s("GPU-parent"),
+			"gpu.hwdra.io/gpuInstanceID": i(2), "gpu.hwdra.io/computeInstanceID": i(0),
 		},
 	}, {
 		name: "GPU share: its limits as MPS takes them, under no capacity's name",

@@ -11,7 +11,7 @@
 //
 //   - Immediate, written at prepare, before any container exists: GPU
 //     (whole GPUs, MIG partitions, vGPUs, shares: every published
-//     attribute plus a MIG device's UUID, its GPU's and its instance IDs,
+//     attribute plus a MIG device's UUID and instance IDs,
 //     a vGPU's mediated device, a share's MPS limits) and NIC (the VF's
 //     PCI address and index, the PF, a share's transmit rates, MAC, VLAN,
 //     RDMA device). Attributes only: no capacity is one (a share's

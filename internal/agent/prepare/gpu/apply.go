@@ -124,7 +124,6 @@ func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.Contain
 	}
 	if md.UUID != "" {
 		a.uuids[len(a.uuids)-1] = md.UUID
-		md.ParentUUID = p.dev.GPU.UUID
 	}
 	md.Published = p.dev.Attributes
 	out.Attributes = md.Attributes()

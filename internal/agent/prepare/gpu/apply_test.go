@@ -20,7 +20,7 @@ func TestMetadataIsWhatTheSlicePublishes(t *testing.T) {
 	}{
 		{"full GPU", "gpus: [{model: h100-80gb, count: 1}]", request{name: "gpu", cel: `profile == "full"`}, nil},
 		{"MIG", "gpus: [{model: h100-80gb, count: 1, mig: true}]", request{name: "mig", cel: `profile == "1g.10gb"`},
-			[]string{"gpu.hwdra.io/uuid", "gpu.hwdra.io/parentUUID", "gpu.hwdra.io/gpuInstanceID", "gpu.hwdra.io/computeInstanceID"}},
+			[]string{"gpu.hwdra.io/uuid", "gpu.hwdra.io/gpuInstanceID", "gpu.hwdra.io/computeInstanceID"}},
 		{"vGPU", "h100-vgpu", request{name: "vgpu", cel: `type == "vgpu" && device.attributes["gpu.hwdra.io"].migBacked`},
 			[]string{"gpu.hwdra.io/mdevUUID", "mdevUUID", "gpu.hwdra.io/mdevParent", "gpu.hwdra.io/gpuInstanceID"}},
 		{"vGPU of the VFIO framework", vfioHost, request{name: "vgpu", cel: `type == "vgpu" && device.attributes["gpu.hwdra.io"].migBacked`},
