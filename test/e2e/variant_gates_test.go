@@ -368,9 +368,9 @@ func TestPartitionTypeGateOff(t *testing.T) {
 // whole GPU. VF shares need no counters: a pod gets one.
 func TestGateOffPartitionableDevices(t *testing.T) {
 	// The gates that need it go off with it (else the components refuse
-	// to start); the agent names the compatibility groups' too.
+	// to start); the agent names this one, whose loss covers theirs.
 	g := startGateOff(t, []string{"DRAPartitionableDevices", "DRAPartitionableDevicesType", "DRADeviceCompatibilityGroups"},
-		map[string]string{"DRAPartitionableDevices": "no MIG partitions to create and no GPU shares", "DRADeviceCompatibilityGroups": "no vGPU devices"})
+		map[string]string{"DRAPartitionableDevices": "no MIG partitions to create and no GPU shares: whole GPUs and existing MIG instances only"})
 	for _, s := range g.slices(gpuDriver) {
 		if len(s.Spec.SharedCounters) > 0 {
 			t.Errorf("slice %s has counter sets with DRAPartitionableDevices off", s.Name)
@@ -386,7 +386,9 @@ func TestGateOffPartitionableDevices(t *testing.T) {
 }
 
 // TestGateOffConsumableCapacity: with DRAConsumableCapacity off in the API
-// server and the scheduler, the agent takes the fallback it names in its
+// server and the scheduler, the chart installs (its VF classes select by
+// the published mode: the API server's CEL has no allowMultipleAllocations
+// without the gate), the agent takes the fallback it names in its
 // log and /readyz (no shares: each PF's VFs offered one device each, no
 // GPU share devices), publishes slices the API server stores as published,
 // with no field of the gate in them, and a pod gets a whole GPU and
