@@ -30,8 +30,8 @@ type Options struct {
 	NodeName   string
 	Hardware   string
 	ConfigPath string
-	// KubeConfig reaches the API server; each of the agent's two clients
-	// (claims, slices) may send KubeAPIQPS requests a second, in bursts of
+	// KubeConfig reaches the API server; each of the agent's three clients
+	// (claims, slices, status) may send KubeAPIQPS requests a second, in bursts of
 	// KubeAPIBurst.
 	KubeConfig *rest.Config
 	// KubeConfigSource says where KubeConfig came from ("--kubeconfig
@@ -92,6 +92,9 @@ type Options struct {
 	// procRoot is where the share police reads processes ("": /proc): a
 	// test's, that puts its processes in pods.
 	procRoot string
+	// healthTimes shortens the health checks and timeouts in tests; nil:
+	// the agent's.
+	healthTimes *healthTimes
 }
 
 // Run runs the agent until ctx is cancelled. It serves the node once it

@@ -12,6 +12,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/internal/agent/config"
+	"github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/internal/agent/mps"
 	"github.com/hwdra/hwdra/internal/agent/prepare"
 	gpuprep "github.com/hwdra/hwdra/internal/agent/prepare/gpu"
@@ -93,6 +94,9 @@ type PluginOptions struct {
 	CDIHook string
 	// MPSCgroup is where MPS control daemons run.
 	MPSCgroup mps.Cgroup
+	// GPUStatus writes the GPU claims' status.devices after prepare; nil:
+	// none (gpus.claimStatus Off, the lab).
+	GPUStatus *metadata.StatusWriter
 }
 
 // NewDrivers builds a plugin for each driver that has hardware in inv. Each
@@ -124,6 +128,9 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 		})
 		if err != nil {
 			return Drivers{}, fmt.Errorf("%s: %w", device.GPUDriver, err)
+		}
+		if opts.GPUStatus != nil {
+			p.ReportTo(gpuStatusReporter{opts.GPUStatus})
 		}
 		drivers.GPU = &GPU{Driver: Driver[gpuprep.Record]{Name: device.GPUDriver, Plugin: p}, Unclaimed: d, MPS: d.MPS()}
 	}

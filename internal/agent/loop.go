@@ -32,6 +32,7 @@ import (
 //	prepare/gpu, /nic      --> prepare.Published         publish.Publisher: an allocated device is looked up in what was published
 //	prepare.Plugin         --> prepare.ErrorHandler      publish.Publisher: a field the API server dropped makes it fall back
 //	prepare.Plugin         --> prepare.Cluster           nodeClaims: reclaim keeps what an allocated claim may use
+//	prepare.Plugin (GPU)   --> prepare.Reporter          gpuStatusReporter: a claim prepared gets its status.devices entries, written in the background
 //	health.Stream          --> health.Source             driverHealth: a driver's published devices and their faults, for the kubelet
 //	podnet.Plugin          --> podnet.Prepared           prepare.Plugin (NIC): the prepared claims whose VFs go into pods
 //	podnet.Plugin          --> podnet.MetadataWriter     kubeletplugin.Helper (NIC): the deferred network metadata
@@ -51,25 +52,26 @@ import (
 // faults notifies the streams and wakes the publisher (nodeHealth.onChange),
 // which republishes with taints.
 var (
-	_ publish.Hardware       = (*backend.Node)(nil)
-	_ publish.Unclaimed      = (*gpuprep.Driver)(nil)
-	_ publish.Health         = (*nodeHealth)(nil)
-	_ publish.DevicePlugin   = (*deviceplugin.Watcher)(nil)
-	_ prepare.Published      = (*publish.Publisher)(nil)
-	_ prepare.ErrorHandler   = (*publish.Publisher)(nil)
-	_ prepare.Cluster        = nodeClaims{}
-	_ health.Source          = driverHealth{}
-	_ podnet.Prepared        = (*prepare.Plugin[nicprep.Record])(nil)
-	_ podnet.MetadataWriter  = (*kubeletplugin.Helper)(nil)
-	_ podnet.Pods            = podClaims{}
-	_ podnet.Settler         = (*backend.Node)(nil)
-	_ podnet.HookObserver    = (*metrics)(nil)
-	_ podnet.Links           = hw.VFLinks(nil)
-	_ podnet.Events          = lazyEvents{}
-	_ metadata.WriteObserver = (*metrics)(nil)
-	_ deviceplugin.Resources = (*config.AgentConfig)(nil)
-	_ police.Claims          = gpuClaims{}
-	_ police.Processes       = (*nvml.Backend)(nil)
-	_ police.Pods            = (*nodePods)(nil)
-	_ police.Observer        = (*metrics)(nil)
+	_ publish.Hardware                 = (*backend.Node)(nil)
+	_ publish.Unclaimed                = (*gpuprep.Driver)(nil)
+	_ publish.Health                   = (*nodeHealth)(nil)
+	_ publish.DevicePlugin             = (*deviceplugin.Watcher)(nil)
+	_ prepare.Published                = (*publish.Publisher)(nil)
+	_ prepare.ErrorHandler             = (*publish.Publisher)(nil)
+	_ prepare.Cluster                  = nodeClaims{}
+	_ prepare.Reporter[gpuprep.Record] = gpuStatusReporter{}
+	_ health.Source                    = driverHealth{}
+	_ podnet.Prepared                  = (*prepare.Plugin[nicprep.Record])(nil)
+	_ podnet.MetadataWriter            = (*kubeletplugin.Helper)(nil)
+	_ podnet.Pods                      = podClaims{}
+	_ podnet.Settler                   = (*backend.Node)(nil)
+	_ podnet.HookObserver              = (*metrics)(nil)
+	_ podnet.Links                     = hw.VFLinks(nil)
+	_ podnet.Events                    = lazyEvents{}
+	_ metadata.WriteObserver           = (*metrics)(nil)
+	_ deviceplugin.Resources           = (*config.AgentConfig)(nil)
+	_ police.Claims                    = gpuClaims{}
+	_ police.Processes                 = (*nvml.Backend)(nil)
+	_ police.Pods                      = (*nodePods)(nil)
+	_ police.Observer                  = (*metrics)(nil)
 )

@@ -14,8 +14,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/internal/agent/endpoint"
+	"github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/internal/agent/police"
 	"github.com/hwdra/hwdra/internal/agent/publish"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
 )
 
 // metrics are the agent's Prometheus metrics, on their own registry so
@@ -47,7 +49,7 @@ func newMetrics() *metrics {
 		}, []string{"driver", "operation", "kind", "result"}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hwdra_api_client_throttled_requests_total",
-			Help: "API requests that waited for the client's rate limiter (--kube-api-qps, --kube-api-burst), by client: claims (prepare) or slices (publishing).",
+			Help: "API requests that waited for the client's rate limiter (--kube-api-qps, --kube-api-burst), by client: claims (prepare), slices (publishing) or status (claim status writes).",
 		}, []string{"client"}),
 		throttleWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "hwdra_api_client_throttle_wait_seconds",
@@ -61,8 +63,8 @@ func newMetrics() *metrics {
 		}, []string{"hook", "result"}),
 		statusWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hwdra_claim_status_writes_total",
-			Help: "ResourceClaim status.devices applies (VF network data), by result.",
-		}, []string{"result"}),
+			Help: "ResourceClaim status.devices write requests (GPU entries after prepare, VF network data at pod start and stop), by driver and result: success, refused (forbidden or invalid: not retried), gone (claim deleted, replaced or deallocated), error (retried).",
+		}, []string{"driver", "result"}),
 		shareFindings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hwdra_gpu_share_violations_total",
 			Help: "Processes the share police acted on, by reason (GPUShareMemoryOverrun, GPUShareLimitsRaised, GPUProcessOutsideMPS, GPUProcessWithoutClaim, GPUProcessOutsideKubernetes) and action (stopped, reported, stop-failed); gpus.shares.overuse decides stop or report.",
@@ -75,12 +77,14 @@ func newMetrics() *metrics {
 	}
 	// Series that exist from the start, so a dashboard sees zeros rather
 	// than nothing.
-	for _, c := range []string{clientClaims, clientSlices} {
+	for _, c := range []string{clientClaims, clientSlices, clientStatus} {
 		m.throttled.WithLabelValues(c)
 		m.throttleWait.WithLabelValues(c)
 	}
-	for _, r := range []string{resultSuccess, resultError} {
-		m.statusWrites.WithLabelValues(r)
+	for _, d := range []string{device.GPUDriver, device.NICDriver} {
+		for _, r := range []string{metadata.WriteSuccess, metadata.WriteRefused, metadata.WriteGone, metadata.WriteError} {
+			m.statusWrites.WithLabelValues(d, r)
+		}
 	}
 	for _, r := range police.Reasons {
 		for _, a := range []string{police.ActionStopped, police.ActionReported} {
@@ -141,9 +145,10 @@ func (m *metrics) Found(reason police.Reason, action string) {
 // Checked records one round of the share police (police.Observer).
 func (m *metrics) Checked(_ int, took time.Duration) { m.shareChecks.Observe(took.Seconds()) }
 
-// ObserveStatusWrite counts one claim status write (metadata.WriteObserver).
-func (m *metrics) ObserveStatusWrite(err error) {
-	m.statusWrites.WithLabelValues(result(err)).Inc()
+// ObserveStatusWrite counts one claim status write request
+// (metadata.WriteObserver).
+func (m *metrics) ObserveStatusWrite(driver, result string) {
+	m.statusWrites.WithLabelValues(driver, result).Inc()
 }
 
 // deviceHealthDesc: one series per device and state, 1 for the device's

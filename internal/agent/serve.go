@@ -14,6 +14,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/config"
 	"github.com/hwdra/hwdra/internal/agent/deviceplugin"
+	"github.com/hwdra/hwdra/internal/agent/metadata"
 	nicprep "github.com/hwdra/hwdra/internal/agent/prepare/nic"
 	"github.com/hwdra/hwdra/internal/agent/publish"
 	"github.com/hwdra/hwdra/internal/backend"
@@ -31,16 +32,19 @@ type server struct {
 
 	node *backend.Node
 	inv  hw.Inventory // the node as first read
-	// claims serves the kubelet plugins (a claim GET per prepare) and the
-	// claim status writes; slices the publisher (clients.go).
-	claims, slices kubernetes.Interface
-	health         *nodeHealth
-	devicePlugin   *deviceplugin.Watcher
-	pub            *publish.Publisher
-	pods           *podNetwork // nil without NRI
-	nodePods       *nodePods   // the node's pods, for the NRI plugin and the share police
-	drivers        Drivers     // those of the start (not a late GPU driver)
-	cdiHook        string      // nvidia-cdi-hook on the node; "" for none
+	// claims serves the kubelet plugins (a claim GET per prepare), slices
+	// the publisher, status the claim status writes (clients.go).
+	claims, slices, status kubernetes.Interface
+	// gpuStatus writes GPU claims' status.devices; nil with
+	// gpus.claimStatus Off.
+	gpuStatus    *metadata.StatusWriter
+	health       *nodeHealth
+	devicePlugin *deviceplugin.Watcher
+	pub          *publish.Publisher
+	pods         *podNetwork // nil without NRI
+	nodePods     *nodePods   // the node's pods, for the NRI plugin and the share police
+	drivers      Drivers     // those of the start (not a late GPU driver)
+	cdiHook      string      // nvidia-cdi-hook on the node; "" for none
 
 	mu      sync.Mutex
 	stops   []func()
@@ -109,16 +113,16 @@ func (s *server) openHardware(ctx context.Context) error {
 	return nil
 }
 
-// connect makes the agent's two API clients, and watches through them
+// connect makes the agent's API clients, and watches through them
 // whether the API server answers: the log and /readyz say so when not.
 func (s *server) connect(ctx context.Context) error {
 	if s.opts.KubeClient != nil {
-		s.claims, s.slices = s.opts.KubeClient, s.opts.KubeClient
+		s.claims, s.slices, s.status = s.opts.KubeClient, s.opts.KubeClient, s.opts.KubeClient
 		return nil
 	}
 	api := newAPIServer(s.opts.KubeConfig, s.opts.KubeConfigSource)
 	var err error
-	if s.claims, s.slices, err = newClients(s.opts.KubeConfig, s.opts.KubeAPIQPS, s.opts.KubeAPIBurst, s.m, api.wrap); err != nil {
+	if s.claims, s.slices, s.status, err = newClients(s.opts.KubeConfig, s.opts.KubeAPIQPS, s.opts.KubeAPIBurst, s.m, api.wrap); err != nil {
 		return err
 	}
 	s.pr.setAPIServer(api.unreachable)
@@ -139,7 +143,7 @@ func (s *server) connect(ctx context.Context) error {
 // published, and the watch for NVIDIA's device plugin, whose GPUs it
 // leaves out (a change republishes).
 func (s *server) startPublisher(ctx context.Context) error {
-	s.health = newNodeHealth(s.cfg)
+	s.health = newNodeHealth(s.cfg, s.opts.healthTimes)
 	s.devicePlugin = deviceplugin.New(deviceplugin.Options{
 		Dir: s.opts.DevicePluginDir, NodeName: s.opts.NodeName, Client: s.slices,
 		Resources: s.cfg, Registry: s.m.registry,
@@ -166,9 +170,10 @@ func (s *server) buildDrivers(ctx context.Context) error {
 	s.cdiHook = s.installHook(ctx)
 	var err error
 	s.nodePods = newNodePods(s.claims, s.opts.NodeName)
-	if s.pods, err = newPodNetwork(ctx, s.opts, s.claims, s.nodePods, s.node, s.inv, s.m, lazyEvents{s, ctx}); err != nil {
+	if s.pods, err = newPodNetwork(ctx, s.opts, s.status, s.nodePods, s.node, s.inv, s.m, lazyEvents{s, ctx}); err != nil {
 		return err
 	}
+	s.gpuStatus = gpuClaimStatus(ctx, s.cfg, s.status, s.m)
 	if s.drivers, err = s.newDrivers(ctx, s.inv, s.pods.network()); err != nil {
 		return err
 	}
@@ -193,6 +198,7 @@ func (s *server) newDrivers(ctx context.Context, inv hw.Inventory, network nicpr
 		Network:   network,
 		CDIHook:   s.cdiHook,
 		MPSCgroup: s.opts.MPSCgroup,
+		GPUStatus: s.gpuStatus,
 	})
 	if err != nil {
 		return Drivers{}, err

@@ -196,11 +196,11 @@ func waitNodeLinks(t *testing.T, want map[string]string) {
 func checkStatusWrites(t *testing.T, claims, maxRequests int) {
 	t.Helper()
 	// The agents of pod scenarios serve metrics on the default address.
-	ok, err := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{result="success"}`)
+	ok, err := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	failed, _ := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{result="error"}`)
+	failed, _ := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="refused"}`)
 	n, _ := strconv.Atoi(ok)
 	f, _ := strconv.Atoi(failed)
 	t.Logf("claim status writes: %d written, %d refused (API requests)", n, f)

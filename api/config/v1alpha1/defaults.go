@@ -38,6 +38,9 @@ func (c *AgentConfig) Default() {
 	if c.GPUs != nil && c.GPUs.Settings == "" {
 		c.GPUs.Settings = GPUSettingsManage
 	}
+	if c.GPUs != nil && c.GPUs.ClaimStatus == "" {
+		c.GPUs.ClaimStatus = GPUClaimStatusWrite
+	}
 	if c.GPUs != nil && c.GPUs.Shares != nil {
 		if c.GPUs.Shares.Overuse == "" {
 			c.GPUs.Shares.Overuse = ShareOveruseStop

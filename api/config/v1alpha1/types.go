@@ -135,6 +135,14 @@ type GPUConfig struct {
 	// Shares says how the agent holds GPU shares to what the scheduler
 	// counted. Left out: the defaults.
 	Shares *GPUSharesConfig `json:"shares,omitempty"`
+	// ClaimStatus says whether the agent writes each prepared GPU
+	// device's entry in its ResourceClaim's status.devices (a Ready
+	// condition and data: UUIDs, MIG IDs, a share's limits, the MPS
+	// pipe directory), one API write per prepared claim, after the
+	// kubelet has its answer. Off: no such writes, for clusters that
+	// want none (VF network status is written either way). Default:
+	// Write.
+	ClaimStatus GPUClaimStatus `json:"claimStatus,omitempty"`
 	// MPS sizes what the agent gives each MPS control daemon (a claim's
 	// MPS devices, a GPU's shares). Left out: the defaults.
 	MPS *MPSConfig `json:"mps,omitempty"`
@@ -155,6 +163,14 @@ type MPSConfig struct {
 	// least 64Mi. Default: 4Gi.
 	DaemonMemoryLimit Quantity `json:"daemonMemoryLimit,omitempty"`
 }
+
+// GPUClaimStatus is whether GPU claims get status.devices entries.
+type GPUClaimStatus string
+
+const (
+	GPUClaimStatusWrite GPUClaimStatus = "Write"
+	GPUClaimStatusOff   GPUClaimStatus = "Off"
+)
 
 // GPUSharesConfig is the policing of GPU shares: every CheckInterval the
 // agent looks at the processes on each GPU that serves shares and acts on

@@ -96,6 +96,11 @@ func (g *GPUConfig) validate(p *field.Path) field.ErrorList {
 	default:
 		errs = append(errs, field.NotSupported(p.Child("settings"), g.Settings, []GPUSettings{GPUSettingsManage, GPUSettingsLeave}))
 	}
+	switch g.ClaimStatus {
+	case GPUClaimStatusWrite, GPUClaimStatusOff:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("claimStatus"), g.ClaimStatus, []GPUClaimStatus{GPUClaimStatusWrite, GPUClaimStatusOff}))
+	}
 	if s := g.Shares; s != nil {
 		sp := p.Child("shares")
 		switch s.Overuse {

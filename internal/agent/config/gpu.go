@@ -22,6 +22,8 @@ type GPUPolicy struct {
 	// mpsShm and mpsMemory are gpus.mps's sizes in bytes (zero: the
 	// defaults).
 	mpsShm, mpsMemory int64
+	// noClaimStatus: gpus.claimStatus is Off (zero: Write).
+	noClaimStatus bool
 }
 
 // MPSShmSize is the size of each MPS daemon's shared memory, in bytes
@@ -46,6 +48,10 @@ func orDefault(v int64, def configv1alpha1.Quantity) int64 {
 	}
 	return b
 }
+
+// WritesClaimStatus reports whether prepared GPU devices get entries in
+// their claims' status.devices (gpus.claimStatus Write).
+func (p GPUPolicy) WritesClaimStatus() bool { return !p.noClaimStatus }
 
 // StopsShareOveruse reports whether a process that overruns a GPU share is
 // stopped (gpus.shares.overuse Stop) rather than only reported.
@@ -92,7 +98,8 @@ func gpuPolicy(g *configv1alpha1.GPUConfig) GPUPolicy {
 	if g == nil {
 		return GPUPolicy{}
 	}
-	p := GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy(), leave: g.Settings == configv1alpha1.GPUSettingsLeave}
+	p := GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy(), leave: g.Settings == configv1alpha1.GPUSettingsLeave,
+		noClaimStatus: g.ClaimStatus == configv1alpha1.GPUClaimStatusOff}
 	if s := g.Shares; s != nil {
 		p.report = s.Overuse == configv1alpha1.ShareOveruseReport
 		if s.CheckIntervalMilliseconds != nil {

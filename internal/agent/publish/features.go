@@ -55,7 +55,7 @@ var gates = []struct {
 		"no vGPU devices",
 		func(d *resourceapi.Device, _ string) { probeConsumption(d).CompatibilityGroups = []string{probeName} }},
 	{"DRAConsumableCapacity", func(f *device.Features) *bool { return &f.ConsumableCapacity },
-		"no bandwidth shares of a PF: its VFs are offered one device each",
+		"no GPU shares and no bandwidth shares of a PF: whole GPUs, and its VFs offered one device each",
 		func(d *resourceapi.Device, _ string) { d.AllowMultipleAllocations = ptr.To(true) }},
 	{"DRADeviceTaints", func(f *device.Features) *bool { return &f.DeviceTaints },
 		"unhealthy devices are not tainted",

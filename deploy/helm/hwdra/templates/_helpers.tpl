@@ -149,10 +149,13 @@ the PF's driver takes a minimum: mlx5 (with the firmware's eswitch
 bandwidth share) and ice (with DCB off). The device metadata says what
 the VF got (sriov.hwdra.io/minTxRateMbps, maxTxRateMbps); docs/user-guide.md
 lists what a share gets per link type and driver.`
-  "expression" (list `device.driver == "sriov.hwdra.io" && device.allowMultipleAllocations`)) -}}
+  "expression" (list `device.driver == "sriov.hwdra.io" && "mode" in device.attributes["sriov.hwdra.io"] &&` `device.attributes["sriov.hwdra.io"].mode == "shared"`)) -}}
 {{- $classes = append $classes (dict "name" "vf.sriov.hwdra.io" "what" "whole VFs, exclusively (PFs in exclusive mode)"
-  "doc" "A whole VF, exclusively (PFs configured in exclusive mode)."
-  "expression" (list `device.driver == "sriov.hwdra.io" && !device.allowMultipleAllocations`)) -}}
+  "doc" `A whole VF, exclusively (PFs configured in exclusive mode, and every
+PF where the cluster has DRAConsumableCapacity off). The classes test the
+published mode, not device.allowMultipleAllocations: without that gate
+the API server's CEL knows no such field and refuses the class.`
+  "expression" (list `device.driver == "sriov.hwdra.io" && "mode" in device.attributes["sriov.hwdra.io"] &&` `device.attributes["sriov.hwdra.io"].mode == "exclusive"`)) -}}
 {{- toYaml $classes -}}
 {{- end -}}
 

@@ -114,6 +114,7 @@ func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.Contain
 	case p.dev.Kind == device.KindShare:
 		// A share's container gets the GPU; MPS holds it to its share.
 		out.Edits, err = a.fullGPU(p, libs)
+		md.Share = &metadata.ShareLimits{ThreadPercentage: p.share.compute, MemoryBytes: p.share.memory}
 	case p.dev.Kind == device.KindMIG:
 		out.Edits, md, err = a.mig(r, p, libs)
 	case p.dev.Kind == device.KindVGPU && p.dev.GPU.VGPU.Framework == hw.VGPUFrameworkVFIO:
