@@ -85,6 +85,9 @@ type Options struct {
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.
 	node *backend.Node
+	// procRoot is where the per-pod metrics read processes' cgroups
+	// (tests: a made-up /proc); empty: /proc.
+	procRoot string
 }
 
 // Run runs the agent until ctx is cancelled. It serves the node once it
