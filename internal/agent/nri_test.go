@@ -40,12 +40,16 @@ type nriRig struct {
 	slice []*resourceapi.ResourceSlice
 }
 
-func startNRIRig(t testing.TB, profile string) *nriRig {
+func startNRIRig(t testing.TB, profile string, more ...func(*Options)) *nriRig {
 	t.Helper()
 	r := &nriRig{t: t, host: nritest.HostNetns(t)}
 	sock := filepath.Join(t.TempDir(), "nri.sock")
 	r.rt = nritest.Start(t, sock, nil)
-	r.a = startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock})
+	opts := Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock}
+	for _, f := range more {
+		f(&opts)
+	}
+	r.a = startAgentWith(t, opts)
 	r.slice = r.a.slices(device.NICDriver, nil)
 	r.dra = drapb.NewDRAPluginClient(r.a.dial(filepath.Join(r.a.dir, "plugins", device.NICDriver, "dra.sock")))
 	return r

@@ -44,14 +44,18 @@ func podWithClaim(t *testing.T, a *testAgent, name, claim, id string) *corev1.Po
 }
 
 // fakeProcess writes a made-up /proc/<pid>/cgroup naming pod p's
-// container id, as the kubelet's cgroupfs driver names it.
+// container id, as the kubelet's cgroupfs driver names it (p nil: a
+// system service's).
 func fakeProcess(t *testing.T, procRoot string, pid uint32, p *corev1.Pod, id string) {
 	t.Helper()
 	dir := filepath.Join(procRoot, fmt.Sprint(pid))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cgroup := fmt.Sprintf("0::/kubepods/besteffort/pod%s/%s\n", p.UID, id)
+	cgroup := "0::/system.slice/nvidia-persistenced.service\n"
+	if p != nil {
+		cgroup = fmt.Sprintf("0::/kubepods/besteffort/pod%s/%s\n", p.UID, id)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cgroup), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +173,25 @@ func scrapeAlong(t *testing.T, a *testAgent) func() {
 			t.Errorf("%d of %d scrapes failed", failed.Load(), scrapes.Load())
 		}
 		t.Logf("%d scrapes beside the claims' prepares and unprepares", scrapes.Load())
+	}
+}
+
+// unprepareClaims unprepares claims through the kubelet's gRPC API.
+func unprepareClaims(t testing.TB, a *testAgent, driver string, claims ...*resourceapi.ResourceClaim) {
+	t.Helper()
+	dra := drapb.NewDRAPluginClient(a.dial(a.socket(driver)))
+	var pb []*drapb.Claim
+	for _, c := range claims {
+		pb = append(pb, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
+	}
+	resp, err := dra.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{Claims: pb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range claims {
+		if r := resp.Claims[string(c.UID)]; r == nil || r.Error != "" {
+			t.Fatalf("unprepare %s: %+v", c.Name, r)
+		}
 	}
 }
 
