@@ -102,6 +102,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	m := newMetrics()
 	pr := newProbes()
+	m.registry.MustRegister(readiness(pr))
 	listenCtx, stopListening := context.WithCancel(ctx)
 	defer stopListening()
 	listening := false

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -15,6 +16,20 @@ import (
 	"github.com/hwdra/hwdra/internal/backend/sriov"
 	"github.com/hwdra/hwdra/internal/hw"
 )
+
+// readiness is hwdra_agent_ready: what /readyz answers, as a series, for
+// the alert on an agent that answers but does not serve.
+func readiness(pr *probes) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hwdra_agent_ready",
+		Help: "1 while the agent is ready (what /readyz answers 200 to: it serves the node, its kubelet plugins are registered, its slices verified, NRI connected, the API server reachable), 0 otherwise.",
+	}, func() float64 {
+		if pr.ready() != nil {
+			return 0
+		}
+		return 1
+	})
+}
 
 // startPodMetrics serves the per-pod series (package podmetrics) of the
 // drivers' prepared claims on the agent's registry, from the node's pod
