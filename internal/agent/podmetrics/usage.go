@@ -42,20 +42,20 @@ func (c *Collector) usage(out *emitter, devices []Device, p Processes) {
 	})
 	c.reads.keep(gpus)
 	for _, gpu := range gpus {
-		l := c.reads.get(p, gpu, c.o.MaxAge, c.o.Wait)
+		l := c.reads.get(c.reader(p), gpu, c.o.MaxAge, c.o.Wait)
 		if l.err != nil {
 			out.gauge(processesUpDesc, 0, c.o.NodeName, uuid[gpu], gpu)
 			continue
 		}
 		out.gauge(processesUpDesc, 1, c.o.NodeName, uuid[gpu], gpu)
-		c.attribute(out, uuid[gpu], byGPU[gpu], l.procs)
+		c.attribute(out, uuid[gpu], byGPU[gpu], l.procs, l.owners)
 	}
 }
 
 // attribute gives each listed process's memory to the device of its
 // pod's claims it runs on: on a MIG GPU the one of its GPU instance.
 // What no such device covers is the GPU's unclaimed memory.
-func (c *Collector) attribute(out *emitter, uuid string, devices []Device, procs []hw.GPUProcess) {
+func (c *Collector) attribute(out *emitter, uuid string, devices []Device, procs []hw.GPUProcess, owners map[uint32]owner) {
 	type use struct{ namespace, pod, claim, device, gi string }
 	used := map[use]uint64{}
 	var order []use
@@ -65,7 +65,7 @@ func (c *Collector) attribute(out *emitter, uuid string, devices []Device, procs
 		if p.UsedMemory != nil {
 			mem = *p.UsedMemory
 		}
-		d, pod, gone := c.deviceOf(p, devices)
+		d, pod, gone := c.deviceOf(p, owners[p.PID], devices)
 		if gone {
 			continue
 		}
@@ -89,24 +89,50 @@ func (c *Collector) attribute(out *emitter, uuid string, devices []Device, procs
 
 type podRef struct{ Namespace, Name string }
 
+// owner is the pod and container a process's cgroup named when its GPU
+// was listed.
+type owner struct {
+	pod       types.UID
+	container string
+	inPod     bool
+	err       error
+}
+
+// reader lists a GPU's processes and reads, right after, the cgroup of
+// each: both serve scrapes for MaxAge.
+func (c *Collector) reader(p Processes) func(string) ([]hw.GPUProcess, map[uint32]owner, error) {
+	return func(gpu string) ([]hw.GPUProcess, map[uint32]owner, error) {
+		procs, err := p.GPUProcesses(gpu)
+		if err != nil {
+			return nil, nil, err
+		}
+		owners := make(map[uint32]owner, len(procs))
+		for _, pr := range procs {
+			var o owner
+			o.pod, o.container, o.inPod, o.err = c.podOf(pr.PID)
+			owners[pr.PID] = o
+		}
+		return procs, owners, nil
+	}
+}
+
 // deviceOf finds the prepared device a process uses: its cgroup names its
 // pod and container (as the police reads them), the container's claims
 // among the GPU's devices, on a MIG GPU the one of the process's GPU
 // instance. nil: none (a process of no pod, of a pod the informer does
 // not have, or of no claim of the GPU); gone: the process exited.
-func (c *Collector) deviceOf(p hw.GPUProcess, devices []Device) (d *Device, pod podRef, gone bool) {
-	uid, container, inPod, err := c.podOf(p.PID)
-	if err != nil {
-		return nil, pod, errors.Is(err, errGone)
+func (c *Collector) deviceOf(p hw.GPUProcess, o owner, devices []Device) (d *Device, pod podRef, gone bool) {
+	if o.err != nil {
+		return nil, pod, errors.Is(o.err, errGone)
 	}
-	if !inPod {
+	if !o.inPod {
 		return nil, pod, false
 	}
-	po, ok := c.o.Pods.PodByUID(uid)
+	po, ok := c.o.Pods.PodByUID(o.pod)
 	if !ok {
 		return nil, pod, false
 	}
-	_, claims := police.ContainerClaims(po, container)
+	_, claims := police.ContainerClaims(po, o.container)
 	for i := range devices {
 		dev := &devices[i]
 		if dev.Namespace != po.Namespace || !slices.Contains(claims, dev.Claim) {
@@ -161,9 +187,10 @@ type listings struct {
 }
 
 type listing struct {
-	procs []hw.GPUProcess
-	err   error
-	at    time.Time
+	procs  []hw.GPUProcess
+	owners map[uint32]owner
+	err    error
+	at     time.Time
 	// reading is closed when the read in progress ends; nil: none.
 	reading chan struct{}
 }
@@ -172,10 +199,11 @@ var errSlow = errors.New("NVML did not list the GPU's processes in time")
 
 func newListings() *listings { return &listings{m: map[string]*listing{}} }
 
-// get is the GPU's listing of at most maxAge, read now if older; a read
+// get is the GPU's listing of at most maxAge, read now if older (its
+// processes' cgroups read with it); a read
 // that takes longer than wait goes on in the background for the next
 // scrape, and this one gets errSlow.
-func (l *listings) get(p Processes, gpu string, maxAge, wait time.Duration) listing {
+func (l *listings) get(read listFunc, gpu string, maxAge, wait time.Duration) listing {
 	l.mu.Lock()
 	e := l.m[gpu]
 	if e == nil {
@@ -189,7 +217,7 @@ func (l *listings) get(p Processes, gpu string, maxAge, wait time.Duration) list
 	}
 	if e.reading == nil {
 		e.reading = make(chan struct{})
-		go l.read(p, gpu, e)
+		go l.read(read, gpu, e)
 	}
 	done := e.reading
 	l.mu.Unlock()
@@ -205,11 +233,14 @@ func (l *listings) get(p Processes, gpu string, maxAge, wait time.Duration) list
 	return *e
 }
 
-func (l *listings) read(p Processes, gpu string, e *listing) {
-	procs, err := p.GPUProcesses(gpu)
+// listFunc lists a GPU's processes and who owns each.
+type listFunc func(gpu string) ([]hw.GPUProcess, map[uint32]owner, error)
+
+func (l *listings) read(read listFunc, gpu string, e *listing) {
+	procs, owners, err := read(gpu)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e.procs, e.err, e.at = procs, err, time.Now()
+	e.procs, e.owners, e.err, e.at = procs, owners, err, time.Now()
 	close(e.reading)
 	e.reading = nil
 }
