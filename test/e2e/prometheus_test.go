@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 
 	"github.com/hwdra/hwdra/internal/mock/persist"
@@ -118,6 +119,16 @@ func TestPrometheusGPUsByPod(t *testing.T) {
 	}
 
 	checkDashboardQueries(t, s, prom)
+	// With HWDRA_E2E_ARTIFACTS set: the share's use rises, and once
+	// Prometheus holds 150 s of scrapes the panels' data is kept for
+	// hack/render-dashboard.py.
+	if dir := os.Getenv(framework.EnvArtifacts); dir != "" {
+		listProcesses(t, mockDir, gpus["share"], fmt.Sprintf("%d:8Gi:mps", appPID(t, share)))
+		if _, err := prom.WaitQuery(s.ctx, `count_over_time(up{job="hwdra-agent"}[10m]) >= 150`, 5*time.Minute, func(v model.Vector) bool { return len(v) == 1 }); err != nil {
+			t.Fatal(err)
+		}
+		saveDashboardData(t, s, prom, began, filepath.Join(dir, "dashboard-data.json"))
+	}
 
 	// An XID on the MIG pod's GPU: the alert fires once it lasted its
 	// minute.
@@ -199,4 +210,65 @@ func checkDashboardQueries(t *testing.T, s *scenario, prom *framework.Prometheus
 		}
 	}
 	t.Logf("%d dashboard queries answered", queries)
+}
+
+// saveDashboardData writes, for each panel of the chart's dashboard, its
+// queries' results over [from, now] (its variables set to this node and
+// namespace; a panel repeated per GPU once per GPU): what
+// hack/render-dashboard.py draws.
+func saveDashboardData(t *testing.T, s *scenario, prom *framework.Prometheus, from time.Time, file string) {
+	t.Helper()
+	chart, err := framework.ChartDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(chart, "files", "dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []map[string]any `json:"panels"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatal(err)
+	}
+	gpuValues, err := prom.Query(s.ctx, fmt.Sprintf(`count by (UUID) (hwdra_claim_device_info{Hostname=%q, driver="gpu.hwdra.io"})`, s.n.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := promv1.Range{Start: from, End: time.Now(), Step: 2 * time.Second}
+	var out []map[string]any
+	for _, p := range dash.Panels {
+		targets, _ := p["targets"].([]any)
+		gpus := []string{".*"}
+		if p["repeat"] == "gpu" {
+			gpus = nil
+			for _, v := range gpuValues {
+				gpus = append(gpus, string(v.Metric["UUID"]))
+			}
+		}
+		for _, gpu := range gpus {
+			vars := strings.NewReplacer(`"$node"`, fmt.Sprintf("%q", s.n.Name), `"$namespace"`, fmt.Sprintf("%q", s.ns), `"$pod"`, `".*"`, `"$gpu"`, fmt.Sprintf("%q", gpu))
+			var results []any
+			for _, tg := range targets {
+				m, _ := tg.(map[string]any)
+				expr, _ := m["expr"].(string)
+				res, _, err := prom.API.QueryRange(s.ctx, vars.Replace(expr), rng)
+				if err != nil {
+					t.Fatalf("panel %v: %v", p["title"], err)
+				}
+				results = append(results, map[string]any{"legendFormat": m["legendFormat"], "instant": m["instant"], "format": m["format"], "result": res})
+			}
+			title := strings.ReplaceAll(fmt.Sprint(p["title"]), "$gpu", gpu)
+			out = append(out, map[string]any{"title": title, "type": p["type"], "gridPos": p["gridPos"], "fieldConfig": p["fieldConfig"], "targets": results})
+		}
+	}
+	b, err := json.Marshal(map[string]any{"node": s.n.Name, "namespace": s.ns, "from": from, "to": rng.End, "panels": out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dashboard data of %d panels in %s", len(out), file)
 }

@@ -3,6 +3,7 @@ package podmetrics
 import (
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,13 +34,7 @@ func (c *Collector) usage(out *emitter, devices []Device, p Processes) {
 			uuid[d.GPU] = d.UUID
 		}
 	}
-	gpus := slices.Sorted(func(yield func(string) bool) {
-		for g := range byGPU {
-			if !yield(g) {
-				return
-			}
-		}
-	})
+	gpus := slices.Sorted(maps.Keys(byGPU))
 	c.reads.keep(gpus)
 	for _, gpu := range gpus {
 		l := c.reads.get(c.reader(p), gpu, c.o.MaxAge, c.o.Wait)

@@ -1,6 +1,9 @@
 package podmetrics
 
-import "slices"
+import (
+	"maps"
+	"slices"
+)
 
 // vfCounters: each prepared VF's traffic counters, one netlink read per
 // PF, where the PF's driver keeps them (mlx5, ice; a veth stand-in keeps
@@ -12,12 +15,7 @@ func (c *Collector) vfCounters(out *emitter, devices []Device) {
 			byPF[d.PF] = append(byPF[d.PF], d)
 		}
 	}
-	pfs := make([]string, 0, len(byPF))
-	for pf := range byPF {
-		pfs = append(pfs, pf)
-	}
-	slices.Sort(pfs)
-	for _, pf := range pfs {
+	for _, pf := range slices.Sorted(maps.Keys(byPF)) {
 		stats, err := c.o.VFStats.VFStats(pf)
 		if err != nil {
 			out.gauge(vfStatsUpDesc, 0, pf)
