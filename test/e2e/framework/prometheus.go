@@ -80,10 +80,11 @@ func (n *Node) StartPrometheus(t testing.TB, targets []ScrapeTarget, rules []byt
 	}
 	var jobs []map[string]any
 	for _, tg := range targets {
-		jobs = append(jobs, map[string]any{
-			"job_name": tg.Job, "honor_labels": tg.HonorLabels,
-			"static_configs": []map[string]any{{"targets": []string{tg.Address}, "labels": tg.Labels}},
-		})
+		static := map[string]any{"targets": []string{tg.Address}}
+		if len(tg.Labels) > 0 {
+			static["labels"] = tg.Labels
+		}
+		jobs = append(jobs, map[string]any{"job_name": tg.Job, "honor_labels": tg.HonorLabels, "static_configs": []map[string]any{static}})
 	}
 	cfg := map[string]any{
 		"global":         map[string]any{"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
