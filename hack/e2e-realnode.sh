@@ -10,4 +10,8 @@ cd "$(dirname "$0")/.."
 hack/install-realnode-deps.sh
 bin=$(hack/build-realnode.sh)
 export HWDRA_REALNODE_BIN="$bin"
+# Prometheus for TestPrometheus* (built once per version, cached like the
+# node's binaries).
+HWDRA_PROMETHEUS_BIN=$(hack/build-prometheus.sh)
+export HWDRA_PROMETHEUS_BIN
 exec go test ./test/e2e/ -count=1 -timeout 30m -v "$@"

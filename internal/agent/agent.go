@@ -89,8 +89,8 @@ type Options struct {
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.
 	node *backend.Node
-	// procRoot is where the share police reads processes ("": /proc): a
-	// test's, that puts its processes in pods.
+	// procRoot is where the share police and the per-pod metrics read
+	// processes ("": /proc): a test's, that puts its processes in pods.
 	procRoot string
 	// healthTimes shortens the health checks and timeouts in tests; nil:
 	// the agent's.
@@ -113,6 +113,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	m := newMetrics()
 	pr := newProbes()
+	m.registry.MustRegister(readiness(pr))
 	listenCtx, stopListening := context.WithCancel(ctx)
 	defer stopListening()
 	listening := false

@@ -7,6 +7,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/deviceplugin"
 	"github.com/hwdra/hwdra/internal/agent/health"
 	"github.com/hwdra/hwdra/internal/agent/metadata"
+	"github.com/hwdra/hwdra/internal/agent/podmetrics"
 	"github.com/hwdra/hwdra/internal/agent/podnet"
 	"github.com/hwdra/hwdra/internal/agent/police"
 	"github.com/hwdra/hwdra/internal/agent/prepare"
@@ -47,6 +48,11 @@ import (
 //	police.Watcher         --> police.Processes          nvml.Backend: the processes on a GPU, MPS clients included
 //	police.Watcher         --> police.Pods               nodePods: a process's pod (by the UID its cgroup names), containers and claims
 //	police.Watcher         --> police.Observer           metrics: what it found and did, what a round costs
+//	podmetrics.Collector   --> podmetrics.Claims         gpuClaimDevices, nicClaims: the drivers' checkpoints, read without a lock
+//	podmetrics.Collector   --> podmetrics.Pods           nodePods: the pods that use a claim, a process's pod
+//	podmetrics.Collector   --> podmetrics.Processes      nvml.Backend: the processes on a GPU with prepared devices
+//	podmetrics.Collector   --> podmetrics.Published      publishedUnits: the GPUs and VFs of what was last published
+//	podmetrics.Collector   --> podmetrics.VFStats        vfStats: VF counters through the PF's netdev
 //
 // The health monitors close the loop from the other side: a change of
 // faults notifies the streams and wakes the publisher (nodeHealth.onChange),
@@ -74,4 +80,10 @@ var (
 	_ police.Processes                 = (*nvml.Backend)(nil)
 	_ police.Pods                      = (*nodePods)(nil)
 	_ police.Observer                  = (*metrics)(nil)
+	_ podmetrics.Claims                = gpuClaimDevices{}
+	_ podmetrics.Claims                = nicClaims{}
+	_ podmetrics.Pods                  = (*nodePods)(nil)
+	_ podmetrics.Processes             = (*nvml.Backend)(nil)
+	_ podmetrics.Published             = publishedUnits{}
+	_ podmetrics.VFStats               = vfStats{}
 )

@@ -42,7 +42,7 @@ type nriRig struct {
 	slice []*resourceapi.ResourceSlice
 }
 
-func startNRIRig(t testing.TB, profile string) *nriRig {
+func startNRIRig(t testing.TB, profile string, more ...func(*Options)) *nriRig {
 	t.Helper()
 	r := &nriRig{t: t, host: nritest.HostNetns(t)}
 	sock := filepath.Join(t.TempDir(), "nri.sock")
@@ -52,7 +52,11 @@ func startNRIRig(t testing.TB, profile string) *nriRig {
 	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nvfPolicy: {allowMAC: true}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r.a = startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock, ConfigPath: cfg})
+	opts := Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock, ConfigPath: cfg}
+	for _, f := range more {
+		f(&opts)
+	}
+	r.a = startAgentWith(t, opts)
 	r.slice = r.a.slices(device.NICDriver, nil)
 	r.dra = drapb.NewDRAPluginClient(r.a.dial(filepath.Join(r.a.dir, "plugins", device.NICDriver, "dra.sock")))
 	return r

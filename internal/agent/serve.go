@@ -15,6 +15,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/config"
 	"github.com/hwdra/hwdra/internal/agent/deviceplugin"
 	"github.com/hwdra/hwdra/internal/agent/metadata"
+	"github.com/hwdra/hwdra/internal/agent/podmetrics"
 	nicprep "github.com/hwdra/hwdra/internal/agent/prepare/nic"
 	"github.com/hwdra/hwdra/internal/agent/publish"
 	"github.com/hwdra/hwdra/internal/backend"
@@ -45,6 +46,7 @@ type server struct {
 	nodePods     *nodePods   // the node's pods, for the NRI plugin and the share police
 	drivers      Drivers     // those of the start (not a late GPU driver)
 	cdiHook      string      // nvidia-cdi-hook on the node; "" for none
+	podMetrics   *podmetrics.Collector
 
 	mu      sync.Mutex
 	stops   []func()
@@ -77,6 +79,7 @@ func serve(ctx context.Context, opts Options, cfg *config.AgentConfig, m *metric
 	}
 	s.startNRI(ctx)
 	s.startHealth(ctx)
+	s.startPodMetrics(ctx)
 	s.awaitNVML(ctx)
 	s.publish(ctx)
 	return nil
@@ -296,6 +299,7 @@ func (s *server) startLateGPU(ctx context.Context) error {
 	s.health.startGPU(ctx, s.node.GPU())
 	s.health.startMPS(ctx, d.GPU.MPS)
 	s.startPolicing(ctx, d.GPU)
+	s.setPodMetricsGPU(d.GPU)
 	s.pub.Poke()
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -196,5 +197,19 @@ func TestVFLinkIgnoresNames(t *testing.T) {
 		if index, name, err := pod.VFLink("0000:17:01.0", rec); err != nil || index != 0 || name != "" {
 			t.Errorf("recorded %+v: found %q (ifindex %d), %v", rec, name, index, err)
 		}
+	}
+}
+
+// TestVFStatsOfALinkWithoutVFs: a link that is no PF (a veth, as the
+// mock's stand-ins) lists no VF counters and no error; a missing PF is an
+// error naming it.
+func TestVFStatsOfALinkWithoutVFs(t *testing.T) {
+	host, _ := twoNetns(t)
+	stats, err := host.VFStats("vf0")
+	if err != nil || len(stats) != 0 {
+		t.Errorf("VFStats(vf0) = %v, %v; want none, no error", stats, err)
+	}
+	if _, err := host.VFStats("nosuchpf"); err == nil || !strings.Contains(err.Error(), "PF nosuchpf") {
+		t.Errorf("VFStats(nosuchpf): %v, want an error naming the PF", err)
 	}
 }
