@@ -134,9 +134,26 @@ func TestAgentContainerLocked(t *testing.T) {
 // (docs/security.md, What each privilege is for): a change of rights is a
 // change of this table and of that document.
 func TestAgentRBAC(t *testing.T) {
-	roles := shipped[rbacv1.ClusterRole](t, "ClusterRole")
+	ds, _ := agentDaemonSet(t)
+	var bound []string // the ClusterRoles bound to the agent's ServiceAccount
+	for _, b := range shipped[rbacv1.ClusterRoleBinding](t, "ClusterRoleBinding") {
+		for _, s := range b.Subjects {
+			if s.Kind == "ServiceAccount" && s.Name == ds.Spec.Template.Spec.ServiceAccountName && s.Namespace == ds.Namespace {
+				bound = append(bound, b.RoleRef.Name)
+			}
+		}
+	}
+	if len(bound) != 1 {
+		t.Fatalf("ClusterRoles %v bound to the agent's ServiceAccount %s/%s, want one", bound, ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName)
+	}
+	var roles []*rbacv1.ClusterRole
+	for _, r := range shipped[rbacv1.ClusterRole](t, "ClusterRole") {
+		if r.Name == bound[0] {
+			roles = append(roles, r)
+		}
+	}
 	if len(roles) != 1 {
-		t.Fatalf("%d ClusterRoles, want the agent's", len(roles))
+		t.Fatalf("%d ClusterRoles named %s, want the agent's", len(roles), bound[0])
 	}
 	want := map[string][]string{
 		"resource.k8s.io/resourceslices":        {"create", "delete", "list", "update", "watch"},

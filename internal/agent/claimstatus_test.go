@@ -64,12 +64,23 @@ func gpuEntry(t *testing.T, a *testAgent, c *resourceapi.ResourceClaim) (resourc
 	return entry, data
 }
 
-// statusWrites counts the fake API server's writes to claims' status.
+// statusWrites counts the fake API server's writes to claims' status
+// (not the status authorization check's dry runs, which store nothing).
 func statusWrites(a *testAgent) int {
 	n := 0
 	for _, act := range a.client.Actions() {
-		if act.GetResource().Resource == "resourceclaims" && act.GetSubresource() == "status" && (act.GetVerb() == "patch" || act.GetVerb() == "update") {
-			n++
+		if act.GetResource().Resource != "resourceclaims" || act.GetSubresource() != "status" {
+			continue
+		}
+		switch act := act.(type) {
+		case k8stesting.UpdateActionImpl:
+			if len(act.UpdateOptions.DryRun) == 0 {
+				n++
+			}
+		case k8stesting.PatchActionImpl:
+			if len(act.PatchOptions.DryRun) == 0 {
+				n++
+			}
 		}
 	}
 	return n

@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
@@ -91,7 +92,32 @@ func (n *node) start(cmd *exec.Cmd, p *corev1.Pod) {
 		n.t.Fatal(err)
 	}
 	n.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	execed(n.t, cmd)
 	n.place(cmd.Process.Pid, p)
+}
+
+// execed waits until cmd's process runs its program with its
+// environment: between fork and exec /proc shows the test's environment,
+// and for a moment after the exec an empty one (the kernel names the
+// task before it sets up the new stack). A real GPU process is listed by
+// NVML only once it has a CUDA context, long after.
+func execed(t testing.TB, cmd *exec.Cmd) {
+	t.Helper()
+	want := ""
+	for _, e := range cmd.Env {
+		want += e + "\x00"
+	}
+	err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid))
+		if err != nil || strings.TrimSpace(string(comm)) != filepath.Base(cmd.Path) {
+			return false, nil
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cmd.Process.Pid))
+		return err == nil && (cmd.Env == nil || string(env) == want), nil
+	})
+	if err != nil {
+		t.Fatalf("%s did not start its program: %v", cmd.Path, err)
+	}
 }
 
 // place makes the test's /proc show PID pid as a process of pod p.
