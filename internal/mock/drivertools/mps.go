@@ -294,6 +294,12 @@ func runDaemon(pipe, logDir string, ready bool) error {
 		_, _ = f.Write([]byte("ready"))
 		f.Close()
 	}
+	return d.acceptUntilQuit(ln)
+}
+
+// acceptUntilQuit serves connections one at a time until a quit command
+// or SIGTERM/SIGINT.
+func (d *daemon) acceptUntilQuit(ln net.Listener) error {
 	quit := make(chan struct{})
 	var once sync.Once
 	signals := make(chan os.Signal, 1)
