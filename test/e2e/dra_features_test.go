@@ -167,13 +167,13 @@ func TestClaimStatusGPU(t *testing.T) {
 	// must see; more shows at the end.
 	for deadline := time.Now().Add(10 * time.Second); watched() < 2 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 	}
-	n, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_claim_status_writes_total{driver="gpu.hwdra.io",result="success"}`)
+	n, err := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{driver="gpu.hwdra.io",result="success"}`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := 0
 	for _, r := range []string{"refused", "gone", "error"} {
-		v, _ := framework.AgentMetric("127.0.0.1:9464", `hwdra_claim_status_writes_total{driver="gpu.hwdra.io",result="`+r+`"}`)
+		v, _ := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{driver="gpu.hwdra.io",result="`+r+`"}`)
 		x, _ := strconv.Atoi(v)
 		other += x
 	}

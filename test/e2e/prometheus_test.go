@@ -77,7 +77,7 @@ func TestPrometheusGPUsByPod(t *testing.T) {
 	}
 	dcgm := framework.StartDCGMStandIn(t, mockDir, s.n.Name, h100Model)
 	prom := s.n.StartPrometheus(t, []framework.ScrapeTarget{
-		{Job: "hwdra-agent", Address: "127.0.0.1:9464", HonorLabels: true, Labels: map[string]string{"node": s.n.Name}},
+		{Job: "hwdra-agent", Address: framework.AgentAddr, HonorLabels: true, Labels: map[string]string{"node": s.n.Name}},
 		{Job: "dcgm-exporter", Address: dcgm.Addr},
 	}, rules)
 	began := time.Now()

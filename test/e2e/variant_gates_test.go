@@ -468,7 +468,7 @@ func startGateOff(t *testing.T, off []string, named map[string]string) *gateOff 
 		if !strings.Contains(body, gate) || !strings.Contains(body, lost) {
 			t.Errorf("/readyz does not name %s and what it costs (%q)", gate, lost)
 		}
-		if got, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_feature_disabled{feature="`+gate+`"}`); err != nil || got != "1" {
+		if got, err := framework.AgentMetric(framework.AgentAddr, `hwdra_feature_disabled{feature="`+gate+`"}`); err != nil || got != "1" {
 			t.Errorf("hwdra_feature_disabled{feature=%q} = %q (%v), want 1", gate, got, err)
 		}
 	}
