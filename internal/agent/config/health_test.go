@@ -7,6 +7,7 @@ import (
 )
 
 func TestParseHealth(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		yaml    string

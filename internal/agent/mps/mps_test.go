@@ -260,6 +260,8 @@ func TestStartCancelledDuringLaunch(t *testing.T) {
 				cancel()
 				return
 			}
+			// Polled at 1 ms, not through waitfor: the cancel must land
+			// inside the launch's short window, from this goroutine.
 			time.Sleep(time.Millisecond)
 		}
 	}()

@@ -173,7 +173,7 @@ func bigEnvHelper() {
 	}
 	fmt.Println("ready")
 	for {
-		time.Sleep(time.Hour)
+		time.Sleep(time.Hour) // the helper process idles until the test kills it
 	}
 }
 
