@@ -10,6 +10,7 @@ import (
 // TestGpuSharing: a sharing strategy decodes with its defaults, and every
 // bad one is refused naming the field.
 func TestGpuSharing(t *testing.T) {
+	t.Parallel()
 	const gpu = "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\n"
 	decode := func(doc string) (*gpuv1alpha1.GpuConfig, error) {
 		obj, err := Decode([]byte(gpu + doc))
