@@ -18,7 +18,7 @@ import (
 // its condition holds, and seldom enough over long timeouts (an API server,
 // a kubelet) that the polling itself is no load.
 func interval(timeout time.Duration) time.Duration {
-	return min(max(timeout/1000, 5*time.Millisecond), 200*time.Millisecond)
+	return min(max(timeout/300, 5*time.Millisecond), 250*time.Millisecond)
 }
 
 // Check polls cond, first at once, until it returns nil; after timeout, or
