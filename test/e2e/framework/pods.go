@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // CreateNamespace makes a fresh namespace for t, waits for its default
@@ -27,17 +29,11 @@ func (n *Node) CreateNamespace(t testing.TB, prefix string) string {
 	t.Cleanup(func() {
 		_ = n.Admin.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.NoError(t, "namespace "+ns.Name+"'s default ServiceAccount", 30*time.Second, func() error {
 		_, err := n.Admin.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})
-		if err == nil {
-			return ns.Name
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("namespace %s: no default ServiceAccount: %v", ns.Name, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
+	return ns.Name
 }
 
 // TestAppPod is a pod running the test app, which prints its environment

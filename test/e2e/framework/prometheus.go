@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/common/model"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // EnvPrometheus is the directory with prometheus and promtool
@@ -125,15 +127,16 @@ func (n *Node) StartPrometheus(t testing.TB, targets []ScrapeTarget, rules []byt
 		t.Fatal(err)
 	}
 	p.API = promv1.NewAPI(client)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := p.API.Buildinfo(context.Background()); err == nil {
-			return p
-		} else if time.Now().After(deadline) || !p.proc.Running() {
-			t.Fatalf("prometheus did not answer within 60s: %v\n%s", err, p.proc.Tail(40))
+	if err := waitfor.Check(context.Background(), "prometheus answering", 60*time.Second, func() error {
+		_, err := p.API.Buildinfo(context.Background())
+		if err != nil && !p.proc.Running() {
+			t.Fatalf("prometheus exited: %v\n%s", err, p.proc.Tail(40))
 		}
-		time.Sleep(200 * time.Millisecond)
+		return err
+	}); err != nil {
+		t.Fatalf("%v\n%s", err, p.proc.Tail(40))
 	}
+	return p
 }
 
 // Query evaluates an instant query now.
