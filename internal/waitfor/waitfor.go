@@ -21,18 +21,35 @@ func interval(timeout time.Duration) time.Duration {
 	return min(max(timeout/300, 5*time.Millisecond), 250*time.Millisecond)
 }
 
+// stopped is an error that ends a Check at once.
+type stopped struct{ error }
+
+func (s stopped) Unwrap() error { return s.error }
+
+// Stop marks an error of cond as final: Check returns it at once instead
+// of polling on (a process that exited, an API error no retry mends).
+func Stop(err error) error { return stopped{err} }
+
 // Check polls cond, first at once, until it returns nil; after timeout, or
 // once ctx ends, it returns an error naming what, the time waited and
-// cond's last error.
+// cond's last error. An error made by Stop ends it at once.
 func Check(ctx context.Context, what string, timeout time.Duration, cond func() error) error {
 	var last error
 	start := time.Now()
 	err := wait.PollUntilContextTimeout(ctx, interval(timeout), timeout, true, func(context.Context) (bool, error) {
 		last = cond()
+		var s stopped
+		if errors.As(last, &s) {
+			return false, s.error
+		}
 		return last == nil, nil
 	})
 	if err == nil {
 		return nil
+	}
+	var s stopped
+	if errors.As(last, &s) {
+		return fmt.Errorf("%s: %w", what, s.error)
 	}
 	if last == nil {
 		last = err

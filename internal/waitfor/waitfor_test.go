@@ -43,6 +43,30 @@ func TestCheckNamesWhatAndLastError(t *testing.T) {
 	}
 }
 
+// TestCheckStops: an error made by Stop ends the wait at once, and is
+// returned, without the timeout's wording.
+func TestCheckStops(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("the process exited")
+	var calls atomic.Int32
+	start := time.Now()
+	err := Check(t.Context(), "containerd up", time.Hour, func() error {
+		if calls.Add(1) < 3 {
+			return errors.New("not yet")
+		}
+		return Stop(cause)
+	})
+	if !errors.Is(err, cause) || strings.Contains(err.Error(), "not within") || !strings.Contains(err.Error(), "containerd up") {
+		t.Fatalf("error %v, want the stopping cause named with what", err)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Errorf("condition called %d times, want 3", n)
+	}
+	if d := time.Since(start); d > time.Minute {
+		t.Errorf("a stopped wait took %v", d)
+	}
+}
+
 // TestUntilEndsWithContext: a cancelled context ends the wait at once.
 func TestUntilEndsWithContext(t *testing.T) {
 	t.Parallel()
