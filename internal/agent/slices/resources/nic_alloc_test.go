@@ -165,8 +165,8 @@ func TestNICDistinctPF(t *testing.T) {
 		distinct   bool
 	}{
 		{"no constraint", nil, false},
-		{"distinct pfName", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICDriver + "/pfName"))}, true},
-		{"distinct pfPciAddress", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICDriver + "/pfPciAddress"))}, true},
+		{"distinct pfName", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICAttrPFName))}, true},
+		{"distinct pfPciAddress", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICAttrPFPCIAddress))}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := nicAllocator(t, pfs)
