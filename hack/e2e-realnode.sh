@@ -14,4 +14,5 @@ export HWDRA_REALNODE_BIN="$bin"
 # node's binaries).
 HWDRA_PROMETHEUS_BIN=$(hack/build-prometheus.sh)
 export HWDRA_PROMETHEUS_BIN
-exec go test ./test/e2e/ -count=1 -timeout 30m -v "$@"
+# The whole suite took 20 min on a shared 2-core machine (2026-12-06).
+exec go test ./test/e2e/ -count=1 -timeout 45m -v "$@"

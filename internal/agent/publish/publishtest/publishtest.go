@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package publishtest makes a fake API server (client-go's fake clientset)
 // that behaves as the real one where the ResourceSlice controllers and the
 // publisher rely on it, for tests of the publisher and of the agent.
