@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package waitfor is the one way tests wait: a condition polled until it
 // holds or a timeout passes (apimachinery's wait.PollUntilContextTimeout),
 // and its converse, a condition that must not hold for a while. Tests wait
