@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/hwdra/hwdra/internal/backend/nvml"
@@ -290,24 +291,47 @@ func (m *Manager) Stop(ctx context.Context, id string) error {
 }
 
 // kill ends a recorded daemon's process if it still runs: it is given
-// a moment (after a quit), then SIGTERM, then SIGKILL.
+// a moment (after a quit), then SIGTERM, then SIGKILL. Signals go through
+// a pidfd opened while the PID is confirmed to be the daemon (its start
+// time): a PID reused since (by a tenant's process) is never signalled,
+// not even in the moment between the check and the signal.
 func (m *Manager) kill(r record) error {
+	if r.PID <= 0 {
+		return nil
+	}
+	fd, err := unix.PidfdOpen(r.PID, 0)
+	if err != nil {
+		return nil // gone (ESRCH)
+	}
+	defer unix.Close(fd)
 	running := func() bool {
+		// The pidfd names the process opened; the start time confirms it
+		// was the daemon's (a pidfd of a reused PID reads another one,
+		// and /proc of an ended one reads nothing or another process).
 		st, err := procstat.StartTime(r.PID)
-		return r.PID > 0 && err == nil && st == r.StartTime
+		return err == nil && st == r.StartTime && unix.PidfdSendSignal(fd, 0, nil, 0) == nil
 	}
 	for _, sig := range []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL} {
+		if !running() {
+			return nil
+		}
 		if sig != 0 {
-			_ = syscall.Kill(r.PID, sig)
+			_ = unix.PidfdSendSignal(fd, sig, nil, 0)
 		}
 		for deadline := time.Now().Add(2 * time.Second); running() && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
-		if !running() {
-			return nil
-		}
+	}
+	if !running() {
+		return nil
 	}
 	return fmt.Errorf("MPS daemon %s: process %d does not end", r.Spec.ID, r.PID)
+}
+
+// PID is a recorded daemon's process ID (0 before it ran).
+func (m *Manager) PID(id string) int {
+	r, _ := m.state.Get(id)
+	return r.PID
 }
 
 // Supervise checks every recorded daemon and starts each that is down
