@@ -64,16 +64,26 @@ func Decode(data []byte) (Object, error) {
 		return nil, err
 	}
 	obj, _, err := decoder.Decode(js, nil, nil)
-	if err != nil {
+	_, strictOnly := runtime.AsStrictDecodingError(err)
+	if err != nil && (!strictOnly || obj == nil) {
 		return nil, decodeError(js, err)
 	}
 	o, ok := obj.(Object)
 	if !ok {
 		return nil, fmt.Errorf("%s is not a configuration type", obj.GetObjectKind().GroupVersionKind().Kind)
 	}
+	// Unknown or duplicate fields leave the rest decoded: its problems
+	// are said with theirs, every one at once.
+	var errs []error
+	if err != nil {
+		errs = append(errs, decodeError(js, err))
+	}
 	o.Default()
-	if errs := o.Validate(); len(errs) > 0 {
-		return nil, errs.ToAggregate()
+	if invalid := o.Validate(); len(invalid) > 0 {
+		errs = append(errs, invalid.ToAggregate().Errors()...)
+	}
+	if len(errs) > 0 {
+		return nil, utilerrors.Flatten(utilerrors.NewAggregate(errs))
 	}
 	return o, nil
 }
@@ -147,6 +157,9 @@ func checkKind(js []byte) error {
 	}
 	if scheme.Recognizes(gv.WithKind(kind)) {
 		return nil
+	}
+	if gv.Group == nvidiaConfigGroup {
+		return field.Invalid(field.NewPath("apiVersion"), apiVersion, kind+" is "+convertHint)
 	}
 	var versions []string
 	for _, known := range scheme.PrioritizedVersionsAllGroups() {

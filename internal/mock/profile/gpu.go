@@ -1,6 +1,7 @@
 package profile
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -39,13 +40,8 @@ func (g GPUGroup) validate() error {
 			return fmt.Errorf("numaNodes[%d]: %d is not a NUMA node (-1 for none)", i, n)
 		}
 	}
-	if err := g.validateMIG(m); err != nil {
-		return err
-	}
-	if _, err := g.Timings.Durations(); err != nil {
-		return err
-	}
-	return g.validateVGPU(m)
+	_, timings := g.Timings.Durations()
+	return errors.Join(g.validateMIG(m), timings, g.validateVGPU(m))
 }
 
 func (g GPUGroup) validateMIG(m *model.GPU) error {

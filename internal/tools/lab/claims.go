@@ -37,25 +37,27 @@ const stdinPath = manifestfiles.Stdin
 // given DeviceClasses, applies the defaults the API server would and
 // validates the claims as it would. It returns the groups to allocate in
 // order and a line for each thing worth saying: what it skipped and why,
-// what each pod gets. Every problem of every file is reported, and any
-// problem means no claims.
-func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceClass) ([]claimGroup, []string, error) {
+// what each pod gets. The files' DeviceClasses join the given ones (one
+// of the same name replaced): the classes to allocate with. Every problem
+// of every file is reported, and any problem means no claims.
+func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceClass) ([]claimGroup, []*resourceapi.DeviceClass, []string, error) {
 	if len(paths) == 0 {
-		return nil, nil, errors.New("no --claim given")
+		return nil, nil, nil, errors.New("no --claim given")
 	}
 	files, err := manifestfiles.Expand(paths)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--claim: %w", err)
+		return nil, nil, nil, fmt.Errorf("--claim: %w", err)
 	}
 	type read struct {
 		path string
 		manifest
 	}
 	var (
-		all   []read
-		errs  []error
-		notes []string
-		seen  = map[string]*readClaim{} // by kind, namespace and name
+		all         []read
+		fileClasses []*readClass
+		errs        []error
+		notes       []string
+		seen        = map[string]*readClaim{} // by kind, namespace and name
 	)
 	for _, file := range files {
 		docs, err := readDocuments(file, stdin)
@@ -82,16 +84,21 @@ func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceCl
 				f.claims = append(f.claims, c)
 			}
 			f.pods = append(f.pods, m.pods...)
+			fileClasses = append(fileClasses, m.classes...)
 			f.notes = append(f.notes, m.notes...)
 		}
 		all = append(all, f)
 	}
-	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
+	classes, classNotes, err := mergeClasses(classes, fileClasses)
+	if err != nil {
+		errs = append(errs, err)
 	}
+	notes = append(notes, classNotes...)
 
-	// Pods first: which claims they take.
+	// Pods first: which claims they take; after errors above too, as
+	// kubectl reports every object's.
 	r := newResolver(seen, classes)
+	r.incomplete = len(errs) > 0
 	podGroups := make([][]claimGroup, len(all))
 	for i, f := range all {
 		for _, p := range f.pods {
@@ -107,7 +114,7 @@ func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceCl
 		}
 	}
 	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
+		return nil, nil, nil, errors.Join(errs...)
 	}
 	// Then each file: the claims no pod names, together; its pods.
 	var out []claimGroup
@@ -125,9 +132,9 @@ func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceCl
 		out = append(out, podGroups[i]...)
 	}
 	if len(out) == 0 {
-		return nil, notes, errors.New("nothing to allocate: no claim, claim template or pod that asks for devices in the files given")
+		return nil, nil, notes, errors.New("nothing to allocate: no claim, claim template or pod that asks for devices in the files given")
 	}
-	return out, notes, nil
+	return out, classes, notes, nil
 }
 
 // claimKey names a claim or a template for duplicates and lookups.
@@ -185,7 +192,7 @@ func prepareClaim(claim *resourceapi.ResourceClaim, template *resourceapi.Resour
 		claim.Namespace = "default"
 	}
 	setDefaults(&claim.Spec)
-	if err := validate(claim, template); err != nil {
+	if err := errors.Join(validate(claim, template), configErrors(claim)); err != nil {
 		return err
 	}
 	claim.UID = claimUID(claim)

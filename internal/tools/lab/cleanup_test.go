@@ -174,18 +174,20 @@ func mpsDaemons(stateDir string) []int {
 func TestLabUndoesAfterABadFile(t *testing.T) {
 	d := persistentMock(t, "dgx-h100", nil)
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	if err := os.WriteFile(bad, []byte(claimYAML("bad-config", "exactly: {deviceClassName: gpu.hwdra.io}")+`    config:
+	// A config that reads well and that only prepare, which knows the
+	// device, refuses: a 1g.10gb partition has no 2-slice compute instance.
+	if err := os.WriteFile(bad, []byte(claimYAML("bad-config", `exactly: {deviceClassName: mig.gpu.hwdra.io, selectors: [{cel: {expression: 'device.attributes["gpu.hwdra.io"].profile == "1g.10gb"'}}]}`)+`    config:
     - requests: [gpu]
       opaque:
         driver: gpu.hwdra.io
-        parameters: {apiVersion: gpu.hwdra.io/v1alpha1, kind: GpuConfig, colour: red}
+        parameters: {apiVersion: gpu.hwdra.io/v1alpha1, kind: GpuConfig, mig: {computeInstanceSlices: 2}}
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
 	err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", StateDir: d.state, CDIDir: d.cdi,
 		ClaimFiles: append(examples("gpu-mps.yaml"), bad)})
-	if err == nil || !strings.Contains(err.Error(), `prepare bad-config: claim default/bad-config: request "gpu", config[0] from the claim: unknown field "colour"`) {
+	if err == nil || !strings.Contains(err.Error(), `prepare bad-config: claim default/bad-config: request "gpu", device gpu-0000-`) {
 		t.Errorf("error %v, want the bad file's", err)
 	}
 	checkNothingLeft(t, d)

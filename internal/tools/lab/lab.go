@@ -134,14 +134,14 @@ func withLogger(ctx context.Context, out io.Writer) context.Context {
 		textlogger.Output(&linePrefixer{w: out, prefix: "log: "}), textlogger.WithHeader(false))))
 }
 
-// readInput reads the DeviceClasses the lab allocates with and the
-// claims of the files, their notes shown.
+// readInput reads the claims of the files and the DeviceClasses the lab
+// allocates with (the chart's and the files'), their notes shown.
 func readInput(out io.Writer, opts Options) ([]*resourceapi.DeviceClass, []claimGroup, error) {
 	classes, err := deploy.DeviceClasses()
 	if err != nil {
 		return nil, nil, err
 	}
-	groups, notes, err := readClaims(opts.ClaimFiles, opts.Stdin, classes)
+	groups, classes, notes, err := readClaims(opts.ClaimFiles, opts.Stdin, classes)
 	if len(notes) > 0 {
 		section(out, "Manifests")
 		for _, n := range notes {
@@ -216,7 +216,10 @@ func (r *run) allocate(ctx context.Context, objs []*resourceapi.ResourceSlice, c
 	out := r.out
 	results := allocateGroups(ctx, objs, classes, groups)
 	section(out, "Allocation (the scheduler's allocator)")
-	var claims []*resourceapi.ResourceClaim
+	var (
+		claims  []*resourceapi.ResourceClaim
+		refused []error
+	)
 	for _, res := range results {
 		if len(res.why) > 0 {
 			fmt.Fprintf(out, "%s: not allocated (why: at the end)\n", res.group.name)
@@ -229,13 +232,16 @@ func (r *run) allocate(ctx context.Context, objs []*resourceapi.ResourceSlice, c
 			for _, note := range capacityNotes(c) {
 				fmt.Fprintln(out, note)
 			}
-			// Drivers skip configs that are not theirs: say so before the
-			// claim is prepared with defaults.
+			// A config no driver reads: the agent refuses the claim at
+			// prepare; every such config of every claim is said here.
 			for _, u := range api.UnappliedConfigs(c) {
-				fmt.Fprintf(out, "warning: claim %s: %s; the claim is prepared as if it were not there\n", c.Name, u)
+				refused = append(refused, fmt.Errorf("claim %s: %s", c.Name, u))
 			}
 		}
 		claims = append(claims, res.group.claims...)
+	}
+	if len(refused) > 0 {
+		return nil, results, fmt.Errorf("the agent refuses these claims at prepare:\n  %w", errors.Join(refused...))
 	}
 	return claims, results, nil
 }

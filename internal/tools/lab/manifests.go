@@ -25,9 +25,17 @@ import (
 // claims and claim templates, pods (a Pod's, or those a workload would
 // run), or a line saying why it is skipped; a List holds several.
 type manifest struct {
-	claims []*readClaim
-	pods   []*readPod
-	notes  []string
+	claims  []*readClaim
+	pods    []*readPod
+	classes []*readClass
+	notes   []string
+}
+
+// readClass is a DeviceClass of the files: the lab allocates with it,
+// beside the chart's or over one of the same name.
+type readClass struct {
+	at    string
+	class *resourceapi.DeviceClass
 }
 
 // readClaim is a ResourceClaim or a ResourceClaimTemplate as read,
@@ -86,6 +94,7 @@ func decodeDocument(at string, doc json.RawMessage) (manifest, error) {
 			errs = append(errs, err)
 			out.claims = append(out.claims, m.claims...)
 			out.pods = append(out.pods, m.pods...)
+			out.classes = append(out.classes, m.classes...)
 			out.notes = append(out.notes, m.notes...)
 		}
 		return out, errors.Join(errs...)
@@ -129,6 +138,14 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 		}
 		t.Namespace, t.Spec.Spec = c.Namespace, c.Spec // defaulted
 		m.claims = append(m.claims, &readClaim{at: at, claim: c, template: t})
+	case resourceapi.SchemeGroupVersion.WithKind("DeviceClass"),
+		resourcev1beta2.SchemeGroupVersion.WithKind("DeviceClass"),
+		resourcev1beta1.SchemeGroupVersion.WithKind("DeviceClass"):
+		c, err := decodeClass(strict)
+		if err != nil {
+			return m, err
+		}
+		m.classes = append(m.classes, &readClass{at: at, class: c})
 	case corev1.SchemeGroupVersion.WithKind("Pod"):
 		p := &corev1.Pod{}
 		if err := strict(p); err != nil {
@@ -189,8 +206,6 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 		}
 		why := "the lab reads ResourceClaims, ResourceClaimTemplates, Pods and the pods of Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs and CronJobs"
 		switch {
-		case gv.Group == resourceapi.GroupName && gvk.Kind == "DeviceClass":
-			why = "the lab allocates with the chart's DeviceClasses"
 		case gv.Group == resourceapi.GroupName && gvk.Kind == "ResourceSlice":
 			why = "the lab publishes the slices of --hardware"
 		}
@@ -200,10 +215,27 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 	if gv.Version != resourceapi.SchemeGroupVersion.Version && gv.Group == resourceapi.GroupName {
 		m.notes = append(m.notes, fmt.Sprintf("%s: %s, converted to %s as the API server does", object, gv, resourceapi.SchemeGroupVersion))
 	}
-	if len(m.pods) == 0 && len(m.claims) == 0 {
+	if len(m.pods) == 0 && len(m.claims) == 0 && len(m.classes) == 0 {
 		m.notes = append(m.notes, object+": runs no pod (0 replicas)")
 	}
 	return m, nil
+}
+
+// decodeClass decodes a DeviceClass of any served version as v1: the
+// versions' DeviceClassSpecs are the same fields. Its name is required,
+// as the API server requires it.
+func decodeClass(strict func(any) error) (*resourceapi.DeviceClass, error) {
+	c := &resourceapi.DeviceClass{}
+	if err := strict(c); err != nil {
+		return nil, err
+	}
+	if c.Name == "" {
+		return nil, errors.New("metadata.name: Required value (a DeviceClass's name is what claims ask for)")
+	}
+	if c.Namespace != "" {
+		return nil, fmt.Errorf("metadata.namespace: Invalid value %q: a DeviceClass is cluster-scoped", c.Namespace)
+	}
+	return c, nil
 }
 
 // workloadPods are the pods a workload runs from its template, n of
