@@ -52,6 +52,12 @@ func TestDecodeErrorsInTheDocumentsTerms(t *testing.T) {
 		{"unquoted hex ID", agent + "nics:\n- {}\n- select: {deviceIDs: [\"101b\", 1021]}\n", "nics[1].select.deviceIDs[1]: Invalid value: 1021: must be a string (quote it)"},
 		{"number for an optional object", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\nmig: 5\n", "mig: Invalid value: 5: must be an object"},
 		{"negative XID", agent + "health:\n  xids: {ignore: [63, -1]}\n", "health.xids.ignore[1]: Invalid value: -1: must be a non-negative integer"},
+		// A value its own type refuses (found by FuzzDecode: the quantity's
+		// error named no field).
+		{"bad quantity", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\nsharing: {strategy: MPS, mps: {defaultPinnedDeviceMemoryLimit: 10 GB}}\n",
+			`sharing.mps.defaultPinnedDeviceMemoryLimit: Invalid value: "10 GB": quantities must match the regular expression`},
+		{"list key", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\n? [a]\n: 1\n", "a key is null, a list or an object: keys must be strings"},
+		{"null key", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\n~: 1\n", "a key is null, a list or an object: keys must be strings"},
 		// Bad values: validation, every problem at once.
 		{"bad values", vf + "mtu: 20\nvlan: 5000\n", "[mtu: Invalid value: 20: must be between 68 and 9216, vlan: Invalid value: 5000: must be between 0 and 4094]"},
 	} {

@@ -148,3 +148,30 @@ func TestUnappliedConfigs(t *testing.T) {
 		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestLayers: each configuration that applies to a request, in order, as
+// written (a field it leaves out stays unset: the caller tells the class's
+// settings from the claim's), with its source.
+func TestLayers(t *testing.T) {
+	c := claimWith(
+		opaque(resourceapi.AllocationConfigSourceClass, "sriov.hwdra.io", vf+`,"vlan":100,"trust":true}`),
+		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"mtu":1500}`, "net"),
+		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"mtu":4000}`, "other"),
+	)
+	layers, err := Layers(c, "sriov.hwdra.io", "net", &sriovv1alpha1.VfConfig{})
+	if err != nil || len(layers) != 2 {
+		t.Fatalf("%+v %v", layers, err)
+	}
+	class, claim := layers[0], layers[1]
+	if !class.Class || class.From != "config[0] from the DeviceClass" || *class.Config.VLAN != 100 || !*class.Config.Trust || class.Config.SpoofCheck != nil {
+		t.Errorf("the class's layer: %+v %+v", class, class.Config)
+	}
+	if claim.Class || claim.From != "config[1] from the claim" || *claim.Config.MTU != 1500 || claim.Config.Trust != nil || claim.Config.SpoofCheck != nil {
+		t.Errorf("the claim's layer, as written: %+v %+v", claim, claim.Config)
+	}
+	// Validation still sees the document as defaulted.
+	bad := claimWith(opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"vlanQoS":3}`))
+	if _, err := Layers(bad, "sriov.hwdra.io", "net", &sriovv1alpha1.VfConfig{}); err == nil || !strings.Contains(err.Error(), "vlanQoS: Invalid value: 3: needs a vlan") {
+		t.Errorf("got %v", err)
+	}
+}

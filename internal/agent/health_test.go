@@ -168,6 +168,36 @@ func prepareClaims(t testing.TB, a *testAgent, driver string, claims ...*resourc
 			t.Fatalf("prepare %s: %+v", c.Name, r)
 		}
 	}
+	// A share's MPS daemon outlives the agent by design: unprepared here,
+	// before the agent stops (cleanups run last-in first-out), or it runs
+	// on after the test. A test that stopped the agent itself unprepares
+	// first (unprepareClaims).
+	t.Cleanup(func() {
+		if a.cancel != nil {
+			unprepareClaims(t, a, driver, claims...)
+		}
+	})
+}
+
+// unprepareClaims unprepares claims through the driver's kubelet plugin
+// (idempotent: claims unprepared before are no error).
+func unprepareClaims(t testing.TB, a *testAgent, driver string, claims ...*resourceapi.ResourceClaim) {
+	t.Helper()
+	dra := drapb.NewDRAPluginClient(a.dial(filepath.Join(a.dir, "plugins", driver, "dra.sock")))
+	var pb []*drapb.Claim
+	for _, c := range claims {
+		pb = append(pb, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
+	}
+	resp, err := dra.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{Claims: pb})
+	if err != nil {
+		t.Errorf("unprepare: %v", err)
+		return
+	}
+	for _, c := range claims {
+		if r := resp.Claims[string(c.UID)]; r == nil || r.Error != "" {
+			t.Errorf("unprepare %s: %+v", c.Name, r)
+		}
+	}
 }
 
 // migOn asks for a MIG partition of a profile at a placement of one GPU.

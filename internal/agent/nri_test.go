@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	resourceapi "k8s.io/api/resource/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -23,6 +24,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	agentmeta "github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/internal/agent/podnet/nritest"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
@@ -40,12 +42,21 @@ type nriRig struct {
 	slice []*resourceapi.ResourceSlice
 }
 
-func startNRIRig(t testing.TB, profile string) *nriRig {
+func startNRIRig(t testing.TB, profile string, more ...func(*Options)) *nriRig {
 	t.Helper()
 	r := &nriRig{t: t, host: nritest.HostNetns(t)}
 	sock := filepath.Join(t.TempDir(), "nri.sock")
 	r.rt = nritest.Start(t, sock, nil)
-	r.a = startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock})
+	// The claims of these tests choose their VF's MAC address.
+	cfg := filepath.Join(t.TempDir(), "agent-config.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nvfPolicy: {allowMAC: true}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock, ConfigPath: cfg}
+	for _, f := range more {
+		f(&opts)
+	}
+	r.a = startAgentWith(t, opts)
 	r.slice = r.a.slices(device.NICDriver, nil)
 	r.dra = drapb.NewDRAPluginClient(r.a.dial(filepath.Join(r.a.dir, "plugins", device.NICDriver, "dra.sock")))
 	return r
@@ -231,15 +242,41 @@ func TestNRIMetadataAndStatus(t *testing.T) {
 	}
 	// Both statuses are stored; the writer counts each write once the API
 	// answered, a moment after it is stored.
-	waitFor(t, "both status writes counted", func() bool { return r.a.counter(`hwdra_claim_status_writes_total{result="success"}`) >= 2 })
-	if got := r.a.metric(`hwdra_claim_status_writes_total{result="success"}`); got != "2" {
+	waitFor(t, "both status writes counted", func() bool {
+		return r.a.counter(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`) >= 2
+	})
+	if got := r.a.metric(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`); got != "2" {
 		t.Errorf("status writes: %q, want 2 (one per claim)", got)
 	}
 	if err := r.stop(sb); err != nil {
 		t.Fatal(err)
 	}
+	// The sandbox stopped: each claim's entry says the interface is gone
+	// (NetworkReady False, no networkData), the VF still prepared (Ready);
+	// one more write per claim, none at the sandbox's removal after.
+	for _, c := range []*resourceapi.ResourceClaim{tmpl, direct} {
+		waitFor(t, c.Name+"'s status after the sandbox stopped", func() bool {
+			got, err := r.a.client.ResourceV1().ResourceClaims("default").Get(context.Background(), c.Name, metav1.GetOptions{})
+			if err != nil || len(got.Status.Devices) != 1 {
+				return false
+			}
+			st := got.Status.Devices[0]
+			ready, network := apimeta.FindStatusCondition(st.Conditions, agentmeta.ConditionReady), apimeta.FindStatusCondition(st.Conditions, agentmeta.ConditionNetworkReady)
+			return st.NetworkData == nil && ready != nil && ready.Status == metav1.ConditionTrue &&
+				network != nil && network.Status == metav1.ConditionFalse && network.Reason == agentmeta.ReasonSandboxStopped
+		})
+	}
+	if err := r.rt.RemovePodSandbox(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stop's status writes counted", func() bool {
+		return r.a.counter(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`) >= 4
+	})
 	r.unprepare(tmpl)
 	r.unprepare(direct)
+	if got := r.a.metric(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`); got != "4" {
+		t.Errorf("status writes: %q, want 4 (per claim: one at the sandbox's start, one at its stop)", got)
+	}
 }
 
 func readSpec(t testing.TB, path string) cdispec.Spec {

@@ -30,6 +30,7 @@ func (s *server) startPolicing(ctx context.Context, gpu *GPU) {
 		Events:   s.events(ctx),
 		Node:     nodeRef(s.opts.NodeName),
 		Observer: s.m,
+		ProcRoot: s.opts.procRoot,
 	})
 	ctx = klog.NewContext(ctx, klog.LoggerWithName(klog.FromContext(ctx), "police"))
 	go w.Run(ctx)

@@ -32,8 +32,9 @@ type DriverRoot struct {
 	// (empty means Path), /driver-root in the DaemonSet.
 	Mount string
 	// Host is where this process sees the node's "/" (the DaemonSet
-	// mounts it at /host); empty: "/". The known roots are looked for
-	// under it when Path is empty.
+	// mounts only the known roots under /host, and for "/" only the
+	// folders a driver installed on the node uses); empty: "/". The
+	// known roots are looked for under it when Path is empty.
 	Host string
 }
 

@@ -35,6 +35,9 @@ func openMock(spec string, logger klog.Logger) (*Node, error) {
 		NIC:        sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		NoDevNodes: !nodefs.CanMknod(),
 	}
+	if nics.HasVeths() {
+		n.VFLinks = nics
+	}
 	// The driver's installation is found as on a host, in the mock's
 	// node tree: the same search, the same layouts.
 	n.driver = DriverRoot{Host: m.HostRoot()}.Find()

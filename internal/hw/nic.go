@@ -112,6 +112,14 @@ type VFConfigurator interface {
 	SetVF(ref VFRef, cfg VFConfig) error
 }
 
+// VFLinks finds a VF's netdev in a network namespace (open as nsFD) where
+// the kernel cannot tell which PCI function a link belongs to: the mock's
+// veth stand-ins, which have no parent device. It returns the link's
+// ifindex and name, 0 and "" where the VF is not.
+type VFLinks interface {
+	VFLink(nsFD int, vfPCIAddress string) (index int, name string, err error)
+}
+
 // RDMANetns moves a VF's RDMA device between network namespaces with its
 // netdev. The kernel's RDMA subsystem is in one of two modes (`rdma
 // system`): shared, where every namespace sees every RDMA device and

@@ -107,7 +107,7 @@ func (s *scenario) waitReadyz(body string) {
 	var code int
 	var got string
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		resp, err := http.Get("http://127.0.0.1:9464/readyz")
+		resp, err := http.Get("http://" + framework.AgentAddr + "/readyz")
 		if err != nil {
 			s.t.Fatal(err)
 		}
@@ -139,10 +139,10 @@ func (s *scenario) checkWithdrawn(round int, why, source, timing string) {
 	s.waitGPUDevices(0)
 	framework.Timing(s.t, timing, time.Since(began))
 	s.waitReadyz("ok\n8 of 8 GPUs not published: NVIDIA's device plugin serves GPUs on this node: " + why + "\n")
-	if v, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_device_plugin_detected{source="`+source+`"}`); err != nil || v != "1" {
+	if v, err := framework.AgentMetric(framework.AgentAddr, `hwdra_device_plugin_detected{source="`+source+`"}`); err != nil || v != "1" {
 		s.t.Errorf("hwdra_device_plugin_detected{source=%q} = %q (%v), want 1", source, v, err)
 	}
-	if v, err := framework.AgentMetric("127.0.0.1:9464", "hwdra_device_plugin_gpus"); err != nil || v != "8" {
+	if v, err := framework.AgentMetric(framework.AgentAddr, "hwdra_device_plugin_gpus"); err != nil || v != "8" {
 		s.t.Errorf("hwdra_device_plugin_gpus = %q (%v), want 8", v, err)
 	}
 	s.waitLogged(round, "Leaving GPUs to NVIDIA's device plugin")
@@ -179,7 +179,7 @@ func (s *scenario) checkRestored(round int, want map[string]bool, timing string)
 		}
 	}
 	s.waitReadyz("ok\n")
-	if v, err := framework.AgentMetric("127.0.0.1:9464", "hwdra_device_plugin_gpus"); err != nil || v != "0" {
+	if v, err := framework.AgentMetric(framework.AgentAddr, "hwdra_device_plugin_gpus"); err != nil || v != "0" {
 		s.t.Errorf("hwdra_device_plugin_gpus = %q (%v), want 0", v, err)
 	}
 	s.waitLogged(round, "Publishing every GPU again")

@@ -47,10 +47,21 @@ type scenario struct {
 // before the agent stops.
 func startScenario(t *testing.T, name, hardware string, drivers ...string) *scenario {
 	t.Helper()
+	return startScenarioWith(t, name, hardware, nil, drivers...)
+}
+
+// startScenarioWith is startScenario with the chart's config value (nil:
+// the chart's default).
+func startScenarioWith(t *testing.T, name, hardware string, config map[string]any, drivers ...string) *scenario {
+	t.Helper()
 	n := framework.Shared(t)
 	ctx := context.Background()
 	since := n.KubeletLogSize()
-	agent := n.StartAgentPod(t, n.AgentPodValues(t, hardware))
+	values := n.AgentPodValues(t, hardware)
+	if config != nil {
+		values["config"] = config
+	}
+	agent := n.StartAgentPod(t, values)
 	for _, d := range drivers {
 		if _, err := n.WaitPoolsComplete(ctx, d, 60*time.Second); err != nil {
 			t.Fatal(err)

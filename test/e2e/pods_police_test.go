@@ -93,7 +93,7 @@ func listProcesses(t *testing.T, mockDir, gpu string, procs ...string) {
 // (hwdra_gpu_share_check_duration_seconds_count).
 func policeRounds(t *testing.T) int {
 	t.Helper()
-	v, err := framework.AgentMetric("127.0.0.1:9464", "hwdra_gpu_share_check_duration_seconds_count")
+	v, err := framework.AgentMetric(framework.AgentAddr, "hwdra_gpu_share_check_duration_seconds_count")
 	if err != nil {
 		t.Fatal(err)
 	}

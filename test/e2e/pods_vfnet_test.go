@@ -196,11 +196,11 @@ func waitNodeLinks(t *testing.T, want map[string]string) {
 func checkStatusWrites(t *testing.T, claims, maxRequests int) {
 	t.Helper()
 	// The agents of pod scenarios serve metrics on the default address.
-	ok, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_claim_status_writes_total{result="success"}`)
+	ok, err := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	failed, _ := framework.AgentMetric("127.0.0.1:9464", `hwdra_claim_status_writes_total{result="error"}`)
+	failed, _ := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="refused"}`)
 	n, _ := strconv.Atoi(ok)
 	f, _ := strconv.Atoi(failed)
 	t.Logf("claim status writes: %d written, %d refused (API requests)", n, f)
@@ -211,11 +211,12 @@ func checkStatusWrites(t *testing.T, claims, maxRequests int) {
 
 // TestPodVFDirectClaim: a pod with a directly referenced ResourceClaim
 // whose opaque VfConfig sets the interface's name, MTU, MAC and an address
-// runs with that interface; its metadata (under resourceclaims/) and the
-// claim's status say the same; deleting the pod and the claim gives the
-// node its links back as they were.
+// runs with that interface (the agent's vfPolicy lets claims choose a MAC
+// address); its metadata (under resourceclaims/) and the claim's status
+// say the same; deleting the pod and the claim gives the node its links
+// back as they were.
 func TestPodVFDirectClaim(t *testing.T) {
-	s := startScenario(t, "pod-vf-direct", "mock:cx7", nicDriver)
+	s := startScenarioWith(t, "pod-vf-direct", "mock:cx7", map[string]any{"vfPolicy": map[string]any{"allowMAC": true}}, nicDriver)
 	before := nodeLinks(t)
 	claim := shareClaim(t, "10G")
 	claim.Name = "fast-net"

@@ -5,12 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	resourcealpha "k8s.io/api/resource/v1alpha3"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -235,4 +239,65 @@ func capacityOf(s *resourcealpha.ShareableSummaryStatus, name resourceapi.Qualif
 		}
 	}
 	return nil
+}
+
+// TestPoolStatusUserRBAC: a user (a ServiceAccount's token) without a
+// binding is refused by `hwdra pool-status`; bound to the chart's
+// aggregated ClusterRole hwdra-pool-status (its rules aggregated by the
+// controller manager from hwdra-pool-status-rules), the same command
+// reports the node's pools, and the user may ask Kubernetes' own counts
+// (a ResourcePoolStatusRequest) but write no ResourceSlice.
+func TestPoolStatusUserRBAC(t *testing.T) {
+	n := framework.Shared(t)
+	ctx := context.Background()
+	ns := n.CreateNamespace(t, "pool-reader")
+	if _, err := n.Admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "planner"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := n.ServiceAccountCredentials(ctx, ns, "planner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func() (string, error) {
+		out, err := exec.Command(framework.HwdraBinary(t), "pool-status", "--kubeconfig", creds.Kubeconfig, "--node", n.Name).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run(); err == nil || !strings.Contains(out, "forbidden") {
+		t.Fatalf("hwdra pool-status without a binding: %v\n%s", err, out)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "pool-reader-" + ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "hwdra-pool-status"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "planner", Namespace: ns}},
+	}
+	if _, err := n.Admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = n.Admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
+	var out string
+	deadline := time.Now().Add(30 * time.Second) // the aggregation and the authorizer's cache
+	for {
+		if out, err = run(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hwdra pool-status bound to hwdra-pool-status: %v\n%s", err, out)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("hwdra pool-status as the bound user:\n%s", out)
+	req, err := creds.Client.ResourceV1alpha3().ResourcePoolStatusRequests().Create(ctx, &resourcealpha.ResourcePoolStatusRequest{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "planner-"}, Spec: resourcealpha.ResourcePoolStatusRequestSpec{Driver: gpuDriver},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("ResourcePoolStatusRequest as the bound user: %v", err)
+	}
+	if err := creds.Client.ResourceV1alpha3().ResourcePoolStatusRequests().Delete(ctx, req.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("deleting its ResourcePoolStatusRequest: %v", err)
+	}
+	if _, err := creds.Client.ResourceV1().ResourceSlices().Create(ctx, slice("planner-"+ns, gpuDriver, n.Name), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) {
+		t.Errorf("a ResourceSlice written as the bound user: %v, want forbidden", err)
+	}
 }

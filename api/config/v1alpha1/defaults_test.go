@@ -96,14 +96,25 @@ func TestDefaultDevicePlugin(t *testing.T) {
 	}
 }
 
-// TestDefaultGPUSettings: a gpus section without settings manages them; a
-// file without gpus keeps no section (package config reads that as
-// Manage too).
+// TestDefaultGPUSettings: a gpus section without settings manages them
+// and writes claim status; a file without gpus keeps no section (package
+// config reads that as Manage and Write too). An unknown claimStatus is
+// refused by name.
 func TestDefaultGPUSettings(t *testing.T) {
 	c := &AgentConfig{GPUs: &GPUConfig{}}
 	c.Default()
-	if c.GPUs.Settings != GPUSettingsManage {
-		t.Errorf("settings %q, want Manage", c.GPUs.Settings)
+	if c.GPUs.Settings != GPUSettingsManage || c.GPUs.ClaimStatus != GPUClaimStatusWrite {
+		t.Errorf("settings %q, claimStatus %q: want Manage, Write", c.GPUs.Settings, c.GPUs.ClaimStatus)
+	}
+	off := &AgentConfig{GPUs: &GPUConfig{ClaimStatus: GPUClaimStatusOff}}
+	off.Default()
+	if off.GPUs.ClaimStatus != GPUClaimStatusOff || len(off.Validate()) > 0 {
+		t.Errorf("claimStatus Off defaulted to %q, %v", off.GPUs.ClaimStatus, off.Validate())
+	}
+	bad := &AgentConfig{GPUs: &GPUConfig{ClaimStatus: "off"}}
+	bad.Default()
+	if errs := bad.Validate(); len(errs) != 1 || errs[0].Field != "gpus.claimStatus" {
+		t.Errorf("claimStatus off (lower case): %v", errs)
 	}
 	leave := &AgentConfig{GPUs: &GPUConfig{Settings: GPUSettingsLeave}}
 	leave.Default()

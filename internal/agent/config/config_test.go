@@ -221,6 +221,16 @@ func TestExample(t *testing.T) {
 	if g := c.GPUPolicy(); g.OffersMIGProfile("1g.10gb+me") || !g.OffersMIGProfile("1g.10gb") || g.Settings() != SettingsManage {
 		t.Errorf("gpus %+v", g)
 	}
+	cx7 := hw.PF{VendorID: "15b3", DeviceID: "1021"}
+	if p := c.VFPolicy(cx7); !p.AllowsVLAN(0) || !p.AllowsVLAN(150) || p.AllowsVLAN(200) || !p.MAC || p.Trust || p.SpoofCheckOff || p.GUIDs {
+		t.Errorf("the ConnectX-7's vfPolicy %+v", p)
+	}
+	if p := c.VFPolicy(hw.PF{VendorID: "8086"}); p.AllowsVLAN(0) || !p.AllowsVLAN(199) || p.MAC {
+		t.Errorf("another PF's vfPolicy %+v", p)
+	}
+	if c.AllowsUnsafeNoIOMMU() {
+		t.Error("vfio.allowUnsafeNoIOMMU")
+	}
 }
 
 // TestDevicePluginResources: the default names and prefixes, and a

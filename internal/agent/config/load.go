@@ -68,7 +68,9 @@ func compile(file *configv1alpha1.AgentConfig) *AgentConfig {
 		health:       healthPolicy(file.Health),
 		gpu:          gpuPolicy(file.GPUs),
 		devicePlugin: compileDevicePlugin(file.DevicePlugin),
+		noIOMMU:      file.VFIO != nil && file.VFIO.AllowUnsafeNoIOMMU,
 	}
+	c.vfDefault, c.vfRules = compileVFPolicy(file.VFPolicy)
 	if file.NICs == nil {
 		c.rules = []rule{{index: -1, mode: ModeShared, bandwidth: DefaultBandwidth}}
 	}

@@ -123,7 +123,7 @@ func TestNICMonitorNetlink(t *testing.T) {
 			}
 		}
 	}
-	for !m.Alive(time.Minute) { // the first check has run: the watch is on
+	for m.LastCheck().IsZero() { // the first check has run: the watch is on
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err := n.Mock().SetLink("pfb", false); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,10 +65,11 @@ type env struct {
 	stopRun context.CancelFunc
 	runDone chan struct{}
 
-	mu    sync.Mutex
-	pods  map[types.UID]*api.PodSandbox // running, as the runtime lists them
-	netns map[string]func() error       // pod namespaces' removers
-	uses  map[types.UID][]string        // the claims each pod names (ClaimsOf)
+	mu     sync.Mutex
+	events []string                      // "<pod> <type> <reason>: <note>", as recorded
+	pods   map[types.UID]*api.PodSandbox // running, as the runtime lists them
+	netns  map[string]func() error       // pod namespaces' removers
+	uses   map[types.UID][]string        // the claims each pod names (ClaimsOf)
 }
 
 // ClaimsOf is the plugin's Pods: the claim names env.uses has.
@@ -75,6 +77,21 @@ func (e *env) ClaimsOf(_, _ string, uid types.UID) []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.uses[uid]
+}
+
+// Eventf is the plugin's Events: it keeps them for the test.
+func (e *env) Eventf(regarding, _ runtime.Object, eventtype, reason, _, note string, args ...interface{}) {
+	ref, _ := regarding.(*corev1.ObjectReference)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.events = append(e.events, fmt.Sprintf("%s/%s %s %s: %s", ref.Namespace, ref.Name, eventtype, reason, fmt.Sprintf(note, args...)))
+}
+
+// recorded are the Events so far.
+func (e *env) recorded() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.events...)
 }
 
 // removeNetns deletes a pod's network namespace.
@@ -140,7 +157,7 @@ func (e *env) startAgent() {
 	var err error
 	e.net, err = New(Options{DriverName: device.NICDriver, Socket: e.sock, StateDir: state, SysfsRoot: e.hw.Sysfs,
 		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Sysfs: e.hw.NICs(),
-		Pods: e})
+		Pods: e, Links: e.hw.NICs(), Events: e})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -148,9 +165,14 @@ func (e *env) startAgent() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	// Every PF shared (the default); claims may choose their VF's MAC.
+	cfg, err := config.Parse([]byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nvfPolicy: {allowMAC: true}\n"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	d, err := nic.New(nic.Options{
 		VFs:       e.hw.NICs().VFConfigurator(),
-		Published: published{PFs: pfs}, Config: config.Default(),
+		Published: published{PFs: pfs}, Config: cfg,
 		SysfsRoot: e.hw.Sysfs, DevRoot: e.hw.DevRoot(), StateDir: state, NodeName: testNode, BootID: testBoot, Network: e.net,
 	})
 	if err != nil {

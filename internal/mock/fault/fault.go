@@ -43,6 +43,12 @@ const (
 	// time slice (`compute-policy --set-timeslice`) through the inbox, as
 	// the real tool changes the driver's state from outside the agent.
 	TimeSlice Kind = "timeslice"
+	// Stall makes a GPU stop answering, as a GPU hung in the driver
+	// does: its health queries block and its events are held, until
+	// Resume. The agent's GPU health monitor stalls on it.
+	Stall Kind = "stall"
+	// Resume makes a stalled GPU answer again (the held events arrive).
+	Resume Kind = "resume"
 	// Processes is no fault either: it sets the processes a GPU lists as
 	// running on it (none: idle), as workloads starting and stopping
 	// would.

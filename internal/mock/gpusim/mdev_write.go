@@ -149,7 +149,7 @@ func (k *mdevKernel) publish(v *vgpuInstance, typeDir string) error {
 			return err
 		}
 	}
-	return k.tree.dev.VFIOGroup(k.sysfs, v.group, groupMinor(v.group))
+	return k.tree.dev.VFIOGroup(k.sysfs, v.group, groupMinor(v.group), true)
 }
 
 // unpublish removes what publish created.

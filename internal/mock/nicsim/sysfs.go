@@ -253,7 +253,7 @@ func (w *treeWriter) writeIOMMUGroup(devDir, addr string, vfio bool) error {
 	if !vfio {
 		return nil
 	}
-	if err := w.dev.VFIOGroup(w.sysfs, g, uint32(g-firstNICIOMMUGroup)); err != nil {
+	if err := w.dev.VFIOGroup(w.sysfs, g, uint32(g-firstNICIOMMUGroup), false); err != nil {
 		return err
 	}
 	if !w.vfio {

@@ -30,6 +30,8 @@ func CanMknod() bool { return os.Geteuid() == 0 }
 type Dev struct {
 	Root  string
 	mknod bool
+	// NoIOMMU: the kernel runs VFIO without an IOMMU (profile noIOMMU).
+	NoIOMMU bool
 }
 
 // NewDev is the /dev at root.

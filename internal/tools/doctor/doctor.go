@@ -135,7 +135,7 @@ func Run(ctx context.Context, in Input) Report {
 	var rep Report
 	for _, check := range []func(context.Context) Check{
 		r.nvml, r.driverRoot, r.driverVersion, r.driverFiles, r.cdiHook, r.migMode, r.computeMode, r.mpsDaemons, r.deviceNodes,
-		r.passthrough, r.sriov, r.nri, r.kubeletDirs, r.cdiDir, r.stateDir,
+		r.passthrough, r.vfioNoIOMMU, r.sriov, r.nri, r.kubeletDirs, r.cdiDir, r.stateDir,
 	} {
 		rep.Checks = append(rep.Checks, check(ctx))
 	}

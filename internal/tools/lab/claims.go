@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -166,7 +167,7 @@ func readDocuments(file string, stdin io.Reader) ([]json.RawMessage, error) {
 		if err := dec.Decode(&doc); err == io.EOF {
 			return docs, nil
 		} else if err != nil {
-			return nil, fmt.Errorf("%s: %w", file, err)
+			return nil, fmt.Errorf("%s: %w", file, yamlError(err))
 		}
 		if len(bytes.TrimSpace(doc)) > 0 && string(doc) != "null" {
 			docs = append(docs, doc)
@@ -216,4 +217,14 @@ func setDefaults(spec *resourceapi.ResourceClaimSpec) {
 			def(&r.FirstAvailable[j].AllocationMode, &r.FirstAvailable[j].Count)
 		}
 	}
+}
+
+// yamlError restates the YAML decoders' message for a null, list or
+// object key, which prints Go types ("%!s(<nil>)", "[]interface {}") and
+// values (found by FuzzReadClaims).
+func yamlError(err error) error {
+	if msg := err.Error(); strings.Contains(msg, "unsupported map key of type") || strings.Contains(msg, "invalid map key") {
+		return errors.New("a key is null, a list or an object: keys must be strings")
+	}
+	return err
 }

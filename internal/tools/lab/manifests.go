@@ -52,13 +52,9 @@ type readPod struct {
 // decodeDocument decodes one document of file (at names it) strictly as
 // the kind it says it is.
 func decodeDocument(at string, doc json.RawMessage) (manifest, error) {
-	var head struct {
-		metav1.TypeMeta `json:",inline"`
-		Metadata        struct{ Name, Namespace, GenerateName string }
-		Items           json.RawMessage
-	}
-	if err := json.Unmarshal(doc, &head); err != nil {
-		return manifest{}, fmt.Errorf("%s: not an object with apiVersion, kind and metadata: %v", at, err)
+	head, err := readHead(doc)
+	if err != nil {
+		return manifest{}, fmt.Errorf("%s: %w", at, err)
 	}
 	gv, err := schema.ParseGroupVersion(head.APIVersion)
 	if head.APIVersion == "" || head.Kind == "" || err != nil {
@@ -77,7 +73,7 @@ func decodeDocument(at string, doc json.RawMessage) (manifest, error) {
 		// kubectl's List (v1 List, or <Kind>List): each item on its own.
 		var items []json.RawMessage
 		if err := json.Unmarshal(head.Items, &items); err != nil && len(head.Items) > 0 {
-			return manifest{}, fmt.Errorf("%s: items: %v", object, err)
+			return manifest{}, fmt.Errorf("%s: items: must be a list, not %s", object, jsonKind(head.Items))
 		}
 		var out manifest
 		var errs []error

@@ -38,7 +38,7 @@ func DefaultFeatureGates() map[string]bool {
 	}
 }
 
-// gatesSince are the gates of DefaultFeatureGates that Kubernetes added
+// gatesSince are the gates of DefaultFeatureGates (and of variants) that Kubernetes added
 // after 1.36, by the minor that added them: the suite runs on the previous
 // minor too (K8S_VERSION=v1.36.3 hack/e2e-realnode.sh), whose components
 // refuse a gate they do not know. Without one the cluster is as one with
@@ -46,6 +46,9 @@ func DefaultFeatureGates() map[string]bool {
 var gatesSince = map[string]int{
 	"DRADeviceCompatibilityGroups": 37,
 	"DRAPartitionableDevicesType":  37,
+	// Not a default: the consumable-capacity gate-off variant turns it off
+	// with DRAConsumableCapacity, which it needs.
+	"DRAFractionalCapacityRange": 37,
 }
 
 // dropUnknownGates removes from gates those the node's Kubernetes minor

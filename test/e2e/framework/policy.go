@@ -23,7 +23,7 @@ func (n *Node) waitDeployEffective(ctx context.Context, timeout time.Duration) e
 			ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-"},
 			Spec: resourceapi.ResourceSliceSpec{
 				Driver: "gpu.hwdra.io", NodeName: &node,
-				Pool: resourceapi.ResourcePool{Name: "probe", ResourceSliceCount: 1},
+				Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
 			},
 		}
 		_, err := creds.Client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})

@@ -1,0 +1,203 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	promapi "github.com/prometheus/client_golang/api"
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// EnvPrometheus is the directory with prometheus and promtool
+// (hack/build-prometheus.sh; hack/e2e-realnode.sh sets it).
+const EnvPrometheus = "HWDRA_PROMETHEUS_BIN"
+
+// Prometheus is a real Prometheus in the node's network namespace,
+// scraping every second and evaluating rules every second.
+type Prometheus struct {
+	API  promv1.API
+	Addr string
+	proc *Process
+}
+
+// ScrapeTarget is one of Prometheus's static scrape jobs.
+type ScrapeTarget struct {
+	Job, Address string
+	// Labels are added to every series of the target (what the chart's
+	// PodMonitor adds: node).
+	Labels map[string]string
+	// HonorLabels keeps the target's own labels where they clash with
+	// the target's (the chart's PodMonitor sets it for the agent).
+	HonorLabels bool
+}
+
+// ChartRules are the rule groups of the chart's PrometheusRule, as the
+// chart renders it with monitoring.prometheusRule.enabled: what the
+// Prometheus operator hands Prometheus.
+func (n *Node) ChartRules(ctx context.Context) ([]byte, error) {
+	out, err := n.RenderChart(ctx, map[string]any{"monitoring": map[string]any{"prometheusRule": map[string]any{"enabled": true}}})
+	if err != nil {
+		return nil, err
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+	for {
+		var obj struct {
+			Kind string         `json:"kind"`
+			Spec map[string]any `json:"spec"`
+		}
+		if err := dec.Decode(&obj); err == io.EOF {
+			return nil, fmt.Errorf("the chart renders no PrometheusRule")
+		} else if err != nil {
+			return nil, err
+		}
+		if obj.Kind == "PrometheusRule" {
+			return yaml.Marshal(obj.Spec)
+		}
+	}
+}
+
+// StartPrometheus runs Prometheus (from $HWDRA_PROMETHEUS_BIN; the test
+// skips without it) with these targets and rule groups until t ends.
+func (n *Node) StartPrometheus(t testing.TB, targets []ScrapeTarget, rules []byte) *Prometheus {
+	t.Helper()
+	dir := os.Getenv(EnvPrometheus)
+	if dir == "" {
+		t.Skipf("%s is not set (hack/e2e-realnode.sh sets it to what hack/build-prometheus.sh prints)", EnvPrometheus)
+	}
+	root := filepath.Join(n.Root, "prometheus")
+	if err := os.MkdirAll(filepath.Join(root, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var jobs []map[string]any
+	for _, tg := range targets {
+		static := map[string]any{"targets": []string{tg.Address}}
+		if len(tg.Labels) > 0 {
+			static["labels"] = tg.Labels
+		}
+		jobs = append(jobs, map[string]any{"job_name": tg.Job, "honor_labels": tg.HonorLabels, "static_configs": []map[string]any{static}})
+	}
+	cfg := map[string]any{
+		"global":         map[string]any{"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+		"rule_files":     []string{filepath.Join(root, "rules.yaml")},
+		"scrape_configs": jobs,
+	}
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string][]byte{"prometheus.yaml": data, "rules.yaml": rules} {
+		if err := os.WriteFile(filepath.Join(root, name), content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	p := &Prometheus{Addr: addr, proc: &Process{
+		Name: "prometheus", Path: filepath.Join(dir, "prometheus"), LogPath: filepath.Join(n.Root, "logs", "prometheus.log"),
+		Args: []string{"--config.file=" + filepath.Join(root, "prometheus.yaml"), "--storage.tsdb.path=" + filepath.Join(root, "data"),
+			"--web.listen-address=" + addr, "--log.level=warn"},
+	}}
+	if err := p.proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("prometheus log:\n%s", p.proc.Tail(40))
+		}
+		p.proc.Stop(10 * time.Second)
+	})
+	client, err := promapi.NewClient(promapi.Config{Address: "http://" + addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.API = promv1.NewAPI(client)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := p.API.Buildinfo(context.Background()); err == nil {
+			return p
+		} else if time.Now().After(deadline) || !p.proc.Running() {
+			t.Fatalf("prometheus did not answer within 60s: %v\n%s", err, p.proc.Tail(40))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Query evaluates an instant query now.
+func (p *Prometheus) Query(ctx context.Context, query string) (model.Vector, error) {
+	v, warnings, err := p.API.Query(ctx, query, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", query, err)
+	}
+	if len(warnings) > 0 {
+		return nil, fmt.Errorf("%s: warnings %v", query, warnings)
+	}
+	vec, ok := v.(model.Vector)
+	if !ok {
+		return nil, fmt.Errorf("%s: a %s, not a vector", query, v.Type())
+	}
+	return vec, nil
+}
+
+// WaitQuery polls a query until ok accepts its result, and returns that.
+func (p *Prometheus) WaitQuery(ctx context.Context, query string, timeout time.Duration, ok func(model.Vector) bool) (model.Vector, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		v, err := p.Query(ctx, query)
+		if err == nil && ok(v) {
+			return v, nil
+		}
+		if time.Now().After(deadline) {
+			return v, fmt.Errorf("%s: no accepted result within %v (last %v, %v)", query, timeout, v, err)
+		}
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// WaitAlert waits until Prometheus has alert name firing with labels
+// (a subset), and returns it.
+func (p *Prometheus) WaitAlert(ctx context.Context, name string, labels map[string]string, timeout time.Duration) (promv1.Alert, error) {
+	deadline := time.Now().Add(timeout)
+	var last []promv1.Alert
+	for {
+		res, err := p.API.Alerts(ctx)
+		if err == nil {
+			last = res.Alerts
+			for _, a := range res.Alerts {
+				if string(a.Labels[model.AlertNameLabel]) == name && a.State == promv1.AlertStateFiring && hasLabels(a.Labels, labels) {
+					return a, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return promv1.Alert{}, fmt.Errorf("alert %s %v not firing within %v (alerts: %+v, %v)", name, labels, timeout, last, err)
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return promv1.Alert{}, err
+		}
+	}
+}
+
+func hasLabels(set model.LabelSet, want map[string]string) bool {
+	for k, v := range want {
+		if string(set[model.LabelName(k)]) != v {
+			return false
+		}
+	}
+	return true
+}
