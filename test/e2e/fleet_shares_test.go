@@ -11,7 +11,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
 
@@ -160,7 +159,7 @@ func fillShare(ctx context.Context, cs kubernetes.Interface, ns string, i int, t
 	result := resourceapi.DeviceRequestAllocationResult{Request: "dev", Driver: t.driver, Pool: t.node, Device: t.device}
 	if t.shared {
 		req.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: consumed}
-		shareID := types.UID(uuid.NewUUID())
+		shareID := uuid.NewUUID()
 		result.ShareID, result.ConsumedCapacity = &shareID, consumed
 	}
 	claim, err := cs.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
