@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package api holds hwdra's versioned API types and decodes them: the
 // opaque device configuration of its drivers (gpu.hwdra.io GpuConfig,
 // sriov.hwdra.io VfConfig: DeviceClass and ResourceClaim

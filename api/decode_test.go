@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package api
 
 import (
@@ -16,6 +19,7 @@ var goTerms = regexp.MustCompile(`Go (struct|value)|struct \{|json:|v1alpha1\.|\
 // TestDecodeErrorsInTheDocumentsTerms: every kind of bad document gets an
 // error that names the field and what is wrong, in YAML and JSON alike.
 func TestDecodeErrorsInTheDocumentsTerms(t *testing.T) {
+	t.Parallel()
 	const vf = "apiVersion: sriov.hwdra.io/v1alpha1\nkind: VfConfig\n"
 	const agent = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\n"
 	for _, tc := range []struct{ name, doc, want string }{
@@ -77,6 +81,7 @@ func TestDecodeErrorsInTheDocumentsTerms(t *testing.T) {
 }
 
 func TestDecodeDefaultsAndValidates(t *testing.T) {
+	t.Parallel()
 	obj, err := Decode([]byte("apiVersion: sriov.hwdra.io/v1alpha1\nkind: VfConfig\nmtu: 9000\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +103,7 @@ func TestDecodeDefaultsAndValidates(t *testing.T) {
 // TestUnmarshal: documents without a kind (mock hardware profiles) get
 // the same strictness and messages.
 func TestUnmarshal(t *testing.T) {
+	t.Parallel()
 	type item struct {
 		Name string `json:"name"`
 	}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package api
 
 import (
@@ -30,6 +33,7 @@ func opaque(source resourceapi.AllocationConfigSource, driver, params string, re
 const vf = `{"apiVersion":"sriov.hwdra.io/v1alpha1","kind":"VfConfig"`
 
 func TestVfConfigErrorsNameRequestSourceAndField(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct{ params, want string }{
 		"unknown field": {vf + `,"mtuu":1500}`, `unknown field "mtuu"`},
 		"bad mtu":       {vf + `,"mtu":20}`, "mtu: Invalid value: 20"},
@@ -61,6 +65,7 @@ func TestVfConfigErrorsNameRequestSourceAndField(t *testing.T) {
 }
 
 func TestClaimOverridesClassAndRequestsFilter(t *testing.T) {
+	t.Parallel()
 	c := claimWith(
 		opaque(resourceapi.AllocationConfigSourceClass, "sriov.hwdra.io", vf+`,"mtu":9000}`),
 		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"mtu":1500}`, "net"),
@@ -89,6 +94,7 @@ func TestClaimOverridesClassAndRequestsFilter(t *testing.T) {
 // the one a later config overrode not: a share's isolation from its
 // DeviceClass, replaced by the claim's own GpuConfig for its request.
 func TestForRequestFrom(t *testing.T) {
+	t.Parallel()
 	const gpu = `{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"`
 	c := claimWith(
 		opaque(resourceapi.AllocationConfigSourceClass, "gpu.hwdra.io", gpu+`,"share":{"isolation":"Dedicated"}}`, "a", "b"),
@@ -112,6 +118,7 @@ func TestForRequestFrom(t *testing.T) {
 }
 
 func TestGpuConfig(t *testing.T) {
+	t.Parallel()
 	c := claimWith(opaque(resourceapi.AllocationConfigSourceClaim, "gpu.hwdra.io",
 		`{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig","mig":{"computeInstanceSlices":9}}`))
 	if _, err := ForRequest(c, "gpu.hwdra.io", "gpu", &gpuv1alpha1.GpuConfig{}); err == nil || !strings.Contains(err.Error(), "mig.computeInstanceSlices") {
@@ -124,6 +131,7 @@ func TestGpuConfig(t *testing.T) {
 // driver owns some of them, or that applies to a request of its driver,
 // is not.
 func TestUnappliedConfigs(t *testing.T) {
+	t.Parallel()
 	gpu := `{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"}`
 	c := claimWith(
 		opaque(resourceapi.AllocationConfigSourceClass, "gpu.hwdra.io", gpu),
@@ -153,6 +161,7 @@ func TestUnappliedConfigs(t *testing.T) {
 // written (a field it leaves out stays unset: the caller tells the class's
 // settings from the claim's), with its source.
 func TestLayers(t *testing.T) {
+	t.Parallel()
 	c := claimWith(
 		opaque(resourceapi.AllocationConfigSourceClass, "sriov.hwdra.io", vf+`,"vlan":100,"trust":true}`),
 		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"mtu":1500}`, "net"),

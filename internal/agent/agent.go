@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agent is the node agent: it opens the hardware, runs one kubelet
 // plugin per driver that has hardware on the node (drivers.go, plugins.go),
 // has the publisher keep the node's ResourceSlices equal to what the

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -22,6 +25,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 func shareRequest(memory, compute string) resourceapi.DeviceRequest {
@@ -36,7 +40,7 @@ func shareRequest(memory, compute string) resourceapi.DeviceRequest {
 func gpuEntry(t *testing.T, a *testAgent, c *resourceapi.ResourceClaim) (resourceapi.AllocatedDeviceStatus, metadata.GPUData) {
 	t.Helper()
 	var entry resourceapi.AllocatedDeviceStatus
-	waitFor(t, c.Name+"'s status.devices entry", func() bool {
+	waitfor.True(t, c.Name+"'s status.devices entry", 30*time.Second, func() bool {
 		got, err := a.client.ResourceV1().ResourceClaims(c.Namespace).Get(context.Background(), c.Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -49,6 +53,7 @@ func gpuEntry(t *testing.T, a *testAgent, c *resourceapi.ResourceClaim) (resourc
 		}
 		return false
 	})
+
 	var data metadata.GPUData
 	if entry.Data == nil || json.Unmarshal(entry.Data.Raw, &data) != nil {
 		t.Fatalf("%s: entry without data: %+v", c.Name, entry)
@@ -115,9 +120,10 @@ func TestClaimStatusGPU(t *testing.T) {
 	if entry.ShareID == nil {
 		t.Error("the share's entry has no shareID")
 	}
-	waitFor(t, "both writes counted", func() bool {
+	waitfor.True(t, "both writes counted", 30*time.Second, func() bool {
 		return a.counter(`hwdra_claim_status_writes_total{driver="gpu.hwdra.io",result="success"}`) == 2
 	})
+
 	if n := statusWrites(a); n != 2 {
 		t.Errorf("%d status writes for 2 claims, want 2", n)
 	}
@@ -185,11 +191,12 @@ func TestClaimStatusGPURefusedNeverDelaysPrepare(t *testing.T) {
 	forbidden := a.allocated(published, "forbidden", full)
 	deleted := a.allocated(published, "deleted", full)
 	prepareClaims(t, a, device.GPUDriver, forbidden, deleted)
-	waitFor(t, "every write counted", func() bool {
+	waitfor.True(t, "every write counted", 30*time.Second, func() bool {
 		return a.counter(`hwdra_claim_status_writes_total{driver="gpu.hwdra.io",result="success"}`) == 1 &&
 			a.counter(`hwdra_claim_status_writes_total{driver="gpu.hwdra.io",result="refused"}`) == 1 &&
 			a.counter(`hwdra_claim_status_writes_total{driver="gpu.hwdra.io",result="gone"}`) == 1
 	})
+
 }
 
 // TestClaimStatusGPUOff: with gpus.claimStatus Off, a GPU claim's prepare

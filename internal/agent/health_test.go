@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -24,6 +27,7 @@ import (
 	"github.com/hwdra/hwdra/internal/mock/fault"
 	"github.com/hwdra/hwdra/internal/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // healthWatch is the kubelet's side of a driver's health stream: the
@@ -41,7 +45,7 @@ type healthWatch struct {
 func (a *testAgent) watchHealth(driver string) *healthWatch {
 	a.t.Helper()
 	sock := filepath.Join(a.dir, "plugins", driver, "dra.sock")
-	waitForT(a.t, "the plugin socket of "+driver, func() bool { _, err := os.Stat(sock); return err == nil })
+	waitfor.True(a.t, "the plugin socket of "+driver, 30*time.Second, func() bool { _, err := os.Stat(sock); return err == nil })
 	ctx, cancel := context.WithCancel(context.Background())
 	a.t.Cleanup(cancel)
 	stream, err := drahealthv1.NewDRAResourceHealthClient(a.dial(sock)).NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
@@ -98,16 +102,6 @@ func (w *healthWatch) wait(what string, cond func(map[string]*drahealthv1.Device
 			w.t.Fatalf("health stream: no %s within 30s (%d devices, not healthy: %v)", what, len(w.devices), lines)
 		}
 	}
-}
-
-func waitForT(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("no %s within 30s", what)
 }
 
 // inject injects a fault into the agent's mock hardware, through its
@@ -270,7 +264,7 @@ func TestHealthXID(t *testing.T) {
 	inject(t, dir, fault.Fault{Kind: fault.XID, GPU: other, XID: 13})
 	// The monitor judged the XID (and told a change, had it made one),
 	// then the publisher rescanned twice.
-	waitForT(t, "the GPU monitor's judgement of XID 13", func() bool { return a.counter("hwdra_gpu_health_events_total") > events })
+	waitfor.True(t, "the GPU monitor's judgement of XID 13", 30*time.Second, func() bool { return a.counter("hwdra_gpu_health_events_total") > events })
 	a.settle()
 	if p := a.publications(); p != publications {
 		t.Errorf("XID 13 was published %v times", p-publications)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -10,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -22,6 +26,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/internal/mock/profile"
 	"github.com/hwdra/hwdra/internal/tools/allocate"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // Attributes the metadata adds to what a device publishes: what exists
@@ -95,8 +100,8 @@ func TestMetadataOfEveryKind(t *testing.T) {
 // something and settled).
 func (a *testAgent) serves(driver string) bool {
 	a.t.Helper()
-	waitForT(a.t, "the agent's metrics", func() bool { code, _ := probe(a.t, a.opts.MetricsAddress, "/metrics"); return code == 200 })
-	waitForT(a.t, "the agent's first publication", func() bool { return a.publications() > 0 })
+	waitfor.True(a.t, "the agent's metrics", 30*time.Second, func() bool { code, _ := probe(a.t, a.opts.MetricsAddress, "/metrics"); return code == 200 })
+	waitfor.True(a.t, "the agent's first publication", 30*time.Second, func() bool { return a.publications() > 0 })
 	a.settle()
 	list, err := a.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
 	if err != nil {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -11,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -22,6 +26,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/internal/backend"
 	hwmodel "github.com/hwdra/hwdra/internal/hw"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // documentedMetric is a row of the operator guide's metrics table.
@@ -127,9 +132,10 @@ func TestMetricsAsDocumented(t *testing.T) {
 	if err := r.run(sb); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the pod's GPU memory series", func() bool {
+	waitfor.True(t, "the pod's GPU memory series", 30*time.Second, func() bool {
 		return strings.Contains(r.a.scrape(), `hwdra_pod_gpu_memory_used_bytes{`)
 	})
+
 	families := scrapeFamilies(t, r.a)
 	if err := r.stop(sb); err != nil {
 		t.Fatal(err)

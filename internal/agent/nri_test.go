@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -5,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -28,6 +32,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/podnet/nritest"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // nriRig is the agent on mock NICs whose netdevs are veth stand-ins in a
@@ -93,20 +98,19 @@ func (r *nriRig) claim(name, podClaim, podUID, vfConfig string) *resourceapi.Res
 func (r *nriRig) prepare(c *resourceapi.ResourceClaim) {
 	r.t.Helper()
 	pb := &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitfor.NoError(r.t, "prepare "+c.Name+" once NRI is connected", 20*time.Second, func() error {
 		resp, err := r.dra.NodePrepareResources(context.Background(), &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{pb}})
 		if err == nil && resp.Claims[string(c.UID)].Error == "" {
-			return
+			return nil
 		}
 		if err == nil {
 			err = errors.New(resp.Claims[string(c.UID)].Error)
 		}
-		if !strings.Contains(err.Error(), "no NRI connection") || time.Now().After(deadline) {
+		if !strings.Contains(err.Error(), "no NRI connection") {
 			r.t.Fatalf("prepare %s: %v", c.Name, err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 func (r *nriRig) unprepare(c *resourceapi.ResourceClaim) {
@@ -224,27 +228,24 @@ func TestNRIMetadataAndStatus(t *testing.T) {
 		if m := spec.Devices[0].ContainerEdits.Mounts; len(m) != 1 || m[0].ContainerPath != tc.container {
 			t.Errorf("%s: metadata mounted at %+v, want %s", tc.c.Name, m, tc.container)
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		waitfor.NoError(t, tc.c.Name+"'s network status", 10*time.Second, func() error {
 			got, err := r.a.client.ResourceV1().ResourceClaims("default").Get(context.Background(), tc.c.Name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if st := got.Status.Devices; len(st) == 1 && st[0].NetworkData != nil && st[0].NetworkData.InterfaceName == tc.ifname &&
 				len(st[0].Conditions) == 2 && st[0].Conditions[0].Status == metav1.ConditionTrue {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: status.devices %+v", tc.c.Name, got.Status.Devices)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return fmt.Errorf("status.devices %+v", got.Status.Devices)
+		})
 	}
 	// Both statuses are stored; the writer counts each write once the API
 	// answered, a moment after it is stored.
-	waitFor(t, "both status writes counted", func() bool {
+	waitfor.True(t, "both status writes counted", 30*time.Second, func() bool {
 		return r.a.counter(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`) >= 2
 	})
+
 	if got := r.a.metric(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`); got != "2" {
 		t.Errorf("status writes: %q, want 2 (one per claim)", got)
 	}
@@ -255,7 +256,7 @@ func TestNRIMetadataAndStatus(t *testing.T) {
 	// (NetworkReady False, no networkData), the VF still prepared (Ready);
 	// one more write per claim, none at the sandbox's removal after.
 	for _, c := range []*resourceapi.ResourceClaim{tmpl, direct} {
-		waitFor(t, c.Name+"'s status after the sandbox stopped", func() bool {
+		waitfor.True(t, c.Name+"'s status after the sandbox stopped", 30*time.Second, func() bool {
 			got, err := r.a.client.ResourceV1().ResourceClaims("default").Get(context.Background(), c.Name, metav1.GetOptions{})
 			if err != nil || len(got.Status.Devices) != 1 {
 				return false
@@ -265,13 +266,15 @@ func TestNRIMetadataAndStatus(t *testing.T) {
 			return st.NetworkData == nil && ready != nil && ready.Status == metav1.ConditionTrue &&
 				network != nil && network.Status == metav1.ConditionFalse && network.Reason == agentmeta.ReasonSandboxStopped
 		})
+
 	}
 	if err := r.rt.RemovePodSandbox(context.Background(), sb); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the stop's status writes counted", func() bool {
+	waitfor.True(t, "the stop's status writes counted", 30*time.Second, func() bool {
 		return r.a.counter(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`) >= 4
 	})
+
 	r.unprepare(tmpl)
 	r.unprepare(direct)
 	if got := r.a.metric(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`); got != "4" {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -22,6 +25,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/internal/hw"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // podWithClaim is a pod of the node whose container "app" (runtime ID id)
@@ -115,11 +119,12 @@ func TestPodMetricsFollowClaims(t *testing.T) {
 	memMIG := fmt.Sprintf(`hwdra_pod_gpu_memory_used_bytes{GPU_I_ID="%d",Hostname="worker-1",UUID=%q,claim="mig",device="gpu-0000-43-00-0-mig-1g-10gb-6",namespace="default",pod="tiny"}`, gi, uuids["0000:43:00.0"])
 	check := func(when string) {
 		t.Helper()
-		waitFor(t, "the pods' series "+when, func() bool {
+		waitfor.True(t, "the pods' series "+when, 30*time.Second, func() bool {
 			body := a.scrapeOrNothing()
 			return strings.Contains(body, infoWhole+" 1") && strings.Contains(body, infoMIG) &&
 				strings.Contains(body, memWhole+" 3.221225472e+10") && strings.Contains(body, memMIG+" 3.221225472e+09")
 		})
+
 	}
 	check("after prepare")
 

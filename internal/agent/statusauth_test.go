@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -5,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/version"
@@ -13,6 +17,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // TestStatusAuthOffWarns: an agent whose API server enforces no granular
@@ -26,10 +31,11 @@ func TestStatusAuthOffWarns(t *testing.T) {
 	a.slices(device.GPUDriver, nil)
 	a.registerPlugins(device.GPUDriver)
 	want := "warning: the API server does not enforce granular status authorization (feature gate " + metadata.StatusAuthGate
-	waitFor(t, "/readyz warning of the status authorization", func() bool {
+	waitfor.True(t, "/readyz warning of the status authorization", 30*time.Second, func() bool {
 		code, body := probe(t, a.opts.MetricsAddress, "/readyz")
 		return code == http.StatusOK && strings.Contains(body, "\n"+want)
 	})
+
 	events := func() int {
 		list, err := a.client.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
@@ -44,7 +50,7 @@ func TestStatusAuthOffWarns(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "the Event on the Node", func() bool { return events() > 0 })
+	waitfor.True(t, "the Event on the Node", 30*time.Second, func() bool { return events() > 0 })
 	a.settle()
 	if n := events(); n != 1 {
 		t.Errorf("%d %s Events, want 1", n, reasonStatusAuth)

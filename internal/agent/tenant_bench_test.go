@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -25,6 +28,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/internal/hw"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // Environment of the test binary run as a tenant's process that holds
@@ -85,9 +89,10 @@ func BenchmarkTenantAgentMemory(b *testing.B) {
 	held := holdConnections(b, a.opts.MetricsAddress, 10000)
 	// Every environment read once: 6 MB processes, 32 MiB a round.
 	rounds := a.counter("hwdra_gpu_share_check_duration_seconds_count")
-	waitForT(b, "the police's rounds over 100 processes", func() bool {
+	waitfor.True(b, "the police's rounds over 100 processes", 30*time.Second, func() bool {
 		return a.counter("hwdra_gpu_share_check_duration_seconds_count") >= rounds+30
 	})
+
 	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := c.Get("http://" + a.opts.MetricsAddress + "/healthz")
 	if err != nil || resp.StatusCode != http.StatusOK {

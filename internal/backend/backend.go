@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package backend opens the hardware a --hardware flag names: the host's
 // real NVML and sysfs/netlink, or a mock node. Both give the same backends
 // (nvml, sriov) so everything above runs unchanged on either.

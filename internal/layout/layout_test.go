@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package layout holds the tests that keep the house as docs/design.md
 // draws it: folders (rooms) whose imports run one way and as its import
 // table allows, its package and runtime loop tables true to the tree and

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package mock is a mock node's hardware, built from a profile: GPUs
 // behind a go-nvml mock that refuses what the hardware refuses, SR-IOV
 // NICs in a fake sysfs tree, state that outlives the process, and faults

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ociimage writes container images as tar archives without a
 // registry or a container engine: an OCI image layout (what `ctr images
 // import` reads) that also carries Docker's manifest.json (what `docker

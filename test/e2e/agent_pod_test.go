@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -279,6 +282,8 @@ func agentPodMemory(tb testing.TB) framework.Memory {
 			tb.Logf("resident memory still falling after %v: %s", limit, m)
 			break
 		}
+		// Sampled over real time: the reading is of memory that stopped
+		// falling for settle, so time must pass between samples.
 		time.Sleep(every)
 		if m, err = pod.Memory(); err != nil {
 			tb.Fatal(err)

@@ -1,8 +1,12 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/hwdra/hwdra/internal/agent/metadata"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -165,8 +170,7 @@ func TestClaimStatusGPU(t *testing.T) {
 
 	// The watch may lag the reads above by a moment: wait for what it
 	// must see; more shows at the end.
-	for deadline := time.Now().Add(10 * time.Second); watched() < 2 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-	}
+	_ = waitfor.Until(s.ctx, "the watch's two writes", 10*time.Second, func() bool { return watched() >= 2 }) // checked below, with the agent's count
 	n, err := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{driver="gpu.hwdra.io",result="success"}`)
 	if err != nil {
 		t.Fatal(err)
@@ -204,26 +208,19 @@ func resultOf(t *testing.T, c *resourceapi.ResourceClaim) resourceapi.DeviceRequ
 func waitGPUEntry(t *testing.T, s *scenario, c *resourceapi.ResourceClaim) (resourceapi.AllocatedDeviceStatus, metadata.GPUData) {
 	t.Helper()
 	var entry resourceapi.AllocatedDeviceStatus
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.NoError(t, "claim "+c.Name+"'s "+gpuDriver+" entry in status.devices", 30*time.Second, func() error {
 		got, err := s.n.Admin.ResourceV1().ResourceClaims(c.Namespace).Get(s.ctx, c.Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		found := false
 		for _, d := range got.Status.Devices {
 			if d.Driver == gpuDriver {
-				entry, found = d, true
+				entry = d
+				return nil
 			}
 		}
-		if found {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("claim %s: no %s entry in status.devices after 30s: %+v", c.Name, gpuDriver, got.Status.Devices)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return fmt.Errorf("status.devices %+v", got.Status.Devices)
+	})
 	res := resultOf(t, c)
 	if entry.Pool != res.Pool || entry.Device != res.Device || (entry.ShareID == nil) != (res.ShareID == nil) ||
 		(res.ShareID != nil && *entry.ShareID != string(*res.ShareID)) {

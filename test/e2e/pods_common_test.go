@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -345,15 +350,11 @@ func sliceAttr(d *resourceapi.Device, name resourceapi.QualifiedName) string {
 // (the claim was unprepared).
 func waitCDISpecGone(t *testing.T, n *framework.Node, driver string, claim *resourceapi.ResourceClaim) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.NoError(t, fmt.Sprintf("CDI spec of %s for claim %s gone from %s after its pod was deleted", driver, claim.Name, n.CDIDir), 30*time.Second, func() error {
 		spec, err := n.ClaimCDISpec(driver, claim.UID)
-		if err == nil && spec == nil {
-			return
+		if err == nil && spec != nil {
+			err = errors.New("still there")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("CDI spec of %s for claim %s still in %s after its pod was deleted (err %v)", driver, claim.Name, n.CDIDir, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 }

@@ -1,9 +1,14 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -22,6 +27,7 @@ import (
 	"github.com/hwdra/hwdra/internal/tools/poolstatus"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -85,9 +91,12 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The controller reads rules from its own informer: give it the
-	// moment to see the new one.
-	time.Sleep(time.Second)
+	// The controller reads rules from its own informer: wait until it
+	// counts the new one.
+	waitfor.True(t, "the pool-status controller counting the DeviceTaintRule", 30*time.Second, func() bool {
+		nic := requestPoolStatus(t, n, nicDriver, n.Name)
+		return len(nic) == 1 && ptr.Deref(nic[0].UnavailableDevices, -1) == 1
+	})
 
 	var controller []resourcealpha.PoolStatus
 	for _, d := range []string{gpuDriver, nicDriver} {
@@ -173,22 +182,21 @@ func requestPoolStatus(t *testing.T, n *framework.Node, driver, pool string) []r
 	}
 	t.Cleanup(func() { _ = api.Delete(context.Background(), req.Name, metav1.DeleteOptions{}) })
 	began := time.Now()
-	for {
-		got, err := api.Get(ctx, req.Name, metav1.GetOptions{})
-		if err == nil && got.Status != nil {
-			framework.Timing(t, "pool-status-request/"+driver, time.Since(began))
-			for _, c := range got.Status.Conditions {
-				if c.Type != resourcealpha.ResourcePoolStatusRequestConditionComplete || c.Status != metav1.ConditionTrue {
-					t.Errorf("%s: condition %s=%s: %s", driver, c.Type, c.Status, c.Message)
-				}
-			}
-			return got.Status.Pools
+	var got *resourcealpha.ResourcePoolStatusRequest
+	waitfor.NoError(t, "the ResourcePoolStatusRequest for "+driver+" answered", 60*time.Second, func() error {
+		var err error
+		if got, err = api.Get(ctx, req.Name, metav1.GetOptions{}); err == nil && got.Status == nil {
+			err = errors.New("no status yet")
 		}
-		if time.Since(began) > 60*time.Second {
-			t.Fatalf("ResourcePoolStatusRequest for %s unanswered after 60s (err %v)", driver, err)
+		return err
+	})
+	framework.Timing(t, "pool-status-request/"+driver, time.Since(began))
+	for _, c := range got.Status.Conditions {
+		if c.Type != resourcealpha.ResourcePoolStatusRequestConditionComplete || c.Status != metav1.ConditionTrue {
+			t.Errorf("%s: condition %s=%s: %s", driver, c.Type, c.Status, c.Message)
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
+	return got.Status.Pools
 }
 
 // samePools checks that hwdra pool-status reports, pool by pool, what the
@@ -277,16 +285,14 @@ func TestPoolStatusUserRBAC(t *testing.T) {
 		_ = n.Admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
 	})
 	var out string
-	deadline := time.Now().Add(30 * time.Second) // the aggregation and the authorizer's cache
-	for {
-		if out, err = run(); err == nil {
-			break
+	// The aggregation and the authorizer's cache take a moment.
+	waitfor.NoError(t, "hwdra pool-status bound to hwdra-pool-status", 30*time.Second, func() error {
+		var err error
+		if out, err = run(); err != nil {
+			return fmt.Errorf("%w\n%s", err, out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("hwdra pool-status bound to hwdra-pool-status: %v\n%s", err, out)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return nil
+	})
 	t.Logf("hwdra pool-status as the bound user:\n%s", out)
 	req, err := creds.Client.ResourceV1alpha3().ResourcePoolStatusRequests().Create(ctx, &resourcealpha.ResourcePoolStatusRequest{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "planner-"}, Spec: resourcealpha.ResourcePoolStatusRequestSpec{Driver: gpuDriver},

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -14,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -200,13 +204,8 @@ func checkDashboardQueries(t *testing.T, s *scenario, prom *framework.Prometheus
 			hasData()
 			continue
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for !hasData() {
-			if time.Now().After(deadline) {
-				t.Errorf("dashboard panel %q: no data within 30s", p.Title)
-				break
-			}
-			time.Sleep(time.Second)
+		if err := waitfor.Until(s.ctx, "data", 30*time.Second, hasData); err != nil {
+			t.Errorf("dashboard panel %q: %v", p.Title, err)
 		}
 	}
 	t.Logf("%d dashboard queries answered", queries)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -15,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -71,13 +75,9 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	// It says which gate is missing.
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(agent.Tail(200), "DRADeviceCompatibilityGroups") {
-		if time.Now().After(deadline) {
-			t.Fatal("the agent never named the missing gate DRADeviceCompatibilityGroups in its log")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitfor.True(t, "the agent naming the missing gate DRADeviceCompatibilityGroups in its log", 20*time.Second, func() bool {
+		return strings.Contains(agent.Tail(200), "DRADeviceCompatibilityGroups")
+	})
 	ns := n.CreateNamespace(t, "gate-off")
 	t.Cleanup(func() {
 		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
@@ -130,15 +130,21 @@ func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
 	if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, first, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The stored slices kept their groups through the restart, and the
-	// scheduler without the gate finds no complete pool.
-	time.Sleep(15 * time.Second)
-	if got := gpuPoolGroups(t, n); got == 0 {
-		t.Fatal("the API server dropped the stored groups on its own: the test shows nothing")
-	}
-	if p, err := n.Admin.CoreV1().Pods(ns).Get(ctx, first.Name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
-		t.Fatalf("the MIG pod was scheduled from slices with groups by a scheduler without the gate (%v): the test shows nothing", err)
-	}
+	// The stored slices keep their groups through the restart, and the
+	// scheduler without the gate finds no complete pool: real time passes
+	// (15 s, the scheduler's retries) to show the pod stays unscheduled,
+	// watched throughout.
+	waitfor.Never(t, "the pod scheduled, or the groups dropped", 15*time.Second, func() bool {
+		if got := gpuPoolGroups(t, n); got == 0 {
+			t.Error("the API server dropped the stored groups on its own: the test shows nothing")
+			return true
+		}
+		if p, err := n.Admin.CoreV1().Pods(ns).Get(ctx, first.Name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+			t.Errorf("the MIG pod was scheduled from slices with groups by a scheduler without the gate (%v): the test shows nothing", err)
+			return true
+		}
+		return false
+	})
 
 	// Restarted, the agent checks before publishing.
 	agent.Args[len(agent.Args)-1] = "--feature-check-interval=3s"
@@ -217,59 +223,47 @@ func gpuPoolGroups(t *testing.T, n *framework.Node) int {
 // with compatibility groups (or none), and returns how many.
 func waitGPUPool(t *testing.T, n *framework.Node, withGroups bool) int {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		got := gpuPoolGroups(t, n)
-		if got >= 0 && (got > 0) == withGroups {
-			return got
+	var got int
+	waitfor.NoError(t, fmt.Sprintf("the GPU pool complete, with compatibility groups: %v", withGroups), 60*time.Second, func() error {
+		if got = gpuPoolGroups(t, n); got >= 0 && (got > 0) == withGroups {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the GPU pool has %d devices with compatibility groups (-1: incomplete) after 60s; want groups: %v", got, withGroups)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return fmt.Errorf("%d devices with compatibility groups (-1: incomplete)", got)
+	})
+	return got
 }
 
 // readyz waits until the agent process's /readyz answers 200 with a body
 // containing want, and returns the body.
 func readyz(t *testing.T, want string, timeout time.Duration) string {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
+	var body string
+	waitfor.NoError(t, fmt.Sprintf("/readyz 200 with %q", want), timeout, func() error {
 		resp, err := http.Get("http://" + framework.AgentAddr + "/readyz")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			last = fmt.Sprintf("%d %q", resp.StatusCode, b)
-			if resp.StatusCode == http.StatusOK && strings.Contains(string(b), want) {
-				return string(b)
-			}
-		} else {
-			last = err.Error()
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz after %v: %s; want 200 with %q", timeout, last, want)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if body = string(b); resp.StatusCode != http.StatusOK || !strings.Contains(body, want) {
+			return fmt.Errorf("%d %q", resp.StatusCode, b)
 		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return nil
+	})
+	return body
 }
 
 // wantFeatureMetric waits until hwdra_feature_disabled of
 // DRADeviceCompatibilityGroups is want.
 func wantFeatureMetric(t *testing.T, want string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitfor.NoError(t, `hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"} = `+want, 20*time.Second, func() error {
 		got, err := framework.AgentMetric(framework.AgentAddr, `hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`)
-		if err == nil && got == want {
-			return
+		if err == nil && got != want {
+			err = fmt.Errorf("%q", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("hwdra_feature_disabled{feature=\"DRADeviceCompatibilityGroups\"} = %q (%v), want %s", got, err, want)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // examplePodRunning runs a pod with a claim from deploy/examples/<file>

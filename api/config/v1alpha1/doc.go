@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package v1alpha1 is the agent's configuration file, AgentConfig in
 // config.hwdra.io/v1alpha1 (hwdra agent --config): which SR-IOV PFs the
 // agent offers, in which mode, with which bandwidth policy, how device

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package config loads the agent's configuration file, an AgentConfig of
 // config.hwdra.io/v1alpha1 (package api/config/v1alpha1 says what each
 // field means; api/config/v1alpha1/example.yaml is an example), and resolves it on a

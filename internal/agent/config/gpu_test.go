@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package config
 
 import (
@@ -9,6 +12,7 @@ import (
 )
 
 func TestParseGPUs(t *testing.T) {
+	t.Parallel()
 	all := []string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb", "1g.23gb-me", "2g.45gb+me.all"}
 	for _, tc := range []struct {
 		name    string
@@ -71,6 +75,7 @@ func TestParseGPUs(t *testing.T) {
 // section, a gpus section without it), takes Leave, and refuses any other
 // value, case included, naming the field and the values it takes.
 func TestParseGPUSettings(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, yaml string
 		want       GPUSettings
@@ -111,6 +116,7 @@ func TestParseGPUSettings(t *testing.T) {
 // every second; Report and an interval are taken; a bad value is refused
 // naming the field.
 func TestParseGPUShares(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, yaml string
 		stop       bool
@@ -144,6 +150,7 @@ func TestParseGPUShares(t *testing.T) {
 // daemon cgroup, the mps package's defaults too; sizes are taken; a bad
 // or out-of-range one is refused naming the field.
 func TestParseGPUMPS(t *testing.T) {
+	t.Parallel()
 	if d := (GPUPolicy{}); d.MPSShmSize() != mps.DefaultShmSize || d.MPSDaemonMemoryLimit() != mps.DefaultMemoryLimit {
 		t.Errorf("the defaults %d, %d differ from the MPS manager's %d, %d", d.MPSShmSize(), d.MPSDaemonMemoryLimit(), mps.DefaultShmSize, mps.DefaultMemoryLimit)
 	}

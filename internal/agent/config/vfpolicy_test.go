@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package config
 
 import (
@@ -12,6 +15,7 @@ import (
 // it, wholly, else vfPolicy's own settings; without a vfPolicy claims may
 // set nothing, and neither may they under an empty one.
 func TestVFPolicy(t *testing.T) {
+	t.Parallel()
 	cx7 := hw.PF{PCIAddress: "0000:17:00.0", Netdev: "ens1f0", VendorID: "15b3", DeviceID: "1021", Driver: "mlx5_core"}
 	e810 := hw.PF{PCIAddress: "0000:31:00.0", Netdev: "eno1", VendorID: "8086", DeviceID: "1592", Driver: "ice"}
 	const policy = `vfPolicy:
@@ -68,6 +72,7 @@ func TestVFPolicy(t *testing.T) {
 
 // TestVFPolicyInvalid: bad VLANs and selectors are errors naming the field.
 func TestVFPolicyInvalid(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"VLAN above 4094", "vfPolicy: {allowedVLANs: [4095]}\n", `vfPolicy.allowedVLANs[0]: Invalid value: "4095": must be a VLAN ID (0 to 4094)`},
 		{"negative VLAN", "vfPolicy: {allowedVLANs: [-1]}\n", `vfPolicy.allowedVLANs[0]: Invalid value: "-1"`},
@@ -89,6 +94,7 @@ func TestVFPolicyInvalid(t *testing.T) {
 }
 
 func TestAllowsUnsafeNoIOMMU(t *testing.T) {
+	t.Parallel()
 	for yaml, want := range map[string]bool{header: false, header + "vfio: {}\n": false, header + "vfio: {allowUnsafeNoIOMMU: true}\n": true} {
 		c, err := Parse([]byte(yaml))
 		if err != nil {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package endpoint serves the agent's HTTP endpoints (/metrics, /healthz,
 // /readyz). The agent runs on the node's network (hostNetwork), so
 // whatever can reach the node's IP can reach them: every pod of the

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package metadata
 
 import (
@@ -14,11 +17,7 @@ import (
 const (
 	// GPUs, besides device.AttrUUID: a MIG device's own (a whole GPU's
 	// is published).
-	AttrGPUInstanceID = device.GPUDriver + "/gpuInstanceID"
-	// AttrParentUUID is a MIG device's GPU's UUID (its own is
-	// device.AttrUUID), published with the device (slices/resources):
-	// the claim status's data reads it from the metadata.
-	AttrParentUUID        = device.GPUDriver + "/parentUUID"
+	AttrGPUInstanceID     = device.GPUDriver + "/gpuInstanceID"
 	AttrComputeInstanceID = device.GPUDriver + "/computeInstanceID"
 	AttrMdevUUID          = device.GPUDriver + "/mdevUUID"
 	// AttrVMMdevUUID is the mdev UUID again under the key KubeVirt's

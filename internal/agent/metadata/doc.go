@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package metadata is what containers and the cluster read about
 // prepared devices: KEP-5304 device metadata, and the ResourceClaim's
 // status.devices.

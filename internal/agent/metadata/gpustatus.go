@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package metadata
 
 import (
@@ -60,7 +63,7 @@ func GPUStatus(pool, dev string, shareID *types.UID, attrs map[string]resourceap
 		return ""
 	}
 	d := GPUData{
-		UUID: str(device.AttrUUID), ParentUUID: str(AttrParentUUID), PCIBusID: str(string(deviceattribute.StandardDeviceAttributePCIBusID)),
+		UUID: str(device.AttrUUID), ParentUUID: str(device.AttrParentUUID), PCIBusID: str(string(deviceattribute.StandardDeviceAttributePCIBusID)),
 		Type: str(device.AttrType), Profile: str(device.AttrProfile), GPUInstanceID: attrs[AttrGPUInstanceID].IntValue,
 		ComputeInstanceID: attrs[AttrComputeInstanceID].IntValue, MdevUUID: str(AttrMdevUUID), Share: share, MPSPipeDirectory: mpsPipe,
 	}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package metadata
 
 import (
@@ -23,6 +26,8 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 const testDriver = "sriov.hwdra.io"
@@ -144,7 +149,7 @@ func TestStatusWriter(t *testing.T) {
 	w.Set(ClaimStatus{Claim: ref, Time: metav1.Now(), Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Conditions: NetworkFailed(), Message: "first"}}})
 	w.Set(ClaimStatus{Claim: ref, Time: metav1.Now(), Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Conditions: NetworkConfigured(), Message: "latest",
 		Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}})
-	waitUntil(t, "status written", func() bool { return w.Pending() == 0 })
+	waitfor.True(t, "status written", 10*time.Second, func() bool { return w.Pending() == 0 })
 	if writes.errs.Load() != 3 || writes.all.Load() != 4 || writes.result(testDriver, WriteError) != 3 {
 		t.Errorf("%d writes, %d failed (%v); want 4 and 3 (three errors, retried, then one write of the latest status)", writes.all.Load(), writes.errs.Load(), writes.results)
 	}
@@ -183,7 +188,7 @@ func TestStatusWriter(t *testing.T) {
 	// its one write.
 	before, refused := writes.all.Load(), writes.errs.Load()
 	w.Set(ClaimStatus{Claim: ClaimRef{UID: "uid-2", Namespace: "ns", Name: "gone"}, Time: metav1.Now()})
-	waitUntil(t, "gone claim dropped", func() bool { return w.Pending() == 0 })
+	waitfor.True(t, "gone claim dropped", 10*time.Second, func() bool { return w.Pending() == 0 })
 	if n, failed := writes.all.Load()-before, writes.errs.Load()-refused; n != 1 || failed != 1 || writes.result(testDriver, WriteGone) != 1 {
 		t.Errorf("%d writes (%d not successful, %v) for a claim that is gone, want 1 gone", n, failed, writes.results)
 	}
@@ -218,7 +223,7 @@ func TestStatusWriterRefusals(t *testing.T) {
 		w.Set(ClaimStatus{Claim: ClaimRef{UID: types.UID("uid-" + name), Namespace: "ns", Name: name}, Time: metav1.Now(),
 			Devices: []DeviceStatus{{Pool: "node", Device: "gpu-0", Conditions: Prepared(), Data: json.RawMessage(`{"uuid":"GPU-1"}`)}}})
 	}
-	waitUntil(t, "every status settled", func() bool { return w.Pending() == 0 })
+	waitfor.True(t, "every status settled", 10*time.Second, func() bool { return w.Pending() == 0 })
 	if f, g, s := writes.result("gpu.hwdra.io", WriteRefused), writes.result("gpu.hwdra.io", WriteGone), writes.result("gpu.hwdra.io", WriteSuccess); f != 2 || g != 1 || s != 1 || writes.all.Load() != 4 {
 		t.Errorf("results %v: want 2 refused, 1 gone, 1 success and no retry", writes.results)
 	}
@@ -248,17 +253,6 @@ func (s *syncWriter) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestStatusWriterWhenApplyDropsAllocation: where the API server refuses
@@ -294,7 +288,7 @@ func TestStatusWriterWhenApplyDropsAllocation(t *testing.T) {
 	go w.Run(runCtx)
 	w.Set(ClaimStatus{Claim: ClaimRef{UID: "uid-1", Namespace: "ns", Name: "c"}, Time: metav1.Now(),
 		Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}})
-	waitUntil(t, "status written", func() bool { return w.Pending() == 0 })
+	waitfor.True(t, "status written", 10*time.Second, func() bool { return w.Pending() == 0 })
 	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "c", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

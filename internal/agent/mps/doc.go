@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package mps runs the CUDA Multi-Process Service control daemons of the
 // GPU driver: one per set of GPUs (or MIG partitions) whose processes
 // share through MPS, the claim's GPUs for a claim with the MPS sharing

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package mps
 
 import (
@@ -260,6 +263,8 @@ func TestStartCancelledDuringLaunch(t *testing.T) {
 				cancel()
 				return
 			}
+			// Polled at 1 ms, not through waitfor: the cancel must land
+			// inside the launch's short window, from this goroutine.
 			time.Sleep(time.Millisecond)
 		}
 	}()

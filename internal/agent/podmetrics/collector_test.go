@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package podmetrics
 
 import (
@@ -13,6 +16,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/internal/hw"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // TestInfoJoinsDCGMLabels: each prepared device gets one info series per
@@ -203,10 +207,11 @@ func TestHungGPUStallsNoScrape(t *testing.T) {
 		c.SetGPU(gpuOnly{n}, b) // takes no lock a read holds
 	}
 	close(b.release)
-	waitFor(t, "the listing once released", func() bool {
+	waitfor.True(t, "the listing once released", 10*time.Second, func() bool {
 		_, samples := scrape(t, c)
 		return len(named(samples, "hwdra_pod_gpu_memory_used_bytes")) == 1
 	})
+
 	if got := b.reads(); got != 1 {
 		t.Errorf("%d listings for four scrapes within MaxAge, want 1", got)
 	}
@@ -294,14 +299,4 @@ func TestVFCounters(t *testing.T) {
 
 func keys(m map[string]float64) string {
 	return strings.Join(slices.Sorted(maps.Keys(m)), "\n")
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("no %s within 10s", what)
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package podmetrics serves the agent's per-pod series: which pod holds
 // which prepared device (hwdra_claim_device_info, labelled to join
 // dcgm-exporter's series on Hostname, UUID and GPU_I_ID), what each GPU

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package podnet is pod networking: the NIC driver's NRI plugin, which
 // finishes a VF's way into its pod, after prepare. It sits above prepare
 // and metadata (it reads the prepared claims and writes metadata); nothing

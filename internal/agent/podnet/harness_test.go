@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package podnet
 
 import (
@@ -19,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
@@ -36,6 +38,7 @@ import (
 	"github.com/hwdra/hwdra/internal/mock"
 	"github.com/hwdra/hwdra/internal/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/tools/allocate"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 const (
@@ -216,7 +219,7 @@ func (e *env) stopRuntime() { e.rt.Stop() }
 // the runtime has it among its plugins.
 func (e *env) waitReady() {
 	e.t.Helper()
-	waitUntil(e.t, "NRI plugin connected", func() bool { return e.net.Ready() == nil })
+	waitfor.True(e.t, "NRI plugin connected", 10*time.Second, func() bool { return e.net.Ready() == nil })
 	e.rt.Synced()
 }
 
@@ -417,21 +420,17 @@ func (f *fakeMetadata) Calls() []metadataCall {
 func (e *env) claimStatus(c *resourceapi.ResourceClaim, want func([]resourceapi.AllocatedDeviceStatus) bool) []resourceapi.AllocatedDeviceStatus {
 	e.t.Helper()
 	var got []resourceapi.AllocatedDeviceStatus
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitfor.NoError(e.t, "claim "+c.Name+"'s status.devices as expected", 10*time.Second, func() error {
 		cl, err := e.client.ResourceV1().ResourceClaims(c.Namespace).Get(e.ctx, c.Name, metav1.GetOptions{})
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		got = cl.Status.Devices
-		if want(got) {
-			return got
+		if got = cl.Status.Devices; !want(got) {
+			return fmt.Errorf("status.devices %+v", got)
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("claim %s: status.devices %+v not as expected", c.Name, got)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
 func condition(d resourceapi.AllocatedDeviceStatus, typ string) *metav1.Condition {
@@ -445,11 +444,3 @@ func condition(d resourceapi.AllocatedDeviceStatus, typ string) *metav1.Conditio
 
 // placements lists the placements file's keys.
 func (e *env) placements() []string { return e.net.ledger.Keys() }
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	poll := func(context.Context) (bool, error) { return cond(), nil }
-	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 10*time.Second, true, poll); err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
-}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package podnet
 
 import (
@@ -7,12 +10,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/hwdra/hwdra/internal/agent/podnet/nritest"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // TestTenantLookalikeAtStop is the attack of issue 34, row 6: a pod with
@@ -136,10 +141,11 @@ func TestTenantMovesItsVFOn(t *testing.T) {
 	if err := removeAway(); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the VF back on the host", func() bool {
+	waitfor.True(t, "the VF back on the host", 10*time.Second, func() bool {
 		_, name, err := e.hw.NICs().VFLink(fdOf(t, e.host), vf.PCIAddress)
 		return err == nil && name != ""
 	})
+
 	e.removePod(sb)
 	if err := e.unprepare(c); err != nil {
 		t.Fatal(err)

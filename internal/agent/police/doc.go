@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package police holds GPU shares to what the scheduler counted.
 //
 // A GPU share's limits reach its processes as MPS client environment

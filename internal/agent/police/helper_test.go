@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package police
 
 import (
@@ -173,7 +176,7 @@ func bigEnvHelper() {
 	}
 	fmt.Println("ready")
 	for {
-		time.Sleep(time.Hour)
+		time.Sleep(time.Hour) // the helper process idles until the test kills it
 	}
 }
 

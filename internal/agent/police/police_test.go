@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package police
 
 import (
@@ -107,13 +110,16 @@ func execed(t testing.TB, cmd *exec.Cmd) {
 	for _, e := range cmd.Env {
 		want += e + "\x00"
 	}
-	err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+	running := func() bool {
 		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid))
 		if err != nil || strings.TrimSpace(string(comm)) != filepath.Base(cmd.Path) {
-			return false, nil
+			return false
 		}
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cmd.Process.Pid))
-		return err == nil && (cmd.Env == nil || string(env) == want), nil
+		return err == nil && (cmd.Env == nil || string(env) == want)
+	}
+	err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return running(), nil
 	})
 	if err != nil {
 		t.Fatalf("%s did not start its program: %v", cmd.Path, err)

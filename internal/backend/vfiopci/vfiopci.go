@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package vfiopci finds the NVIDIA GPUs bound to vfio-pci, which NVML
 // cannot see: a GPU an operator (or the agent) handed to VFIO for
 // whole-GPU passthrough into a VM. It reads the PCI bus through ghw

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package fault injects faults into mock hardware that a running process
 // (the agent) uses, as `hwdra mock inject` does: the injector drops the
 // fault in the hardware's directory and waits; the process's Inbox applies

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gpusim simulates a node's NVIDIA GPUs under go-nvml's mock
 // server: each GPU answers and refuses as the hardware does (MIG modes,
 // GPU and compute instances with their placements and IDs, vGPU types,

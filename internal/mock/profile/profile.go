@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package profile is the mock hardware's YAML schema: which GPUs and NICs
 // a mock node has and in which state, the built-in profiles
 // (profiles/*.yaml) and the strict decoding and validation that name the

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package convert rewrites manifests written for NVIDIA's GPU DRA driver
 // (driver gpu.nvidia.com, github.com/NVIDIA/k8s-dra-driver-gpu) into
 // hwdra's terms: DeviceClass names, CEL selectors (cel.go), constraint

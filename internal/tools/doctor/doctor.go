@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package doctor is `hwdra doctor`: what the agent would find on a node
 // and what blocks it, each finding with its fix. Each check is a small
 // function over the node's hardware (backend.Node, the same code the

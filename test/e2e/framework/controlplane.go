@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -14,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // DefaultFeatureGates are the gates of the cluster hwdra targets: every DRA
@@ -301,22 +306,16 @@ func (n *Node) waitAPIServer(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
+	return waitfor.Check(ctx, "kube-apiserver ready", timeout, func() error {
 		if !n.APIServer.Running() {
-			return fmt.Errorf("exited: %v", n.APIServer.ExitErr())
+			return waitfor.Stop(fmt.Errorf("exited: %v", n.APIServer.ExitErr()))
 		}
 		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		if err == nil {
-			return nil
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, body)
 		}
-		last = fmt.Errorf("%v: %s", err, body)
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	return fmt.Errorf("not ready after %v: %v", timeout, last)
+		return nil
+	})
 }
 
 // waitHTTP polls url until it answers 200.
@@ -324,23 +323,17 @@ func waitHTTP(ctx context.Context, url string, client *http.Client, timeout time
 	if client == nil {
 		client = &http.Client{Timeout: 2 * time.Second}
 	}
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
+	return waitfor.Check(ctx, url+" healthy", timeout, func() error {
 		resp, err := client.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("status %s", resp.Status)
-		}
-		last = err
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+		if err != nil {
 			return err
 		}
-	}
-	return fmt.Errorf("%s not healthy after %v: %v", url, timeout, last)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %s", resp.Status)
+		}
+		return nil
+	})
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

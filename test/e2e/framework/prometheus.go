@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -16,6 +19,8 @@ import (
 	"github.com/prometheus/common/model"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // EnvPrometheus is the directory with prometheus and promtool
@@ -125,15 +130,16 @@ func (n *Node) StartPrometheus(t testing.TB, targets []ScrapeTarget, rules []byt
 		t.Fatal(err)
 	}
 	p.API = promv1.NewAPI(client)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := p.API.Buildinfo(context.Background()); err == nil {
-			return p
-		} else if time.Now().After(deadline) || !p.proc.Running() {
-			t.Fatalf("prometheus did not answer within 60s: %v\n%s", err, p.proc.Tail(40))
+	if err := waitfor.Check(context.Background(), "prometheus answering", 60*time.Second, func() error {
+		_, err := p.API.Buildinfo(context.Background())
+		if err != nil && !p.proc.Running() {
+			t.Fatalf("prometheus exited: %v\n%s", err, p.proc.Tail(40))
 		}
-		time.Sleep(200 * time.Millisecond)
+		return err
+	}); err != nil {
+		t.Fatalf("%v\n%s", err, p.proc.Tail(40))
 	}
+	return p
 }
 
 // Query evaluates an instant query now.
@@ -154,43 +160,35 @@ func (p *Prometheus) Query(ctx context.Context, query string) (model.Vector, err
 
 // WaitQuery polls a query until ok accepts its result, and returns that.
 func (p *Prometheus) WaitQuery(ctx context.Context, query string, timeout time.Duration, ok func(model.Vector) bool) (model.Vector, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		v, err := p.Query(ctx, query)
-		if err == nil && ok(v) {
-			return v, nil
+	var v model.Vector
+	err := waitfor.Check(ctx, query+": an accepted result", timeout, func() error {
+		var err error
+		if v, err = p.Query(ctx, query); err == nil && !ok(v) {
+			err = fmt.Errorf("last %v", v)
 		}
-		if time.Now().After(deadline) {
-			return v, fmt.Errorf("%s: no accepted result within %v (last %v, %v)", query, timeout, v, err)
-		}
-		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
-			return nil, err
-		}
-	}
+		return err
+	})
+	return v, err
 }
 
 // WaitAlert waits until Prometheus has alert name firing with labels
 // (a subset), and returns it.
 func (p *Prometheus) WaitAlert(ctx context.Context, name string, labels map[string]string, timeout time.Duration) (promv1.Alert, error) {
-	deadline := time.Now().Add(timeout)
-	var last []promv1.Alert
-	for {
+	var found promv1.Alert
+	err := waitfor.Check(ctx, fmt.Sprintf("alert %s %v firing", name, labels), timeout, func() error {
 		res, err := p.API.Alerts(ctx)
-		if err == nil {
-			last = res.Alerts
-			for _, a := range res.Alerts {
-				if string(a.Labels[model.AlertNameLabel]) == name && a.State == promv1.AlertStateFiring && hasLabels(a.Labels, labels) {
-					return a, nil
-				}
+		if err != nil {
+			return err
+		}
+		for _, a := range res.Alerts {
+			if string(a.Labels[model.AlertNameLabel]) == name && a.State == promv1.AlertStateFiring && hasLabels(a.Labels, labels) {
+				found = a
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			return promv1.Alert{}, fmt.Errorf("alert %s %v not firing within %v (alerts: %+v, %v)", name, labels, timeout, last, err)
-		}
-		if err := sleepCtx(ctx, time.Second); err != nil {
-			return promv1.Alert{}, err
-		}
-	}
+		return fmt.Errorf("alerts: %+v", res.Alerts)
+	})
+	return found, err
 }
 
 func hasLabels(set model.LabelSet, want map[string]string) bool {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpu
 
 import (
@@ -24,6 +27,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/internal/agent/prepare"
 	"github.com/hwdra/hwdra/internal/backend/driverlibs"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // benchPrepareUnprepare prepares and unprepares one claim through the
@@ -87,11 +91,7 @@ func benchPrepareUnprepareOn(b *testing.B, e *env, req request, held ...request)
 		}
 	}
 	b.StopTimer()
-	for deadline := time.Now().Add(10 * time.Second); status.Pending() > 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			b.Fatal("claim status not written within 10s")
-		}
-	}
+	waitfor.True(b, "claim status written", 10*time.Second, func() bool { return status.Pending() == 0 })
 	if n := applies.Load(); n < 1 {
 		b.Fatalf("%d status applies", n)
 	}

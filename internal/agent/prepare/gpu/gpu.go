@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gpu is the gpu.hwdra.io side of prepare: it turns allocated GPU
 // devices (whole GPUs, MIG partitions, vGPUs) into hardware state and CDI
 // container edits, recording every side effect so that a failed or

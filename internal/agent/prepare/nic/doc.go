@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nic is the sriov.hwdra.io side of prepare: a prepare.Driver that
 // reserves and configures SR-IOV VFs for claims and restores them after.
 //

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command testapp is the workload image of the real-node tests. It prints
 // what a container sees of its devices — its environment and the files,
 // directories and device nodes named in its arguments — so that a test can
