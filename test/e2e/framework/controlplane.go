@@ -280,10 +280,17 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 	case len(n.Options.Workers) > 0:
 		cmArgs = clusterControllerManagerArgs(cmArgs)
 	case n.Options.ControlPlaneOnly:
-		cmArgs, schedArgs = fleetControllerManagerArgs(cmArgs), fleetSchedulerArgs(schedArgs)
+		cmArgs = fleetControllerManagerArgs(cmArgs)
+		if schedArgs, err = n.fleetSchedulerArgs(schedArgs, kc["scheduler"]); err != nil {
+			return err
+		}
+	}
+	schedBin := bin("kube-scheduler")
+	if n.Options.SchedulerBinary != "" {
+		schedBin = n.Options.SchedulerBinary
 	}
 	n.ControllerManager = n.newProcess("kube-controller-manager", bin("kube-controller-manager"), cmArgs...)
-	n.Scheduler = n.newProcess("kube-scheduler", bin("kube-scheduler"), schedArgs...)
+	n.Scheduler = n.newProcess("kube-scheduler", schedBin, schedArgs...)
 	if err := n.ControllerManager.Start(); err != nil {
 		return err
 	}
