@@ -98,15 +98,9 @@ type VLANRange string
 // UnmarshalJSON takes a string as it is and a number as its digits; null
 // leaves the range empty.
 func (r *VLANRange) UnmarshalJSON(data []byte) error {
-	if string(data) == "null" {
-		return nil
+	if text, ok := jsonText(data); ok {
+		*r = VLANRange(text)
 	}
-	var s string
-	if json.Unmarshal(data, &s) == nil {
-		*r = VLANRange(s)
-		return nil
-	}
-	*r = VLANRange(data)
 	return nil
 }
 
@@ -295,16 +289,23 @@ type Quantity string
 // UnmarshalJSON takes a string as it is and any other value as its JSON
 // text; null leaves the quantity unset.
 func (q *Quantity) UnmarshalJSON(data []byte) error {
+	if text, ok := jsonText(data); ok {
+		*q = Quantity(text)
+	}
+	return nil
+}
+
+// jsonText is a JSON string's value, or any other value's JSON text, for
+// validation to refuse with its field's path; null is no value (false).
+func jsonText(data []byte) (string, bool) {
 	if string(data) == "null" {
-		return nil
+		return "", false
 	}
 	var s string
 	if json.Unmarshal(data, &s) == nil {
-		*q = Quantity(s)
-		return nil
+		return s, true
 	}
-	*q = Quantity(data)
-	return nil
+	return string(data), true
 }
 
 // HealthConfig tunes device health reporting. A GPU XID is a device
