@@ -155,49 +155,14 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 			p.Name = names.SimpleNameGenerator.GenerateName(p.GenerateName)
 		}
 		m.pods = append(m.pods, &readPod{at: at, pod: p, spec: "spec"})
-	case appsv1.SchemeGroupVersion.WithKind("Deployment"):
-		d := &appsv1.Deployment{}
-		if err := strict(d); err != nil {
+	case appsv1.SchemeGroupVersion.WithKind("Deployment"), appsv1.SchemeGroupVersion.WithKind("ReplicaSet"),
+		appsv1.SchemeGroupVersion.WithKind("StatefulSet"), appsv1.SchemeGroupVersion.WithKind("DaemonSet"),
+		batchv1.SchemeGroupVersion.WithKind("Job"), batchv1.SchemeGroupVersion.WithKind("CronJob"):
+		pods, err := decodeWorkload(gvk, at, strict)
+		if err != nil {
 			return m, err
 		}
-		// A Deployment's pods are its ReplicaSet's: <deployment>-<hash>-<random>.
-		rs := names.SimpleNameGenerator.GenerateName(d.Name + "-")
-		m.pods = workloadPods(at, gvk.Kind, &d.ObjectMeta, &d.Spec.Template, "spec.template.spec", replicas(d.Spec.Replicas), generated(rs))
-	case appsv1.SchemeGroupVersion.WithKind("ReplicaSet"):
-		r := &appsv1.ReplicaSet{}
-		if err := strict(r); err != nil {
-			return m, err
-		}
-		m.pods = workloadPods(at, gvk.Kind, &r.ObjectMeta, &r.Spec.Template, "spec.template.spec", replicas(r.Spec.Replicas), generated(r.Name))
-	case appsv1.SchemeGroupVersion.WithKind("StatefulSet"):
-		s := &appsv1.StatefulSet{}
-		if err := strict(s); err != nil {
-			return m, err
-		}
-		m.pods = workloadPods(at, gvk.Kind, &s.ObjectMeta, &s.Spec.Template, "spec.template.spec", replicas(s.Spec.Replicas),
-			func(i int) string { return fmt.Sprintf("%s-%d", s.Name, i) })
-	case appsv1.SchemeGroupVersion.WithKind("DaemonSet"):
-		d := &appsv1.DaemonSet{}
-		if err := strict(d); err != nil {
-			return m, err
-		}
-		// The lab is one node: one pod.
-		m.pods = workloadPods(at, gvk.Kind, &d.ObjectMeta, &d.Spec.Template, "spec.template.spec", 1, generated(d.Name))
-	case batchv1.SchemeGroupVersion.WithKind("Job"):
-		j := &batchv1.Job{}
-		if err := strict(j); err != nil {
-			return m, err
-		}
-		m.pods = workloadPods(at, gvk.Kind, &j.ObjectMeta, &j.Spec.Template, "spec.template.spec", jobPods(j.Spec), generated(j.Name))
-	case batchv1.SchemeGroupVersion.WithKind("CronJob"):
-		c := &batchv1.CronJob{}
-		if err := strict(c); err != nil {
-			return m, err
-		}
-		// One run: a Job <cronjob>-<scheduled time>, its pods <job>-<random>.
-		job := names.SimpleNameGenerator.GenerateName(c.Name + "-")
-		m.pods = workloadPods(at, gvk.Kind, &c.ObjectMeta, &c.Spec.JobTemplate.Spec.Template, "spec.jobTemplate.spec.template.spec",
-			jobPods(c.Spec.JobTemplate.Spec), generated(job))
+		m.pods = pods
 	default:
 		// A kind of a built-in group that does not exist is a typo, as
 		// kubectl says; any other object is not the lab's.
@@ -219,6 +184,57 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 		m.notes = append(m.notes, object+": runs no pod (0 replicas)")
 	}
 	return m, nil
+}
+
+// decodeWorkload decodes a workload strictly and returns the pods it
+// would run.
+func decodeWorkload(gvk schema.GroupVersionKind, at string, strict func(any) error) ([]*readPod, error) {
+	switch gvk {
+	case appsv1.SchemeGroupVersion.WithKind("Deployment"):
+		d := &appsv1.Deployment{}
+		if err := strict(d); err != nil {
+			return nil, err
+		}
+		// A Deployment's pods are its ReplicaSet's: <deployment>-<hash>-<random>.
+		rs := names.SimpleNameGenerator.GenerateName(d.Name + "-")
+		return workloadPods(at, gvk.Kind, &d.ObjectMeta, &d.Spec.Template, "spec.template.spec", replicas(d.Spec.Replicas), generated(rs)), nil
+	case appsv1.SchemeGroupVersion.WithKind("ReplicaSet"):
+		r := &appsv1.ReplicaSet{}
+		if err := strict(r); err != nil {
+			return nil, err
+		}
+		return workloadPods(at, gvk.Kind, &r.ObjectMeta, &r.Spec.Template, "spec.template.spec", replicas(r.Spec.Replicas), generated(r.Name)), nil
+	case appsv1.SchemeGroupVersion.WithKind("StatefulSet"):
+		s := &appsv1.StatefulSet{}
+		if err := strict(s); err != nil {
+			return nil, err
+		}
+		return workloadPods(at, gvk.Kind, &s.ObjectMeta, &s.Spec.Template, "spec.template.spec", replicas(s.Spec.Replicas),
+			func(i int) string { return fmt.Sprintf("%s-%d", s.Name, i) }), nil
+	case appsv1.SchemeGroupVersion.WithKind("DaemonSet"):
+		d := &appsv1.DaemonSet{}
+		if err := strict(d); err != nil {
+			return nil, err
+		}
+		// The lab is one node: one pod.
+		return workloadPods(at, gvk.Kind, &d.ObjectMeta, &d.Spec.Template, "spec.template.spec", 1, generated(d.Name)), nil
+	case batchv1.SchemeGroupVersion.WithKind("Job"):
+		j := &batchv1.Job{}
+		if err := strict(j); err != nil {
+			return nil, err
+		}
+		return workloadPods(at, gvk.Kind, &j.ObjectMeta, &j.Spec.Template, "spec.template.spec", jobPods(j.Spec), generated(j.Name)), nil
+	case batchv1.SchemeGroupVersion.WithKind("CronJob"):
+		c := &batchv1.CronJob{}
+		if err := strict(c); err != nil {
+			return nil, err
+		}
+		// One run: a Job <cronjob>-<scheduled time>, its pods <job>-<random>.
+		job := names.SimpleNameGenerator.GenerateName(c.Name + "-")
+		return workloadPods(at, gvk.Kind, &c.ObjectMeta, &c.Spec.JobTemplate.Spec.Template, "spec.jobTemplate.spec.template.spec",
+			jobPods(c.Spec.JobTemplate.Spec), generated(job)), nil
+	}
+	return nil, fmt.Errorf("no workload kind %s", gvk.Kind)
 }
 
 // decodeClass decodes a DeviceClass of any served version as v1: the
