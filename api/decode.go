@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package api holds hwdra's versioned API types and decodes them: the
 // opaque device configuration of its drivers (gpu.hwdra.io GpuConfig,
 // sriov.hwdra.io VfConfig: DeviceClass and ResourceClaim
@@ -56,6 +59,17 @@ func init() {
 // and validates it. Errors name the field ("nics[1].bandwidth.step") and
 // say what is wrong with it; several are reported together.
 func Decode(data []byte) (Object, error) {
+	o, err := decodeAsWritten(data)
+	if err != nil {
+		return nil, err
+	}
+	o.Default()
+	return o, nil
+}
+
+// decodeAsWritten is Decode without the defaults: the object holds what
+// the document sets (a defaulted copy was validated).
+func decodeAsWritten(data []byte) (Object, error) {
 	js, err := toJSON(data)
 	if err != nil {
 		return nil, err
@@ -63,10 +77,16 @@ func Decode(data []byte) (Object, error) {
 	if err := checkKind(js); err != nil {
 		return nil, err
 	}
-	obj, _, err := decoder.Decode(js, nil, nil)
+	obj, gvk, err := decoder.Decode(js, nil, nil)
 	_, strictOnly := runtime.AsStrictDecodingError(err)
 	if err != nil && (!strictOnly || obj == nil) {
-		return nil, decodeError(js, err)
+		var target reflect.Type
+		if gvk != nil {
+			if typed, err := scheme.New(*gvk); err == nil {
+				target = reflect.TypeOf(typed)
+			}
+		}
+		return nil, decodeError(js, err, target)
 	}
 	o, ok := obj.(Object)
 	if !ok {
@@ -76,10 +96,14 @@ func Decode(data []byte) (Object, error) {
 	// are said with theirs, every one at once.
 	var errs []error
 	if err != nil {
-		errs = append(errs, decodeError(js, err))
+		errs = append(errs, decodeError(js, err, reflect.TypeOf(obj)))
 	}
-	o.Default()
-	if invalid := o.Validate(); len(invalid) > 0 {
+	defaulted, ok := o.DeepCopyObject().(Object)
+	if !ok {
+		return nil, fmt.Errorf("%s: its copy is not a configuration type", obj.GetObjectKind().GroupVersionKind().Kind)
+	}
+	defaulted.Default()
+	if invalid := defaulted.Validate(); len(invalid) > 0 {
 		errs = append(errs, invalid.ToAggregate().Errors()...)
 	}
 	if len(errs) > 0 {
@@ -101,7 +125,7 @@ func Unmarshal(data []byte, out any) error {
 	}
 	strict, err := sigsjson.UnmarshalStrict(js, out, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
 	if err != nil {
-		return decodeError(js, err)
+		return decodeError(js, err, reflect.TypeOf(out))
 	}
 	return utilerrors.NewAggregate(strict)
 }
@@ -112,6 +136,12 @@ func toJSON(data []byte) ([]byte, error) {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")
+		if strings.HasPrefix(msg, "unsupported map key of type") || strings.HasPrefix(msg, "yaml: invalid map key") {
+			// The messages of sigs.k8s.io/yaml and go-yaml for a null,
+			// list or map key print Go types ("%!s(<nil>)",
+			// "[]interface {}") and values.
+			return nil, errors.New("a key is null, a list or an object: keys must be strings")
+		}
 		// "yaml: unmarshal errors:\n  line 4: key "nics" already set in map\n  line 7: ..."
 		if lines := strings.Split(msg, "\n"); len(lines) > 1 && lines[0] == "yaml: unmarshal errors:" {
 			for i := range lines {
@@ -183,10 +213,17 @@ func checkKind(js []byte) error {
 // terms: its unknown and duplicate fields come with their paths
 // already ("unknown field \"nics[1].bandwidth.stp\""); a wrong type
 // names a Go type and a path without list indices, so it is found again
-// in the document by its offset.
-func decodeError(js []byte, err error) error {
+// in the document by its offset; a value a type refused in its own
+// UnmarshalJSON (a resource.Quantity) is found by decoding the document's
+// values of such types one by one into target.
+func decodeError(js []byte, err error, target reflect.Type) error {
 	if strict, ok := runtime.AsStrictDecodingError(err); ok {
 		return utilerrors.NewAggregate(strict.Errors())
+	}
+	if target != nil {
+		if ferr := refusedValue(js, target); ferr != nil {
+			return ferr
+		}
 	}
 	if offset, want, ok := typeError(err); ok {
 		if path, value, found := valueAt(js, offset); found {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package api
 
 import (
@@ -16,6 +19,7 @@ var goTerms = regexp.MustCompile(`Go (struct|value)|struct \{|json:|v1alpha1\.|\
 // TestDecodeErrorsInTheDocumentsTerms: every kind of bad document gets an
 // error that names the field and what is wrong, in YAML and JSON alike.
 func TestDecodeErrorsInTheDocumentsTerms(t *testing.T) {
+	t.Parallel()
 	const vf = "apiVersion: sriov.hwdra.io/v1alpha1\nkind: VfConfig\n"
 	const agent = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\n"
 	for _, tc := range []struct{ name, doc, want string }{
@@ -52,6 +56,12 @@ func TestDecodeErrorsInTheDocumentsTerms(t *testing.T) {
 		{"unquoted hex ID", agent + "nics:\n- {}\n- select: {deviceIDs: [\"101b\", 1021]}\n", "nics[1].select.deviceIDs[1]: Invalid value: 1021: must be a string (quote it)"},
 		{"number for an optional object", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\nmig: 5\n", "mig: Invalid value: 5: must be an object"},
 		{"negative XID", agent + "health:\n  xids: {ignore: [63, -1]}\n", "health.xids.ignore[1]: Invalid value: -1: must be a non-negative integer"},
+		// A value its own type refuses (found by FuzzDecode: the quantity's
+		// error named no field).
+		{"bad quantity", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\nsharing: {strategy: MPS, mps: {defaultPinnedDeviceMemoryLimit: 10 GB}}\n",
+			`sharing.mps.defaultPinnedDeviceMemoryLimit: Invalid value: "10 GB": quantities must match the regular expression`},
+		{"list key", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\n? [a]\n: 1\n", "a key is null, a list or an object: keys must be strings"},
+		{"null key", "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\n~: 1\n", "a key is null, a list or an object: keys must be strings"},
 		// Bad values: validation, every problem at once.
 		{"bad values", vf + "mtu: 20\nvlan: 5000\n", "[mtu: Invalid value: 20: must be between 68 and 9216, vlan: Invalid value: 5000: must be between 0 and 4094]"},
 	} {
@@ -71,6 +81,7 @@ func TestDecodeErrorsInTheDocumentsTerms(t *testing.T) {
 }
 
 func TestDecodeDefaultsAndValidates(t *testing.T) {
+	t.Parallel()
 	obj, err := Decode([]byte("apiVersion: sriov.hwdra.io/v1alpha1\nkind: VfConfig\nmtu: 9000\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +103,7 @@ func TestDecodeDefaultsAndValidates(t *testing.T) {
 // TestUnmarshal: documents without a kind (mock hardware profiles) get
 // the same strictness and messages.
 func TestUnmarshal(t *testing.T) {
+	t.Parallel()
 	type item struct {
 		Name string `json:"name"`
 	}

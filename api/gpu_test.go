@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package api
 
 import (
@@ -10,6 +13,7 @@ import (
 // TestGpuSharing: a sharing strategy decodes with its defaults, and every
 // bad one is refused naming the field.
 func TestGpuSharing(t *testing.T) {
+	t.Parallel()
 	const gpu = "apiVersion: gpu.hwdra.io/v1alpha1\nkind: GpuConfig\n"
 	decode := func(doc string) (*gpuv1alpha1.GpuConfig, error) {
 		obj, err := Decode([]byte(gpu + doc))

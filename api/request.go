@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package api
 
 import (
@@ -25,11 +28,39 @@ func ForRequest[T Object](claim *resourceapi.ResourceClaim, driver, request stri
 // the caller's own errors about its values; "" where none applies (the
 // defaults).
 func ForRequestFrom[T Object](claim *resourceapi.ResourceClaim, driver, request string, zero T) (T, string, error) {
-	chosen, from := zero, ""
-	chosen.Default()
-	if claim.Status.Allocation == nil {
-		return chosen, from, nil
+	layers, err := Layers(claim, driver, request, zero)
+	if err != nil {
+		return zero, "", err
 	}
+	chosen, from := zero, ""
+	if n := len(layers); n > 0 {
+		chosen, from = layers[n-1].Config, layers[n-1].From
+	}
+	chosen.Default()
+	return chosen, from, nil
+}
+
+// Layer is one opaque configuration that applies to a request, as its
+// author wrote it: decoded strictly and validated, but not defaulted, so
+// that what it sets can be told from what it leaves out.
+type Layer[T Object] struct {
+	Config T
+	// From names it as errors do: "config[1] from the claim".
+	From string
+	// Class: it is the DeviceClass's (the administrator's), not the
+	// claim's (whoever wrote the claim).
+	Class bool
+}
+
+// Layers are the configurations of type T that apply to one request of
+// an allocated claim, in the allocation's order: the DeviceClass's first,
+// then the claim's. ForRequest is the last of them, defaulted. Errors name
+// the request, where the configuration came from and the field.
+func Layers[T Object](claim *resourceapi.ResourceClaim, driver, request string, zero T) ([]Layer[T], error) {
+	if claim.Status.Allocation == nil {
+		return nil, nil
+	}
+	var out []Layer[T]
 	base, _, _ := strings.Cut(request, "/") // a subrequest's configs name its parent
 	for i, c := range claim.Status.Allocation.Devices.Config {
 		if c.Opaque == nil || c.Opaque.Driver != driver {
@@ -40,17 +71,17 @@ func ForRequestFrom[T Object](claim *resourceapi.ResourceClaim, driver, request 
 		}
 		config := fmt.Sprintf("config[%d] from %s", i, sourceName(c.Source))
 		where := fmt.Sprintf("request %q, %s", request, config)
-		decoded, err := Decode(c.Opaque.Parameters.Raw)
+		decoded, err := decodeAsWritten(c.Opaque.Parameters.Raw)
 		if err != nil {
-			return zero, "", fmt.Errorf("%s: %w", where, err)
+			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		typed, ok := decoded.(T)
 		if !ok {
-			return zero, "", fmt.Errorf("%s: %s is not a configuration for %s", where, decoded.GetObjectKind().GroupVersionKind().Kind, driver)
+			return nil, fmt.Errorf("%s: %s is not a configuration for %s", where, decoded.GetObjectKind().GroupVersionKind().Kind, driver)
 		}
-		chosen, from = typed, config
+		out = append(out, Layer[T]{Config: typed, From: config, Class: c.Source == resourceapi.AllocationConfigSourceClass})
 	}
-	return chosen, from, nil
+	return out, nil
 }
 
 func sourceName(s resourceapi.AllocationConfigSource) string {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package api
 
 import (
@@ -30,6 +33,7 @@ func opaque(source resourceapi.AllocationConfigSource, driver, params string, re
 const vf = `{"apiVersion":"sriov.hwdra.io/v1alpha1","kind":"VfConfig"`
 
 func TestVfConfigErrorsNameRequestSourceAndField(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct{ params, want string }{
 		"unknown field": {vf + `,"mtuu":1500}`, `unknown field "mtuu"`},
 		"bad mtu":       {vf + `,"mtu":20}`, "mtu: Invalid value: 20"},
@@ -61,6 +65,7 @@ func TestVfConfigErrorsNameRequestSourceAndField(t *testing.T) {
 }
 
 func TestClaimOverridesClassAndRequestsFilter(t *testing.T) {
+	t.Parallel()
 	c := claimWith(
 		opaque(resourceapi.AllocationConfigSourceClass, "sriov.hwdra.io", vf+`,"mtu":9000}`),
 		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"mtu":1500}`, "net"),
@@ -89,6 +94,7 @@ func TestClaimOverridesClassAndRequestsFilter(t *testing.T) {
 // the one a later config overrode not: a share's isolation from its
 // DeviceClass, replaced by the claim's own GpuConfig for its request.
 func TestForRequestFrom(t *testing.T) {
+	t.Parallel()
 	const gpu = `{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"`
 	c := claimWith(
 		opaque(resourceapi.AllocationConfigSourceClass, "gpu.hwdra.io", gpu+`,"share":{"isolation":"Dedicated"}}`, "a", "b"),
@@ -112,6 +118,7 @@ func TestForRequestFrom(t *testing.T) {
 }
 
 func TestGpuConfig(t *testing.T) {
+	t.Parallel()
 	c := claimWith(opaque(resourceapi.AllocationConfigSourceClaim, "gpu.hwdra.io",
 		`{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig","mig":{"computeInstanceSlices":9}}`))
 	if _, err := ForRequest(c, "gpu.hwdra.io", "gpu", &gpuv1alpha1.GpuConfig{}); err == nil || !strings.Contains(err.Error(), "mig.computeInstanceSlices") {
@@ -124,6 +131,7 @@ func TestGpuConfig(t *testing.T) {
 // driver owns some of them, or that applies to a request of its driver,
 // is not.
 func TestUnappliedConfigs(t *testing.T) {
+	t.Parallel()
 	gpu := `{"apiVersion":"gpu.hwdra.io/v1alpha1","kind":"GpuConfig"}`
 	c := claimWith(
 		opaque(resourceapi.AllocationConfigSourceClass, "gpu.hwdra.io", gpu),
@@ -146,5 +154,33 @@ func TestUnappliedConfigs(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestLayers: each configuration that applies to a request, in order, as
+// written (a field it leaves out stays unset: the caller tells the class's
+// settings from the claim's), with its source.
+func TestLayers(t *testing.T) {
+	t.Parallel()
+	c := claimWith(
+		opaque(resourceapi.AllocationConfigSourceClass, "sriov.hwdra.io", vf+`,"vlan":100,"trust":true}`),
+		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"mtu":1500}`, "net"),
+		opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"mtu":4000}`, "other"),
+	)
+	layers, err := Layers(c, "sriov.hwdra.io", "net", &sriovv1alpha1.VfConfig{})
+	if err != nil || len(layers) != 2 {
+		t.Fatalf("%+v %v", layers, err)
+	}
+	class, claim := layers[0], layers[1]
+	if !class.Class || class.From != "config[0] from the DeviceClass" || *class.Config.VLAN != 100 || !*class.Config.Trust || class.Config.SpoofCheck != nil {
+		t.Errorf("the class's layer: %+v %+v", class, class.Config)
+	}
+	if claim.Class || claim.From != "config[1] from the claim" || *claim.Config.MTU != 1500 || claim.Config.Trust != nil || claim.Config.SpoofCheck != nil {
+		t.Errorf("the claim's layer, as written: %+v %+v", claim, claim.Config)
+	}
+	// Validation still sees the document as defaulted.
+	bad := claimWith(opaque(resourceapi.AllocationConfigSourceClaim, "sriov.hwdra.io", vf+`,"vlanQoS":3}`))
+	if _, err := Layers(bad, "sriov.hwdra.io", "net", &sriovv1alpha1.VfConfig{}); err == nil || !strings.Contains(err.Error(), "vlanQoS: Invalid value: 3: needs a vlan") {
+		t.Errorf("got %v", err)
 	}
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package deploy holds what an operator applies: the Helm chart
 // (helm/hwdra) and its rendering as plain manifests (hwdra.yaml: RBAC,
 // admission policy, DeviceClasses, the DaemonSet), and gives programs the

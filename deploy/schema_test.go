@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package deploy
 
 import (
@@ -9,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	configv1alpha1 "github.com/hwdra/hwdra/api/config/v1alpha1"
@@ -116,12 +120,8 @@ func checkType(t *testing.T, root *schemaNode, path string, s *schemaNode, typ r
 			t.Errorf("values.schema.json: %s takes any property, the type only its fields", path)
 		}
 		var fields []string
-		for i := range typ.NumField() {
-			f := typ.Field(i)
+		for _, f := range jsonFields(typ) {
 			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if f.Anonymous || name == "" || name == "-" {
-				continue // TypeMeta: the chart writes apiVersion and kind
-			}
 			fields = append(fields, name)
 			checkType(t, root, path+"."+name, s.Properties[name], f.Type)
 		}
@@ -131,4 +131,23 @@ func checkType(t *testing.T, root *schemaNode, path string, s *schemaNode, typ r
 			}
 		}
 	}
+}
+
+// jsonFields are the fields of a struct as JSON has them: those of an
+// embedded struct (inline) in its place, but not TypeMeta's (the chart
+// writes apiVersion and kind).
+func jsonFields(typ reflect.Type) []reflect.StructField {
+	var out []reflect.StructField
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case f.Anonymous && f.Type == reflect.TypeFor[metav1.TypeMeta]():
+		case f.Anonymous:
+			out = append(out, jsonFields(f.Type)...)
+		case name != "" && name != "-":
+			out = append(out, f)
+		}
+	}
+	return out
 }

@@ -52,13 +52,33 @@ for bad in imag.tag=x image.pullpolicy=Never metricsPort=http config.nics[0].mod
   grep -q 'values don.t meet the specifications of the schema' <<<"$out" || { echo "check-chart: unclear error for --set $bad: $out"; exit 1; }
 done
 # The claim-limits policy is there by default and gone with gpusPerNode 0.
-"$helm" template hwdra "$chart" | grep -q '^  name: hwdra-agent-claim-limits$' ||
+# (grep -q on a here-string: on a pipe it may stop reading first, and
+# pipefail would blame helm.)
+grep -q '^  name: hwdra-agent-claim-limits$' <<<"$("$helm" template hwdra "$chart")" ||
   { echo "check-chart: no claim-limits policy with the default values"; exit 1; }
-if "$helm" template hwdra "$chart" --set claimLimits.gpusPerNode=0 | grep -q 'claim-limits'; then
+if grep -q 'claim-limits' <<<"$("$helm" template hwdra "$chart" --set claimLimits.gpusPerNode=0)"; then
   echo "check-chart: claimLimits.gpusPerNode=0 still renders the claim-limits policy"; exit 1
 fi
+# The VF policy's admission part is there by default and refuses what no
+# PF allows; what config.vfPolicy allows somewhere it lets through; a VLAN
+# the agent would refuse is refused by the schema or the template, by name.
+vf=$("$helm" template hwdra "$chart" --show-only templates/vf-policy.yaml)
+for want in "name: hwdra-agent-vf-policy" "trust: true (no PF lets claims set it" "allowedVLANs: none"; do
+  grep -qF "$want" <<<"$vf" || { echo "check-chart: the default VF policy lacks \"$want\""; exit 1; }
+done
+vf=$("$helm" template hwdra "$chart" --show-only templates/vf-policy.yaml --set config.vfPolicy.pfs[0].allowTrust=true --set 'config.vfPolicy.allowedVLANs={100,200-299}')
+if grep -qF "trust: true (no PF" <<<"$vf" || ! grep -qF "allowedVLANs: 100, 200-299" <<<"$vf"; then
+  echo "check-chart: config.vfPolicy's allowances are not what the VF policy lets through"; exit 1
+fi
+for bad in "config.vfPolicy.allowedVLANs={4095}|values don.t meet the specifications of the schema" \
+  "config.vfPolicy.allowedVLANs={300-200}|config.vfPolicy: allowedVLANs \"300-200\": want a VLAN ID (0 to 4094) or a range from the lower to the higher"; do
+  if out=$("$helm" template hwdra "$chart" --set "${bad%%|*}" 2>&1); then
+    echo "check-chart: ${bad%%|*} was accepted"; exit 1
+  fi
+  grep -q "${bad#*|}" <<<"$out" || { echo "check-chart: unclear error for ${bad%%|*}: $out"; exit 1; }
+done
 # The notes after install say how to check the agent.
-"$helm" install hwdra "$chart" -n hwdra-system --dry-run=client 2>&1 | grep -q 'rollout status daemonset/hwdra-agent' ||
+grep -q 'rollout status daemonset/hwdra-agent' <<<"$("$helm" install hwdra "$chart" -n hwdra-system --dry-run=client 2>&1)" ||
   { echo "check-chart: NOTES.txt does not say how to check the agent"; exit 1; }
 # The notes name every DeviceClass the chart renders, the optional MIG
 # classes too (both come from hwdra.deviceClasses in _helpers.tpl).
@@ -72,6 +92,25 @@ for set in "" "extendedResources.migProfiles={1g.10gb,3g.40gb}"; do
     exit 1
   fi
 done
+# Monitoring: the PodMonitor and PrometheusRule only when asked for (they
+# need the Prometheus operator's CRDs), the dashboard's ConfigMap by
+# default, labelled for Grafana's sidecar, holding the dashboard's JSON;
+# a scrape interval Prometheus would refuse is refused here.
+out=$("$helm" template hwdra "$chart" -n hwdra-system)
+if grep -qE '^kind: (PodMonitor|PrometheusRule)$' <<<"$out"; then
+  echo "check-chart: a PodMonitor or PrometheusRule renders by default"; exit 1
+fi
+grep -q '^    grafana_dashboard: "1"$' <<<"$("$helm" template hwdra "$chart" --show-only templates/dashboard.yaml)" ||
+  { echo "check-chart: no dashboard ConfigMap labelled grafana_dashboard by default"; exit 1; }
+monitoring=(--set monitoring.podMonitor.enabled=true --set monitoring.prometheusRule.enabled=true --set monitoring.podMonitor.labels.release=kps)
+"$helm" lint --strict "$chart" "${monitoring[@]}" >/dev/null
+out=$("$helm" template hwdra "$chart" -n hwdra-system "${monitoring[@]}")
+for kind in PodMonitor PrometheusRule; do
+  grep -q "^kind: $kind$" <<<"$out" || { echo "check-chart: monitoring enabled renders no $kind"; exit 1; }
+done
+if "$helm" template hwdra "$chart" --set monitoring.podMonitor.interval=30 >/dev/null 2>&1; then
+  echo "check-chart: monitoring.podMonitor.interval=30 (no unit) was accepted"; exit 1
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp deploy/hwdra.yaml "$tmp/committed.yaml"

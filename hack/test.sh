@@ -11,7 +11,9 @@ export CGO_ENABLED=1
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 
 # Without HWDRA_REALNODE_BIN the real-node tests skip here and run below.
+began=$SECONDS
 env -u HWDRA_REALNODE_BIN go test -count=1 -timeout 20m ./...
+echo "test.sh: go test ./... took $((SECONDS - began)) s"
 
 if [ "${HWDRA_SKIP_REALNODE:-}" = 1 ]; then
   echo "test.sh: real-node suite skipped (HWDRA_SKIP_REALNODE=1)"

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -23,7 +26,7 @@ func docFiles(t *testing.T, root string) []string {
 	if err != nil || len(guides) == 0 {
 		t.Fatalf("no docs/*.md under %s: %v", root, err)
 	}
-	files := []string{"README.md", filepath.Join("test", "e2e", "README.md")}
+	files := []string{"README.md", "SECURITY.md", filepath.Join("test", "e2e", "README.md")}
 	for _, g := range guides {
 		rel, _ := filepath.Rel(root, g)
 		files = append(files, rel)

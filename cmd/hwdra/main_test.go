@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -188,6 +191,13 @@ func TestMockInject(t *testing.T) {
 		{args: []string{"xid", "--gpu", "0000:1b:00.0"}, wantErr: "xid needs --code"},
 		{args: []string{"clear", "--gpu", "0000:1b:00.0", "--code", "1"}, wantErr: "clear takes no --code"},
 		{args: []string{"link", "--pf", "x", "--state", "sideways"}, wantErr: `--state "sideways" is not down or up`},
+		// A stall is the process's alone (not persisted): the agent's
+		// health tests see what it does; here, that the process took it.
+		{args: []string{"stall", "--gpu", "0000:1b:00.0"}, check: func() bool { return true }},
+		{args: []string{"resume", "--gpu", "0000:1b:00.0"}, check: func() bool { return true }},
+		{args: []string{"stall"}, wantErr: "stall needs --gpu"},
+		{args: []string{"resume", "--gpu", "0000:1b:00.0", "--code", "1"}, wantErr: "resume takes no --code"},
+		{args: []string{"stall", "--gpu", "0000:99:00.0"}, wantErr: "no GPU 0000:99:00.0"},
 		{args: []string{"melt"}, wantErr: `unknown fault "melt"`},
 		{args: []string{"xid", "--gpu", "0000:99:00.0", "--code", "48"}, wantErr: "no GPU 0000:99:00.0"},
 	} {

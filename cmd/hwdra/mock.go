@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build !nomock
 
 package main
@@ -49,6 +52,10 @@ Faults:
                       application XID (13 31 43 45 68 109)
   clear --gpu PCI     the GPU recovers as after a reset
   gpu-lost --gpu PCI  the GPU falls off the bus
+  stall --gpu PCI     the GPU stops answering, as one hung in the driver:
+                      its health queries block and its events are held
+                      (the agent's GPU health monitor stalls on it)
+  resume --gpu PCI    a stalled GPU answers again; the held events arrive
   link --pf NAME --state down|up
                       a PF's link (netdev name or PCI address) goes down
                       or up; with veth stand-ins (root) the kernel sees it
@@ -60,7 +67,7 @@ Faults:
                       (24Gi), :mps marks an MPS client; a process that ran
                       here when set drops out of the list when it exits`,
 		Args:      cobra.ExactArgs(1),
-		ValidArgs: []string{string(fault.XID), string(fault.Clear), string(fault.GPULost), string(fault.Link), string(fault.Driver), string(fault.Processes)},
+		ValidArgs: []string{string(fault.XID), string(fault.Clear), string(fault.GPULost), string(fault.Stall), string(fault.Resume), string(fault.Link), string(fault.Driver), string(fault.Processes)},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f.Kind = fault.Kind(args[0])
 			if err := completeFault(cmd, &f, gi, ci, state, procs); err != nil {
@@ -78,7 +85,7 @@ Faults:
 	fl := cmd.Flags()
 	fl.StringVar(&dir, "mock-dir", "", "the mock hardware's directory (the running process's "+persist.DirEnv+")")
 	fl.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the process to apply the fault")
-	fl.StringVar(&f.GPU, "gpu", "", "the GPU's PCI address (xid, clear, gpu-lost, processes)")
+	fl.StringVar(&f.GPU, "gpu", "", "the GPU's PCI address (xid, clear, gpu-lost, stall, resume, processes)")
 	fl.Uint64Var(&f.XID, "code", 0, "the XID (xid)")
 	fl.IntVar(&gi, "gpu-instance", -1, "confine the XID to this MIG GPU instance ID (xid)")
 	fl.IntVar(&ci, "compute-instance", -1, "and to this compute instance ID in it (xid)")
@@ -95,6 +102,8 @@ func completeFault(cmd *cobra.Command, f *fault.Fault, gi, ci int, state string,
 		fault.XID:       {"gpu", "code"},
 		fault.Clear:     {"gpu"},
 		fault.GPULost:   {"gpu"},
+		fault.Stall:     {"gpu"},
+		fault.Resume:    {"gpu"},
 		fault.Link:      {"pf", "state"},
 		fault.Driver:    {"state"},
 		fault.Processes: {"gpu"},
@@ -102,7 +111,7 @@ func completeFault(cmd *cobra.Command, f *fault.Fault, gi, ci int, state string,
 	allowed := map[fault.Kind][]string{fault.XID: {"gpu-instance", "compute-instance"}, fault.Processes: {"process"}}
 	flags, ok := need[f.Kind]
 	if !ok {
-		return fmt.Errorf("unknown fault %q: want xid, clear, gpu-lost, link, driver or processes", f.Kind)
+		return fmt.Errorf("unknown fault %q: want xid, clear, gpu-lost, stall, resume, link, driver or processes", f.Kind)
 	}
 	for _, name := range flags {
 		if !cmd.Flags().Changed(name) {

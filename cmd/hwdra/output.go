@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -24,7 +27,7 @@ func addDriverRootFlags(cmd *cobra.Command, root *backend.DriverRoot) {
 	cmd.Flags().StringVar(&root.Mount, "nvidia-driver-root-mount", "",
 		"where this process sees --nvidia-driver-root (the DaemonSet mounts it at /driver-root); empty: the same path")
 	cmd.Flags().StringVar(&root.Host, "host-root", "/",
-		"where this process sees the node's / (the DaemonSet mounts it read-only at /host): the known driver roots are looked for under it when --nvidia-driver-root is empty")
+		"where this process sees the node's / (the DaemonSet mounts only the known driver roots under /host, read-only): the known driver roots are looked for under it when --nvidia-driver-root is empty")
 }
 
 func addOutputFlag(cmd *cobra.Command, output *string) {

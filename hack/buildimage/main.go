@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command buildimage writes the agent's image archive (hack/build-image.sh
 // builds the binaries and calls it), one image per architecture under one
 // index: the hwdra binary as /hwdra, the glibc files it needs at run time

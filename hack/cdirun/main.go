@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command cdirun runs a program in a container made as a container runtime
 // makes one for a pod's claims: runc's default spec, the claims' CDI
 // devices injected with the CDI library that containerd and CRI-O use

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command ociarchive moves the image archives hack/build-image.sh writes
 // (an OCI image layout in a tar: one image, or an image index of one
 // image per platform) to where they are used, with go-containerregistry:

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agent is the node agent: it opens the hardware, runs one kubelet
 // plugin per driver that has hardware on the node (drivers.go, plugins.go),
 // has the publisher keep the node's ResourceSlices equal to what the
@@ -30,8 +33,8 @@ type Options struct {
 	NodeName   string
 	Hardware   string
 	ConfigPath string
-	// KubeConfig reaches the API server; each of the agent's two clients
-	// (claims, slices) may send KubeAPIQPS requests a second, in bursts of
+	// KubeConfig reaches the API server; each of the agent's three clients
+	// (claims, slices, status) may send KubeAPIQPS requests a second, in bursts of
 	// KubeAPIBurst.
 	KubeConfig *rest.Config
 	// KubeConfigSource says where KubeConfig came from ("--kubeconfig
@@ -56,6 +59,10 @@ type Options struct {
 	FeatureCheck time.Duration
 	// MetricsAddress serves /metrics and /healthz; empty: off.
 	MetricsAddress string
+	// MetricsBindAddress, an IP address, replaces MetricsAddress's host
+	// (which must then be empty): the node's IP, where the kubelet
+	// probes and Prometheus scrapes, rather than every interface.
+	MetricsBindAddress string
 	// NRISocket is the container runtime's NRI socket, where the NRI
 	// plugin that moves VFs into pods connects; empty: no NRI.
 	NRISocket string
@@ -85,6 +92,12 @@ type Options struct {
 	// node is hardware a test opened (Hardware is then ignored); the
 	// test closes it.
 	node *backend.Node
+	// procRoot is where the share police and the per-pod metrics read
+	// processes ("": /proc): a test's, that puts its processes in pods.
+	procRoot string
+	// healthTimes shortens the health checks and timeouts in tests; nil:
+	// the agent's.
+	healthTimes *healthTimes
 }
 
 // Run runs the agent until ctx is cancelled. It serves the node once it
@@ -97,17 +110,22 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	metricsAddr, err := metricsAddress(opts.MetricsAddress, opts.MetricsBindAddress)
+	if err != nil {
+		return err
+	}
 	m := newMetrics()
 	pr := newProbes()
+	m.registry.MustRegister(readiness(pr))
 	listenCtx, stopListening := context.WithCancel(ctx)
 	defer stopListening()
 	listening := false
 	listen := func() error {
-		if listening || opts.MetricsAddress == "" {
+		if listening || metricsAddr == "" {
 			return nil
 		}
 		listening = true
-		return m.serve(listenCtx, opts.MetricsAddress, pr)
+		return m.serve(listenCtx, metricsAddr, pr)
 	}
 	id := opts.PodUID
 	if id == "" {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -14,6 +17,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // TestAgentSaysTheAPIServerIsUnreachable: an agent whose API server does
@@ -49,12 +54,13 @@ func TestAgentSaysTheAPIServerIsUnreachable(t *testing.T) {
 	ready := func() string { _, body := probe(t, opts.MetricsAddress, "/readyz"); return body }
 
 	warning := `server="https://` + addr + `" from="--kubeconfig test.yaml" err="dial tcp ` + addr + `: connect: connection refused"`
-	waitFor(t, "the warning", func() bool {
+	waitfor.True(t, "the warning", 30*time.Second, func() bool {
 		return strings.Contains(log(), "Warning: cannot reach the API server: claims cannot be read nor devices published until it answers; retrying") &&
 			strings.Contains(log(), warning)
 	})
+
 	unreachable := "the API server https://" + addr + " (--kubeconfig test.yaml) is unreachable for "
-	waitFor(t, "/readyz to name the API server", func() bool { return strings.Contains(ready(), unreachable) })
+	waitfor.True(t, "/readyz to name the API server", 30*time.Second, func() bool { return strings.Contains(ready(), unreachable) })
 
 	// Something answers there now (any HTTP answer is the server reached).
 	ln, err := net.Listen("tcp", addr)
@@ -68,9 +74,10 @@ func TestAgentSaysTheAPIServerIsUnreachable(t *testing.T) {
 	srv.Listener = ln
 	srv.StartTLS()
 	defer srv.Close()
-	waitFor(t, "the agent to say the server answers", func() bool {
+	waitfor.True(t, "the agent to say the server answers", 30*time.Second, func() bool {
 		return strings.Contains(log(), "The API server answers again") && strings.Contains(log(), `server="https://`+addr+`" after=`)
 	})
+
 	if body := ready(); strings.Contains(body, "unreachable") {
 		t.Errorf("/readyz still names the API server: %q", body)
 	}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -5,10 +8,12 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // TestClaimLimitBelowTheNode: an agent told that the claim-limits policy
@@ -19,11 +24,12 @@ func TestClaimLimitBelowTheNode(t *testing.T) {
 	a.slices(device.GPUDriver, nil)
 	a.registerPlugins(device.GPUDriver)
 	want := "warning: this node has 2 GPUs, but the chart's claim-limits policy refuses claims for more than 1 GPUs"
-	waitFor(t, "/readyz warning of the claim limit", func() bool {
+	waitfor.True(t, "/readyz warning of the claim limit", 30*time.Second, func() bool {
 		code, body := probe(t, a.opts.MetricsAddress, "/readyz")
 		return code == http.StatusOK && strings.Contains(body, "\n"+want)
 	})
-	waitFor(t, "the Event on the Node", func() bool {
+
+	waitfor.True(t, "the Event on the Node", 30*time.Second, func() bool {
 		list, err := a.client.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -36,6 +42,7 @@ func TestClaimLimitBelowTheNode(t *testing.T) {
 		}
 		return false
 	})
+
 	// More probes tell nothing new.
 	for range 3 {
 		probe(t, a.opts.MetricsAddress, "/readyz")

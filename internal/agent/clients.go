@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -15,14 +18,15 @@ import (
 const (
 	clientClaims = "claims" // the kubelet plugins: a claim GET per prepare
 	clientSlices = "slices" // ResourceSlice publishing and its informer
+	clientStatus = "status" // claim status writes, after prepare and in NRI hooks
 )
 
-// newClients returns the agent's two API clients. Each has a rate limiter
-// of its own (qps, burst), so a prepare's claim GET never waits behind
-// ResourceSlice writes: with one shared limiter a republish of a few slices
-// queued every prepare behind it (client-go's default of 5 QPS, burst 10).
-// Every request passes through wrap.
-func newClients(rc *rest.Config, qps float32, burst int, m *metrics, wrap transport.WrapperFunc) (claims, slices kubernetes.Interface, err error) {
+// newClients returns the agent's API clients. Each has a rate limiter of
+// its own (qps, burst), so a prepare's claim GET never waits behind
+// ResourceSlice writes or claim status writes: with one shared limiter a
+// republish of a few slices queued every prepare behind it (client-go's
+// default of 5 QPS, burst 10). Every request passes through wrap.
+func newClients(rc *rest.Config, qps float32, burst int, m *metrics, wrap transport.WrapperFunc) (claims, slices, status kubernetes.Interface, err error) {
 	newClient := func(name string) (kubernetes.Interface, error) {
 		c := rest.CopyConfig(rc)
 		c.Wrap(wrap)
@@ -35,12 +39,15 @@ func newClients(rc *rest.Config, qps float32, burst int, m *metrics, wrap transp
 		return kubernetes.NewForConfig(c)
 	}
 	if claims, err = newClient(clientClaims); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if slices, err = newClient(clientSlices); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return claims, slices, nil
+	if status, err = newClient(clientStatus); err != nil {
+		return nil, nil, nil, err
+	}
+	return claims, slices, status, nil
 }
 
 // measuredLimiter counts the requests that had to wait for a token and

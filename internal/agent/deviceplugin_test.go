@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -8,12 +11,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // registerPlugins does the kubelet's part of a plugin registration for
@@ -42,7 +47,7 @@ func TestLeavesGPUsToTheDevicePlugin(t *testing.T) {
 	gpus := len(deviceNamesOf(a.slices(device.GPUDriver, nil)))
 	a.slices(device.NICDriver, nil)
 	a.registerPlugins(device.GPUDriver, device.NICDriver)
-	waitFor(t, "ready", func() bool { code, _ := probe(t, a.opts.MetricsAddress, "/readyz"); return code == http.StatusOK })
+	waitfor.True(t, "ready", 30*time.Second, func() bool { code, _ := probe(t, a.opts.MetricsAddress, "/readyz"); return code == http.StatusOK })
 
 	sock := filepath.Join(dpDir, "nvidia-gpu.sock")
 	l, err := net.Listen("unix", sock)
@@ -50,15 +55,16 @@ func TestLeavesGPUsToTheDevicePlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	waitFor(t, "GPU slices withdrawn", func() bool { return a.storedDevices(device.GPUDriver) == 0 })
+	waitfor.True(t, "GPU slices withdrawn", 30*time.Second, func() bool { return a.storedDevices(device.GPUDriver) == 0 })
 	want := "2 of 2 GPUs not published: NVIDIA's device plugin serves GPUs on this node: its socket " + sock
 	// It says too where the NVIDIA driver is: the mock's, found as on a
 	// host.
-	waitFor(t, "/readyz naming the device plugin and the driver", func() bool {
+	waitfor.True(t, "/readyz naming the device plugin and the driver", 30*time.Second, func() bool {
 		code, body := probe(t, a.opts.MetricsAddress, "/readyz")
 		return code == http.StatusOK && strings.HasPrefix(body, "ok\nNVIDIA driver root / (fhs layout): NVML /") &&
 			strings.Contains(body, "/host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1, programs in /") && strings.HasSuffix(body, "\n"+want+"\n")
 	})
+
 	if got := a.metric(`hwdra_device_plugin_detected{source="socket"}`); got != "1" {
 		t.Errorf("hwdra_device_plugin_detected{source=socket} %q, want 1", got)
 	}
@@ -73,11 +79,12 @@ func TestLeavesGPUsToTheDevicePlugin(t *testing.T) {
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("the listener left its socket: %v", err)
 	}
-	waitFor(t, "GPU slices back", func() bool { return a.storedDevices(device.GPUDriver) == gpus })
-	waitFor(t, "/readyz ok with the driver only", func() bool {
+	waitfor.True(t, "GPU slices back", 30*time.Second, func() bool { return a.storedDevices(device.GPUDriver) == gpus })
+	waitfor.True(t, "/readyz ok with the driver only", 30*time.Second, func() bool {
 		code, body := probe(t, a.opts.MetricsAddress, "/readyz")
 		return code == http.StatusOK && strings.HasPrefix(body, "ok\nNVIDIA driver root /") && strings.Count(body, "\n") == 2
 	})
+
 	if got := a.metric(`hwdra_device_plugin_detected{source="socket"}`); got != "0" {
 		t.Errorf("hwdra_device_plugin_detected{source=socket} %q, want 0", got)
 	}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -12,6 +15,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/internal/agent/config"
+	"github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/internal/agent/mps"
 	"github.com/hwdra/hwdra/internal/agent/prepare"
 	gpuprep "github.com/hwdra/hwdra/internal/agent/prepare/gpu"
@@ -93,6 +97,9 @@ type PluginOptions struct {
 	CDIHook string
 	// MPSCgroup is where MPS control daemons run.
 	MPSCgroup mps.Cgroup
+	// GPUStatus writes the GPU claims' status.devices after prepare; nil:
+	// none (gpus.claimStatus Off, the lab).
+	GPUStatus *metadata.StatusWriter
 }
 
 // NewDrivers builds a plugin for each driver that has hardware in inv. Each
@@ -106,12 +113,15 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 	if len(inv.GPUs) > 0 && gpu != nil || len(inv.PassthroughGPUs) > 0 && !node.NVMLPending() {
 		d, err := gpuprep.New(gpuprep.Options{
 			NVML:      gpu, // nil where only GPUs bound to vfio-pci are there
+			NodeName:  opts.NodeName,
 			Published: opts.Published,
 			StateDir:  opts.StateDir,
 			DevRoot:   node.GPUDevRoot, DevNodeRoot: node.GPUDevNodeRoot, ProcRoot: node.ProcRoot, SysfsRoot: node.SysfsRoot,
 			Sysfs: node.Sysfs, DriverFiles: driverlibs.New(node.DriverFiles(opts.CDIDir, opts.CDIHook)),
 			Programs: node.Programs, MPSCgroup: opts.MPSCgroup,
-			Settings: opts.gpuSettings(),
+			MPSShmSize: opts.gpuPolicy().MPSShmSize(), MPSMemoryLimit: opts.gpuPolicy().MPSDaemonMemoryLimit(),
+			Settings:           opts.gpuSettings(),
+			AllowUnsafeNoIOMMU: opts.Config != nil && opts.Config.AllowsUnsafeNoIOMMU(),
 		})
 		if err != nil {
 			return Drivers{}, err
@@ -121,6 +131,9 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 		})
 		if err != nil {
 			return Drivers{}, fmt.Errorf("%s: %w", device.GPUDriver, err)
+		}
+		if opts.GPUStatus != nil {
+			p.ReportTo(gpuStatusReporter{opts.GPUStatus})
 		}
 		drivers.GPU = &GPU{Driver: Driver[gpuprep.Record]{Name: device.GPUDriver, Plugin: p}, Unclaimed: d, MPS: d.MPS()}
 	}
@@ -146,11 +159,15 @@ func NewDrivers(ctx context.Context, node *backend.Node, inv hw.Inventory, opts 
 
 // gpuSettings is the configuration's gpus.settings; without a
 // configuration the default, Manage.
-func (o PluginOptions) gpuSettings() config.GPUSettings {
+func (o PluginOptions) gpuSettings() config.GPUSettings { return o.gpuPolicy().Settings() }
+
+// gpuPolicy is the configuration's gpus section; without a configuration
+// the defaults.
+func (o PluginOptions) gpuPolicy() config.GPUPolicy {
 	if o.Config == nil {
-		return config.SettingsManage
+		return config.GPUPolicy{}
 	}
-	return o.Config.GPUPolicy().Settings()
+	return o.Config.GPUPolicy()
 }
 
 // nodeClaims is the API server's word on the claims allocated to a node

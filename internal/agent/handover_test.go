@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -13,6 +16,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // probe GETs a probe endpoint of an agent: its status code and body.
@@ -37,13 +41,14 @@ func TestRollingUpdateHandover(t *testing.T) {
 	a := startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, "gpus:\n- model: h100-80gb\n  count: 1\n"), PodUID: "11111111-aaaa-4aaa-8aaa-000000000001"})
 	a.slices(device.GPUDriver, nil)
 	oldSocket := registrarSocket(filepath.Join(a.dir, "registry"), device.GPUDriver, a.opts.PodUID)
-	waitFor(t, "the first agent's registration socket", func() bool { _, err := os.Stat(oldSocket); return err == nil })
+	waitfor.True(t, "the first agent's registration socket", 30*time.Second, func() bool { _, err := os.Stat(oldSocket); return err == nil })
 	// No kubelet here: the registration never comes, and /readyz says so
 	// once the agent serves ("starting" until its start is done).
-	waitFor(t, "/readyz naming the kubelet's registration", func() bool {
+	waitfor.True(t, "/readyz naming the kubelet's registration", 30*time.Second, func() bool {
 		code, body := probe(t, a.opts.MetricsAddress, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "kubelet has not registered")
 	})
+
 	if code, body := probe(t, a.opts.MetricsAddress, "/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
@@ -58,8 +63,8 @@ func TestRollingUpdateHandover(t *testing.T) {
 	t.Cleanup(b.stop)
 
 	newSocket := registrarSocket(filepath.Join(a.dir, "registry"), device.GPUDriver, b.opts.PodUID)
-	waitFor(t, "the second agent's registration socket", func() bool { _, err := os.Stat(newSocket); return err == nil })
-	waitFor(t, "the first agent's sockets gone", func() bool { _, err := os.Stat(oldSocket); return os.IsNotExist(err) })
+	waitfor.True(t, "the second agent's registration socket", 30*time.Second, func() bool { _, err := os.Stat(newSocket); return err == nil })
+	waitfor.True(t, "the first agent's sockets gone", 30*time.Second, func() bool { _, err := os.Stat(oldSocket); return os.IsNotExist(err) })
 	if newSocket == oldSocket {
 		t.Fatal("both agents use one registration socket")
 	}
@@ -74,10 +79,11 @@ func TestRollingUpdateHandover(t *testing.T) {
 	if code, _ := probe(t, a.opts.MetricsAddress, "/readyz"); code != 0 {
 		t.Errorf("the first agent still answers probes after handing over: %d", code)
 	}
-	waitFor(t, "the second agent's publication verified", func() bool {
+	waitfor.True(t, "the second agent's publication verified", 30*time.Second, func() bool {
 		_, body := probe(t, b.opts.MetricsAddress, "/readyz")
 		return strings.Contains(body, "kubelet plugin") && !strings.Contains(body, "ResourceSlices")
 	})
+
 	data, err := os.ReadFile(filepath.Join(a.dir, "state", lockFile))
 	if err != nil || strings.TrimSpace(string(data)) != b.opts.PodUID {
 		t.Errorf("state lock names %q (%v), want the second agent", data, err)

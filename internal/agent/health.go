@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -22,24 +25,51 @@ import (
 )
 
 // Health check intervals and the kubelet's health check timeouts, per
-// device kind. NVML queries can stall for seconds on a busy GPU; sysfs
-// and netlink answer at once. Each device is re-sent every timeout/3, and
-// only while its monitor checked within 2/3 of the timeout.
+// device kind, chosen as docs/design.md ("Health: timeouts per device
+// kind") explains. Each device is re-sent every timeout/3; a monitor
+// that has completed no check for 2/3 of the timeout is stalled and its
+// devices are streamed Unknown until it checks again.
 const (
+	// A GPU check asks NVML for each GPU (handle, PCI address, recovery
+	// action) through the driver's lock, which a MIG reconfiguration or a
+	// GPU reset holds for seconds: three checks missed (30 s) before the
+	// GPUs are Unknown. Events report XIDs at once in between.
 	gpuCheckInterval = 10 * time.Second
 	gpuHealthTimeout = 45 * time.Second
 	// An MPS check asks each daemon through its control pipe (a process
 	// each): cheap, and a dead daemon's clients wait for it.
 	mpsCheckInterval = 5 * time.Second
+	// A NIC check reads sysfs and netlink, which answer at once; netlink
+	// reports link changes as they happen. Stalled after 20 s: four
+	// checks missed. The timeout is the kubelet's default.
 	nicCheckInterval = 5 * time.Second
-	nicHealthTimeout = 20 * time.Second
+	nicHealthTimeout = 30 * time.Second
 )
+
+// healthTimes are the monitors' check intervals and the kubelet's health
+// check timeouts, per device kind (tests shorten them).
+type healthTimes struct {
+	gpuCheck, gpuTimeout, mpsCheck, nicCheck, nicTimeout time.Duration
+}
+
+var defaultHealthTimes = healthTimes{gpuCheck: gpuCheckInterval, gpuTimeout: gpuHealthTimeout,
+	mpsCheck: mpsCheckInterval, nicCheck: nicCheckInterval, nicTimeout: nicHealthTimeout}
+
+// Monitor names, in the Unknown message of a stalled monitor's devices.
+const (
+	gpuMonitorName = "the GPU health monitor (NVML events and checks)"
+	nicMonitorName = "the NIC health monitor (netlink and sysfs)"
+)
+
+// passthroughUnmonitored is the health message of a GPU bound to vfio-pci.
+const passthroughUnmonitored = "health unknown: a GPU bound to vfio-pci is invisible to NVML, so no health monitor watches it; the VM's guest driver is the one that sees its faults"
 
 // nodeHealth wires the health monitors to the publisher (taints, and
 // republishing when faults change) and to the kubelet (one health stream
 // per driver).
 type nodeHealth struct {
 	cfg     *config.AgentConfig
+	times   healthTimes
 	policy  health.XIDPolicy
 	changed *health.Broadcast // faults or published devices changed
 	// republish wakes the publisher (publish.Publisher.Run): the faults,
@@ -54,8 +84,11 @@ type nodeHealth struct {
 	devices map[string][]health.Device // by driver, as last published
 }
 
-func newNodeHealth(cfg *config.AgentConfig) *nodeHealth {
-	return &nodeHealth{cfg: cfg, policy: health.NewXIDPolicy(cfg.HealthPolicy()),
+func newNodeHealth(cfg *config.AgentConfig, times *healthTimes) *nodeHealth {
+	if times == nil {
+		times = &defaultHealthTimes
+	}
+	return &nodeHealth{cfg: cfg, times: *times, policy: health.NewXIDPolicy(cfg.HealthPolicy()),
 		changed: health.NewBroadcast(), republish: make(chan struct{}, 1), devices: map[string][]health.Device{}}
 }
 
@@ -114,20 +147,20 @@ func (h *nodeHealth) startNIC(ctx context.Context, node *backend.Node) {
 	if node.NoLinks {
 		links = nil
 	}
-	m := health.NewNICMonitor(node.SysfsRoot, links, nicCheckInterval, h.onChange)
+	m := health.NewNICMonitor(node.SysfsRoot, links, h.times.nicCheck, h.onChange)
 	h.start(ctx, m, func() { h.nic = m })
 }
 
 // startGPU starts the GPU monitor on an initialised NVML.
 func (h *nodeHealth) startGPU(ctx context.Context, gpu *nvml.Backend) {
-	m := health.NewGPUMonitor(gpu, h.policy, gpuCheckInterval, h.onChange)
+	m := health.NewGPUMonitor(gpu, h.policy, h.times.gpuCheck, h.onChange)
 	h.start(ctx, m, func() { h.gpu = m })
 }
 
 // startMPS starts supervising the GPU driver's MPS control daemons: one
 // that died is started again, and its devices are unhealthy meanwhile.
 func (h *nodeHealth) startMPS(ctx context.Context, daemons *mps.Manager) {
-	m := health.NewMPSMonitor(daemons, mpsCheckInterval, h.onChange)
+	m := health.NewMPSMonitor(daemons, h.times.mpsCheck, h.onChange)
 	h.start(ctx, m, func() { h.mps = m })
 }
 
@@ -161,21 +194,30 @@ func (h *nodeHealth) Published(driver string, res resourceslice.DriverResources,
 func (h *nodeHealth) catalog(driver string, res resourceslice.DriverResources, inv hw.Inventory, f device.Features) []health.Device {
 	switch driver {
 	case device.GPUDriver:
-		return devicesOf(res, resources.GPUDevices(inv.GPUs, inv.PassthroughGPUs, f))
+		return devicesOf(res, resources.GPUDevices(inv.GPUs, inv.PassthroughGPUs, f), gpuUnmonitored)
 	case device.NICDriver:
 		offers, _ := h.cfg.Resolve(inv.PFs)
-		return devicesOf(res, resources.NICDevices(offers, f))
+		return devicesOf(res, resources.NICDevices(offers, f), func(resources.NICDevice) string { return "" })
 	}
 	return nil
 }
 
-func devicesOf[T health.Faulty](res resourceslice.DriverResources, catalog map[string]T) []health.Device {
+// gpuUnmonitored says why no monitor watches a GPU device ("" where one
+// does).
+func gpuUnmonitored(d resources.GPUDevice) string {
+	if d.Kind == device.KindPassthrough {
+		return passthroughUnmonitored
+	}
+	return ""
+}
+
+func devicesOf[T health.Faulty](res resourceslice.DriverResources, catalog map[string]T, unmonitored func(T) string) []health.Device {
 	var out []health.Device
 	for pool, p := range res.Pools {
 		for _, s := range p.Slices {
 			for _, d := range s.Devices {
 				if of, ok := catalog[d.Name]; ok {
-					out = append(out, health.Device{Pool: pool, Name: d.Name, Of: of})
+					out = append(out, health.Device{Pool: pool, Name: d.Name, Of: of, Unmonitored: unmonitored(of)})
 				}
 			}
 		}
@@ -185,11 +227,10 @@ func devicesOf[T health.Faulty](res resourceslice.DriverResources, catalog map[s
 
 // stream is a driver's health stream.
 func (h *nodeHealth) stream(driver string) health.Stream {
-	timeout := nicHealthTimeout
 	if driver == device.GPUDriver {
-		timeout = gpuHealthTimeout
+		return health.Stream{Source: driverHealth{h, driver}, Timeout: h.times.gpuTimeout, Monitor: gpuMonitorName}
 	}
-	return health.Stream{Source: driverHealth{h, driver}, Timeout: timeout}
+	return health.Stream{Source: driverHealth{h, driver}, Timeout: h.times.nicTimeout, Monitor: nicMonitorName}
 }
 
 // driverHealth is the node's health as one driver's stream sees it
@@ -206,15 +247,20 @@ func (d driverHealth) Devices() []health.Device {
 	return d.devices[d.driver]
 }
 
-// Alive: the driver's monitor checked its devices within within.
-func (d driverHealth) Alive(within time.Duration) bool {
+// LastCheck is when the driver's monitor last checked its devices; zero
+// without a monitor (a GPU driver of passthrough GPUs alone has none:
+// its devices are all unmonitored).
+func (d driverHealth) LastCheck() time.Time {
 	d.mu.Lock()
 	gpu, nic := d.gpu, d.nic
 	d.mu.Unlock()
-	if d.driver == device.GPUDriver {
-		return gpu != nil && gpu.Alive(within)
+	switch {
+	case d.driver == device.GPUDriver && gpu != nil:
+		return gpu.LastCheck()
+	case d.driver == device.NICDriver && nic != nil:
+		return nic.LastCheck()
 	}
-	return nic != nil && nic.Alive(within)
+	return time.Time{}
 }
 
 // Changed is closed at the next change of faults or published devices.

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -24,6 +27,7 @@ import (
 	"github.com/hwdra/hwdra/internal/mock/fault"
 	"github.com/hwdra/hwdra/internal/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // healthWatch is the kubelet's side of a driver's health stream: the
@@ -41,7 +45,7 @@ type healthWatch struct {
 func (a *testAgent) watchHealth(driver string) *healthWatch {
 	a.t.Helper()
 	sock := filepath.Join(a.dir, "plugins", driver, "dra.sock")
-	waitForT(a.t, "the plugin socket of "+driver, func() bool { _, err := os.Stat(sock); return err == nil })
+	waitfor.True(a.t, "the plugin socket of "+driver, 30*time.Second, func() bool { _, err := os.Stat(sock); return err == nil })
 	ctx, cancel := context.WithCancel(context.Background())
 	a.t.Cleanup(cancel)
 	stream, err := drahealthv1.NewDRAResourceHealthClient(a.dial(sock)).NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
@@ -100,16 +104,6 @@ func (w *healthWatch) wait(what string, cond func(map[string]*drahealthv1.Device
 	}
 }
 
-func waitForT(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("no %s within 30s", what)
-}
-
 // inject injects a fault into the agent's mock hardware, through its
 // directory, as `hwdra mock inject` does.
 func inject(t testing.TB, dir string, f fault.Fault) {
@@ -166,6 +160,36 @@ func prepareClaims(t testing.TB, a *testAgent, driver string, claims ...*resourc
 	for _, c := range claims {
 		if r := resp.Claims[string(c.UID)]; r == nil || r.Error != "" {
 			t.Fatalf("prepare %s: %+v", c.Name, r)
+		}
+	}
+	// A share's MPS daemon outlives the agent by design: unprepared here,
+	// before the agent stops (cleanups run last-in first-out), or it runs
+	// on after the test. A test that stopped the agent itself unprepares
+	// first (unprepareClaims).
+	t.Cleanup(func() {
+		if a.cancel != nil {
+			unprepareClaims(t, a, driver, claims...)
+		}
+	})
+}
+
+// unprepareClaims unprepares claims through the driver's kubelet plugin
+// (idempotent: claims unprepared before are no error).
+func unprepareClaims(t testing.TB, a *testAgent, driver string, claims ...*resourceapi.ResourceClaim) {
+	t.Helper()
+	dra := drapb.NewDRAPluginClient(a.dial(filepath.Join(a.dir, "plugins", driver, "dra.sock")))
+	var pb []*drapb.Claim
+	for _, c := range claims {
+		pb = append(pb, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
+	}
+	resp, err := dra.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{Claims: pb})
+	if err != nil {
+		t.Errorf("unprepare: %v", err)
+		return
+	}
+	for _, c := range claims {
+		if r := resp.Claims[string(c.UID)]; r == nil || r.Error != "" {
+			t.Errorf("unprepare %s: %+v", c.Name, r)
 		}
 	}
 }
@@ -240,7 +264,7 @@ func TestHealthXID(t *testing.T) {
 	inject(t, dir, fault.Fault{Kind: fault.XID, GPU: other, XID: 13})
 	// The monitor judged the XID (and told a change, had it made one),
 	// then the publisher rescanned twice.
-	waitForT(t, "the GPU monitor's judgement of XID 13", func() bool { return a.counter("hwdra_gpu_health_events_total") > events })
+	waitfor.True(t, "the GPU monitor's judgement of XID 13", 30*time.Second, func() bool { return a.counter("hwdra_gpu_health_events_total") > events })
 	a.settle()
 	if p := a.publications(); p != publications {
 		t.Errorf("XID 13 was published %v times", p-publications)

@@ -1,8 +1,12 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -12,8 +16,11 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/hwdra/hwdra/internal/agent/endpoint"
+	"github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/internal/agent/police"
 	"github.com/hwdra/hwdra/internal/agent/publish"
+	"github.com/hwdra/hwdra/internal/agent/slices/device"
 )
 
 // metrics are the agent's Prometheus metrics, on their own registry so
@@ -45,7 +52,7 @@ func newMetrics() *metrics {
 		}, []string{"driver", "operation", "kind", "result"}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hwdra_api_client_throttled_requests_total",
-			Help: "API requests that waited for the client's rate limiter (--kube-api-qps, --kube-api-burst), by client: claims (prepare) or slices (publishing).",
+			Help: "API requests that waited for the client's rate limiter (--kube-api-qps, --kube-api-burst), by client: claims (prepare), slices (publishing) or status (claim status writes).",
 		}, []string{"client"}),
 		throttleWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "hwdra_api_client_throttle_wait_seconds",
@@ -59,8 +66,8 @@ func newMetrics() *metrics {
 		}, []string{"hook", "result"}),
 		statusWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hwdra_claim_status_writes_total",
-			Help: "ResourceClaim status.devices applies (VF network data), by result.",
-		}, []string{"result"}),
+			Help: "ResourceClaim status.devices write requests (GPU entries after prepare, VF network data at pod start and stop), by driver and result: success, refused (forbidden or invalid: not retried), gone (claim deleted, replaced or deallocated), error (retried).",
+		}, []string{"driver", "result"}),
 		shareFindings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hwdra_gpu_share_violations_total",
 			Help: "Processes the share police acted on, by reason (GPUShareMemoryOverrun, GPUShareLimitsRaised, GPUProcessOutsideMPS, GPUProcessWithoutClaim, GPUProcessOutsideKubernetes) and action (stopped, reported, stop-failed); gpus.shares.overuse decides stop or report.",
@@ -73,12 +80,14 @@ func newMetrics() *metrics {
 	}
 	// Series that exist from the start, so a dashboard sees zeros rather
 	// than nothing.
-	for _, c := range []string{clientClaims, clientSlices} {
+	for _, c := range []string{clientClaims, clientSlices, clientStatus} {
 		m.throttled.WithLabelValues(c)
 		m.throttleWait.WithLabelValues(c)
 	}
-	for _, r := range []string{resultSuccess, resultError} {
-		m.statusWrites.WithLabelValues(r)
+	for _, d := range []string{device.GPUDriver, device.NICDriver} {
+		for _, r := range []string{metadata.WriteSuccess, metadata.WriteRefused, metadata.WriteGone, metadata.WriteError} {
+			m.statusWrites.WithLabelValues(d, r)
+		}
 	}
 	for _, r := range police.Reasons {
 		for _, a := range []string{police.ActionStopped, police.ActionReported} {
@@ -139,9 +148,10 @@ func (m *metrics) Found(reason police.Reason, action string) {
 // Checked records one round of the share police (police.Observer).
 func (m *metrics) Checked(_ int, took time.Duration) { m.shareChecks.Observe(took.Seconds()) }
 
-// ObserveStatusWrite counts one claim status write (metadata.WriteObserver).
-func (m *metrics) ObserveStatusWrite(err error) {
-	m.statusWrites.WithLabelValues(result(err)).Inc()
+// ObserveStatusWrite counts one claim status write request
+// (metadata.WriteObserver).
+func (m *metrics) ObserveStatusWrite(driver, result string) {
+	m.statusWrites.WithLabelValues(driver, result).Inc()
 }
 
 // deviceHealthDesc: one series per device and state, 1 for the device's
@@ -191,7 +201,8 @@ func (m *metrics) observe(driver, op, kind string, start time.Time, err error) {
 	m.claims.WithLabelValues(driver, op, kind, result(err)).Observe(time.Since(start).Seconds())
 }
 
-// serve exposes /metrics, /healthz and /readyz on addr until ctx ends.
+// serve exposes /metrics, /healthz and /readyz on addr until ctx ends,
+// within the endpoint's limits (the port is on the node's network).
 func (m *metrics) serve(ctx context.Context, addr string, pr *probes) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
@@ -201,18 +212,27 @@ func (m *metrics) serve(ctx context.Context, addr string, pr *probes) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown) // exiting: nothing to do about a slow client
-	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Metrics server")
-		}
-	}()
+	endpoint.Serve(ctx, ln, mux, endpoint.DefaultLimits)
 	klog.FromContext(ctx).Info("Serving metrics", "address", ln.Addr().String())
 	return nil
+}
+
+// metricsAddress is where the agent serves metrics and probes:
+// --metrics-address, its host replaced by --metrics-bind-address where
+// that is set (the chart passes the node's IP: status.hostIP).
+func metricsAddress(addr, bind string) (string, error) {
+	if addr == "" || bind == "" {
+		return addr, nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("--metrics-address %q: %w", addr, err)
+	}
+	if net.ParseIP(bind) == nil {
+		return "", fmt.Errorf("--metrics-bind-address %q: not an IP address", bind)
+	}
+	if host != "" {
+		return "", fmt.Errorf("--metrics-bind-address %q and --metrics-address %q both name a host: give the port alone to --metrics-address (\":%s\")", bind, addr, port)
+	}
+	return net.JoinHostPort(bind, port), nil
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -47,8 +50,15 @@ func TestHealthMPSDaemonDown(t *testing.T) {
 	c := a.allocatedWith(a.slices(device.GPUDriver, nil), "mps", req,
 		`{"apiVersion": "gpu.hwdra.io/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}`)
 	prepareClaims(t, a, device.GPUDriver, c)
-	// The daemon outlives the agent, as it would a restart: ended here.
-	t.Cleanup(func() { _ = syscall.Kill(mpsDaemonPID(t, a.opts.StateDir), syscall.SIGKILL) })
+	// The daemon outlives the agent, as it would a restart: ended here,
+	// and its shared memory's tmpfs unmounted.
+	t.Cleanup(func() {
+		_ = syscall.Kill(mpsDaemonPID(t, a.opts.StateDir), syscall.SIGKILL)
+		shms, _ := filepath.Glob(filepath.Join(a.opts.StateDir, "mps", "*", "shm"))
+		for _, shm := range shms {
+			_ = syscall.Unmount(shm, syscall.MNT_DETACH)
+		}
+	})
 	w := a.watchHealth(device.GPUDriver)
 	w.wait("the GPU Healthy", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		return d[full] != nil && d[full].Health == drahealthv1.HealthStatus_HEALTHY

@@ -1,9 +1,13 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
 	"context"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -32,7 +36,7 @@ type podNetwork struct {
 
 // newPodNetwork opens the NRI plugin for a node with NICs; nil when
 // --nri-socket is empty (runtimes without NRI) or the node has none.
-func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interface, pods *nodePods, node *backend.Node, inv hw.Inventory, m *metrics) (*podNetwork, error) {
+func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interface, pods *nodePods, node *backend.Node, inv hw.Inventory, m *metrics, events podnet.Events) (*podNetwork, error) {
 	logger := klog.FromContext(ctx)
 	if len(inv.PFs) == 0 {
 		return nil, nil
@@ -45,12 +49,23 @@ func newPodNetwork(ctx context.Context, opts Options, client kubernetes.Interfac
 	p, err := podnet.New(podnet.Options{
 		DriverName: device.NICDriver, Socket: opts.NRISocket, StateDir: opts.StateDir,
 		SysfsRoot: node.SysfsRoot, HostNetns: node.HostNetns, RDMA: node.RDMA, Status: status, Sysfs: node,
-		Pods: podClaims{pods.inf.Lister()}, Observer: m,
+		Pods: podClaims{pods.inf.Lister()}, Observer: m, Links: node.VFLinks, Events: events,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("NRI plugin: %w", err)
 	}
 	return &podNetwork{plugin: p, status: status, pods: pods, done: make(chan struct{})}, nil
+}
+
+// lazyEvents records through the agent's recorder, which starts at the
+// first Event (podnet.Events).
+type lazyEvents struct {
+	s   *server
+	ctx context.Context
+}
+
+func (e lazyEvents) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...interface{}) {
+	e.s.events(e.ctx).Eventf(regarding, related, eventtype, reason, action, note, args...)
 }
 
 // podClaims are the node's pods as the NRI plugin asks about them

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -5,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,6 +18,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	resourceapi "k8s.io/api/resource/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -23,9 +28,11 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	agentmeta "github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/internal/agent/podnet/nritest"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // nriRig is the agent on mock NICs whose netdevs are veth stand-ins in a
@@ -40,12 +47,21 @@ type nriRig struct {
 	slice []*resourceapi.ResourceSlice
 }
 
-func startNRIRig(t testing.TB, profile string) *nriRig {
+func startNRIRig(t testing.TB, profile string, more ...func(*Options)) *nriRig {
 	t.Helper()
 	r := &nriRig{t: t, host: nritest.HostNetns(t)}
 	sock := filepath.Join(t.TempDir(), "nri.sock")
 	r.rt = nritest.Start(t, sock, nil)
-	r.a = startAgentWith(t, Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock})
+	// The claims of these tests choose their VF's MAC address.
+	cfg := filepath.Join(t.TempDir(), "agent-config.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nvfPolicy: {allowMAC: true}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Hardware: "mock:" + writeProfile(t, profile), NRISocket: sock, ConfigPath: cfg}
+	for _, f := range more {
+		f(&opts)
+	}
+	r.a = startAgentWith(t, opts)
 	r.slice = r.a.slices(device.NICDriver, nil)
 	r.dra = drapb.NewDRAPluginClient(r.a.dial(filepath.Join(r.a.dir, "plugins", device.NICDriver, "dra.sock")))
 	return r
@@ -82,20 +98,19 @@ func (r *nriRig) claim(name, podClaim, podUID, vfConfig string) *resourceapi.Res
 func (r *nriRig) prepare(c *resourceapi.ResourceClaim) {
 	r.t.Helper()
 	pb := &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitfor.NoError(r.t, "prepare "+c.Name+" once NRI is connected", 20*time.Second, func() error {
 		resp, err := r.dra.NodePrepareResources(context.Background(), &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{pb}})
 		if err == nil && resp.Claims[string(c.UID)].Error == "" {
-			return
+			return nil
 		}
 		if err == nil {
 			err = errors.New(resp.Claims[string(c.UID)].Error)
 		}
-		if !strings.Contains(err.Error(), "no NRI connection") || time.Now().After(deadline) {
+		if !strings.Contains(err.Error(), "no NRI connection") {
 			r.t.Fatalf("prepare %s: %v", c.Name, err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 func (r *nriRig) unprepare(c *resourceapi.ResourceClaim) {
@@ -213,33 +228,58 @@ func TestNRIMetadataAndStatus(t *testing.T) {
 		if m := spec.Devices[0].ContainerEdits.Mounts; len(m) != 1 || m[0].ContainerPath != tc.container {
 			t.Errorf("%s: metadata mounted at %+v, want %s", tc.c.Name, m, tc.container)
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		waitfor.NoError(t, tc.c.Name+"'s network status", 10*time.Second, func() error {
 			got, err := r.a.client.ResourceV1().ResourceClaims("default").Get(context.Background(), tc.c.Name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if st := got.Status.Devices; len(st) == 1 && st[0].NetworkData != nil && st[0].NetworkData.InterfaceName == tc.ifname &&
 				len(st[0].Conditions) == 2 && st[0].Conditions[0].Status == metav1.ConditionTrue {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: status.devices %+v", tc.c.Name, got.Status.Devices)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return fmt.Errorf("status.devices %+v", got.Status.Devices)
+		})
 	}
 	// Both statuses are stored; the writer counts each write once the API
 	// answered, a moment after it is stored.
-	waitFor(t, "both status writes counted", func() bool { return r.a.counter(`hwdra_claim_status_writes_total{result="success"}`) >= 2 })
-	if got := r.a.metric(`hwdra_claim_status_writes_total{result="success"}`); got != "2" {
+	waitfor.True(t, "both status writes counted", 30*time.Second, func() bool {
+		return r.a.counter(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`) >= 2
+	})
+
+	if got := r.a.metric(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`); got != "2" {
 		t.Errorf("status writes: %q, want 2 (one per claim)", got)
 	}
 	if err := r.stop(sb); err != nil {
 		t.Fatal(err)
 	}
+	// The sandbox stopped: each claim's entry says the interface is gone
+	// (NetworkReady False, no networkData), the VF still prepared (Ready);
+	// one more write per claim, none at the sandbox's removal after.
+	for _, c := range []*resourceapi.ResourceClaim{tmpl, direct} {
+		waitfor.True(t, c.Name+"'s status after the sandbox stopped", 30*time.Second, func() bool {
+			got, err := r.a.client.ResourceV1().ResourceClaims("default").Get(context.Background(), c.Name, metav1.GetOptions{})
+			if err != nil || len(got.Status.Devices) != 1 {
+				return false
+			}
+			st := got.Status.Devices[0]
+			ready, network := apimeta.FindStatusCondition(st.Conditions, agentmeta.ConditionReady), apimeta.FindStatusCondition(st.Conditions, agentmeta.ConditionNetworkReady)
+			return st.NetworkData == nil && ready != nil && ready.Status == metav1.ConditionTrue &&
+				network != nil && network.Status == metav1.ConditionFalse && network.Reason == agentmeta.ReasonSandboxStopped
+		})
+
+	}
+	if err := r.rt.RemovePodSandbox(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.True(t, "the stop's status writes counted", 30*time.Second, func() bool {
+		return r.a.counter(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`) >= 4
+	})
+
 	r.unprepare(tmpl)
 	r.unprepare(direct)
+	if got := r.a.metric(`hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`); got != "4" {
+		t.Errorf("status writes: %q, want 4 (per claim: one at the sandbox's start, one at its stop)", got)
+	}
 }
 
 func readSpec(t testing.TB, path string) cdispec.Spec {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -30,6 +33,7 @@ func (s *server) startPolicing(ctx context.Context, gpu *GPU) {
 		Events:   s.events(ctx),
 		Node:     nodeRef(s.opts.NodeName),
 		Observer: s.m,
+		ProcRoot: s.opts.procRoot,
 	})
 	ctx = klog.NewContext(ctx, klog.LoggerWithName(klog.FromContext(ctx), "police"))
 	go w.Run(ctx)

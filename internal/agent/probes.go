@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -87,7 +90,8 @@ func (p *probes) serving(published, nri, degraded func() error, withheld func() 
 
 // notes are what /readyz says besides "ok": where the NVIDIA driver is,
 // GPUs left to the device plugin, and a "warning: " line for a reduced
-// device model and for a claim-limits policy below the node's GPUs.
+// device model, for a claim-limits policy below the node's GPUs and for
+// an API server without granular claim status authorization.
 func (p *probes) notes() []string {
 	p.mu.Lock()
 	degraded, withheld, driver := p.degraded, p.withheld, p.driver

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -180,7 +183,7 @@ func atoi(t *testing.T, s string) int {
 // openNode opens mock hardware from a profile for a test to share with the
 // agent it starts (startAgentOn), so the test can change the hardware
 // behind the agent's back.
-func openNode(t *testing.T, profile string) *backend.Node {
+func openNode(t testing.TB, profile string) *backend.Node {
 	t.Helper()
 	n, err := backend.Open("mock:" + writeProfile(t, profile))
 	if err != nil {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package agent
 
 import (
@@ -14,6 +17,8 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/config"
 	"github.com/hwdra/hwdra/internal/agent/deviceplugin"
+	"github.com/hwdra/hwdra/internal/agent/metadata"
+	"github.com/hwdra/hwdra/internal/agent/podmetrics"
 	nicprep "github.com/hwdra/hwdra/internal/agent/prepare/nic"
 	"github.com/hwdra/hwdra/internal/agent/publish"
 	"github.com/hwdra/hwdra/internal/backend"
@@ -31,16 +36,20 @@ type server struct {
 
 	node *backend.Node
 	inv  hw.Inventory // the node as first read
-	// claims serves the kubelet plugins (a claim GET per prepare) and the
-	// claim status writes; slices the publisher (clients.go).
-	claims, slices kubernetes.Interface
-	health         *nodeHealth
-	devicePlugin   *deviceplugin.Watcher
-	pub            *publish.Publisher
-	pods           *podNetwork // nil without NRI
-	nodePods       *nodePods   // the node's pods, for the NRI plugin and the share police
-	drivers        Drivers     // those of the start (not a late GPU driver)
-	cdiHook        string      // nvidia-cdi-hook on the node; "" for none
+	// claims serves the kubelet plugins (a claim GET per prepare), slices
+	// the publisher, status the claim status writes (clients.go).
+	claims, slices, status kubernetes.Interface
+	// gpuStatus writes GPU claims' status.devices; nil with
+	// gpus.claimStatus Off.
+	gpuStatus    *metadata.StatusWriter
+	health       *nodeHealth
+	devicePlugin *deviceplugin.Watcher
+	pub          *publish.Publisher
+	pods         *podNetwork // nil without NRI
+	nodePods     *nodePods   // the node's pods, for the NRI plugin and the share police
+	drivers      Drivers     // those of the start (not a late GPU driver)
+	cdiHook      string      // nvidia-cdi-hook on the node; "" for none
+	podMetrics   *podmetrics.Collector
 
 	mu      sync.Mutex
 	stops   []func()
@@ -49,6 +58,7 @@ type server struct {
 	recorderOnce   sync.Once
 	recorder       events.EventRecorder // events()
 	claimLimitOnce sync.Once            // claimLimit told
+	statusAuth     statusAuth           // checkStatusAuth's finding
 }
 
 // serve serves the node until ctx ends.
@@ -72,6 +82,7 @@ func serve(ctx context.Context, opts Options, cfg *config.AgentConfig, m *metric
 	}
 	s.startNRI(ctx)
 	s.startHealth(ctx)
+	s.startPodMetrics(ctx)
 	s.awaitNVML(ctx)
 	s.publish(ctx)
 	return nil
@@ -108,16 +119,16 @@ func (s *server) openHardware(ctx context.Context) error {
 	return nil
 }
 
-// connect makes the agent's two API clients, and watches through them
+// connect makes the agent's API clients, and watches through them
 // whether the API server answers: the log and /readyz say so when not.
 func (s *server) connect(ctx context.Context) error {
 	if s.opts.KubeClient != nil {
-		s.claims, s.slices = s.opts.KubeClient, s.opts.KubeClient
+		s.claims, s.slices, s.status = s.opts.KubeClient, s.opts.KubeClient, s.opts.KubeClient
 		return nil
 	}
 	api := newAPIServer(s.opts.KubeConfig, s.opts.KubeConfigSource)
 	var err error
-	if s.claims, s.slices, err = newClients(s.opts.KubeConfig, s.opts.KubeAPIQPS, s.opts.KubeAPIBurst, s.m, api.wrap); err != nil {
+	if s.claims, s.slices, s.status, err = newClients(s.opts.KubeConfig, s.opts.KubeAPIQPS, s.opts.KubeAPIBurst, s.m, api.wrap); err != nil {
 		return err
 	}
 	s.pr.setAPIServer(api.unreachable)
@@ -138,7 +149,7 @@ func (s *server) connect(ctx context.Context) error {
 // published, and the watch for NVIDIA's device plugin, whose GPUs it
 // leaves out (a change republishes).
 func (s *server) startPublisher(ctx context.Context) error {
-	s.health = newNodeHealth(s.cfg)
+	s.health = newNodeHealth(s.cfg, s.opts.healthTimes)
 	s.devicePlugin = deviceplugin.New(deviceplugin.Options{
 		Dir: s.opts.DevicePluginDir, NodeName: s.opts.NodeName, Client: s.slices,
 		Resources: s.cfg, Registry: s.m.registry,
@@ -165,9 +176,10 @@ func (s *server) buildDrivers(ctx context.Context) error {
 	s.cdiHook = s.installHook(ctx)
 	var err error
 	s.nodePods = newNodePods(s.claims, s.opts.NodeName)
-	if s.pods, err = newPodNetwork(ctx, s.opts, s.claims, s.nodePods, s.node, s.inv, s.m); err != nil {
+	if s.pods, err = newPodNetwork(ctx, s.opts, s.status, s.nodePods, s.node, s.inv, s.m, lazyEvents{s, ctx}); err != nil {
 		return err
 	}
+	s.gpuStatus = gpuClaimStatus(ctx, s.cfg, s.status, s.m)
 	if s.drivers, err = s.newDrivers(ctx, s.inv, s.pods.network()); err != nil {
 		return err
 	}
@@ -192,6 +204,7 @@ func (s *server) newDrivers(ctx context.Context, inv hw.Inventory, network nicpr
 		Network:   network,
 		CDIHook:   s.cdiHook,
 		MPSCgroup: s.opts.MPSCgroup,
+		GPUStatus: s.gpuStatus,
 	})
 	if err != nil {
 		return Drivers{}, err
@@ -289,6 +302,7 @@ func (s *server) startLateGPU(ctx context.Context) error {
 	s.health.startGPU(ctx, s.node.GPU())
 	s.health.startMPS(ctx, d.GPU.MPS)
 	s.startPolicing(ctx, d.GPU)
+	s.setPodMetricsGPU(d.GPU)
 	s.pub.Poke()
 	return nil
 }
@@ -317,7 +331,8 @@ func (s *server) publish(ctx context.Context) {
 	// would stay resident until the heap doubles: collect it and hand it
 	// back to the system once, rather than carry it for the pod's life.
 	debug.FreeOSMemory()
-	degraded := func() error { return errors.Join(s.pub.Degraded(), s.claimLimit(ctx)) }
+	go s.checkStatusAuth(ctx, s.opts.FeatureCheck)
+	degraded := func() error { return errors.Join(s.pub.Degraded(), s.claimLimit(ctx), s.statusAuth.warning()) }
 	_ = degraded() // told at once, not at the first probe
 	s.pr.serving(s.pub.Verified, s.pods.ready(), degraded, s.pub.Withheld)
 	s.pub.Run(ctx, s.opts.Rescan, s.health.republish)

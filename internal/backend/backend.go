@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package backend opens the hardware a --hardware flag names: the host's
 // real NVML and sysfs/netlink, or a mock node. Both give the same backends
 // (nvml, sriov) so everything above runs unchanged on either.
@@ -50,6 +53,10 @@ type Node struct {
 	VFs hw.VFConfigurator
 	// RDMA moves VFs' RDMA devices between network namespaces.
 	RDMA hw.RDMANetns
+	// VFLinks finds VF netdevs by identity where the kernel cannot (the
+	// mock's veth stand-ins); nil on a host, where a netdev's parent
+	// device names its PCI function.
+	VFLinks hw.VFLinks
 	// HostNetns is where the node's netdevs are when in no pod: "" for
 	// the agent's own namespace, or the mock's stand-in for it.
 	HostNetns string

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package backend
 
 import (
@@ -32,8 +35,9 @@ type DriverRoot struct {
 	// (empty means Path), /driver-root in the DaemonSet.
 	Mount string
 	// Host is where this process sees the node's "/" (the DaemonSet
-	// mounts it at /host); empty: "/". The known roots are looked for
-	// under it when Path is empty.
+	// mounts only the known roots under /host, and for "/" only the
+	// folders a driver installed on the node uses); empty: "/". The
+	// known roots are looked for under it when Path is empty.
 	Host string
 }
 

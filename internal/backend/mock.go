@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build !nomock
 
 package backend
@@ -34,6 +37,9 @@ func openMock(spec string, logger klog.Logger) (*Node, error) {
 		HostNetns: nics.Netns(), settle: nics.Settle, NoLinks: !nics.HasVeths(),
 		NIC:        sriov.Options{SysfsRoot: m.Sysfs, Routes: nics, Eswitch: nics},
 		NoDevNodes: !nodefs.CanMknod(),
+	}
+	if nics.HasVeths() {
+		n.VFLinks = nics
 	}
 	// The driver's installation is found as on a host, in the mock's
 	// node tree: the same search, the same layouts.

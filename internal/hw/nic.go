@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package hw
 
 // LinkType is the link layer of a NIC port.
@@ -110,6 +113,14 @@ type VFConfig struct {
 type VFConfigurator interface {
 	GetVF(ref VFRef) (VFConfig, error)
 	SetVF(ref VFRef, cfg VFConfig) error
+}
+
+// VFLinks finds a VF's netdev in a network namespace (open as nsFD) where
+// the kernel cannot tell which PCI function a link belongs to: the mock's
+// veth stand-ins, which have no parent device. It returns the link's
+// ifindex and name, 0 and "" where the VF is not.
+type VFLinks interface {
+	VFLink(nsFD int, vfPCIAddress string) (index int, name string, err error)
 }
 
 // RDMANetns moves a VF's RDMA device between network namespaces with its

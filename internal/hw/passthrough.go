@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package hw
 
 // PassthroughGPU is an NVIDIA GPU bound to vfio-pci, found through sysfs:

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package hw
 
 // GPUProcess is a process with a context on a GPU, as the driver lists it.

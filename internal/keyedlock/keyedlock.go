@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package keyedlock is one mutex per key (a claim, a GPU, a PF), created on
 // demand and freed when unused, so that work on different devices runs
 // concurrently and a long-running agent does not keep a mutex for every

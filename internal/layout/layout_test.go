@@ -1,6 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package layout holds the tests that keep the house as docs/design.md
-// draws it: top-level folders (rooms) whose imports run one way, and an
-// agent image that carries no hardware simulator.
+// draws it: folders (rooms) whose imports run one way and as its import
+// table allows, its package and runtime loop tables true to the tree and
+// to internal/agent/loop.go, short functions, and an agent image that
+// carries no hardware simulator.
 package layout
 
 import (

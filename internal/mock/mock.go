@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package mock is a mock node's hardware, built from a profile: GPUs
 // behind a go-nvml mock that refuses what the hardware refuses, SR-IOV
 // NICs in a fake sysfs tree, state that outlives the process, and faults
@@ -89,6 +92,10 @@ func (h *Hardware) build() error {
 		return err
 	}
 	dev := nodefs.NewDev(h.DevRoot())
+	dev.NoIOMMU = h.Profile.NoIOMMU
+	if err := dev.NoIOMMUMode(h.Sysfs); err != nil {
+		return err
+	}
 	var err error
 	if h.gpus, err = gpusim.Build(h.Profile, h.Sysfs, h.ProcRoot(), dev, h.dir); err != nil {
 		return fmt.Errorf("mock profile %q: %w", h.Profile.Name, err)
@@ -243,6 +250,10 @@ func (h *Hardware) Inject(f fault.Fault) error {
 		return h.gpus.Recover(f.GPU)
 	case fault.GPULost:
 		return h.gpus.Lose(f.GPU)
+	case fault.Stall:
+		return h.gpus.Stall(f.GPU)
+	case fault.Resume:
+		return h.gpus.Resume(f.GPU)
 	case fault.Link:
 		return h.SetLink(f.PF, f.Up)
 	case fault.Driver:
@@ -252,6 +263,6 @@ func (h *Hardware) Inject(f fault.Fault) error {
 	case fault.Processes:
 		return h.SetGPUProcesses(f.GPU, f.Processes)
 	}
-	return fmt.Errorf("unknown fault %q (known: %s, %s, %s, %s, %s, %s, %s)", f.Kind,
-		fault.XID, fault.Clear, fault.GPULost, fault.Link, fault.Driver, fault.TimeSlice, fault.Processes)
+	return fmt.Errorf("unknown fault %q (known: %s, %s, %s, %s, %s, %s, %s, %s, %s)", f.Kind,
+		fault.XID, fault.Clear, fault.GPULost, fault.Stall, fault.Resume, fault.Link, fault.Driver, fault.TimeSlice, fault.Processes)
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package mock_test
 
 import (
@@ -22,6 +25,7 @@ import (
 	"github.com/hwdra/hwdra/internal/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/internal/mock/profile"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // persistProfile has a MIG GPU with a static instance, a vGPU host and a
@@ -402,9 +406,10 @@ nics:
 		done <- time.Since(began)
 	}()
 	var busy []persist.Operation
-	for deadline := time.Now().Add(5 * time.Second); len(busy) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	waitfor.True(t, "the slow create listed as busy", 5*time.Second, func() bool {
 		busy = readState(t, dir).Busy
-	}
+		return len(busy) > 0
+	})
 	if len(busy) != 1 || busy[0].Call != "createGpuInstance" || busy[0].Device != migGPU || busy[0].PID != os.Getpid() {
 		t.Fatalf("busy while creating: %+v", busy)
 	}
@@ -461,20 +466,16 @@ func TestPersistentCrashMidOperation(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
 	var s persist.State
-	deadline := time.Now().Add(30 * time.Second)
-	for len(s.Busy) == 0 {
+	waitfor.True(t, "the helper busy", 30*time.Second, func() bool {
 		select {
 		case err := <-exited:
 			log, _ := os.ReadFile(out.Name())
 			t.Fatalf("helper exited before it was busy: %v\n%s", err, log)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the helper never became busy")
-		}
-		time.Sleep(20 * time.Millisecond)
 		s, _ = persist.ReadState(dir)
-	}
+		return len(s.Busy) > 0
+	})
 	if s.Busy[0].Call != "createGpuInstance" || s.Busy[0].PID != cmd.Process.Pid {
 		t.Fatalf("busy: %+v", s.Busy)
 	}

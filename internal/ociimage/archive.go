@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ociimage writes container images as tar archives without a
 // registry or a container engine: an OCI image layout (what `ctr images
 // import` reads) that also carries Docker's manifest.json (what `docker
@@ -129,76 +132,15 @@ func WriteArchive(path string, imgs ...Image) error {
 	if colon < 0 || strings.Contains(ref[colon:], "/") || !strings.Contains(ref[:colon], "/") {
 		return fmt.Errorf("image reference %q: want <registry>/<name>:<tag>", ref)
 	}
-	var blobs []blob
-	var manifests []descriptor
-	dockerImage := -1
-	seen := map[string]bool{}
-	for i, img := range imgs {
-		if img.Ref != ref {
-			return fmt.Errorf("one archive, one reference: %q and %q", ref, img.Ref)
-		}
-		arch := img.arch()
-		if seen[arch] {
-			return fmt.Errorf("image %s: architecture %s given twice", ref, arch)
-		}
-		seen[arch] = true
-		desc, b, err := img.manifest()
-		if err != nil {
-			return fmt.Errorf("image %s (%s): %w", ref, arch, err)
-		}
-		blobs = append(blobs, b...)
-		manifests = append(manifests, desc)
-		if arch == runtime.GOARCH || dockerImage < 0 && i == len(imgs)-1 {
-			dockerImage = i
-		}
-	}
-	names := map[string]string{
-		"io.containerd.image.name":          ref,
-		"org.opencontainers.image.ref.name": ref[colon+1:],
-	}
-	top := manifests[0]
-	if len(imgs) > 1 {
-		index, err := json.Marshal(map[string]any{
-			"schemaVersion": 2,
-			"mediaType":     mediaIndex,
-			"manifests":     manifests,
-		})
-		if err != nil {
-			return err
-		}
-		top = describe(mediaIndex, index)
-		blobs = append(blobs, blob{top, index})
-	}
-	top.Annotations = names
-	index, err := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     mediaIndex,
-		"manifests":     []descriptor{top},
-	})
+	blobs, manifests, dockerImage, err := imageManifests(ref, imgs)
 	if err != nil {
 		return err
 	}
-	// Docker's own format, read by every `docker load`: it names the
-	// same blobs. blobs holds each image's layer, config and manifest
-	// in that order.
-	dockerManifest, err := json.Marshal([]map[string]any{{
-		"Config": blobs[3*dockerImage+1].path(), "RepoTags": []string{ref}, "Layers": []string{blobs[3*dockerImage].path()},
-	}})
+	index, dockerManifest, blobs, err := archiveIndexes(ref, ref[colon+1:], blobs, manifests, dockerImage)
 	if err != nil {
 		return err
 	}
-
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	tw := tar.NewWriter(f)
-	entries := []struct {
-		name string
-		data []byte
-	}{
+	entries := []archiveEntry{
 		{"oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)},
 		{"index.json", index},
 		{"manifest.json", dockerManifest},
@@ -206,11 +148,91 @@ func WriteArchive(path string, imgs ...Image) error {
 		{"blobs/sha256/", nil},
 	}
 	for _, b := range blobs {
-		entries = append(entries, struct {
-			name string
-			data []byte
-		}{b.path(), b.data})
+		entries = append(entries, archiveEntry{b.path(), b.data})
 	}
+	return writeTar(path, entries)
+}
+
+// imageManifests makes each image's blobs (its layer, config and manifest,
+// in that order) and manifest descriptor; dockerImage is the one Docker's
+// format names: this machine's architecture, else the last.
+func imageManifests(ref string, imgs []Image) (blobs []blob, manifests []descriptor, dockerImage int, err error) {
+	dockerImage = -1
+	seen := map[string]bool{}
+	for i, img := range imgs {
+		if img.Ref != ref {
+			return nil, nil, 0, fmt.Errorf("one archive, one reference: %q and %q", ref, img.Ref)
+		}
+		arch := img.arch()
+		if seen[arch] {
+			return nil, nil, 0, fmt.Errorf("image %s: architecture %s given twice", ref, arch)
+		}
+		seen[arch] = true
+		desc, b, err := img.manifest()
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("image %s (%s): %w", ref, arch, err)
+		}
+		blobs = append(blobs, b...)
+		manifests = append(manifests, desc)
+		if arch == runtime.GOARCH || dockerImage < 0 && i == len(imgs)-1 {
+			dockerImage = i
+		}
+	}
+	return blobs, manifests, dockerImage, nil
+}
+
+// archiveIndexes makes the archive's index.json (one image, or an image
+// index of several, added to blobs, named ref) and Docker's manifest.json.
+func archiveIndexes(ref, tag string, blobs []blob, manifests []descriptor, dockerImage int) (index, dockerManifest []byte, _ []blob, err error) {
+	top := manifests[0]
+	if len(manifests) > 1 {
+		list, err := json.Marshal(map[string]any{
+			"schemaVersion": 2,
+			"mediaType":     mediaIndex,
+			"manifests":     manifests,
+		})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		top = describe(mediaIndex, list)
+		blobs = append(blobs, blob{top, list})
+	}
+	top.Annotations = map[string]string{
+		"io.containerd.image.name":          ref,
+		"org.opencontainers.image.ref.name": tag,
+	}
+	if index, err = json.Marshal(map[string]any{
+		"schemaVersion": 2,
+		"mediaType":     mediaIndex,
+		"manifests":     []descriptor{top},
+	}); err != nil {
+		return nil, nil, nil, err
+	}
+	// Docker's own format, read by every `docker load`: it names the
+	// same blobs. blobs holds each image's layer, config and manifest
+	// in that order.
+	dockerManifest, err = json.Marshal([]map[string]any{{
+		"Config": blobs[3*dockerImage+1].path(), "RepoTags": []string{ref}, "Layers": []string{blobs[3*dockerImage].path()},
+	}})
+	return index, dockerManifest, blobs, err
+}
+
+// archiveEntry is a file ("name") or a folder ("name/") of the archive.
+type archiveEntry struct {
+	name string
+	data []byte
+}
+
+// writeTar writes entries as a tar file at path, whole or not at all
+// (written beside it, then renamed).
+func writeTar(path string, entries []archiveEntry) error {
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	tw := tar.NewWriter(f)
 	for _, e := range entries {
 		hdr := &tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.data)), ModTime: epoch, Typeflag: tar.TypeReg}
 		if strings.HasSuffix(e.name, "/") {

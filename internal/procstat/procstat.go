@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package procstat reads what the agent needs of /proc/<pid>/stat: a
 // process's state and start time, which with its PID say which process it
 // is (a PID is reused, a PID and start time are not).

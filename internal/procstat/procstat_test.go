@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package procstat
 
 import (
@@ -9,6 +12,7 @@ import (
 
 // TestParse: the command field may hold spaces and parentheses.
 func TestParse(t *testing.T) {
+	t.Parallel()
 	state, start, err := Parse([]byte("4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 100 18446744073709551615\n"))
 	if err != nil || state != 'S' || start != 987654 {
 		t.Errorf("Parse = %c, %d, %v; want S, 987654", state, start, err)
@@ -23,6 +27,7 @@ func TestParse(t *testing.T) {
 // TestStartTime: this process has one; a child that exited and was
 // reaped has none.
 func TestStartTime(t *testing.T) {
+	t.Parallel()
 	if s, err := StartTime(os.Getpid()); err != nil || s == 0 {
 		t.Errorf("StartTime(self) = %d, %v", s, err)
 	}

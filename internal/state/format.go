@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package state keeps the agent's persisted state: each format (the
 // checkpoint, the ledgers, a claim's entry in its CDI spec) in one
 // versioned envelope, older versions migrated forward, newer ones left for

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package state
 
 import (
@@ -13,6 +16,7 @@ import (
 )
 
 func TestDecode(t *testing.T) {
+	t.Parallel()
 	ledgerV2 := string(LedgerFormat.Encode([]byte(`{"a":1}`)))
 	claimV4 := string(ClaimFormat.Encode([]byte(`{"bootID":"b","claim":{}}`)))
 	claimV3 := strings.Replace(claimV4, "/v4", "/v3", 1)
@@ -92,6 +96,7 @@ func copyFixture(t *testing.T, dir string, names ...string) {
 // and the next change writes it in the current version, which main would
 // leave alone (its reader keeps files of a later version of its kind).
 func TestMainsLedgerIsMigrated(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	copyFixture(t, dir, "ledger.json", "ledger.json.1")
 	path := filepath.Join(dir, "ledger.json")
@@ -125,6 +130,7 @@ func TestMainsLedgerIsMigrated(t *testing.T) {
 }
 
 func TestOpenSetsAsideWhatItCannotUse(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		content string
 		decode  func([]byte) error
@@ -162,6 +168,7 @@ func TestOpenSetsAsideWhatItCannotUse(t *testing.T) {
 // downgrade, kept its own ledger beside this agent's (x.v1.json); this
 // agent, back, merges it in (main's entries win) and sets it aside.
 func TestUpgradeAfterDowngradeMergesTheOlderLedger(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "x.json")
 	l, err := OpenLedger[fixtureEntry](path)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package state
 
 import (
@@ -10,6 +13,7 @@ import (
 )
 
 func TestLedgerPersistsAndRecoversFromCorruption(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "l.json")
 	l, err := OpenLedger[int](path)
 	if err != nil {
@@ -33,6 +37,7 @@ func TestLedgerPersistsAndRecoversFromCorruption(t *testing.T) {
 }
 
 func TestNewerLedgerIsLeftAlone(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "l.json")
 	newer := []byte(`{"version":"hwdra.io/ledger/v3","checksum":"sha256:x","data":{"x":1}}`)
 	if err := Replace(path, newer); err != nil {
@@ -71,6 +76,7 @@ func (w *blockingWriter) Write(data []byte, durable bool) error {
 // TestLedgerReadersDoNotWaitForAWrite: while a change is being written,
 // readers return at once with the entries as they were before it.
 func TestLedgerReadersDoNotWaitForAWrite(t *testing.T) {
+	t.Parallel()
 	l, err := OpenLedger[int](filepath.Join(t.TempDir(), "l.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -111,6 +117,7 @@ func TestLedgerReadersDoNotWaitForAWrite(t *testing.T) {
 
 // TestFailedLedgerWriteChangesNothing: what readers see is what is on disk.
 func TestFailedLedgerWriteChangesNothing(t *testing.T) {
+	t.Parallel()
 	l, err := OpenLedger[int](filepath.Join(t.TempDir(), "l.json"))
 	if err != nil {
 		t.Fatal(err)

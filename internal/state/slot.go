@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package state
 
 // A state file is replaced whole and survives a crash at any point, at the

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package state
 
 import (
@@ -26,6 +29,7 @@ func readSlot(t *testing.T, path string) string {
 }
 
 func TestNewestWriteWins(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "state.json")
 	if doc, _, _, err := scan(path); doc != nil || err != nil {
 		t.Fatalf("missing file: %q %v", doc, err)
@@ -63,6 +67,7 @@ func corrupt(t *testing.T, p string) {
 }
 
 func TestTornWriteFallsBackToTheOtherSlot(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		damage func(t *testing.T, p string)
@@ -97,6 +102,7 @@ func TestTornWriteFallsBackToTheOtherSlot(t *testing.T) {
 }
 
 func TestNoValidSlot(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "state.json")
 	os.WriteFile(path, []byte("{garbage"), 0o600)
 	if _, _, _, err := scan(path); !errors.Is(err, ErrCorrupt) {
@@ -112,6 +118,7 @@ func TestNoValidSlot(t *testing.T) {
 }
 
 func TestReadsAFileWrittenBeforeSlots(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "state.json")
 	legacy := `{"version":"v1","entries":{"a":1}}`
 	os.WriteFile(path, []byte(legacy+"\n"), 0o600)

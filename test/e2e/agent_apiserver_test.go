@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -123,18 +127,19 @@ func forward(t *testing.T, addr, target string) {
 func waitReadyz(t *testing.T, addr string, ok func(string) bool) string {
 	t.Helper()
 	var last string
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	if err := waitfor.Until(t.Context(), "/readyz as expected", time.Minute, func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
 			last = err.Error()
-			continue
+			return false
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if last = string(body); ok(last) {
-			return last
-		}
+		last = string(body)
+		return ok(last)
+	}); err != nil {
+		t.Logf("%v: /readyz last said: %q", err, last)
+		return ""
 	}
-	t.Logf("/readyz last said: %q", last)
-	return ""
+	return last
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -173,6 +176,12 @@ func TestAgentPodCredentials(t *testing.T) {
 			_, err := c.ResourceV1().ResourceSlices().Create(ctx, slice("e2e-pod-all", gpuDriver, ""), metav1.CreateOptions{})
 			return err
 		}, "no node"},
+		{"slice of another node's pool", func() error {
+			s := slice("e2e-pod-pool", gpuDriver, n.Name)
+			s.Spec.Pool.Name = other
+			_, err := c.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{})
+			return err
+		}, "not of pool '" + other + "'"},
 		{"read secrets", func() error {
 			_, err := c.CoreV1().Secrets(framework.AgentNamespace).List(ctx, metav1.ListOptions{})
 			return err
@@ -203,7 +212,6 @@ func TestAgentPodCredentials(t *testing.T) {
 		t.Errorf("get its node: %v", err)
 	}
 	own := slice("e2e-pod-own", gpuDriver, n.Name)
-	own.Spec.Pool.Name = "e2e-pod-own"
 	if _, err := c.ResourceV1().ResourceSlices().Create(ctx, own, metav1.CreateOptions{}); err != nil {
 		t.Errorf("create a slice of its node: %v", err)
 	} else if err := c.ResourceV1().ResourceSlices().Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
@@ -274,6 +282,8 @@ func agentPodMemory(tb testing.TB) framework.Memory {
 			tb.Logf("resident memory still falling after %v: %s", limit, m)
 			break
 		}
+		// Sampled over real time: the reading is of memory that stopped
+		// falling for settle, so time must pass between samples.
 		time.Sleep(every)
 		if m, err = pod.Memory(); err != nil {
 			tb.Fatal(err)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -14,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -73,17 +77,15 @@ func TestAgentPublishesAsIsAndRestsQuietly(t *testing.T) {
 	// The agent publishes a pool's slices one by one: wait until all are
 	// there.
 	var list *unstructured.UnstructuredList
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		list, err = dc.Resource(sliceGVR).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
-		if err == nil && len(list.Items) >= len(want) {
-			break
+	waitfor.NoError(t, "the agent's slices as many as hwdra slices computes", 30*time.Second, func() error {
+		if list, err = dc.Resource(sliceGVR).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name}); err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent published %d slices, hwdra slices computes %d (err %v)", len(list.Items), len(want), err)
+		if len(list.Items) < len(want) {
+			return fmt.Errorf("the agent published %d slices, hwdra slices computes %d", len(list.Items), len(want))
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	var got []map[string]any
 	for _, it := range list.Items {
 		got = append(got, it.Object)

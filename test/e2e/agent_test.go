@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -10,6 +13,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -108,13 +112,9 @@ func TestAgentGPUPods(t *testing.T) {
 			if err := n.WaitPodGone(ctx, ns, pod.Name, 60*time.Second); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(30 * time.Second)
-			for len(cdiSpecsMentioning(t, n.CDIDir, claimUID)) > 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("CDI spec of claim %s still in %s after the pod was deleted", claimUID, n.CDIDir)
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
+			waitfor.True(t, "claim "+claimUID+"'s CDI spec gone from "+n.CDIDir, 30*time.Second, func() bool {
+				return len(cdiSpecsMentioning(t, n.CDIDir, claimUID)) == 0
+			})
 		})
 	}
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -9,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hwdra/hwdra/internal/agent/metadata"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -112,4 +116,35 @@ func TestAgentClaimAccess(t *testing.T) {
 			t.Errorf("delete: %v, want forbidden", err)
 		}
 	})
+}
+
+// TestAgentFindsClaimStatusAuthorization: the agent's check
+// (metadata.CheckStatusAuth), with its own credentials against the real
+// API server, finds granular status authorization on (the default since
+// 1.36) once an allocated claim exists, and its dry-run probe stores
+// nothing.
+func TestAgentFindsClaimStatusAuthorization(t *testing.T) {
+	n := framework.Shared(t)
+	ctx := context.Background()
+	agent, err := n.AgentCredentials(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := n.CreateNamespace(t, "statusauth")
+	allocatedClaim(t, n, ns, "probed", n.Name)
+	before, err := n.Admin.ResourceV1().ResourceClaims(ns).Get(ctx, "probed", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := metadata.CheckStatusAuth(ctx, agent.Client)
+	if got != metadata.StatusAuthOn || err != nil {
+		t.Fatalf("CheckStatusAuth = %v, %v; want on", got, err)
+	}
+	after, err := n.Admin.ResourceV1().ResourceClaims(ns).Get(ctx, "probed", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != before.ResourceVersion || len(after.Status.ReservedFor) != 0 {
+		t.Errorf("the probe changed the claim: resourceVersion %s -> %s, reservedFor %v", before.ResourceVersion, after.ResourceVersion, after.Status.ReservedFor)
+	}
 }

@@ -1,7 +1,12 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -11,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -190,8 +196,8 @@ func (r *hwRig) deletePodAndCheck(name, driver, scenario string, claim *resource
 	if err := r.n.DeletePod(r.ctx, r.ns, name, 60*time.Second); err != nil {
 		r.t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	what := fmt.Sprintf("claim %s of pod %s unprepared without a trace after the pod was deleted", claim.Name, name)
+	waitfor.NoError(r.t, what, 30*time.Second, func() error {
 		var problems []string
 		s, err := persist.ReadState(r.mockDir)
 		if err != nil {
@@ -213,16 +219,12 @@ func (r *hwRig) deletePodAndCheck(name, driver, scenario string, claim *resource
 		if files := r.n.ClaimFiles(driver, claim.Namespace, claim.Name, string(claim.UID)); len(files) > 0 {
 			problems = append(problems, "CDI specs or metadata of the claim left: "+strings.Join(files, ", "))
 		}
-		if len(problems) == 0 {
-			framework.Timing(r.t, scenario, time.Since(began))
-			return
+		if len(problems) > 0 {
+			return errors.New(strings.Join(problems, "\n"))
 		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("claim %s of pod %s not unprepared without a trace 30s after the pod was deleted:\n%s",
-				claim.Name, name, strings.Join(problems, "\n"))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
+	framework.Timing(r.t, scenario, time.Since(began))
 }
 
 func mapString(m map[string]string) string {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -92,8 +95,12 @@ func TestDeployManifests(t *testing.T) {
 					}
 				}
 			}
-			for kind, want := range map[string]int{"DaemonSet": 1, "DeviceClass": classCount[name], "ClusterRole": 1, "ClusterRoleBinding": 1,
-				"ServiceAccount": 1, "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2, "ConfigMap": 1} {
+			// ClusterRoles: the agent's and the two of hwdra pool-status
+			// users (aggregated); admission policies: the agent's slices,
+			// its Events, the claim limits and the VF policy; ConfigMaps:
+			// the agent's config and the Grafana dashboard.
+			for kind, want := range map[string]int{"DaemonSet": 1, "DeviceClass": classCount[name], "ClusterRole": 3, "ClusterRoleBinding": 1,
+				"ServiceAccount": 1, "ValidatingAdmissionPolicy": 4, "ValidatingAdmissionPolicyBinding": 4, "ConfigMap": 2} {
 				if kinds[kind] != want {
 					t.Errorf("%d %s objects, want %d (all: %v)", kinds[kind], kind, want, kinds)
 				}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -14,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -88,12 +92,8 @@ func (s *scenario) gpuDevices() map[string]bool {
 // waitGPUDevices waits until the node publishes n GPU devices.
 func (s *scenario) waitGPUDevices(n int) {
 	s.t.Helper()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		if got := len(s.gpuDevices()); got == n {
-			return
-		} else if time.Now().After(deadline) {
-			s.t.Fatalf("%d GPU devices published after 60s, want %d\n%s", got, n, s.agent.Tail(30))
-		}
+	if err := waitfor.Until(s.ctx, fmt.Sprintf("%d GPU devices published", n), 60*time.Second, func() bool { return len(s.gpuDevices()) == n }); err != nil {
+		s.t.Fatalf("%v: %d published\n%s", err, len(s.gpuDevices()), s.agent.Tail(30))
 	}
 }
 
@@ -106,8 +106,8 @@ func (s *scenario) waitReadyz(body string) {
 	s.t.Helper()
 	var code int
 	var got string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		resp, err := http.Get("http://127.0.0.1:9464/readyz")
+	if waitfor.Until(s.ctx, "/readyz", 10*time.Second, func() bool {
+		resp, err := http.Get("http://" + framework.AgentAddr + "/readyz")
 		if err != nil {
 			s.t.Fatal(err)
 		}
@@ -123,11 +123,10 @@ func (s *scenario) waitReadyz(body string) {
 			}
 			rest = append(rest, line)
 		}
-		if code == http.StatusOK && driver && strings.Join(rest, "") == body {
-			return
-		}
+		return code == http.StatusOK && driver && strings.Join(rest, "") == body
+	}) != nil {
+		s.t.Errorf("/readyz: %d %q, want 200 and %q", code, got, body)
 	}
-	s.t.Errorf("/readyz: %d %q, want 200 and %q", code, got, body)
 }
 
 // checkWithdrawn waits until the agent publishes no GPU, and checks that
@@ -139,10 +138,10 @@ func (s *scenario) checkWithdrawn(round int, why, source, timing string) {
 	s.waitGPUDevices(0)
 	framework.Timing(s.t, timing, time.Since(began))
 	s.waitReadyz("ok\n8 of 8 GPUs not published: NVIDIA's device plugin serves GPUs on this node: " + why + "\n")
-	if v, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_device_plugin_detected{source="`+source+`"}`); err != nil || v != "1" {
+	if v, err := framework.AgentMetric(framework.AgentAddr, `hwdra_device_plugin_detected{source="`+source+`"}`); err != nil || v != "1" {
 		s.t.Errorf("hwdra_device_plugin_detected{source=%q} = %q (%v), want 1", source, v, err)
 	}
-	if v, err := framework.AgentMetric("127.0.0.1:9464", "hwdra_device_plugin_gpus"); err != nil || v != "8" {
+	if v, err := framework.AgentMetric(framework.AgentAddr, "hwdra_device_plugin_gpus"); err != nil || v != "8" {
 		s.t.Errorf("hwdra_device_plugin_gpus = %q (%v), want 8", v, err)
 	}
 	s.waitLogged(round, "Leaving GPUs to NVIDIA's device plugin")
@@ -154,15 +153,8 @@ func (s *scenario) checkWithdrawn(round int, why, source, timing string) {
 // waitLogged waits until the agent has logged line n times.
 func (s *scenario) waitLogged(n int, line string) {
 	s.t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		got := strings.Count(s.agent.Log(), line)
-		if got == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Errorf("the agent logged %q %d times, want %d", line, got, n)
-			return
-		}
+	if waitfor.Until(s.ctx, "the agent's log", 10*time.Second, func() bool { return strings.Count(s.agent.Log(), line) == n }) != nil {
+		s.t.Errorf("the agent logged %q %d times, want %d", line, strings.Count(s.agent.Log(), line), n)
 	}
 }
 
@@ -179,7 +171,7 @@ func (s *scenario) checkRestored(round int, want map[string]bool, timing string)
 		}
 	}
 	s.waitReadyz("ok\n")
-	if v, err := framework.AgentMetric("127.0.0.1:9464", "hwdra_device_plugin_gpus"); err != nil || v != "0" {
+	if v, err := framework.AgentMetric(framework.AgentAddr, "hwdra_device_plugin_gpus"); err != nil || v != "0" {
 		s.t.Errorf("hwdra_device_plugin_gpus = %q (%v), want 0", v, err)
 	}
 	s.waitLogged(round, "Publishing every GPU again")

@@ -1,9 +1,13 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -35,15 +39,18 @@ func fleetHardware(i int) string {
 	return "mock:dgx-h100"
 }
 
-// fleetModel says what a node publishes for its inventory.
+// fleetModel says what a node publishes for its inventory, and which
+// DeviceClasses the run installs (classes: the chart's, changed; nil:
+// the chart's).
 type fleetModel struct {
-	name   string
-	slices func(node string, inv hw.Inventory) []resourceapi.ResourceSlice
+	name    string
+	slices  func(node string, inv hw.Inventory) []resourceapi.ResourceSlice
+	classes func([]*resourceapi.DeviceClass) []*resourceapi.DeviceClass
 }
 
 // oursModel is what the agent publishes: ForNode with the default
 // configuration and every feature, as `hwdra slices` prints it.
-var oursModel = fleetModel{"ours", func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
+var oursModel = fleetModel{name: "ours", slices: func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
 	return modelSlices(node, inv, config.Default())
 }}
 
@@ -76,7 +83,7 @@ func configModel(name, migProfiles string) fleetModel {
 	if err != nil {
 		panic(fmt.Sprintf("fleet model %s: %v", name, err)) // a constant
 	}
-	return fleetModel{name, func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
+	return fleetModel{name: name, slices: func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
 		return modelSlices(node, inv, cfg)
 	}}
 }
@@ -84,7 +91,7 @@ func configModel(name, migProfiles string) fleetModel {
 // oneDeviceModel is the same hardware without any DRA feature: one device
 // per GPU and per VF, no counters, no shares (fleet_bench_test.go's
 // simplest model).
-var oneDeviceModel = fleetModel{"one-device", func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
+var oneDeviceModel = fleetModel{name: "one-device", slices: func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
 	var out []resourceapi.ResourceSlice
 	if len(inv.GPUs) > 0 {
 		out = append(out, resources.Objects(device.GPUDriver, node, resources.GPU(node, inv.GPUs, device.Features{}))...)
@@ -96,6 +103,40 @@ var oneDeviceModel = fleetModel{"one-device", func(node string, inv hw.Inventory
 	}
 	return out
 }}
+
+// nicFirstModel measures what renaming the NIC driver would buy (not
+// published): our slices with the NIC driver's name sorting before the GPU
+// driver's, and the NIC classes selecting it. The allocator visits pools by
+// driver name, so a VF-share claim no longer evaluates its class on every
+// GPU device of the node first. Attributes and capacities keep their
+// names.
+var nicFirstModel = fleetModel{name: "nic-first",
+	slices: func(node string, inv hw.Inventory) []resourceapi.ResourceSlice {
+		out := oursModel.slices(node, inv)
+		for i := range out {
+			if out[i].Spec.Driver == device.NICDriver {
+				out[i].Spec.Driver = nicFirstDriver
+				out[i].Name = strings.Replace(out[i].Name, device.NICDriver, nicFirstDriver, 1)
+			}
+		}
+		return out
+	},
+	classes: func(in []*resourceapi.DeviceClass) []*resourceapi.DeviceClass {
+		out := make([]*resourceapi.DeviceClass, 0, len(in))
+		for _, c := range in {
+			c = c.DeepCopy()
+			for i := range c.Spec.Selectors {
+				e := c.Spec.Selectors[i].CEL
+				e.Expression = strings.ReplaceAll(e.Expression, `"`+device.NICDriver+`"`, `"`+nicFirstDriver+`"`)
+			}
+			out = append(out, c)
+		}
+		return out
+	},
+}
+
+// nicFirstDriver sorts before gpu.hwdra.io.
+const nicFirstDriver = "dra-sriov.hwdra.io"
 
 // probeOnce opens each mock profile once; nodes of a profile share it.
 type inventories map[string]hw.Inventory

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -25,9 +28,24 @@ import (
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
+// fleetParams are a run's settings.
+type fleetParams struct {
+	nodes, pods int
+	bad         string // a badClaims key, or none
+	limits      bool   // the chart's claim-limits policy installed
+	timeout     time.Duration
+	scheduler   fleetScheduler
+	shares      int // claims allocated before the scheduler starts (fleet_shares_test.go)
+	percentage  int // the scheduler's percentageOfNodesToScore (0: its default)
+}
+
+// fleetScheduler is a kube-scheduler binary to run ("" the built one).
+type fleetScheduler struct{ name, binary string }
+
 // fleetRun is what one run measured.
 type fleetRun struct {
 	nodes, pods int
+	fill        string  // what the shares fill allocated
 	slices      int     // ResourceSlice objects
 	sliceBytes  int     // their JSON
 	watchEvents float64 // the API server's ResourceSlice watch events
@@ -64,9 +82,11 @@ type bind struct {
 //
 // With limits the chart's claim-limits admission policy is installed, as
 // on an operator's cluster: a bad claim it refuses never exists.
-func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, limits bool, invs inventories, timeout time.Duration) fleetRun {
+func runFleet(t *testing.T, model fleetModel, p fleetParams, invs inventories) fleetRun {
 	ctx := context.Background()
-	n := framework.New(t, framework.Options{ControlPlaneOnly: true, DeferScheduler: true, SkipDeploy: true})
+	nodes, pods, bad, limits, timeout := p.nodes, p.pods, p.bad, p.limits, p.timeout
+	n := framework.New(t, framework.Options{ControlPlaneOnly: true, DeferScheduler: true, SkipDeploy: true,
+		SchedulerBinary: p.scheduler.binary, PercentageOfNodesToScore: p.percentage})
 	cs, err := n.FastAdmin()
 	if err != nil {
 		t.Fatal(err)
@@ -74,6 +94,9 @@ func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, limit
 	classes, err := deploy.DeviceClasses()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if model.classes != nil {
+		classes = model.classes(classes)
 	}
 	for _, c := range classes {
 		if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, c, metav1.CreateOptions{}); err != nil {
@@ -92,13 +115,20 @@ func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, limit
 	}
 	r := fleetRun{nodes: nodes, kinds: map[string]kindResult{}}
 	var mu sync.Mutex
+	targets := map[string][]fillTarget{}
 	began := time.Now()
 	err = parallel(nodes, func(i int) error {
 		name := fmt.Sprintf("fleet-%05d", i)
 		if err := framework.RegisterNode(ctx, cs, name); err != nil {
 			return err
 		}
-		for _, s := range model.slices(name, invs.get(t, fleetHardware(i))) {
+		slices := model.slices(name, invs.get(t, fleetHardware(i)))
+		if p.shares > 0 {
+			mu.Lock()
+			targets[name] = fillTargets(name, slices)
+			mu.Unlock()
+		}
+		for _, s := range slices {
 			if _, err := cs.ResourceV1().ResourceSlices().Create(ctx, &s, metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("slice %s: %w", s.Name, err)
 			}
@@ -113,6 +143,9 @@ func runFleet(t *testing.T, model fleetModel, nodes, pods int, bad string, limit
 	}
 	t.Logf("%s: %d nodes, %d slices in %v", model.name, nodes, r.slices, time.Since(began).Round(time.Millisecond))
 
+	if p.shares > 0 {
+		r.fill = fillFleet(ctx, t, n, cs, model, targets, p)
+	}
 	ns := n.CreateNamespace(t, "fleet")
 	names := map[string][]string{} // kind -> its pods
 	type job struct {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package e2e runs hwdra against a real single-node Kubernetes: etcd,
 // kube-apiserver, kube-controller-manager, kube-scheduler, containerd and
 // the kubelet, each the real binary (built by hack/build-realnode.sh), inside

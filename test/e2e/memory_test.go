@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -32,6 +35,9 @@ func TestAgentBuildsRSS(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// The RSS of an agent that has run a while past publishing
+			// (informers synced, health checks and rescans run), as a
+			// node sees it: real time must pass before the reading.
 			time.Sleep(5 * time.Second)
 			logRSS(t, name+" dgx-h100", agent.Pid())
 		})

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -17,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -147,15 +151,14 @@ func (m *multiNode) refuseSlicesOf(t *testing.T, node string) (lift func()) {
 			Pool: resourceapi.ResourcePool{Name: "probe", ResourceSliceCount: 1},
 		},
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	waitfor.NoError(t, fmt.Sprintf("policy %s in force (a dry-run create of a slice of %s refused)", name, node), 30*time.Second, func() error {
 		_, err := m.c.Admin.ResourceV1().ResourceSlices().Create(m.ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err != nil && strings.Contains(err.Error(), refusedMessage) {
-			return lift
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("policy %s not in force after 30s: a dry-run create of a slice of %s: %v", name, node, err)
-		}
-	}
+		return fmt.Errorf("dry-run create: %v", err)
+	})
+	return lift
 }
 
 // waitAgentReady waits until the kubelet reports the worker's agent pod
@@ -176,24 +179,24 @@ func (m *multiNode) waitAgentReady(t *testing.T, w *framework.Node, ready bool) 
 // the reason, newer than since, and returns it.
 func (m *multiNode) waitNodeEvent(t *testing.T, node, reason string, since time.Time) eventsv1.Event {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	var found eventsv1.Event
+	waitfor.NoError(t, fmt.Sprintf("a %s Event on node %s", reason, node), 60*time.Second, func() error {
 		list, err := m.c.Admin.EventsV1().Events(metav1.NamespaceDefault).List(m.ctx, metav1.ListOptions{
 			FieldSelector: "regarding.kind=Node,regarding.name=" + node + ",reason=" + reason,
 		})
-		if err == nil {
-			for _, e := range list.Items {
-				// The Event's time has microseconds; since has more.
-				if !e.EventTime.Time.Before(since.Truncate(time.Second)) {
-					return e
-				}
+		if err != nil {
+			return err
+		}
+		for _, e := range list.Items {
+			// The Event's time has microseconds; since has more.
+			if !e.EventTime.Time.Before(since.Truncate(time.Second)) {
+				found = e
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s Event on node %s within 60s (err %v)", reason, node, err)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return fmt.Errorf("%d older Events", len(list.Items))
+	})
+	return found
 }
 
 // nodeVanishes: the MIG node vanishes (its kubelet and agent killed, its
@@ -297,47 +300,40 @@ func (m *multiNode) nodeVanishes(t *testing.T) {
 // waitNoSlices waits until the node has no ResourceSlices.
 func (m *multiNode) waitNoSlices(t *testing.T, node string) {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	waitfor.NoError(t, "node "+node+" without slices after it vanished", 90*time.Second, func() error {
 		list, err := m.c.Admin.ResourceV1().ResourceSlices().List(m.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
-		if err == nil && len(list.Items) == 0 {
-			return
+		if err == nil && len(list.Items) > 0 {
+			err = fmt.Errorf("%d slices", len(list.Items))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s still has slices 90s after it vanished (err %v)", node, err)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // waitReplicasOff waits until the Deployment runs want ready pods, none
 // of them on node and no pod left bound to node.
 func (m *multiNode) waitReplicasOff(t *testing.T, app string, want int, node string) {
 	t.Helper()
-	deadline := time.Now().Add(4 * time.Minute)
-	for {
+	waitfor.NoError(t, fmt.Sprintf("Deployment %s: %d pods ready, none bound to %s", app, want, node), 4*time.Minute, func() error {
 		list, err := m.c.Admin.CoreV1().Pods(m.ns).List(m.ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+		if err != nil {
+			return err
+		}
 		ready, on, where := 0, 0, map[string]int{}
-		if err == nil {
-			for _, p := range list.Items {
-				if p.Spec.NodeName == node {
-					on++
-				}
-				if p.DeletionTimestamp == nil && framework.PodReady(&p) {
-					ready++
-					where[p.Spec.NodeName]++
-				}
+		for _, p := range list.Items {
+			if p.Spec.NodeName == node {
+				on++
 			}
-			if ready == want && on == 0 {
-				t.Logf("Deployment %s: %d ready pods on %v", app, ready, where)
-				return
+			if p.DeletionTimestamp == nil && framework.PodReady(&p) {
+				ready++
+				where[p.Spec.NodeName]++
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Deployment %s: %d of %d pods ready, %d still bound to %s after 4m (err %v)", app, ready, want, on, node, err)
+		if ready != want || on != 0 {
+			return fmt.Errorf("%d pods ready, %d still bound to %s", ready, on, node)
 		}
-		time.Sleep(time.Second)
-	}
+		t.Logf("Deployment %s: %d ready pods on %v", app, ready, where)
+		return nil
+	})
 }
 
 // deleteDeployment deletes a Deployment, then its pods and claims.

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -20,6 +23,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/mock/drivertools"
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -289,28 +293,23 @@ func (m *multiNode) createDeployment(t *testing.T, name, template, node string) 
 // runs and is ready, and returns it.
 func (m *multiNode) waitDeploymentPod(t *testing.T, app string, cond func(*corev1.Pod) bool) podState {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	var found *corev1.Pod
+	waitfor.NoError(t, "Deployment "+app+": a ready pod as wanted", 2*time.Minute, func() error {
 		list, err := m.c.Admin.CoreV1().Pods(m.ns).List(m.ctx, metav1.ListOptions{LabelSelector: "app=" + app})
-		if err == nil {
-			for _, p := range list.Items {
-				if p.DeletionTimestamp != nil || !cond(&p) || !framework.PodReady(&p) {
-					continue
-				}
-				return m.stateOf(t, &p)
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			var states []string
-			if list != nil {
-				for _, p := range list.Items {
-					states = append(states, fmt.Sprintf("%s on %q: %s", p.Name, p.Spec.NodeName, p.Status.Phase))
-				}
+		var states []string
+		for _, p := range list.Items {
+			if p.DeletionTimestamp == nil && cond(&p) && framework.PodReady(&p) {
+				found = &p
+				return nil
 			}
-			t.Fatalf("Deployment %s: no ready pod as wanted after 2m (err %v): %v", app, err, states)
+			states = append(states, fmt.Sprintf("%s on %q: %s", p.Name, p.Spec.NodeName, p.Status.Phase))
 		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return fmt.Errorf("%v", states)
+	})
+	return m.stateOf(t, found)
 }
 
 // cordon marks the node (un)schedulable, as kubectl cordon does.
@@ -347,17 +346,11 @@ func (m *multiNode) drainNode(t *testing.T, node string) {
 // kubelet unprepared it).
 func (m *multiNode) waitClaimGone(t *testing.T, name string) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	if err := waitfor.Until(m.ctx, "claim "+name+" gone after its pod was evicted", 60*time.Second, func() bool {
 		_, err := m.c.Admin.ResourceV1().ResourceClaims(m.ns).Get(m.ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("claim %s still there 60s after its pod was evicted (err %v)", name, err)
-			return
-		}
-		time.Sleep(300 * time.Millisecond)
+		return apierrors.IsNotFound(err)
+	}); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -436,19 +429,16 @@ func (m *multiNode) sliceCount(t *testing.T, w *framework.Node) int {
 // waitNodeReady waits until the node's Ready condition is status.
 func (m *multiNode) waitNodeReady(t *testing.T, w *framework.Node, status corev1.ConditionStatus, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	waitfor.True(t, fmt.Sprintf("node %s Ready=%s", w.Name, status), timeout, func() bool {
 		node, err := m.c.Admin.CoreV1().Nodes().Get(m.ctx, w.Name, metav1.GetOptions{})
-		if err == nil {
-			for _, c := range node.Status.Conditions {
-				if c.Type == corev1.NodeReady && c.Status == status {
-					return
-				}
+		if err != nil {
+			return false
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == status {
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s not Ready=%s after %v", w.Name, status, timeout)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return false
+	})
 }

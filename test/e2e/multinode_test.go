@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -312,8 +317,7 @@ func gpuBusIDs(t *testing.T, ctx context.Context, w *framework.Node) []string {
 // gpus GPUs (0: no taint at all).
 func (m *multiNode) waitTainted(t *testing.T, w *framework.Node, gpus int) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	waitfor.NoError(t, fmt.Sprintf("node %s: devices of %d GPUs tainted", w.Name, gpus), 60*time.Second, func() error {
 		list, err := w.WaitPoolsComplete(m.ctx, gpuDriver, 30*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -326,14 +330,11 @@ func (m *multiNode) waitTainted(t *testing.T, w *framework.Node, gpus int) {
 				}
 			}
 		}
-		if len(tainted) == gpus {
-			return
+		if len(tainted) != gpus {
+			return fmt.Errorf("%d GPUs tainted", len(tainted))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s: devices of %d GPUs tainted after 60s, want %d", w.Name, len(tainted), gpus)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // poolStatus: `hwdra pool-status -o json` for the whole cluster reports

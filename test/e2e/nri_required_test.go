@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -9,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hwdra/hwdra/internal/agent/podnet"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -31,47 +35,35 @@ func TestVFPodWaitsForTheAgent(t *testing.T) {
 	if _, err := r.n.Admin.CoreV1().Pods(r.ns).Create(r.ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the kubelet to try the pod's sandbox (its claim prepared)", 90*time.Second, func() bool { return gate.Refused() > 0 })
+	waitfor.True(t, "the kubelet to try the pod's sandbox (its claim prepared)", 90*time.Second, func() bool { return gate.Refused() > 0 })
 	r.kill()
 	gate.Open()
-	waitFor(t, "the pod's sandbox to start without the agent", 60*time.Second, func() bool { return gate.Passed() > 0 })
+	waitfor.True(t, "the pod's sandbox to start without the agent", 60*time.Second, func() bool { return gate.Passed() > 0 })
 
 	// The sandbox runs; its containers wait for the agent's NRI plugin.
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
+	// Real time passes (15 s) to show they do not start, watched
+	// throughout.
+	waitfor.Never(t, "the VF pod running while the agent is down (its containers started without the VF)", 15*time.Second, func() bool {
 		p, err := r.n.Admin.CoreV1().Pods(r.ns).Get(r.ctx, "vf", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.Status.Phase == corev1.PodRunning {
-			t.Fatalf("the VF pod runs while the agent is down: its containers started without the VF")
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return p.Status.Phase == corev1.PodRunning
+	})
 	refused := ""
-	for _, e := range r.podEvents("vf") {
-		if strings.Contains(e, podnet.PluginName) && strings.Contains(e, "not present") {
-			refused = e
+	if err := waitfor.Until(r.ctx, "an event saying containerd refused the containers for the missing plugin", 30*time.Second, func() bool {
+		for _, e := range r.podEvents("vf") {
+			if strings.Contains(e, podnet.PluginName) && strings.Contains(e, "not present") {
+				refused = e
+			}
 		}
-	}
-	if refused == "" {
-		t.Errorf("no event says containerd refused the containers for the missing plugin: %v", r.podEvents("vf"))
+		return refused != ""
+	}); err != nil {
+		t.Errorf("%v: %v", err, r.podEvents("vf"))
 	}
 	t.Logf("while the agent is down: %s", refused)
 
 	r.restart(nil)
 	claim, out := r.waitRunning("vf", "vf-pod-agent-down-at-sandbox-to-running", began)
 	checkInterface(t, r.n, r.ctx, "vf", out, claim, result(t, claim, "nic"), meta, defaultVF)
-}
-
-// waitFor polls cond every 200 ms until it holds or timeout passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }

@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -47,10 +52,21 @@ type scenario struct {
 // before the agent stops.
 func startScenario(t *testing.T, name, hardware string, drivers ...string) *scenario {
 	t.Helper()
+	return startScenarioWith(t, name, hardware, nil, drivers...)
+}
+
+// startScenarioWith is startScenario with the chart's config value (nil:
+// the chart's default).
+func startScenarioWith(t *testing.T, name, hardware string, config map[string]any, drivers ...string) *scenario {
+	t.Helper()
 	n := framework.Shared(t)
 	ctx := context.Background()
 	since := n.KubeletLogSize()
-	agent := n.StartAgentPod(t, n.AgentPodValues(t, hardware))
+	values := n.AgentPodValues(t, hardware)
+	if config != nil {
+		values["config"] = config
+	}
+	agent := n.StartAgentPod(t, values)
 	for _, d := range drivers {
 		if _, err := n.WaitPoolsComplete(ctx, d, 60*time.Second); err != nil {
 			t.Fatal(err)
@@ -334,15 +350,11 @@ func sliceAttr(d *resourceapi.Device, name resourceapi.QualifiedName) string {
 // (the claim was unprepared).
 func waitCDISpecGone(t *testing.T, n *framework.Node, driver string, claim *resourceapi.ResourceClaim) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.NoError(t, fmt.Sprintf("CDI spec of %s for claim %s gone from %s after its pod was deleted", driver, claim.Name, n.CDIDir), 30*time.Second, func() error {
 		spec, err := n.ClaimCDISpec(driver, claim.UID)
-		if err == nil && spec == nil {
-			return
+		if err == nil && spec != nil {
+			err = errors.New("still there")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("CDI spec of %s for claim %s still in %s after its pod was deleted (err %v)", driver, claim.Name, n.CDIDir, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -13,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -144,15 +148,10 @@ func checkDirectMetadata(t *testing.T, r ran, res resourceapi.DeviceRequestAlloc
 // waitClaimGone waits until the claim is deleted.
 func waitClaimGone(t *testing.T, s *scenario, name string) {
 	t.Helper()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	waitfor.True(t, "claim "+name+" gone after its pod was deleted", 60*time.Second, func() bool {
 		_, err := s.n.Admin.ResourceV1().ResourceClaims(s.ns).Get(s.ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("claim %s still there 60s after its pod was deleted (err %v)", name, err)
-		}
-	}
+		return apierrors.IsNotFound(err)
+	})
 }
 
 // TestPodsCompeteExtendedResourceAndClaims: on 8 GPUs, pods asking by

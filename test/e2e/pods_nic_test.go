@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -29,8 +32,8 @@ func shareClaim(t *testing.T, bandwidth string) *resourceapi.ResourceClaim {
 }
 
 // checkShare checks a running VF share: the allocation consumed want of
-// its PF's bandwidth; the KEP-5304 metadata in the container names the
-// share's bandwidth, its VF's index and PCI address and the PF as
+// its PF's bandwidth; the KEP-5304 metadata in the container gives the
+// share's bandwidth as its VF's transmit cap (no capacity's name), its VF's index and PCI address and the PF as
 // published; where the VF has an RDMA device, the container has its
 // uverbs node and variable from our CDI spec; the container has the VF as
 // net1, up, and the metadata and the claim's status say so
@@ -53,8 +56,14 @@ func checkShare(t *testing.T, s *scenario, r ran, request, want string) int {
 		v, _ := attrValue(attrs, nicDriver, name).(string)
 		return v
 	}
-	if got := str(nicDriver + "/bandwidth"); got != want {
-		t.Errorf("pod %s: metadata bandwidth %q, want %q", r.pod.Name, got, want)
+	// The share's bandwidth as the wire holds it (no capacity's name in
+	// the metadata): the VF's transmit cap in Mb/s.
+	wantQ := resource.MustParse(want)
+	if got, _ := attrValue(attrs, nicDriver, nicDriver+"/maxTxRateMbps").(float64); int64(got) != wantQ.Value()/1e6 {
+		t.Errorf("pod %s: metadata maxTxRateMbps %v, want %s in Mb/s", r.pod.Name, got, want)
+	}
+	if v := attrValue(attrs, nicDriver, nicDriver+"/bandwidth"); v != nil {
+		t.Errorf("pod %s: metadata carries the capacity sriov.hwdra.io/bandwidth (%v)", r.pod.Name, v)
 	}
 	for _, a := range []resourceapi.QualifiedName{nicDriver + "/pfName", nicDriver + "/pfPciAddress"} {
 		if got, pub := str(string(a)), sliceAttr(published, a); got == "" || got != pub {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -14,6 +17,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/mock/drivertools"
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -93,7 +97,7 @@ func listProcesses(t *testing.T, mockDir, gpu string, procs ...string) {
 // (hwdra_gpu_share_check_duration_seconds_count).
 func policeRounds(t *testing.T) int {
 	t.Helper()
-	v, err := framework.AgentMetric("127.0.0.1:9464", "hwdra_gpu_share_check_duration_seconds_count")
+	v, err := framework.AgentMetric(framework.AgentAddr, "hwdra_gpu_share_check_duration_seconds_count")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,13 +109,7 @@ func policeRounds(t *testing.T) int {
 // whatever it would do about the processes listed before, it has done.
 func waitRounds(t *testing.T, from, n int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for got := policeRounds(t); got < from+n; got = policeRounds(t) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the police made %d rounds in 20 s, want %d", got-from, n)
-		}
-		time.Sleep(policeEvery * time.Millisecond / 2)
-	}
+	waitfor.True(t, fmt.Sprintf("%d police rounds after round %d", n, from), 20*time.Second, func() bool { return policeRounds(t) >= from+n })
 }
 
 // waitRestarted waits until the pod's app container was killed (exit code

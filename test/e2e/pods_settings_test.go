@@ -1,6 +1,10 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -10,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -172,22 +177,22 @@ func (s *scenario) gpuDeviceTypes() map[string]int {
 // the pod, bound to the node, is still Pending with no container running.
 func (s *scenario) checkNotStarted(name, want string) {
 	s.t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for refused := int32(0); refused < 2; time.Sleep(500 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("pod %s: the kubelet did not try again within 90s (refused %d times)", name, refused)
-		}
+	waitfor.NoError(s.t, "pod "+name+": the kubelet trying again, refused again", 90*time.Second, func() error {
 		list, err := s.n.Admin.CoreV1().Events(s.ns).List(s.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 		if err != nil {
 			s.t.Fatal(err)
 		}
-		refused = 0
+		refused := int32(0)
 		for _, e := range list.Items {
 			if strings.Contains(e.Message, want) {
 				refused += max(e.Count, 1)
 			}
 		}
-	}
+		if refused < 2 {
+			return fmt.Errorf("refused %d times", refused)
+		}
+		return nil
+	})
 	p, err := s.n.Admin.CoreV1().Pods(s.ns).Get(s.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		s.t.Fatal(err)

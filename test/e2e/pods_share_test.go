@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/hwdra/hwdra/internal/mock/drivertools"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -96,18 +101,7 @@ func running(pid string) bool {
 
 // waitGone waits until the process pid no longer runs.
 func waitGone(ctx context.Context, pid string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for running(pid) {
-		if time.Now().After(deadline) {
-			return false
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	return true
+	return waitfor.Until(ctx, "process "+pid+" gone", timeout, func() bool { return !running(pid) }) == nil
 }
 
 // TestPodsGPUShares: on one H100, two pods with independent share claims
@@ -262,15 +256,14 @@ func TestPodsMPSClaimAcrossAgentRestarts(t *testing.T) {
 // waitNewAgentPod waits until the DaemonSet's pod on the node is another
 // than old and ready.
 func waitNewAgentPod(ctx context.Context, n *framework.Node, old types.UID, timeout time.Duration) (*framework.AgentPod, error) {
+	var p *framework.AgentPod
 	deadline := time.Now().Add(timeout)
-	for {
-		p, err := n.WaitAgentRollout(ctx, time.Until(deadline))
-		if err != nil {
-			return nil, err
+	err := waitfor.Check(ctx, "a new agent pod, ready", timeout, func() error {
+		var err error
+		if p, err = n.WaitAgentRollout(ctx, time.Until(deadline)); err == nil && p.UID == old {
+			err = errors.New("still the old pod")
 		}
-		if p.UID != old {
-			return p, nil
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return err
+	})
+	return p, err
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -18,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -76,24 +80,20 @@ func checkInterface(t *testing.T, n *framework.Node, ctx context.Context, pod st
 		}
 	}
 	// The status is written in the background: wait for it.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := n.Admin.ResourceV1().ResourceClaims(claim.Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
-		if err != nil {
+	var c *resourceapi.ResourceClaim
+	if err := waitfor.Until(ctx, "claim "+claim.Name+"'s network status", 20*time.Second, func() bool {
+		var err error
+		if c, err = n.Admin.ResourceV1().ResourceClaims(claim.Namespace).Get(ctx, claim.Name, metav1.GetOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		entry := deviceStatus(c, res)
-		if entry != nil && entry.NetworkData != nil && entry.NetworkData.InterfaceName == want.name &&
+		return entry != nil && entry.NetworkData != nil && entry.NetworkData.InterfaceName == want.name &&
 			entry.NetworkData.HardwareAddress == got.MAC && slices.Equal(entry.NetworkData.IPs, ips) &&
-			conditionTrue(entry, "Ready") && conditionTrue(entry, "NetworkReady") {
-			return got.MAC
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("claim %s: status.devices %+v, want %s/%s ready with interface %s %s", claim.Name, c.Status.Devices, res.Pool, res.Device, want.name, got.MAC)
-			return got.MAC
-		}
-		time.Sleep(200 * time.Millisecond)
+			conditionTrue(entry, "Ready") && conditionTrue(entry, "NetworkReady")
+	}); err != nil {
+		t.Errorf("%v: status.devices %+v, want %s/%s ready with interface %s %s", err, c.Status.Devices, res.Pool, res.Device, want.name, got.MAC)
 	}
+	return got.MAC
 }
 
 func deviceStatus(c *resourceapi.ResourceClaim, res resourceapi.DeviceRequestAllocationResult) *resourceapi.AllocatedDeviceStatus {
@@ -165,28 +165,24 @@ func nodeLinks(t *testing.T) map[string]string {
 // back under its original name, with its settings.
 func waitNodeLinks(t *testing.T, want map[string]string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := nodeLinks(t)
-		if reflect.DeepEqual(got, want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			var diff []string
-			for k, v := range want {
-				if got[k] != v {
-					diff = append(diff, fmt.Sprintf("%s: %q, was %q", k, got[k], v))
-				}
+	var got map[string]string
+	if waitfor.Until(t.Context(), "the node's links as before the pods", 30*time.Second, func() bool {
+		got = nodeLinks(t)
+		return reflect.DeepEqual(got, want)
+	}) != nil {
+		var diff []string
+		for k, v := range want {
+			if got[k] != v {
+				diff = append(diff, fmt.Sprintf("%s: %q, was %q", k, got[k], v))
 			}
-			for k, v := range got {
-				if _, ok := want[k]; !ok {
-					diff = append(diff, fmt.Sprintf("%s: new (%s)", k, v))
-				}
-			}
-			sort.Strings(diff)
-			t.Fatalf("the node's links are not as before the pods:\n%s", strings.Join(diff, "\n"))
 		}
-		time.Sleep(200 * time.Millisecond)
+		for k, v := range got {
+			if _, ok := want[k]; !ok {
+				diff = append(diff, fmt.Sprintf("%s: new (%s)", k, v))
+			}
+		}
+		sort.Strings(diff)
+		t.Fatalf("the node's links are not as before the pods:\n%s", strings.Join(diff, "\n"))
 	}
 }
 
@@ -196,11 +192,11 @@ func waitNodeLinks(t *testing.T, want map[string]string) {
 func checkStatusWrites(t *testing.T, claims, maxRequests int) {
 	t.Helper()
 	// The agents of pod scenarios serve metrics on the default address.
-	ok, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_claim_status_writes_total{result="success"}`)
+	ok, err := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="success"}`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	failed, _ := framework.AgentMetric("127.0.0.1:9464", `hwdra_claim_status_writes_total{result="error"}`)
+	failed, _ := framework.AgentMetric(framework.AgentAddr, `hwdra_claim_status_writes_total{driver="sriov.hwdra.io",result="refused"}`)
 	n, _ := strconv.Atoi(ok)
 	f, _ := strconv.Atoi(failed)
 	t.Logf("claim status writes: %d written, %d refused (API requests)", n, f)
@@ -211,11 +207,12 @@ func checkStatusWrites(t *testing.T, claims, maxRequests int) {
 
 // TestPodVFDirectClaim: a pod with a directly referenced ResourceClaim
 // whose opaque VfConfig sets the interface's name, MTU, MAC and an address
-// runs with that interface; its metadata (under resourceclaims/) and the
-// claim's status say the same; deleting the pod and the claim gives the
-// node its links back as they were.
+// runs with that interface (the agent's vfPolicy lets claims choose a MAC
+// address); its metadata (under resourceclaims/) and the claim's status
+// say the same; deleting the pod and the claim gives the node its links
+// back as they were.
 func TestPodVFDirectClaim(t *testing.T) {
-	s := startScenario(t, "pod-vf-direct", "mock:cx7", nicDriver)
+	s := startScenarioWith(t, "pod-vf-direct", "mock:cx7", map[string]any{"vfPolicy": map[string]any{"allowMAC": true}}, nicDriver)
 	before := nodeLinks(t)
 	claim := shareClaim(t, "10G")
 	claim.Name = "fast-net"
@@ -316,8 +313,8 @@ func TestSharedVFClaimOnePodAtATime(t *testing.T) {
 // and returns it ("<reason>: <message>").
 func (s *scenario) waitEvent(name, want string, timeout time.Duration) string {
 	s.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var found string
+	waitfor.NoError(s.t, fmt.Sprintf("an event of pod %s with %q", name, want), timeout, func() error {
 		list, err := s.n.Admin.CoreV1().Events(s.ns).List(s.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 		if err != nil {
 			s.t.Fatal(err)
@@ -326,12 +323,11 @@ func (s *scenario) waitEvent(name, want string, timeout time.Duration) string {
 		for _, e := range list.Items {
 			seen = append(seen, e.Reason+": "+e.Message)
 			if strings.Contains(e.Message, want) {
-				return e.Reason + ": " + e.Message
+				found = e.Reason + ": " + e.Message
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("pod %s: no event with %q within %v; events: %v", name, want, timeout, seen)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return fmt.Errorf("events: %v", seen)
+	})
+	return found
 }

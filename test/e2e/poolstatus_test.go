@@ -1,16 +1,25 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	resourcealpha "k8s.io/api/resource/v1alpha3"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -18,6 +27,7 @@ import (
 	"github.com/hwdra/hwdra/internal/tools/poolstatus"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -81,9 +91,12 @@ func TestPoolStatusAgreesWithTheController(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The controller reads rules from its own informer: give it the
-	// moment to see the new one.
-	time.Sleep(time.Second)
+	// The controller reads rules from its own informer: wait until it
+	// counts the new one.
+	waitfor.True(t, "the pool-status controller counting the DeviceTaintRule", 30*time.Second, func() bool {
+		nic := requestPoolStatus(t, n, nicDriver, n.Name)
+		return len(nic) == 1 && ptr.Deref(nic[0].UnavailableDevices, -1) == 1
+	})
 
 	var controller []resourcealpha.PoolStatus
 	for _, d := range []string{gpuDriver, nicDriver} {
@@ -169,22 +182,21 @@ func requestPoolStatus(t *testing.T, n *framework.Node, driver, pool string) []r
 	}
 	t.Cleanup(func() { _ = api.Delete(context.Background(), req.Name, metav1.DeleteOptions{}) })
 	began := time.Now()
-	for {
-		got, err := api.Get(ctx, req.Name, metav1.GetOptions{})
-		if err == nil && got.Status != nil {
-			framework.Timing(t, "pool-status-request/"+driver, time.Since(began))
-			for _, c := range got.Status.Conditions {
-				if c.Type != resourcealpha.ResourcePoolStatusRequestConditionComplete || c.Status != metav1.ConditionTrue {
-					t.Errorf("%s: condition %s=%s: %s", driver, c.Type, c.Status, c.Message)
-				}
-			}
-			return got.Status.Pools
+	var got *resourcealpha.ResourcePoolStatusRequest
+	waitfor.NoError(t, "the ResourcePoolStatusRequest for "+driver+" answered", 60*time.Second, func() error {
+		var err error
+		if got, err = api.Get(ctx, req.Name, metav1.GetOptions{}); err == nil && got.Status == nil {
+			err = errors.New("no status yet")
 		}
-		if time.Since(began) > 60*time.Second {
-			t.Fatalf("ResourcePoolStatusRequest for %s unanswered after 60s (err %v)", driver, err)
+		return err
+	})
+	framework.Timing(t, "pool-status-request/"+driver, time.Since(began))
+	for _, c := range got.Status.Conditions {
+		if c.Type != resourcealpha.ResourcePoolStatusRequestConditionComplete || c.Status != metav1.ConditionTrue {
+			t.Errorf("%s: condition %s=%s: %s", driver, c.Type, c.Status, c.Message)
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
+	return got.Status.Pools
 }
 
 // samePools checks that hwdra pool-status reports, pool by pool, what the
@@ -235,4 +247,63 @@ func capacityOf(s *resourcealpha.ShareableSummaryStatus, name resourceapi.Qualif
 		}
 	}
 	return nil
+}
+
+// TestPoolStatusUserRBAC: a user (a ServiceAccount's token) without a
+// binding is refused by `hwdra pool-status`; bound to the chart's
+// aggregated ClusterRole hwdra-pool-status (its rules aggregated by the
+// controller manager from hwdra-pool-status-rules), the same command
+// reports the node's pools, and the user may ask Kubernetes' own counts
+// (a ResourcePoolStatusRequest) but write no ResourceSlice.
+func TestPoolStatusUserRBAC(t *testing.T) {
+	n := framework.Shared(t)
+	ctx := context.Background()
+	ns := n.CreateNamespace(t, "pool-reader")
+	if _, err := n.Admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "planner"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := n.ServiceAccountCredentials(ctx, ns, "planner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func() (string, error) {
+		out, err := exec.Command(framework.HwdraBinary(t), "pool-status", "--kubeconfig", creds.Kubeconfig, "--node", n.Name).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run(); err == nil || !strings.Contains(out, "forbidden") {
+		t.Fatalf("hwdra pool-status without a binding: %v\n%s", err, out)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "pool-reader-" + ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "hwdra-pool-status"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "planner", Namespace: ns}},
+	}
+	if _, err := n.Admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = n.Admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
+	var out string
+	// The aggregation and the authorizer's cache take a moment.
+	waitfor.NoError(t, "hwdra pool-status bound to hwdra-pool-status", 30*time.Second, func() error {
+		var err error
+		if out, err = run(); err != nil {
+			return fmt.Errorf("%w\n%s", err, out)
+		}
+		return nil
+	})
+	t.Logf("hwdra pool-status as the bound user:\n%s", out)
+	req, err := creds.Client.ResourceV1alpha3().ResourcePoolStatusRequests().Create(ctx, &resourcealpha.ResourcePoolStatusRequest{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "planner-"}, Spec: resourcealpha.ResourcePoolStatusRequestSpec{Driver: gpuDriver},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("ResourcePoolStatusRequest as the bound user: %v", err)
+	}
+	if err := creds.Client.ResourceV1alpha3().ResourcePoolStatusRequests().Delete(ctx, req.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("deleting its ResourcePoolStatusRequest: %v", err)
+	}
+	if _, err := creds.Client.ResourceV1().ResourceSlices().Create(ctx, slice("planner-"+ns, gpuDriver, n.Name), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) {
+		t.Errorf("a ResourceSlice written as the bound user: %v, want forbidden", err)
+	}
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -6,9 +9,11 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -16,13 +21,17 @@ import (
 )
 
 // slice is a minimal ResourceSlice of driver on node (nodeName "" means
-// allNodes).
+// allNodes), in the node's pool as the agent names it.
 func slice(name, driver, node string) *resourceapi.ResourceSlice {
+	pool := node
+	if pool == "" {
+		pool = "pool"
+	}
 	s := &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: resourceapi.ResourceSliceSpec{
 			Driver:  driver,
-			Pool:    resourceapi.ResourcePool{Name: "pool", ResourceSliceCount: 1},
+			Pool:    resourceapi.ResourcePool{Name: pool, ResourceSliceCount: 1},
 			Devices: []resourceapi.Device{{Name: "dev-0"}},
 		},
 	}
@@ -103,10 +112,11 @@ func TestAgentSliceWritesPinnedToItsNode(t *testing.T) {
 	}
 
 	t.Run("update and delete another node's slice", func(t *testing.T) {
-		s, err := agent.Client.ResourceV1().ResourceSlices().Get(ctx, foreign.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("the agent may read slices: %v", err)
+		list, err := agent.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + foreign.Name})
+		if err != nil || len(list.Items) != 1 {
+			t.Fatalf("the agent may list slices: %v (%d)", err, len(list.Items))
 		}
+		s := &list.Items[0]
 		s.Spec.Devices = nil
 		if _, err := agent.Client.ResourceV1().ResourceSlices().Update(ctx, s, metav1.UpdateOptions{}); err == nil {
 			t.Error("update of another node's slice allowed")
@@ -144,4 +154,161 @@ func unboundAgentClient(t *testing.T, n *framework.Node) kubernetes.Interface {
 		t.Fatal(err)
 	}
 	return creds.Client
+}
+
+// TestTenantNodeCannotPublishUnderAnotherNodesPool: a compromised node
+// (the agent's credentials, bound to it) publishes devices under another
+// node's pool name on its own node: the API server's admission policy
+// refuses the create and an update that moves its own slice there, naming
+// the pool. It may still publish its own pool, and clear any slice of its
+// node, whatever its pool (a leftover another writer made).
+func TestTenantNodeCannotPublishUnderAnotherNodesPool(t *testing.T) {
+	n := framework.Shared(t)
+	ctx := context.Background()
+	agent, err := n.AgentCredentials(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := fakeNode(t, n, "victim-node")
+	slices := agent.Client.ResourceV1().ResourceSlices()
+	wantPoolDenied := func(t *testing.T, err error) {
+		t.Helper()
+		want := "may only write ResourceSlices of its node's pool '" + n.Name + "', not of pool '" + victim + "'"
+		if err == nil || !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%v; want the admission policy's denial %q", err, want)
+		}
+	}
+
+	forged := slice("e2e-forged-pool", "gpu.hwdra.io", n.Name)
+	forged.Spec.Pool.Name = victim
+	_, err = slices.Create(ctx, forged, metav1.CreateOptions{})
+	if err == nil {
+		_ = n.Admin.ResourceV1().ResourceSlices().Delete(ctx, forged.Name, metav1.DeleteOptions{})
+	}
+	wantPoolDenied(t, err)
+
+	own, err := slices.Create(ctx, slice("e2e-own-pool", "gpu.hwdra.io", n.Name), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("its own pool: %v", err)
+	}
+	t.Cleanup(func() { _ = n.Admin.ResourceV1().ResourceSlices().Delete(ctx, own.Name, metav1.DeleteOptions{}) })
+	// Moving its own slice to the other pool: the API server holds the
+	// pool name immutable (1.37), the policy refuses it too.
+	own.Spec.Pool.Name = victim
+	if _, err := slices.Update(ctx, own, metav1.UpdateOptions{}); err == nil || !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) {
+		t.Fatalf("moving its slice to pool %s: %v, want refused", victim, err)
+	}
+	if err := slices.Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("delete its own slice: %v", err)
+	}
+
+	leftover := slice("e2e-leftover-pool", "gpu.hwdra.io", n.Name)
+	leftover.Spec.Pool.Name = "leftover"
+	if _, err := n.Admin.ResourceV1().ResourceSlices().Create(ctx, leftover, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := slices.Delete(ctx, leftover.Name, metav1.DeleteOptions{}); err != nil {
+		_ = n.Admin.ResourceV1().ResourceSlices().Delete(ctx, leftover.Name, metav1.DeleteOptions{})
+		t.Errorf("delete a slice of its node in another pool: %v", err)
+	}
+}
+
+// TestTenantAgentCredentialsNarrowed: what the agent's credentials no
+// longer allow (docs/security.md): verbs on slices and claims it does not
+// use, the core Events API, Events on another node or on objects other
+// than pods and its node, and a change of a claim's reservations on its
+// own node (granular status authorization). What it uses still works.
+func TestTenantAgentCredentialsNarrowed(t *testing.T) {
+	n := framework.Shared(t)
+	ctx := context.Background()
+	agent, err := n.AgentCredentials(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := agent.Client
+	victim := fakeNode(t, n, "victim-node-events")
+	ns := n.CreateNamespace(t, "narrowed")
+	allocatedClaim(t, n, ns, "here", n.Name)
+	// A namespaced object's Events go in its namespace, a Node's in
+	// "default" (as the agent's recorder puts them).
+	event := func(name string, regarding corev1.ObjectReference) *eventsv1.Event {
+		in := regarding.Namespace
+		if in == "" {
+			in = metav1.NamespaceDefault
+		}
+		return &eventsv1.Event{
+			ObjectMeta: metav1.ObjectMeta{Name: name + "-" + ns, Namespace: in}, EventTime: metav1.NowMicro(),
+			ReportingController: "hwdra-agent", ReportingInstance: n.Name, Action: "Check", Reason: "E2E",
+			Regarding: regarding, Type: corev1.EventTypeWarning, Note: "e2e",
+		}
+	}
+	nodeRef := func(name string) corev1.ObjectReference {
+		return corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: name, UID: types.UID(name)}
+	}
+	for _, tc := range []struct {
+		name   string
+		do     func() error
+		reason string // "" allowed
+	}{
+		{"patch a slice", func() error {
+			_, err := c.ResourceV1().ResourceSlices().Patch(ctx, "any", types.MergePatchType, []byte(`{}`), metav1.PatchOptions{})
+			return err
+		}, "forbidden"},
+		{"delete every slice", func() error {
+			return c.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+		}, "forbidden"},
+		{"watch claims", func() error {
+			w, err := c.ResourceV1().ResourceClaims("").Watch(ctx, metav1.ListOptions{})
+			if err == nil {
+				w.Stop()
+			}
+			return err
+		}, "forbidden"},
+		{"get a pod by name", func() error {
+			_, err := c.CoreV1().Pods(ns).Get(ctx, "any", metav1.GetOptions{})
+			return err
+		}, "forbidden"},
+		{"core Events", func() error {
+			_, err := c.CoreV1().Events(ns).Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "core"}, InvolvedObject: nodeRef(n.Name)}, metav1.CreateOptions{})
+			return err
+		}, "forbidden"},
+		{"an Event on another node", func() error {
+			_, err := c.EventsV1().Events(metav1.NamespaceDefault).Create(ctx, event("other-node", nodeRef(victim)), metav1.CreateOptions{})
+			return err
+		}, "may not post Events on node '" + victim + "'"},
+		{"an Event on a claim", func() error {
+			_, err := c.EventsV1().Events(ns).Create(ctx, event("claim", corev1.ObjectReference{Kind: "ResourceClaim", APIVersion: "resource.k8s.io/v1", Namespace: ns, Name: "here"}), metav1.CreateOptions{})
+			return err
+		}, "only on pods and its node, not on a ResourceClaim"},
+		{"a claim's reservations", func() error {
+			claim, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "here", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			claim.Status.ReservedFor = append(claim.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "p", UID: "p"})
+			_, err = c.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, claim, metav1.UpdateOptions{})
+			return err
+		}, "resourceclaims/binding"},
+		{"an Event on its node", func() error {
+			_, err := c.EventsV1().Events(metav1.NamespaceDefault).Create(ctx, event("own-node", nodeRef(n.Name)), metav1.CreateOptions{})
+			return err
+		}, ""},
+		{"an Event on a pod", func() error {
+			_, err := c.EventsV1().Events(ns).Create(ctx, event("pod", corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: "p"}), metav1.CreateOptions{})
+			return err
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.do()
+			switch {
+			case tc.reason == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.reason == "":
+			case err == nil:
+				t.Fatal("allowed, want refused")
+			case !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.reason):
+				t.Fatalf("%v; want a refusal mentioning %q", err, tc.reason)
+			}
+		})
+	}
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -14,6 +17,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/hwdra/hwdra/internal/tools/allocate"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -148,14 +152,18 @@ func TestClaimsNeverRewriteThePoolThroughTheAPIServer(t *testing.T) {
 		logPercentiles(t, k.name, prep, unprep)
 	}
 	// A rescan after the last claim publishes nothing either: the agent
-	// rescans every minute, a link change at once; wait for one tick of
-	// the resourceslice controller instead, which is what would write.
-	time.Sleep(2 * time.Second)
-	for _, d := range []string{gpuDriver, nicDriver} {
-		if got := writes.Count(d); got != 0 {
-			t.Errorf("%s: %d ResourceSlice writes for %d claims of each kind: %v", d, got, perKind, writes.Events())
+	// rescans every minute, a link change at once; a write would come
+	// from the resourceslice controller, which ticks within 2 s: real
+	// time passes to show none comes, watched throughout.
+	waitfor.Never(t, "a ResourceSlice write for the claims", 2*time.Second, func() bool {
+		for _, d := range []string{gpuDriver, nicDriver} {
+			if got := writes.Count(d); got != 0 {
+				t.Errorf("%s: %d ResourceSlice writes for %d claims of each kind: %v", d, got, perKind, writes.Events())
+				return true
+			}
 		}
-	}
+		return false
+	})
 	// Where a prepare's time goes: the agent's own part (plan, hardware,
 	// checkpoint, CDI spec) against the whole call above (plus the claim
 	// GET, the metadata files and gRPC).

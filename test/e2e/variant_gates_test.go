@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -9,11 +12,13 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	resourcealpha "k8s.io/api/resource/v1alpha3"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -70,13 +75,9 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	// It says which gate is missing.
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(agent.Tail(200), "DRADeviceCompatibilityGroups") {
-		if time.Now().After(deadline) {
-			t.Fatal("the agent never named the missing gate DRADeviceCompatibilityGroups in its log")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitfor.True(t, "the agent naming the missing gate DRADeviceCompatibilityGroups in its log", 20*time.Second, func() bool {
+		return strings.Contains(agent.Tail(200), "DRADeviceCompatibilityGroups")
+	})
 	ns := n.CreateNamespace(t, "gate-off")
 	t.Cleanup(func() {
 		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
@@ -129,15 +130,21 @@ func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
 	if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, first, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The stored slices kept their groups through the restart, and the
-	// scheduler without the gate finds no complete pool.
-	time.Sleep(15 * time.Second)
-	if got := gpuPoolGroups(t, n); got == 0 {
-		t.Fatal("the API server dropped the stored groups on its own: the test shows nothing")
-	}
-	if p, err := n.Admin.CoreV1().Pods(ns).Get(ctx, first.Name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
-		t.Fatalf("the MIG pod was scheduled from slices with groups by a scheduler without the gate (%v): the test shows nothing", err)
-	}
+	// The stored slices keep their groups through the restart, and the
+	// scheduler without the gate finds no complete pool: real time passes
+	// (15 s, the scheduler's retries) to show the pod stays unscheduled,
+	// watched throughout.
+	waitfor.Never(t, "the pod scheduled, or the groups dropped", 15*time.Second, func() bool {
+		if got := gpuPoolGroups(t, n); got == 0 {
+			t.Error("the API server dropped the stored groups on its own: the test shows nothing")
+			return true
+		}
+		if p, err := n.Admin.CoreV1().Pods(ns).Get(ctx, first.Name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+			t.Errorf("the MIG pod was scheduled from slices with groups by a scheduler without the gate (%v): the test shows nothing", err)
+			return true
+		}
+		return false
+	})
 
 	// Restarted, the agent checks before publishing.
 	agent.Args[len(agent.Args)-1] = "--feature-check-interval=3s"
@@ -216,59 +223,47 @@ func gpuPoolGroups(t *testing.T, n *framework.Node) int {
 // with compatibility groups (or none), and returns how many.
 func waitGPUPool(t *testing.T, n *framework.Node, withGroups bool) int {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		got := gpuPoolGroups(t, n)
-		if got >= 0 && (got > 0) == withGroups {
-			return got
+	var got int
+	waitfor.NoError(t, fmt.Sprintf("the GPU pool complete, with compatibility groups: %v", withGroups), 60*time.Second, func() error {
+		if got = gpuPoolGroups(t, n); got >= 0 && (got > 0) == withGroups {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the GPU pool has %d devices with compatibility groups (-1: incomplete) after 60s; want groups: %v", got, withGroups)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return fmt.Errorf("%d devices with compatibility groups (-1: incomplete)", got)
+	})
+	return got
 }
 
 // readyz waits until the agent process's /readyz answers 200 with a body
 // containing want, and returns the body.
 func readyz(t *testing.T, want string, timeout time.Duration) string {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
-		resp, err := http.Get("http://127.0.0.1:9464/readyz")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			last = fmt.Sprintf("%d %q", resp.StatusCode, b)
-			if resp.StatusCode == http.StatusOK && strings.Contains(string(b), want) {
-				return string(b)
-			}
-		} else {
-			last = err.Error()
+	var body string
+	waitfor.NoError(t, fmt.Sprintf("/readyz 200 with %q", want), timeout, func() error {
+		resp, err := http.Get("http://" + framework.AgentAddr + "/readyz")
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz after %v: %s; want 200 with %q", timeout, last, want)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if body = string(b); resp.StatusCode != http.StatusOK || !strings.Contains(body, want) {
+			return fmt.Errorf("%d %q", resp.StatusCode, b)
 		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return nil
+	})
+	return body
 }
 
 // wantFeatureMetric waits until hwdra_feature_disabled of
 // DRADeviceCompatibilityGroups is want.
 func wantFeatureMetric(t *testing.T, want string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		got, err := framework.AgentMetric("127.0.0.1:9464", `hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`)
-		if err == nil && got == want {
-			return
+	waitfor.NoError(t, `hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"} = `+want, 20*time.Second, func() error {
+		got, err := framework.AgentMetric(framework.AgentAddr, `hwdra_feature_disabled{feature="DRADeviceCompatibilityGroups"}`)
+		if err == nil && got != want {
+			err = fmt.Errorf("%q", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("hwdra_feature_disabled{feature=\"DRADeviceCompatibilityGroups\"} = %q (%v), want %s", got, err, want)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // examplePodRunning runs a pod with a claim from deploy/examples/<file>
@@ -356,4 +351,160 @@ func TestPartitionTypeGateOff(t *testing.T) {
 	if got := controller[0].AllocatedDevices; got == nil || *got != 1 {
 		t.Errorf("controller: %v GPU devices allocated, want the pod's 1", got)
 	}
+}
+
+// TestGateOffPartitionableDevices: with DRAPartitionableDevices off in the
+// API server and the scheduler, the agent takes the fallback it names in
+// its log and /readyz (whole GPUs only: no counter sets, no MIG partitions
+// to make, no GPU shares), publishes slices the API server stores as
+// published (/readyz is ok only once the stored slices equal the
+// publication), with no field of the gate in them, and a pod gets a
+// whole GPU. VF shares need no counters: a pod gets one.
+func TestGateOffPartitionableDevices(t *testing.T) {
+	// The gates that need it go off with it (else the components refuse
+	// to start); the agent names this one, whose loss covers theirs.
+	g := startGateOff(t, []string{"DRAPartitionableDevices", "DRAPartitionableDevicesType", "DRADeviceCompatibilityGroups"},
+		map[string]string{"DRAPartitionableDevices": "no MIG partitions to create and no GPU shares: whole GPUs and existing MIG instances only"})
+	for _, s := range g.slices(gpuDriver) {
+		if len(s.Spec.SharedCounters) > 0 {
+			t.Errorf("slice %s has counter sets with DRAPartitionableDevices off", s.Name)
+		}
+		for _, d := range s.Spec.Devices {
+			if len(d.ConsumesCounters) > 0 || sliceAttr(&d, "gpu.hwdra.io/type") != "gpu" {
+				t.Errorf("device %s (type %s) with DRAPartitionableDevices off: counters %v", d.Name, sliceAttr(&d, "gpu.hwdra.io/type"), d.ConsumesCounters)
+			}
+		}
+	}
+	framework.RecordTiming(t, "whole GPU pod creation -> Running (DRAPartitionableDevices off)", examplePodRunning(t, g.n, g.ns, "gpu-full.yaml", "gpu"))
+	framework.RecordTiming(t, "VF share pod creation -> Running (DRAPartitionableDevices off)", examplePodRunning(t, g.n, g.ns, "vf-share-10g.yaml", "vf"))
+}
+
+// TestGateOffConsumableCapacity: with DRAConsumableCapacity off in the API
+// server and the scheduler, the chart installs (its VF classes select by
+// the published mode: the API server's CEL has no allowMultipleAllocations
+// without the gate), the agent takes the fallback it names in its
+// log and /readyz (no shares: each PF's VFs offered one device each, no
+// GPU share devices), publishes slices the API server stores as published,
+// with no field of the gate in them, and a pod gets a whole GPU and
+// another an exclusive VF.
+func TestGateOffConsumableCapacity(t *testing.T) {
+	// DRAFractionalCapacityRange (beta, on in 1.37) needs it: off with it.
+	g := startGateOff(t, []string{"DRAConsumableCapacity", "DRAFractionalCapacityRange"},
+		map[string]string{"DRAConsumableCapacity": "no GPU shares and no bandwidth shares of a PF"})
+	vfs := 0
+	for _, driver := range []string{gpuDriver, nicDriver} {
+		for _, s := range g.slices(driver) {
+			for _, d := range s.Spec.Devices {
+				if d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
+					t.Errorf("device %s is shareable with DRAConsumableCapacity off", d.Name)
+				}
+				for name, c := range d.Capacity {
+					if c.RequestPolicy != nil {
+						t.Errorf("device %s: capacity %s has a request policy with DRAConsumableCapacity off", d.Name, name)
+					}
+				}
+				if driver == nicDriver {
+					vfs++
+				}
+			}
+		}
+	}
+	if vfs == 0 {
+		t.Fatal("no exclusive VF published")
+	}
+	framework.RecordTiming(t, "whole GPU pod creation -> Running (DRAConsumableCapacity off)", examplePodRunning(t, g.n, g.ns, "gpu-full.yaml", "gpu"))
+	vf := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "vf"}, Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{
+			DeviceClassName: "vf.sriov.hwdra.io", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}}}}}
+	framework.RecordTiming(t, "exclusive VF pod creation -> Running (DRAConsumableCapacity off)", claimPodRunning(t, g.n, g.ns, vf, "vf"))
+}
+
+// gateOff is a dedicated node with one DRA gate off and the agent on a
+// mock DGX H100 that fell back from it.
+type gateOff struct {
+	t  *testing.T
+	n  *framework.Node
+	ns string
+}
+
+// startGateOff starts a node with the gates off in every component and
+// the agent on a mock DGX H100, and checks that the agent says which
+// fallback it took: in its log and /readyz (ok: the stored slices are the
+// publication; each gate the agent checks, named, with what the model
+// loses without it) and hwdra_feature_disabled.
+func startGateOff(t *testing.T, off []string, named map[string]string) *gateOff {
+	t.Helper()
+	gates := map[string]bool{}
+	for _, g := range off {
+		gates[g] = false
+	}
+	n := framework.New(t, framework.Options{FeatureGates: gates})
+	framework.RecordTiming(t, "node start ("+strings.Join(off, ", ")+" off)", n.StartupTime)
+	ctx := context.Background()
+	agent := n.StartAgent(t, "mock:dgx-h100")
+	for _, d := range []string{gpuDriver, nicDriver} {
+		if _, err := n.WaitPoolsComplete(ctx, d, 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := agent.WaitLog(ctx, 0, framework.NRISynced, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	body := readyz(t, "publishing without DRA features the API server drops (", 60*time.Second)
+	t.Logf("/readyz: %q", body)
+	if !strings.HasPrefix(body, "ok\n") {
+		t.Errorf("/readyz: %q, want ok: the stored slices are the publication", body)
+	}
+	for gate, lost := range named {
+		if err := agent.WaitLog(ctx, 0, gate, 20*time.Second); err != nil {
+			t.Errorf("the agent's log never names %s: %v\n%s", gate, err, agent.Tail(40))
+		}
+		if !strings.Contains(body, gate) || !strings.Contains(body, lost) {
+			t.Errorf("/readyz does not name %s and what it costs (%q)", gate, lost)
+		}
+		if got, err := framework.AgentMetric(framework.AgentAddr, `hwdra_feature_disabled{feature="`+gate+`"}`); err != nil || got != "1" {
+			t.Errorf("hwdra_feature_disabled{feature=%q} = %q (%v), want 1", gate, got, err)
+		}
+	}
+	ns := n.CreateNamespace(t, "gate-off")
+	t.Cleanup(func() {
+		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return &gateOff{t: t, n: n, ns: ns}
+}
+
+// slices are the driver's slices of the node as the API server stores
+// them.
+func (g *gateOff) slices(driver string) []resourceapi.ResourceSlice {
+	g.t.Helper()
+	list, err := g.n.Admin.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + g.n.Name + ",spec.driver=" + driver})
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	if len(list.Items) == 0 {
+		g.t.Fatalf("no slices of %s", driver)
+	}
+	return list.Items
+}
+
+// claimPodRunning runs a pod with a claim from a template made of claim
+// in ns and returns how long it took from creation to Running.
+func claimPodRunning(t *testing.T, n *framework.Node, ns string, claim *resourceapi.ResourceClaim, name string) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	tmpl := framework.TemplateFor(claim)
+	if _, err := n.Admin.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := framework.PodWithClaimTemplate(name, tmpl.Name)
+	began := time.Now()
+	if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.WaitPodRunning(ctx, ns, pod.Name, 90*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(began)
 }

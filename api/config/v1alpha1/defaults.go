@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package v1alpha1
 
 import (
@@ -17,7 +20,7 @@ const (
 // bandwidth policy (given only one of minimum and step, the other takes
 // its value; neither: 1G each; default: 10G rounded up to a valid share);
 // fatalEffect NoSchedule; the device plugin's default resources; gpus
-// settings Manage.
+// settings Manage; gpus.mps's sizes.
 // Selector values that are valid are put in canonical form (PCI
 // addresses and IDs in lower case, a PCI address with its domain, IDs
 // without 0x, GPU UUIDs' hex digits in lower case), so that they compare
@@ -27,11 +30,19 @@ func (c *AgentConfig) Default() {
 	for i := range c.NICs {
 		c.NICs[i].defaults()
 	}
+	if c.VFPolicy != nil {
+		for i := range c.VFPolicy.PFs {
+			c.VFPolicy.PFs[i].Select.defaults()
+		}
+	}
 	if c.Health != nil && c.Health.FatalEffect == "" {
 		c.Health.FatalEffect = EffectNoSchedule
 	}
 	if c.GPUs != nil && c.GPUs.Settings == "" {
 		c.GPUs.Settings = GPUSettingsManage
+	}
+	if c.GPUs != nil && c.GPUs.ClaimStatus == "" {
+		c.GPUs.ClaimStatus = GPUClaimStatusWrite
 	}
 	if c.GPUs != nil && c.GPUs.Shares != nil {
 		if c.GPUs.Shares.Overuse == "" {
@@ -40,6 +51,14 @@ func (c *AgentConfig) Default() {
 		if c.GPUs.Shares.CheckIntervalMilliseconds == nil {
 			ms := DefaultShareCheckIntervalMilliseconds
 			c.GPUs.Shares.CheckIntervalMilliseconds = &ms
+		}
+	}
+	if c.GPUs != nil && c.GPUs.MPS != nil {
+		if c.GPUs.MPS.ShmSize == "" {
+			c.GPUs.MPS.ShmSize = DefaultMPSShmSize
+		}
+		if c.GPUs.MPS.DaemonMemoryLimit == "" {
+			c.GPUs.MPS.DaemonMemoryLimit = DefaultMPSDaemonMemoryLimit
 		}
 	}
 	if dp := c.DevicePlugin; dp != nil {
@@ -57,9 +76,7 @@ func (r *NICRule) defaults() {
 	if r.Mode == "" {
 		r.Mode = ModeShared
 	}
-	canonical(r.Select.PCIAddresses, canonicalPCIAddress)
-	canonical(r.Select.VendorIDs, canonicalID)
-	canonical(r.Select.DeviceIDs, canonicalID)
+	r.Select.defaults()
 	if r.Mode != ModeShared {
 		return
 	}
@@ -67,6 +84,13 @@ func (r *NICRule) defaults() {
 		r.Bandwidth = &Bandwidth{}
 	}
 	r.Bandwidth.defaults()
+}
+
+// defaults puts the selector's valid values in canonical form.
+func (s *PFSelector) defaults() {
+	canonical(s.PCIAddresses, canonicalPCIAddress)
+	canonical(s.VendorIDs, canonicalID)
+	canonical(s.DeviceIDs, canonicalID)
 }
 
 // defaults completes the policy from its valid values; an invalid one
@@ -129,3 +153,12 @@ func canonicalGPUUUID(s string) (string, bool) {
 // one round costs microseconds per GPU (docs/design.md, "Policed
 // shares"), so a second is cheap and short beside a job's life.
 const DefaultShareCheckIntervalMilliseconds = 1000
+
+// gpus.mps's defaults: MPS keeps little in its shared memory, but the
+// containers on a daemon share it for their own POSIX shared memory
+// (data loaders, NCCL); the daemon's cgroup holds its MPS servers, each
+// with the host side of its clients' contexts.
+const (
+	DefaultMPSShmSize           Quantity = "1Gi"
+	DefaultMPSDaemonMemoryLimit Quantity = "4Gi"
+)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package v1alpha1
 
 import (
@@ -9,6 +12,7 @@ import (
 // TestDefault: what defaulting writes into the file's rules, and what it
 // leaves for Validate to name.
 func TestDefault(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		in   NICRule
@@ -50,6 +54,7 @@ func TestDefault(t *testing.T) {
 
 // TestValidateNamesEveryProblem: one report, every field with its path.
 func TestValidateNamesEveryProblem(t *testing.T) {
+	t.Parallel()
 	c := &AgentConfig{
 		NICs: []NICRule{
 			{Mode: "dedicated", Bandwidth: &Bandwidth{Default: "1G"}},
@@ -80,6 +85,7 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 // TestDefaultDevicePlugin: an empty devicePlugin section gets the device
 // plugin's default resource names; owned GPUs are put in canonical form.
 func TestDefaultDevicePlugin(t *testing.T) {
+	t.Parallel()
 	c := &AgentConfig{DevicePlugin: &DevicePluginConfig{OwnedGPUs: &GPUSelector{
 		PCIAddresses: []string{"1B:00.0"}, UUIDs: []string{"GPU-3AE1F2C4-0B6D-4E1A-9C2F-5D7E8F901234"},
 	}}}
@@ -96,14 +102,26 @@ func TestDefaultDevicePlugin(t *testing.T) {
 	}
 }
 
-// TestDefaultGPUSettings: a gpus section without settings manages them; a
-// file without gpus keeps no section (package config reads that as
-// Manage too).
+// TestDefaultGPUSettings: a gpus section without settings manages them
+// and writes claim status; a file without gpus keeps no section (package
+// config reads that as Manage and Write too). An unknown claimStatus is
+// refused by name.
 func TestDefaultGPUSettings(t *testing.T) {
+	t.Parallel()
 	c := &AgentConfig{GPUs: &GPUConfig{}}
 	c.Default()
-	if c.GPUs.Settings != GPUSettingsManage {
-		t.Errorf("settings %q, want Manage", c.GPUs.Settings)
+	if c.GPUs.Settings != GPUSettingsManage || c.GPUs.ClaimStatus != GPUClaimStatusWrite {
+		t.Errorf("settings %q, claimStatus %q: want Manage, Write", c.GPUs.Settings, c.GPUs.ClaimStatus)
+	}
+	off := &AgentConfig{GPUs: &GPUConfig{ClaimStatus: GPUClaimStatusOff}}
+	off.Default()
+	if off.GPUs.ClaimStatus != GPUClaimStatusOff || len(off.Validate()) > 0 {
+		t.Errorf("claimStatus Off defaulted to %q, %v", off.GPUs.ClaimStatus, off.Validate())
+	}
+	bad := &AgentConfig{GPUs: &GPUConfig{ClaimStatus: "off"}}
+	bad.Default()
+	if errs := bad.Validate(); len(errs) != 1 || errs[0].Field != "gpus.claimStatus" {
+		t.Errorf("claimStatus off (lower case): %v", errs)
 	}
 	leave := &AgentConfig{GPUs: &GPUConfig{Settings: GPUSettingsLeave}}
 	leave.Default()

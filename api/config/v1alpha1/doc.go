@@ -1,9 +1,13 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package v1alpha1 is the agent's configuration file, AgentConfig in
 // config.hwdra.io/v1alpha1 (hwdra agent --config): which SR-IOV PFs the
 // agent offers, in which mode, with which bandwidth policy, how device
 // faults are judged and tainted, which GPUs the agent leaves to NVIDIA's
-// device plugin, which MIG profiles it offers and whether it changes GPU
-// settings.
+// device plugin, which MIG profiles it offers, whether it changes GPU
+// settings, what claims may set on their VFs and whether VFIO groups
+// without an IOMMU are handed out.
 //
 //	apiVersion: config.hwdra.io/v1alpha1
 //	kind: AgentConfig
@@ -33,6 +37,17 @@
 //	  migProfiles:            # MIG profiles offered (default: all)
 //	    exclude: ["*+me*"]
 //	  settings: Leave         # Manage (default) | Leave: MIG mode, compute mode and time slice left as they are
+//	vfPolicy:                 # what claims may set on VFs beyond their DeviceClass's VfConfig (default: nothing)
+//	  allowedVLANs: [100, "200-299"]  # 0: untagged
+//	  allowTrust: false
+//	  allowSpoofCheckOff: false
+//	  allowMAC: false
+//	  allowGUIDs: false
+//	  pfs:                    # per PF: the first entry whose select matches decides, wholly
+//	  - select: {names: [ens1f0np0]}
+//	    allowMAC: true
+//	vfio:
+//	  allowUnsafeNoIOMMU: false  # hand out /dev/vfio/noiommu-N (DMA into all of the node's memory)
 //
 // A section left out keeps its defaults: a file with only health offers
 // the PFs as no file does. Bandwidth values are quantities, quoted ("10G")

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package v1alpha1
 
 import (
@@ -29,6 +32,93 @@ type AgentConfig struct {
 	DevicePlugin *DevicePluginConfig `json:"devicePlugin,omitempty"`
 	// GPUs tunes what the GPU driver publishes.
 	GPUs *GPUConfig `json:"gpus,omitempty"`
+	// VFPolicy says what claims may set on the VFs they get. Left out:
+	// no VLAN but the DeviceClass's, trust off, spoof checking on, and no
+	// MAC address or InfiniBand GUID from claims.
+	VFPolicy *VFPolicy `json:"vfPolicy,omitempty"`
+	// VFIO says which VFIO groups the agent hands to claims (passthrough
+	// GPUs, vGPUs of the vendor-specific VFIO framework, VFs bound to
+	// vfio-pci). Left out: only groups an IOMMU isolates.
+	VFIO *VFIOConfig `json:"vfio,omitempty"`
+}
+
+// VFPolicy is what a claim's VfConfig may set on a VF. What the
+// DeviceClass's VfConfig sets is the administrator's and always applies:
+// its mac, vlan and vlanQoS, trust, spoofCheck, nodeGUID and portGUID stay
+// whatever the claim's VfConfig says of its other fields. A claim may
+// change those only as the policy of the VF's PF allows (the first entry
+// of pfs whose select matches the PF, else the fields here): a claim that
+// asks for more is refused at prepare, naming the field, the PF and the
+// setting that forbids it, before any VF is touched. A claim may always
+// ask for less (trust false, spoofCheck true) and may repeat its class's
+// values.
+type VFPolicy struct {
+	// The settings of every PF that no entry of pfs selects.
+	VFClaimSettings `json:",inline"`
+	// PFs are the settings of particular PFs: the first entry whose
+	// select matches a PF decides for it, wholly (the fields above do not
+	// add to it).
+	PFs []VFPolicyRule `json:"pfs,omitempty"`
+}
+
+// VFPolicyRule is the policy of the PFs its selector matches.
+type VFPolicyRule struct {
+	// Select matches PFs as nics[].select does; empty matches every PF.
+	Select          PFSelector `json:"select,omitempty"`
+	VFClaimSettings `json:",inline"`
+}
+
+// VFClaimSettings are what claims may set on a PF's VFs beyond what their
+// DeviceClass sets. Each is off (empty) by default.
+type VFClaimSettings struct {
+	// AllowedVLANs are the VLANs a claim may put its VF on (vlan), with
+	// any 802.1p priority (vlanQoS): VLAN IDs (100) or ranges ("200-299"),
+	// 1 to 4094; 0 lets a claim take its VF off its class's VLAN
+	// (untagged). Default: none but the DeviceClass's.
+	AllowedVLANs []VLANRange `json:"allowedVLANs,omitempty"`
+	// AllowTrust lets a claim set trust: true: the VF may then change its
+	// own MAC address and enter promiscuous mode.
+	AllowTrust bool `json:"allowTrust,omitempty"`
+	// AllowSpoofCheckOff lets a claim set spoofCheck: false: the VF may
+	// then send frames with any source MAC address (another host's, a
+	// router's).
+	AllowSpoofCheckOff bool `json:"allowSpoofCheckOff,omitempty"`
+	// AllowMAC lets a claim choose its VF's MAC address (mac).
+	AllowMAC bool `json:"allowMAC,omitempty"`
+	// AllowGUIDs lets a claim choose an InfiniBand VF's nodeGUID and
+	// portGUID, the identities the subnet manager and partitions go by.
+	AllowGUIDs bool `json:"allowGUIDs,omitempty"`
+}
+
+// VLANRange is a VLAN ID (100, or "100") or an inclusive range of them
+// ("200-299"). Any other JSON value is kept as its text, for validation to
+// refuse with the field's path.
+type VLANRange string
+
+// UnmarshalJSON takes a string as it is and a number as its digits; null
+// leaves the range empty.
+func (r *VLANRange) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var s string
+	if json.Unmarshal(data, &s) == nil {
+		*r = VLANRange(s)
+		return nil
+	}
+	*r = VLANRange(data)
+	return nil
+}
+
+// VFIOConfig says which VFIO groups the agent may hand to claims.
+type VFIOConfig struct {
+	// AllowUnsafeNoIOMMU lets the agent hand out VFIO groups of a kernel
+	// that runs VFIO without an IOMMU (the vfio module's
+	// enable_unsafe_noiommu_mode: /dev/vfio/noiommu-<N>). Nothing then
+	// confines the device's DMA: whoever opens such a group can read and
+	// write all of the node's memory through it. Default false: a claim
+	// for a device in such a group is refused at prepare.
+	AllowUnsafeNoIOMMU bool `json:"allowUnsafeNoIOMMU,omitempty"`
 }
 
 // GPUConfig tunes what the GPU driver publishes and which GPU settings it
@@ -48,7 +138,42 @@ type GPUConfig struct {
 	// Shares says how the agent holds GPU shares to what the scheduler
 	// counted. Left out: the defaults.
 	Shares *GPUSharesConfig `json:"shares,omitempty"`
+	// ClaimStatus says whether the agent writes each prepared GPU
+	// device's entry in its ResourceClaim's status.devices (a Ready
+	// condition and data: UUIDs, MIG IDs, a share's limits, the MPS
+	// pipe directory), one API write per prepared claim, after the
+	// kubelet has its answer. Off: no such writes, for clusters that
+	// want none (VF network status is written either way). Default:
+	// Write.
+	ClaimStatus GPUClaimStatus `json:"claimStatus,omitempty"`
+	// MPS sizes what the agent gives each MPS control daemon (a claim's
+	// MPS devices, a GPU's shares). Left out: the defaults.
+	MPS *MPSConfig `json:"mps,omitempty"`
 }
+
+// MPSConfig sizes each MPS control daemon's resources. Quantities are
+// Kubernetes quantities of bytes ("1Gi").
+type MPSConfig struct {
+	// ShmSize is the size of the daemon's shared memory: a tmpfs of its
+	// own that the daemon and every container on it mount at /dev/shm
+	// (MPS servers and clients meet there, so all of them share it; the
+	// containers' own POSIX shared memory goes there too). A page
+	// written there counts against the memory limit of the container
+	// that wrote it first. 1Mi to 1Ti. Default: 1Gi.
+	ShmSize Quantity `json:"shmSize,omitempty"`
+	// DaemonMemoryLimit is the memory limit of the daemon's cgroup,
+	// which holds the control daemon and the MPS servers it starts. At
+	// least 64Mi. Default: 4Gi.
+	DaemonMemoryLimit Quantity `json:"daemonMemoryLimit,omitempty"`
+}
+
+// GPUClaimStatus is whether GPU claims get status.devices entries.
+type GPUClaimStatus string
+
+const (
+	GPUClaimStatusWrite GPUClaimStatus = "Write"
+	GPUClaimStatusOff   GPUClaimStatus = "Off"
+)
 
 // GPUSharesConfig is the policing of GPU shares: every CheckInterval the
 // agent looks at the processes on each GPU that serves shares and acts on

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package v1alpha1
 
 import (
@@ -6,6 +9,7 @@ import (
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -35,7 +39,54 @@ func (c *AgentConfig) Validate() field.ErrorList {
 	if c.DevicePlugin != nil {
 		errs = append(errs, c.DevicePlugin.validate(field.NewPath("devicePlugin"))...)
 	}
+	if c.VFPolicy != nil {
+		errs = append(errs, c.VFPolicy.validate(field.NewPath("vfPolicy"))...)
+	}
 	return errs
+}
+
+func (v *VFPolicy) validate(p *field.Path) field.ErrorList {
+	errs := v.VFClaimSettings.validate(p)
+	for i := range v.PFs {
+		rp := p.Child("pfs").Index(i)
+		errs = append(errs, v.PFs[i].Select.validate(rp.Child("select"))...)
+		errs = append(errs, v.PFs[i].VFClaimSettings.validate(rp)...)
+	}
+	return errs
+}
+
+func (s *VFClaimSettings) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, r := range s.AllowedVLANs {
+		if _, _, err := r.Bounds(); err != nil {
+			errs = append(errs, field.Invalid(p.Child("allowedVLANs").Index(i), string(r), err.Error()))
+		}
+	}
+	return errs
+}
+
+// MaxVLAN is the highest VLAN ID (4095 is reserved).
+const MaxVLAN = 4094
+
+// Bounds reads the range: lo == hi for a single VLAN. The error says what
+// is wrong with it.
+func (r VLANRange) Bounds() (lo, hi int, err error) {
+	a, b, isRange := strings.Cut(string(r), "-")
+	lo, err1 := strconv.Atoi(a)
+	hi, err2 := lo, error(nil)
+	if isRange {
+		hi, err2 = strconv.Atoi(b)
+	}
+	const form = `must be a VLAN ID (0 to 4094) or a range of them like "200-299"`
+	switch {
+	case err1 != nil || err2 != nil || strings.HasPrefix(a, "+") || strings.HasPrefix(b, "+"):
+		return 0, 0, errors.New(form)
+	case lo < 0 || hi > MaxVLAN:
+		return 0, 0, errors.New(form)
+	case lo > hi:
+		return 0, 0, errors.New("must be a range from the lower VLAN ID to the higher")
+	}
+	return lo, hi, nil
 }
 
 func (g *GPUConfig) validate(p *field.Path) field.ErrorList {
@@ -48,6 +99,11 @@ func (g *GPUConfig) validate(p *field.Path) field.ErrorList {
 	default:
 		errs = append(errs, field.NotSupported(p.Child("settings"), g.Settings, []GPUSettings{GPUSettingsManage, GPUSettingsLeave}))
 	}
+	switch g.ClaimStatus {
+	case GPUClaimStatusWrite, GPUClaimStatusOff:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("claimStatus"), g.ClaimStatus, []GPUClaimStatus{GPUClaimStatusWrite, GPUClaimStatusOff}))
+	}
 	if s := g.Shares; s != nil {
 		sp := p.Child("shares")
 		switch s.Overuse {
@@ -59,7 +115,31 @@ func (g *GPUConfig) validate(p *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(sp.Child("checkIntervalMilliseconds"), *ms, "must be 100 to 60000"))
 		}
 	}
+	if m := g.MPS; m != nil {
+		mp := p.Child("mps")
+		if _, err := Bytes(m.ShmSize, 1<<20, 1<<40); err != nil {
+			errs = append(errs, field.Invalid(mp.Child("shmSize"), string(m.ShmSize), err.Error()))
+		}
+		if _, err := Bytes(m.DaemonMemoryLimit, 64<<20, 1<<50); err != nil {
+			errs = append(errs, field.Invalid(mp.Child("daemonMemoryLimit"), string(m.DaemonMemoryLimit), err.Error()))
+		}
+	}
 	return errs
+}
+
+// Bytes reads a size (a quantity of bytes, "1Gi") that must be from
+// minimum to maximum bytes. The error says what is wrong with it.
+func Bytes(s Quantity, minimum, maximum int64) (int64, error) {
+	q, err := resource.ParseQuantity(string(s))
+	switch {
+	case err != nil:
+		return 0, errors.New(`must be a quantity of bytes, like "1Gi"`)
+	case q.Cmp(*resource.NewQuantity(minimum, resource.BinarySI)) < 0:
+		return 0, fmt.Errorf("must be at least %s", resource.NewQuantity(minimum, resource.BinarySI))
+	case q.Cmp(*resource.NewQuantity(maximum, resource.BinarySI)) > 0:
+		return 0, fmt.Errorf("must be at most %s", resource.NewQuantity(maximum, resource.BinarySI))
+	}
+	return q.Value(), nil
 }
 
 // profilePatternRE: what MIG profile names are made of (lower-case
@@ -107,32 +187,38 @@ func (r *NICRule) validate(p *field.Path) field.ErrorList {
 	default:
 		errs = append(errs, field.NotSupported(p.Child("mode"), r.Mode, []Mode{ModeShared, ModeExclusive, ModeDisabled}))
 	}
-	sel := p.Child("select")
+	errs = append(errs, r.Select.validate(p.Child("select"))...)
+	if r.Bandwidth != nil {
+		if r.Mode != ModeShared {
+			errs = append(errs, field.Forbidden(p.Child("bandwidth"), "only applies to mode shared"))
+		} else {
+			errs = append(errs, r.Bandwidth.validate(p.Child("bandwidth"))...)
+		}
+	}
+	return errs
+}
+
+// validate checks each value of the selector.
+func (s *PFSelector) validate(sel *field.Path) field.ErrorList {
+	var errs field.ErrorList
 	for _, l := range []struct {
 		name   string
 		values []string
 		ok     func(string) bool
 		detail string
 	}{
-		{"names", r.Select.Names, func(s string) bool { return s != "" && len(s) <= 15 && !strings.ContainsAny(s, "/: \t") },
+		{"names", s.Names, func(s string) bool { return s != "" && len(s) <= 15 && !strings.ContainsAny(s, "/: \t") },
 			"must be a netdev name: 1 to 15 characters, no '/', ':' or blanks"},
-		{"pciAddresses", r.Select.PCIAddresses, pciAddressRE.MatchString, "must be a PCI address like 0000:17:00.0"},
-		{"vendorIDs", r.Select.VendorIDs, hexIDRE.MatchString, `must be four hex digits like "15b3"`},
-		{"deviceIDs", r.Select.DeviceIDs, hexIDRE.MatchString, `must be four hex digits like "1021"`},
-		{"drivers", r.Select.Drivers, func(s string) bool { return s != "" && !strings.ContainsAny(s, "/ \t") },
+		{"pciAddresses", s.PCIAddresses, pciAddressRE.MatchString, "must be a PCI address like 0000:17:00.0"},
+		{"vendorIDs", s.VendorIDs, hexIDRE.MatchString, `must be four hex digits like "15b3"`},
+		{"deviceIDs", s.DeviceIDs, hexIDRE.MatchString, `must be four hex digits like "1021"`},
+		{"drivers", s.Drivers, func(s string) bool { return s != "" && !strings.ContainsAny(s, "/ \t") },
 			"must be a kernel driver name"},
 	} {
 		for i, v := range l.values {
 			if !l.ok(v) {
 				errs = append(errs, field.Invalid(sel.Child(l.name).Index(i), v, l.detail))
 			}
-		}
-	}
-	if r.Bandwidth != nil {
-		if r.Mode != ModeShared {
-			errs = append(errs, field.Forbidden(p.Child("bandwidth"), "only applies to mode shared"))
-		} else {
-			errs = append(errs, r.Bandwidth.validate(p.Child("bandwidth"))...)
 		}
 	}
 	return errs

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package config
 
 import (
@@ -14,6 +17,7 @@ import (
 const header = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\n"
 
 func TestParseValid(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		yaml string
@@ -108,6 +112,7 @@ func canon(s configv1alpha1.PFSelector) configv1alpha1.PFSelector {
 // TestParseInvalid: every bad field is an error that names it, and a file
 // with an error gives no configuration.
 func TestParseInvalid(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"empty file", "", "empty document"},
 		{"no apiVersion", "kind: AgentConfig\n", "apiVersion: Required value"},
@@ -161,6 +166,7 @@ func TestParseInvalid(t *testing.T) {
 }
 
 func TestParseReportsEveryError(t *testing.T) {
+	t.Parallel()
 	_, err := Parse([]byte(header + "nics:\n- mode: x\n- bandwidth: {step: \"0\"}\n"))
 	for _, want := range []string{"nics[0].mode:", "nics[1].bandwidth.step:"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -170,6 +176,7 @@ func TestParseReportsEveryError(t *testing.T) {
 }
 
 func TestLoad(t *testing.T) {
+	t.Parallel()
 	c, err := Load("")
 	if err != nil || !reflect.DeepEqual(c, Default()) {
 		t.Errorf("Load(\"\") = %+v, %v; want the default", c, err)
@@ -196,6 +203,7 @@ func TestLoad(t *testing.T) {
 
 // TestExample keeps the shipped example valid and meaning what it says.
 func TestExample(t *testing.T) {
+	t.Parallel()
 	c, err := Load("../../../api/config/v1alpha1/example.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -221,11 +229,22 @@ func TestExample(t *testing.T) {
 	if g := c.GPUPolicy(); g.OffersMIGProfile("1g.10gb+me") || !g.OffersMIGProfile("1g.10gb") || g.Settings() != SettingsManage {
 		t.Errorf("gpus %+v", g)
 	}
+	cx7 := hw.PF{VendorID: "15b3", DeviceID: "1021"}
+	if p := c.VFPolicy(cx7); !p.AllowsVLAN(0) || !p.AllowsVLAN(150) || p.AllowsVLAN(200) || !p.MAC || p.Trust || p.SpoofCheckOff || p.GUIDs {
+		t.Errorf("the ConnectX-7's vfPolicy %+v", p)
+	}
+	if p := c.VFPolicy(hw.PF{VendorID: "8086"}); p.AllowsVLAN(0) || !p.AllowsVLAN(199) || p.MAC {
+		t.Errorf("another PF's vfPolicy %+v", p)
+	}
+	if c.AllowsUnsafeNoIOMMU() {
+		t.Error("vfio.allowUnsafeNoIOMMU")
+	}
 }
 
 // TestDevicePluginResources: the default names and prefixes, and a
 // file's own.
 func TestDevicePluginResources(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		yaml string
@@ -266,6 +285,7 @@ func TestDevicePluginResources(t *testing.T) {
 // plugin is away and none while it serves; with devicePlugin.ownedGPUs
 // exactly those, by PCI address or UUID, either way.
 func TestOwnGPUs(t *testing.T) {
+	t.Parallel()
 	gpus := []hw.GPU{
 		{PCIBusID: "0000:1b:00.0", UUID: "GPU-00000000-0000-4000-8000-000000000001"},
 		{PCIBusID: "0000:43:00.0", UUID: "GPU-00000000-0000-4000-8000-000000000002"},

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package config loads the agent's configuration file, an AgentConfig of
 // config.hwdra.io/v1alpha1 (package api/config/v1alpha1 says what each
 // field means; api/config/v1alpha1/example.yaml is an example), and resolves it on a
@@ -5,7 +8,9 @@
 // bandwidth policy (Resolve: NICOffer, Skip), how device faults are
 // judged and tainted (HealthPolicy), which GPUs the agent publishes
 // beside NVIDIA's device plugin (DevicePluginResource, OwnGPUs), and which
-// MIG profiles it offers and whether it changes GPU settings (GPUPolicy).
+// MIG profiles it offers and whether it changes GPU settings (GPUPolicy),
+// what claims may set on the VFs of each PF (VFPolicy) and whether VFIO
+// groups without an IOMMU are handed out (AllowsUnsafeNoIOMMU).
 //
 // Decoding is strict and all-or-nothing (api.Decode): unknown fields,
 // wrong types and bad values are errors that name the file and the field

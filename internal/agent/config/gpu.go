@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package config
 
 import (
@@ -19,7 +22,39 @@ type GPUPolicy struct {
 	// checkInterval is gpus.shares.checkIntervalMilliseconds (zero: the
 	// default).
 	checkInterval time.Duration
+	// mpsShm and mpsMemory are gpus.mps's sizes in bytes (zero: the
+	// defaults).
+	mpsShm, mpsMemory int64
+	// noClaimStatus: gpus.claimStatus is Off (zero: Write).
+	noClaimStatus bool
 }
+
+// MPSShmSize is the size of each MPS daemon's shared memory, in bytes
+// (gpus.mps.shmSize).
+func (p GPUPolicy) MPSShmSize() int64 {
+	return orDefault(p.mpsShm, configv1alpha1.DefaultMPSShmSize)
+}
+
+// MPSDaemonMemoryLimit is the memory limit of each MPS daemon's cgroup,
+// in bytes (gpus.mps.daemonMemoryLimit).
+func (p GPUPolicy) MPSDaemonMemoryLimit() int64 {
+	return orDefault(p.mpsMemory, configv1alpha1.DefaultMPSDaemonMemoryLimit)
+}
+
+func orDefault(v int64, def configv1alpha1.Quantity) int64 {
+	if v != 0 {
+		return v
+	}
+	b, err := configv1alpha1.Bytes(def, 0, 1<<62)
+	if err != nil {
+		panic(err) // the built-in defaults are valid quantities
+	}
+	return b
+}
+
+// WritesClaimStatus reports whether prepared GPU devices get entries in
+// their claims' status.devices (gpus.claimStatus Write).
+func (p GPUPolicy) WritesClaimStatus() bool { return !p.noClaimStatus }
 
 // StopsShareOveruse reports whether a process that overruns a GPU share is
 // stopped (gpus.shares.overuse Stop) rather than only reported.
@@ -66,12 +101,18 @@ func gpuPolicy(g *configv1alpha1.GPUConfig) GPUPolicy {
 	if g == nil {
 		return GPUPolicy{}
 	}
-	p := GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy(), leave: g.Settings == configv1alpha1.GPUSettingsLeave}
+	p := GPUPolicy{migProfiles: g.MIGProfiles.DeepCopy(), leave: g.Settings == configv1alpha1.GPUSettingsLeave,
+		noClaimStatus: g.ClaimStatus == configv1alpha1.GPUClaimStatusOff}
 	if s := g.Shares; s != nil {
 		p.report = s.Overuse == configv1alpha1.ShareOveruseReport
 		if s.CheckIntervalMilliseconds != nil {
 			p.checkInterval = time.Duration(*s.CheckIntervalMilliseconds) * time.Millisecond
 		}
+	}
+	if m := g.MPS; m != nil {
+		// Validated: the errors are nil.
+		p.mpsShm, _ = configv1alpha1.Bytes(m.ShmSize, 0, 1<<62)
+		p.mpsMemory, _ = configv1alpha1.Bytes(m.DaemonMemoryLimit, 0, 1<<62)
 	}
 	return p
 }

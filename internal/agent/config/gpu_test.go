@@ -1,13 +1,18 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package config
 
 import (
-	"time"
-
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hwdra/hwdra/internal/agent/mps"
 )
 
 func TestParseGPUs(t *testing.T) {
+	t.Parallel()
 	all := []string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb", "1g.23gb-me", "2g.45gb+me.all"}
 	for _, tc := range []struct {
 		name    string
@@ -70,6 +75,7 @@ func TestParseGPUs(t *testing.T) {
 // section, a gpus section without it), takes Leave, and refuses any other
 // value, case included, naming the field and the values it takes.
 func TestParseGPUSettings(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, yaml string
 		want       GPUSettings
@@ -110,6 +116,7 @@ func TestParseGPUSettings(t *testing.T) {
 // every second; Report and an interval are taken; a bad value is refused
 // naming the field.
 func TestParseGPUShares(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, yaml string
 		stop       bool
@@ -134,6 +141,42 @@ func TestParseGPUShares(t *testing.T) {
 			p := c.GPUPolicy()
 			if p.StopsShareOveruse() != tc.stop || p.ShareCheckInterval() != tc.interval {
 				t.Errorf("stop %v every %s, want %v every %s", p.StopsShareOveruse(), p.ShareCheckInterval(), tc.stop, tc.interval)
+			}
+		})
+	}
+}
+
+// TestParseGPUMPS: gpus.mps defaults to a 1Gi shared memory and a 4Gi
+// daemon cgroup, the mps package's defaults too; sizes are taken; a bad
+// or out-of-range one is refused naming the field.
+func TestParseGPUMPS(t *testing.T) {
+	t.Parallel()
+	if d := (GPUPolicy{}); d.MPSShmSize() != mps.DefaultShmSize || d.MPSDaemonMemoryLimit() != mps.DefaultMemoryLimit {
+		t.Errorf("the defaults %d, %d differ from the MPS manager's %d, %d", d.MPSShmSize(), d.MPSDaemonMemoryLimit(), mps.DefaultShmSize, mps.DefaultMemoryLimit)
+	}
+	for _, tc := range []struct {
+		name, yaml  string
+		shm, memory int64
+		wantErr     string
+	}{
+		{name: "no gpus section", yaml: header, shm: 1 << 30, memory: 4 << 30},
+		{name: "empty mps", yaml: header + "gpus: {mps: {}}\n", shm: 1 << 30, memory: 4 << 30},
+		{name: "sizes", yaml: header + "gpus: {mps: {shmSize: 256Mi, daemonMemoryLimit: 8Gi}}\n", shm: 256 << 20, memory: 8 << 30},
+		{name: "not a size", yaml: header + "gpus: {mps: {shmSize: lots}}\n",
+			wantErr: `gpus.mps.shmSize: Invalid value: "lots": must be a quantity of bytes, like "1Gi"`},
+		{name: "too small a shm", yaml: header + "gpus: {mps: {shmSize: 4Ki}}\n",
+			wantErr: `gpus.mps.shmSize: Invalid value: "4Ki": must be at least 1Mi`},
+		{name: "too small a limit", yaml: header + "gpus: {mps: {daemonMemoryLimit: 10Mi}}\n",
+			wantErr: `gpus.mps.daemonMemoryLimit: Invalid value: "10Mi": must be at least 64Mi`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := parseCase(t, tc.yaml, tc.wantErr)
+			if c == nil {
+				return
+			}
+			p := c.GPUPolicy()
+			if p.MPSShmSize() != tc.shm || p.MPSDaemonMemoryLimit() != tc.memory {
+				t.Errorf("shm %d, memory %d; want %d, %d", p.MPSShmSize(), p.MPSDaemonMemoryLimit(), tc.shm, tc.memory)
 			}
 		})
 	}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package config
 
 import (
@@ -7,6 +10,7 @@ import (
 )
 
 func TestParseHealth(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		yaml    string

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package config
 
 import (
@@ -68,7 +71,9 @@ func compile(file *configv1alpha1.AgentConfig) *AgentConfig {
 		health:       healthPolicy(file.Health),
 		gpu:          gpuPolicy(file.GPUs),
 		devicePlugin: compileDevicePlugin(file.DevicePlugin),
+		noIOMMU:      file.VFIO != nil && file.VFIO.AllowUnsafeNoIOMMU,
 	}
+	c.vfDefault, c.vfRules = compileVFPolicy(file.VFPolicy)
 	if file.NICs == nil {
 		c.rules = []rule{{index: -1, mode: ModeShared, bandwidth: DefaultBandwidth}}
 	}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package config
 
 import (
@@ -29,6 +32,7 @@ type outcome struct {
 }
 
 func TestResolve(t *testing.T) {
+	t.Parallel()
 	skipRoute := outcome{skip: "carries a default route"}
 	skipNoVFs := outcome{skip: "no VFs enabled"}
 	skipNoNetdev := outcome{skip: `no netdev (driver "vfio-pci")`}
@@ -131,6 +135,7 @@ func TestResolve(t *testing.T) {
 }
 
 func TestResolveCarriesPolicyAndPF(t *testing.T) {
+	t.Parallel()
 	c, err := Parse([]byte(header + "nics:\n- select: {names: [ens1f0]}\n  bandwidth: {default: 50G, step: 25G}\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +148,7 @@ func TestResolveCarriesPolicyAndPF(t *testing.T) {
 }
 
 func TestSkipString(t *testing.T) {
+	t.Parallel()
 	if s := SkipPF(testPFs()[0], "link is down").String(); s != "0000:17:00.0 (ens1f0): link is down" {
 		t.Error(s)
 	}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package config
 
 import (
@@ -13,6 +16,12 @@ type AgentConfig struct {
 	health       HealthPolicy
 	gpu          GPUPolicy
 	devicePlugin devicePlugin
+	// vfDefault and vfRules are the vfPolicy: the policy of the PFs no
+	// rule selects, then the rules.
+	vfDefault VFPolicy
+	vfRules   []vfRule
+	// noIOMMU is vfio.allowUnsafeNoIOMMU.
+	noIOMMU bool
 }
 
 // Mode is how a PF is offered, as the file names it.

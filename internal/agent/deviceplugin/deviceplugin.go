@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package deviceplugin tells whether NVIDIA's Kubernetes device plugin
 // (k8s-device-plugin) serves GPUs on this node, from what the kubelet
 // shows of it: the plugin's socket in the kubelet's device-plugin

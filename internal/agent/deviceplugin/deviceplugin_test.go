@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package deviceplugin
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,6 +24,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/hwdra/hwdra/internal/agent/config"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // resource is the default configuration's: nvidia.com/gpu,
@@ -155,18 +160,14 @@ func TestWatcher(t *testing.T) {
 	told := int32(-1)
 	waitFor := func(what string, want ...string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		waitfor.NoError(t, what, 10*time.Second, func() error {
 			got := w.Why()
-			if reflect.DeepEqual(got, append([]string{}, want...)) && changes.Load() > told {
-				told = changes.Load()
-				return
+			if !reflect.DeepEqual(got, append([]string{}, want...)) || changes.Load() <= told {
+				return fmt.Errorf("signals %q, want %q; %d changes told, %d before", got, want, changes.Load(), told)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: signals %q, want %q; %d changes told, %d before", what, got, want, changes.Load(), told)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			told = changes.Load()
+			return nil
+		})
 	}
 	metric := func(source string) float64 {
 		var m dto.Metric

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package health watches the node's devices and says what is wrong with
 // them: the GPU monitor listens to NVML events (XID errors, double-bit ECC,
 // a GPU unavailable, recovery actions) and checks every GPU periodically;

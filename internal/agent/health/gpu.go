@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package health
 
 import (
@@ -347,11 +350,11 @@ func (m *GPUMonitor) Faults() hw.Health {
 	return m.snapshotLocked()
 }
 
-// Alive reports whether the monitor completed a check within d.
-func (m *GPUMonitor) Alive(d time.Duration) bool {
+// LastCheck is when the monitor last completed a check (zero: none yet).
+func (m *GPUMonitor) LastCheck() time.Time {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return time.Since(m.lastCheck) <= d
+	return m.lastCheck
 }
 
 func (m *GPUMonitor) snapshotLocked() hw.Health {

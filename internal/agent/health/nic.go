@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package health
 
 import (
@@ -206,9 +209,9 @@ func (m *NICMonitor) Faults() hw.Health {
 	return hw.Health{PFs: m.health.PFs, VFs: m.health.VFs}
 }
 
-// Alive reports whether the monitor completed a check within d.
-func (m *NICMonitor) Alive(d time.Duration) bool {
+// LastCheck is when the monitor last completed a check (zero: none yet).
+func (m *NICMonitor) LastCheck() time.Time {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return time.Since(m.lastCheck) <= d
+	return m.lastCheck
 }

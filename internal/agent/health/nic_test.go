@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package health
 
 import (
@@ -12,6 +15,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/podnet/nritest"
 	"github.com/hwdra/hwdra/internal/backend"
 	"github.com/hwdra/hwdra/internal/hw"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 const nicProfile = `nics: [{model: cx7, count: 2, vfs: 4, netdevs: [pfa, pfb], pciAddresses: ["0000:17:00.0", "0000:b1:00.0"]}]`
@@ -123,9 +127,8 @@ func TestNICMonitorNetlink(t *testing.T) {
 			}
 		}
 	}
-	for !m.Alive(time.Minute) { // the first check has run: the watch is on
-		time.Sleep(10 * time.Millisecond)
-	}
+	// The first check has run: the watch is on.
+	waitfor.True(t, "the NIC monitor's first check", 5*time.Second, func() bool { return !m.LastCheck().IsZero() })
 	if err := n.Mock().SetLink("pfb", false); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package health
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,20 +22,20 @@ type gpuOf string
 func (g gpuOf) Fault(h hw.Health) (hw.Fault, bool) { return h.GPUFault(string(g), nil) }
 
 // fakeNode is what a stream reads, changeable under a lock. It tells
-// when the stream read the devices (reads) and when it asked whether
-// the monitor lives and heard no (stalled).
+// when the stream read the devices (reads). Its monitor checks whenever
+// asked while alive; stopped, its last check stays where it was.
 type fakeNode struct {
-	mu      sync.Mutex
-	devices []Device
-	health  hw.Health
-	alive   bool
-	changed *Broadcast
-	reads   chan struct{}
-	stalled chan struct{}
+	mu        sync.Mutex
+	devices   []Device
+	health    hw.Health
+	alive     bool
+	lastCheck time.Time
+	changed   *Broadcast
+	reads     chan struct{}
 }
 
 func (n *fakeNode) stream(timeout time.Duration) Stream {
-	return Stream{Source: n, Timeout: timeout}
+	return Stream{Source: n, Timeout: timeout, Monitor: "the test's monitor"}
 }
 
 func (n *fakeNode) Devices() []Device {
@@ -43,13 +47,13 @@ func (n *fakeNode) Devices() []Device {
 
 func (n *fakeNode) Faults() hw.Health { n.mu.Lock(); defer n.mu.Unlock(); return n.health }
 
-func (n *fakeNode) Alive(time.Duration) bool {
+func (n *fakeNode) LastCheck() time.Time {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if !n.alive {
-		tell(n.stalled)
+	if n.alive {
+		n.lastCheck = time.Now()
 	}
-	return n.alive
+	return n.lastCheck
 }
 
 func (n *fakeNode) Changed() <-chan struct{} { return n.changed.Changed() }
@@ -124,7 +128,7 @@ func watch(t *testing.T, n *fakeNode, timeout time.Duration) (<-chan kubeletplug
 }
 
 func twoGPUs() *fakeNode {
-	return &fakeNode{alive: true, changed: NewBroadcast(), reads: make(chan struct{}, 1), stalled: make(chan struct{}, 1), devices: []Device{
+	return &fakeNode{alive: true, changed: NewBroadcast(), reads: make(chan struct{}, 1), devices: []Device{
 		{Pool: "node", Name: "gpu-a", Of: gpuOf(gpuA)}, {Pool: "node", Name: "gpu-b", Of: gpuOf(gpuB)},
 	}}
 }
@@ -167,40 +171,89 @@ func TestStreamChanges(t *testing.T) {
 }
 
 // TestStreamResends: every device again within its timeout while the
-// monitor lives, none while it is stalled (the kubelet then reports them
-// Unknown), and again once it lives.
+// monitor checks; once it has stopped checking for 2/3 of the timeout
+// (stalled), its devices are sent Unknown with a message saying why, not
+// left to silence, and re-sent so; once it checks again they are sent
+// as it finds them.
 func TestStreamResends(t *testing.T) {
 	n := twoGPUs()
-	const timeout = 900 * time.Millisecond // re-sent every 300ms
+	const timeout = 900 * time.Millisecond // re-sent every 300ms, stalled after 600ms
 	reports, stop := watch(t, n, timeout)
 	defer stop()
 	for i := 0; i < 3; i++ {
-		if r, ok := receive(t, reports, timeout/3+300*time.Millisecond); !ok || len(r) != 2 {
+		if r, ok := receive(t, reports, timeout/3+300*time.Millisecond); !ok || len(r) != 2 || r["gpu-a"].Health != kubeletplugin.HealthStatusHealthy {
 			t.Fatalf("report %d: %+v %v", i, r, ok)
 		}
 	}
 	n.mu.Lock()
 	n.alive = false
 	n.mu.Unlock()
-	// Until the stream first hears the monitor is stalled, one re-send may
-	// be in flight; after that, two re-send times pass without one.
-	inFlight := 0
-	for stalls := 0; stalls < 2; {
-		select {
-		case r := <-reports:
-			if inFlight++; stalls > 0 || inFlight > 1 {
-				t.Fatalf("re-sent while the monitor is stalled: %d devices", len(r.Devices))
-			}
-		case <-n.stalled:
-			stalls++
-		case <-time.After(10 * time.Second):
-			t.Fatal("the stream never asked whether the monitor lives")
+	stalled := time.Now()
+	unknown := 0
+	for unknown < 2 { // the change, then a re-send of it
+		r, ok := receive(t, reports, 2*time.Second)
+		if !ok {
+			t.Fatalf("no report %v after the monitor stopped checking: silence", time.Since(stalled))
 		}
+		if r["gpu-a"].Health != kubeletplugin.HealthStatusUnknown {
+			continue // a re-send before the monitor counts as stalled
+		}
+		if unknown == 0 {
+			t.Logf("Unknown sent %v after the monitor's last check (stalled after 600ms)", time.Since(stalled))
+		}
+		if m := r["gpu-a"].Message; !strings.Contains(m, "the test's monitor has completed no check for over 600ms") {
+			t.Errorf("message of a stalled monitor's device: %q", m)
+		}
+		unknown++
 	}
 	n.mu.Lock()
 	n.alive = true
 	n.mu.Unlock()
-	if r, ok := receive(t, reports, timeout/3+300*time.Millisecond); !ok || len(r) != 2 {
-		t.Fatalf("after the monitor came back: %+v %v", r, ok)
+	back := time.Now()
+	for {
+		r, ok := receive(t, reports, 3*time.Second)
+		if !ok {
+			t.Fatal("nothing sent after the monitor checked again")
+		}
+		if r["gpu-a"].Health == kubeletplugin.HealthStatusHealthy && r["gpu-a"].Message == "" && r["gpu-b"].Health == kubeletplugin.HealthStatusHealthy {
+			t.Logf("Healthy again %v after the monitor's return", time.Since(back))
+			return
+		}
+	}
+}
+
+// TestStreamUnmonitored: a device no monitor watches is Unknown with its
+// reason, from the first report on, whatever the faults say and while
+// the monitor of the others checks; a monitor that never checked leaves
+// the others Unknown too.
+func TestStreamUnmonitored(t *testing.T) {
+	n := twoGPUs()
+	n.devices = append(n.devices, Device{Pool: "node", Name: "gpu-vfio", Of: gpuOf("0000:52:00.0"), Unmonitored: "bound to vfio-pci"})
+	reports, stop := watch(t, n, time.Hour)
+	first, ok := receive(t, reports, time.Second)
+	if !ok || first["gpu-vfio"].Health != kubeletplugin.HealthStatusUnknown || first["gpu-vfio"].Message != "bound to vfio-pci" || first["gpu-a"].Health != kubeletplugin.HealthStatusHealthy {
+		t.Fatalf("first report %+v", first)
+	}
+	n.set(func(n *fakeNode) {
+		n.health = hw.Health{GPUs: map[string]hw.Fault{"0000:52:00.0": {Reason: "XID79", Message: "XID 79"}}}
+	})
+	select {
+	case r := <-reports:
+		t.Fatalf("a fault of an unmonitored device changed its report: %+v", r)
+	case <-time.After(300 * time.Millisecond):
+	}
+	stop()
+	for _, st := range n.stream(time.Hour).States() {
+		if want := map[bool]kubeletplugin.HealthStatus{true: kubeletplugin.HealthStatusUnknown, false: kubeletplugin.HealthStatusHealthy}[st.Name == "gpu-vfio"]; st.Health != want {
+			t.Errorf("States: %s %s, want %s", st.Name, st.Health, want)
+		}
+	}
+
+	never := twoGPUs()
+	never.alive = false
+	reports, stop = watch(t, never, time.Hour)
+	defer stop()
+	if r, ok := receive(t, reports, time.Second); !ok || r["gpu-a"].Health != kubeletplugin.HealthStatusUnknown || !strings.Contains(r["gpu-a"].Message, "has not completed its first check") {
+		t.Fatalf("first report before any check: %+v", r)
 	}
 }

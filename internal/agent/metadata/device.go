@@ -1,10 +1,12 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package metadata
 
 import (
 	"net/netip"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
@@ -32,12 +34,22 @@ const (
 	// (KubeVirt's virt-launcher reads that attribute from this metadata).
 	AttrParentPCIBusID = device.GPUDriver + "/parentPciBusID"
 
+	// A GPU share's limits as MPS holds it to them (docs/design.md,
+	// "Metadata: attributes, never capacities"): the part of the GPU's
+	// multiprocessors in percent (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and
+	// the device memory in MiB, rounded down as MPS takes it
+	// (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT). Not the capacities' names: the
+	// metadata holds attributes only.
+	AttrMPSThreadPercentage = device.GPUDriver + "/mpsActiveThreadPercentage"
+	AttrMPSMemoryLimitMiB   = device.GPUDriver + "/mpsPinnedMemoryLimitMiB"
+
 	// VFs, besides what the slice publishes, resource.kubernetes.io/pciBusID
 	// (the VF's), vfIndex, vfDeviceID and vfDriver.
-	AttrBandwidth = string(device.NICCapBandwidth) // the bandwidth a share consumed, "10G"
+	//
 	// A share's VF transmit rates as set, in Mb/s: the cap (max_tx_rate)
 	// and the guaranteed minimum (min_tx_rate, 0 where the PF's driver
-	// sets none).
+	// sets none). They are the share's bandwidth as the wire enforces it;
+	// the bandwidth capacity itself is no attribute.
 	AttrMaxTxRate  = device.NICDriver + "/maxTxRateMbps"
 	AttrMinTxRate  = device.NICDriver + "/minTxRateMbps"
 	AttrRDMADevice = device.NICDriver + "/rdmaDevice"
@@ -60,7 +72,22 @@ type GPU struct {
 	MdevUUID, MdevParent string
 	// VF is the PCI address of the VF a vGPU of the VFIO framework is.
 	VF string
+	// Share is a GPU share's limits; nil for any other device.
+	Share *ShareLimits
 }
+
+// ShareLimits are what MPS holds a GPU share to.
+type ShareLimits struct {
+	// ThreadPercentage is the part of the GPU's multiprocessors, 1-100.
+	ThreadPercentage int
+	// MemoryBytes is the share's device memory; MPS takes it in whole MiB,
+	// rounded down.
+	MemoryBytes uint64
+}
+
+// MemoryMiB is the memory limit as MPS takes it: whole MiB, rounded
+// down, at least 1 (mps.Spec.ClientEdits).
+func (l ShareLimits) MemoryMiB() int { return int(max(l.MemoryBytes>>20, 1)) }
 
 // Attributes are the device's immediate metadata: every attribute the
 // ResourceSlice publishes for it, under the same names with the same
@@ -78,6 +105,11 @@ func (g GPU) Attributes() map[string]resourceapi.DeviceAttribute {
 	setString(out, AttrMdevUUID, g.MdevUUID)
 	setString(out, AttrVMMdevUUID, g.MdevUUID)
 	setString(out, AttrMdevParent, g.MdevParent)
+	if sh := g.Share; sh != nil {
+		mib := sh.MemoryMiB()
+		setInt(out, AttrMPSThreadPercentage, &sh.ThreadPercentage)
+		setInt(out, AttrMPSMemoryLimitMiB, &mib)
+	}
 	if g.VF != "" {
 		if parent, ok := out[string(deviceattribute.StandardDeviceAttributePCIBusID)]; ok {
 			out[AttrParentPCIBusID] = parent
@@ -108,10 +140,9 @@ type VF struct {
 	// DeviceID and Driver are the VF's PCI device ID and kernel driver,
 	// published for an exclusive VF, known for a share's once it is chosen.
 	DeviceID, Driver string
-	// Bandwidth is a share's, and Rates its VF's transmit rates as set.
-	Bandwidth *resource.Quantity
-	Rates     *TxRates
-	MAC       string
+	// Rates are a share's VF transmit rates as set.
+	Rates *TxRates
+	MAC   string
 	// VLAN and its QoS, where set (0: none).
 	VLAN, VLANQoS int
 	// RDMADevice is the VF's own RDMA device, where it has one.
@@ -141,9 +172,6 @@ func (n NIC) Attributes() map[string]resourceapi.DeviceAttribute {
 	setInt(out, string(device.NICAttrVFIndex), &vf.Index)
 	setString(out, string(device.NICAttrVFDeviceID), vf.DeviceID)
 	setString(out, string(device.NICAttrVFDriver), vf.Driver)
-	if vf.Bandwidth != nil {
-		setString(out, AttrBandwidth, decimal(*vf.Bandwidth))
-	}
 	if r := vf.Rates; r != nil {
 		setInt(out, AttrMaxTxRate, &r.MaxMbps)
 		setInt(out, AttrMinTxRate, &r.MinMbps)
@@ -181,15 +209,4 @@ func setInt(attrs map[string]resourceapi.DeviceAttribute, name string, v *int) {
 		i := int64(*v)
 		attrs[name] = resourceapi.DeviceAttribute{IntValue: &i}
 	}
-}
-
-// decimal writes a bandwidth in decimal units ("10G"), as links are rated
-// and claims ask: Kubernetes 1.36's scheduler records a share's consumed
-// capacity in binary units (9765625Ki for a request of 10G). A value no
-// decimal suffix states exactly is written as it came.
-func decimal(q resource.Quantity) string {
-	if v, ok := q.AsInt64(); ok && v%1000 == 0 {
-		return resource.NewQuantity(v, resource.DecimalSI).String()
-	}
-	return q.String()
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package metadata
 
 import (
@@ -6,7 +9,6 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 func s(v string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &v} }
@@ -37,6 +39,13 @@ func TestGPUAttributes(t *testing.T) {
 			"gpu.hwdra.io/gpuInstanceID": i(2), "gpu.hwdra.io/computeInstanceID": i(0),
 		},
 	}, {
+		name: "GPU share: its limits as MPS takes them, under no capacity's name",
+		gpu:  GPU{Published: published, Share: &ShareLimits{ThreadPercentage: 40, MemoryBytes: 10<<30 + 1<<19}},
+		want: map[string]resourceapi.DeviceAttribute{
+			"gpu.hwdra.io/profile": s("3g.40gb"), "gpu.hwdra.io/uuid": s("GPU-parent"), "resource.kubernetes.io/pciBusID": s("0000:1b:00.0"),
+			"gpu.hwdra.io/mpsActiveThreadPercentage": i(40), "gpu.hwdra.io/mpsPinnedMemoryLimitMiB": i(10240),
+		},
+	}, {
 		name: "MIG-backed vGPU: its mediated device (also under KubeVirt's key) and GPU instance",
 		gpu:  GPU{MdevUUID: "8f2c", MdevParent: "0000:1b:00.4", GPUInstance: p(5)},
 		want: map[string]resourceapi.DeviceAttribute{
@@ -52,7 +61,6 @@ func TestGPUAttributes(t *testing.T) {
 }
 
 func TestNICAttributes(t *testing.T) {
-	bw := resource.MustParse("10G")
 	published := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		"sriov.hwdra.io/mode": s("shared"), "sriov.hwdra.io/pfPciAddress": s("0000:17:00.0"), "sriov.hwdra.io/pfName": s("ens1f0"),
 		"resource.kubernetes.io/numaNode": i(1), "resource.kubernetes.io/pcieRoot": s("pci0000:17"), "sriov.hwdra.io/linkType": s("ethernet"),
@@ -72,7 +80,7 @@ func TestNICAttributes(t *testing.T) {
 		return out
 	}
 	share, plain := pf, pf
-	share.VF = &VF{PCIAddress: "0000:17:00.3", Index: 1, DeviceID: "101e", Driver: "mlx5_core", Bandwidth: &bw, MAC: "02:00:00:00:00:01", VLAN: 100, VLANQoS: 3, RDMADevice: "mlx5_3"}
+	share.VF = &VF{PCIAddress: "0000:17:00.3", Index: 1, DeviceID: "101e", Driver: "mlx5_core", Rates: &TxRates{MinMbps: 10000, MaxMbps: 10000}, MAC: "02:00:00:00:00:01", VLAN: 100, VLANQoS: 3, RDMADevice: "mlx5_3"}
 	plain.VF = &VF{PCIAddress: "0000:17:00.2", Index: 0}
 	for _, tc := range []struct {
 		name string
@@ -81,7 +89,8 @@ func TestNICAttributes(t *testing.T) {
 	}{
 		{"adminAccess: what the slice publishes", pf, base},
 		{"a configured share", share, with(map[string]resourceapi.DeviceAttribute{
-			"resource.kubernetes.io/pciBusID": s("0000:17:00.3"), "sriov.hwdra.io/vfIndex": i(1), "sriov.hwdra.io/bandwidth": s("10G"),
+			"resource.kubernetes.io/pciBusID": s("0000:17:00.3"), "sriov.hwdra.io/vfIndex": i(1),
+			"sriov.hwdra.io/maxTxRateMbps": i(10000), "sriov.hwdra.io/minTxRateMbps": i(10000),
 			"sriov.hwdra.io/vfDeviceID": s("101e"), "sriov.hwdra.io/vfDriver": s("mlx5_core"),
 			"sriov.hwdra.io/mac": s("02:00:00:00:00:01"), "sriov.hwdra.io/vlan": i(100), "sriov.hwdra.io/vlanQoS": i(3), "sriov.hwdra.io/rdmaDevice": s("mlx5_3"),
 		})},
@@ -94,17 +103,6 @@ func TestNICAttributes(t *testing.T) {
 				t.Errorf("got  %v\nwant %v", got, tc.want)
 			}
 		})
-	}
-}
-
-// TestBandwidthDecimal: a share's bandwidth is written in decimal units
-// however the scheduler recorded it (Kubernetes 1.36 writes 10G as
-// 9765625Ki); a value no decimal suffix states exactly stays as it came.
-func TestBandwidthDecimal(t *testing.T) {
-	for in, want := range map[string]string{"10G": "10G", "9765625Ki": "10G", "25G": "25G", "1500M": "1500M", "12Ki": "12Ki", "0": "0"} {
-		if got := decimal(resource.MustParse(in)); got != want {
-			t.Errorf("%s: %s, want %s", in, got, want)
-		}
 	}
 }
 

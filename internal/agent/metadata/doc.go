@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package metadata is what containers and the cluster read about
 // prepared devices: KEP-5304 device metadata, and the ResourceClaim's
 // status.devices.
@@ -10,15 +13,17 @@
 // here, in two kinds:
 //
 //   - Immediate, written at prepare, before any container exists: GPU
-//     (whole GPUs, MIG partitions, vGPUs: every published attribute plus
-//     a MIG device's UUID and instance IDs, a vGPU's mediated device) and
-//     NIC (the VF's PCI address and index, the PF, a share's bandwidth,
-//     MAC, VLAN, RDMA device). prepare/gpu and prepare/nic build it with
-//     GPU.Attributes and NIC.Attributes.
+//     (whole GPUs, MIG partitions, vGPUs, shares: every published
+//     attribute plus a MIG device's UUID and instance IDs,
+//     a vGPU's mediated device, a share's MPS limits) and NIC (the VF's
+//     PCI address and index, the PF, a share's transmit rates, MAC, VLAN,
+//     RDMA device). Attributes only: no capacity is one (a share's
+//     figures are its limits as enforced). prepare/gpu and prepare/nic
+//     build it with GPU.Attributes and NIC.Attributes.
 //   - Deferred, for a VF: the interface as the pod sees it (name,
 //     addresses, MAC) exists only once the VF is in the pod's network
-//     namespace. The NRI plugin (package metadata/nri) moves it there when
-//     the sandbox starts and rewrites the request's file with Network's
+//     namespace. The NRI plugin (package podnet) moves it there when the
+//     sandbox starts and rewrites the request's file with Network's
 //     networkData (generation 2) before any container of the pod starts:
 //     the library replaces the file by rename, so a container started
 //     earlier would keep the old one.
@@ -27,8 +32,10 @@
 //
 // StatusWriter applies each claim's status.devices entries (one per
 // device, keyed by driver, pool, device and shareID, so other drivers'
-// entries survive; networkData and the Ready and NetworkReady conditions)
-// by server-side apply with the driver's name as field manager, in the
-// background, retrying with backoff until it succeeds or the claim is
-// gone.
+// entries survive) by server-side apply with the driver's name as field
+// manager, in the background: a GPU device's Ready condition and data
+// (GPUStatus, GPUData), a VF's networkData with Ready and NetworkReady.
+// It retries what can succeed (timeouts, server errors, conflicts) with
+// backoff, drops what cannot (forbidden, invalid, the claim gone) and
+// says each kind of refusal once; WriteObserver counts every request.
 package metadata

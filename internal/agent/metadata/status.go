@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package metadata
 
 import (
@@ -5,12 +8,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	resourceac "k8s.io/client-go/applyconfigurations/resource/v1"
 	"k8s.io/client-go/kubernetes"
@@ -25,6 +30,11 @@ const (
 
 	ReasonConfigured         = "InterfaceConfigured"
 	ReasonNetworkSetupFailed = "NetworkSetupFailed"
+	// ReasonSandboxStopped: the pod's sandbox stopped and its VF is back
+	// in the host network namespace, reserved for the claim.
+	ReasonSandboxStopped = "SandboxStopped"
+	// ReasonPrepared: the device is prepared for the claim's containers.
+	ReasonPrepared = "Prepared"
 )
 
 // ClaimRef names a claim.
@@ -39,13 +49,44 @@ func (c ClaimRef) String() string { return c.Namespace + "/" + c.Name }
 type DeviceStatus struct {
 	Pool, Device string
 	ShareID      *types.UID
-	// Network is the interface as the pod sees it; nil on failure.
+	// Network is the interface as the pod sees it; nil for a device
+	// that is no network device, and for one whose interface is not in a
+	// pod (failed, or its sandbox stopped).
 	Network *resourceapi.NetworkDeviceData
-	// Message explains the conditions: where the interface is, or why it
-	// is not there. Failed makes them False.
-	Message string
-	Failed  bool
+	// Data is the driver's own data about the device (a GPU's UUIDs, MIG
+	// IDs, share limits): a JSON object, or nil.
+	Data json.RawMessage
+	// Conditions are the entry's conditions; Message explains them all.
+	Conditions []Condition
+	Message    string
 }
+
+// Condition is one condition of an entry.
+type Condition struct {
+	Type   string
+	True   bool
+	Reason string
+}
+
+// NetworkConfigured: the VF is configured in its pod (Ready and
+// NetworkReady).
+func NetworkConfigured() []Condition {
+	return []Condition{{ConditionReady, true, ReasonConfigured}, {ConditionNetworkReady, true, ReasonConfigured}}
+}
+
+// NetworkFailed: the VF could not be set up in its pod.
+func NetworkFailed() []Condition {
+	return []Condition{{ConditionReady, false, ReasonNetworkSetupFailed}, {ConditionNetworkReady, false, ReasonNetworkSetupFailed}}
+}
+
+// NetworkStopped: the pod's sandbox stopped; the VF is prepared, in the
+// host, and in no pod.
+func NetworkStopped() []Condition {
+	return []Condition{{ConditionReady, true, ReasonPrepared}, {ConditionNetworkReady, false, ReasonSandboxStopped}}
+}
+
+// Prepared: a device without a network, prepared (Ready).
+func Prepared() []Condition { return []Condition{{ConditionReady, true, ReasonPrepared}} }
 
 // ClaimStatus is everything the driver says about one claim: an apply
 // replaces the driver's entries of the claim with these.
@@ -58,7 +99,7 @@ type ClaimStatus struct {
 
 // DeviceStatuses are the driver's status.devices entries of a claim: one
 // per device, keyed as the API keys them (driver, pool, device, shareID),
-// with networkData and the Ready and NetworkReady conditions.
+// with networkData, data and conditions.
 func DeviceStatuses(driver string, cs ClaimStatus) []resourceapi.AllocatedDeviceStatus {
 	out := make([]resourceapi.AllocatedDeviceStatus, 0, len(cs.Devices))
 	for _, d := range cs.Devices {
@@ -67,12 +108,15 @@ func DeviceStatuses(driver string, cs ClaimStatus) []resourceapi.AllocatedDevice
 			share := string(*d.ShareID)
 			e.ShareID = &share
 		}
-		status, reason := metav1.ConditionTrue, ReasonConfigured
-		if d.Failed {
-			status, reason = metav1.ConditionFalse, ReasonNetworkSetupFailed
+		if d.Data != nil {
+			e.Data = &runtime.RawExtension{Raw: d.Data}
 		}
-		for _, t := range []string{ConditionReady, ConditionNetworkReady} {
-			e.Conditions = append(e.Conditions, metav1.Condition{Type: t, Status: status, Reason: reason, Message: d.Message, LastTransitionTime: cs.Time})
+		for _, c := range d.Conditions {
+			status := metav1.ConditionFalse
+			if c.True {
+				status = metav1.ConditionTrue
+			}
+			e.Conditions = append(e.Conditions, metav1.Condition{Type: c.Type, Status: status, Reason: c.Reason, Message: d.Message, LastTransitionTime: cs.Time})
 		}
 		out = append(out, e)
 	}
@@ -96,9 +140,11 @@ func ApplyConfiguration(driver string, cs ClaimStatus) *resourceac.ResourceClaim
 }
 
 // StatusWriter applies claims' status in the background: the latest
-// status of each claim wins, a failed write is retried with exponential
-// backoff (200 ms doubling to a minute) until it succeeds or the claim is
-// gone, and nobody waits for it.
+// status of each claim wins, nobody waits for it, and a failed write is
+// retried with exponential backoff (200 ms doubling to a minute) where a
+// retry can succeed: a claim gone (deleted, replaced, deallocated) or a
+// write the API server refuses (forbidden, invalid) is dropped and said
+// once per driver and kind of refusal.
 type StatusWriter struct {
 	client kubernetes.Interface
 	driver string
@@ -109,6 +155,7 @@ type StatusWriter struct {
 	mu      sync.Mutex
 	pending map[types.UID]pendingStatus
 	seq     uint64
+	told    map[string]bool // kinds of refusal logged
 }
 
 type pendingStatus struct {
@@ -116,9 +163,25 @@ type pendingStatus struct {
 	seq uint64
 }
 
-// WriteObserver learns each status write's outcome (the agent's metrics).
+// Results of a status write request (WriteObserver).
+const (
+	WriteSuccess = "success"
+	// WriteRefused: the API server refused it (forbidden: the agent may
+	// not write the driver's entries; invalid). Not retried; the 1.37.2
+	// apply refusal the writer works around by an update is one too.
+	WriteRefused = "refused"
+	// WriteGone: the claim is deleted, replaced or deallocated.
+	WriteGone = "gone"
+	// WriteError: it failed on the way (timeout, server error, conflict):
+	// retried.
+	WriteError = "error"
+)
+
+// WriteObserver learns each status write request's outcome (the agent's
+// metrics): the driver whose entries it wrote and one of the Write*
+// results.
 type WriteObserver interface {
-	ObserveStatusWrite(err error)
+	ObserveStatusWrite(driver, result string)
 }
 
 // NewStatusWriter writes with client, as driver's field manager; observer
@@ -129,7 +192,7 @@ func NewStatusWriter(client kubernetes.Interface, driver string, observer WriteO
 
 func newStatusWriter(client kubernetes.Interface, driver string, observer WriteObserver, rl workqueue.TypedRateLimiter[types.UID]) *StatusWriter {
 	return &StatusWriter{
-		client: client, driver: driver, observer: observer, pending: map[types.UID]pendingStatus{},
+		client: client, driver: driver, observer: observer, pending: map[types.UID]pendingStatus{}, told: map[string]bool{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(rl, workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: driver + "-claim-status"}),
 	}
 }
@@ -173,18 +236,21 @@ func (w *StatusWriter) next(ctx context.Context) bool {
 		w.queue.Forget(uid)
 		return true
 	}
-	logger := klog.FromContext(ctx).WithValues("claim", ps.Claim.String())
+	logger := klog.FromContext(ctx).WithValues("claim", ps.Claim.String(), "driver", w.driver)
 	err := w.write(ctx, ps.ClaimStatus)
-	switch {
-	case err == nil:
-	case apierrors.IsNotFound(err) || errors.Is(err, errReplaced):
-		// Gone, or replaced by a claim of the same name: nothing to say.
-		logger.V(2).Info("Claim gone: its status is not written", "err", err)
-	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
-		logger.Error(err, "Claim status refused by the API server; not retried")
+	switch result(err) {
+	case WriteSuccess:
+	case WriteGone:
+		logger.V(2).Info("Claim gone (deleted, replaced or deallocated): its status is not written", "err", err)
+	case WriteRefused:
+		msg := "Claim status refused by the API server; not retried (later claims are tried again)"
+		if apierrors.IsForbidden(err) {
+			msg = "Claim status forbidden: the agent's service account needs resourceclaims/status and resourceclaims/driver (associated-node:update, associated-node:patch) for this driver, as the chart's ClusterRole grants; not retried"
+		}
+		w.tellOnce(logger, "refused/"+string(apierrors.ReasonForError(err)), msg, err)
 	default:
 		if ctx.Err() == nil {
-			logger.Error(err, "Writing claim status; retrying", "retries", w.queue.NumRequeues(uid))
+			w.tellOnce(logger, "error", "Writing claim status; retrying with backoff (said once; later failures at verbosity 2)", err)
 			w.queue.AddRateLimited(uid)
 			return true
 		}
@@ -198,8 +264,35 @@ func (w *StatusWriter) next(ctx context.Context) bool {
 	return true
 }
 
+// tellOnce logs a kind of failure at error level the first time, at
+// verbosity 2 after.
+func (w *StatusWriter) tellOnce(logger klog.Logger, kind, msg string, err error) {
+	w.mu.Lock()
+	first := !w.told[kind]
+	w.told[kind] = true
+	w.mu.Unlock()
+	if first {
+		logger.Error(err, msg)
+		return
+	}
+	logger.V(2).Info(msg, "err", err)
+}
+
 // errReplaced: the claim of that name has another UID now.
 var errReplaced = errors.New("claim replaced by a newer one of the same name")
+
+// result sorts a write's outcome.
+func result(err error) string {
+	switch {
+	case err == nil:
+		return WriteSuccess
+	case apierrors.IsNotFound(err) || errors.Is(err, errReplaced) || deallocated(err):
+		return WriteGone
+	case apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
+		return WriteRefused
+	}
+	return WriteError
+}
 
 // write applies a claim's status. The Kubernetes 1.37.2 API server drops
 // status.allocation from a server-side apply of the status of a claim
@@ -213,10 +306,10 @@ func (w *StatusWriter) write(ctx context.Context, cs ClaimStatus) error {
 	defer cancel()
 	claims := w.client.ResourceV1().ResourceClaims(cs.Claim.Namespace)
 	_, err := claims.ApplyStatus(reqCtx, ApplyConfiguration(w.driver, cs), metav1.ApplyOptions{FieldManager: w.driver, Force: true})
-	w.wrote(err)
 	if apierrors.IsConflict(err) {
-		return fmt.Errorf("%w: %v", errReplaced, err) // the UID precondition
+		err = fmt.Errorf("%w: %v", errReplaced, err) // the UID precondition
 	}
+	w.wrote(err)
 	if !allocationDropped(err) {
 		return err
 	}
@@ -241,19 +334,32 @@ func (w *StatusWriter) write(ctx context.Context, cs ClaimStatus) error {
 
 func (w *StatusWriter) wrote(err error) {
 	if w.observer != nil {
-		w.observer.ObserveStatusWrite(err)
+		w.observer.ObserveStatusWrite(w.driver, result(err))
 	}
 }
 
 // allocationDropped: the apply was refused for a change of
 // status.allocation it does not make (see write).
 func allocationDropped(err error) bool {
+	return invalidAt(err, func(c metav1.StatusCause) bool { return c.Field == "status.allocation" })
+}
+
+// deallocated: the entries name devices the claim no longer has
+// allocated (it was deallocated meanwhile: the API server drops the
+// entries of deallocated devices itself).
+func deallocated(err error) bool {
+	return invalidAt(err, func(c metav1.StatusCause) bool {
+		return strings.HasPrefix(c.Field, "status.devices") && strings.Contains(c.Message, "must be an allocated device")
+	})
+}
+
+func invalidAt(err error, match func(metav1.StatusCause) bool) bool {
 	var se apierrors.APIStatus
 	if !apierrors.IsInvalid(err) || !errors.As(err, &se) || se.Status().Details == nil {
 		return false
 	}
 	for _, c := range se.Status().Details.Causes {
-		if c.Field == "status.allocation" {
+		if match(c) {
 			return true
 		}
 	}

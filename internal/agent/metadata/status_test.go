@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package metadata
 
 import (
@@ -6,6 +9,7 @@ import (
 	"errors"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,18 +24,39 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 const testDriver = "sriov.hwdra.io"
 
-// writeCounter counts a StatusWriter's API requests and their failures.
-type writeCounter struct{ all, errs atomic.Int32 }
+// writeCounter counts a StatusWriter's API requests, those that did not
+// succeed, and each result.
+type writeCounter struct {
+	all, errs atomic.Int32
+	mu        sync.Mutex
+	results   map[string]int
+}
 
-func (c *writeCounter) ObserveStatusWrite(err error) {
+func (c *writeCounter) ObserveStatusWrite(driver, result string) {
 	c.all.Add(1)
-	if err != nil {
+	if result != WriteSuccess {
 		c.errs.Add(1)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.results == nil {
+		c.results = map[string]int{}
+	}
+	c.results[driver+" "+result]++
+}
+
+func (c *writeCounter) result(driver, result string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.results[driver+" "+result]
 }
 
 func TestApplyConfiguration(t *testing.T) {
@@ -41,9 +66,9 @@ func TestApplyConfiguration(t *testing.T) {
 		Claim: ClaimRef{UID: "uid-1", Namespace: "ns", Name: "c"},
 		Time:  at,
 		Devices: []DeviceStatus{
-			{Pool: "node", Device: "nic-0000-17-00-0", ShareID: &share, Message: "interface net1 configured in the pod",
+			{Pool: "node", Device: "nic-0000-17-00-0", ShareID: &share, Message: "interface net1 configured in the pod", Conditions: NetworkConfigured(),
 				Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1", IPs: []string{"10.0.0.5/24"}, HardwareAddress: "02:00:00:00:00:01"}},
-			{Pool: "node", Device: "nic-0000-17-00-0-vf-3", Failed: true, Message: "boom"},
+			{Pool: "node", Device: "nic-0000-17-00-0-vf-3", Conditions: NetworkFailed(), Message: "boom"},
 		},
 	}
 	raw, err := json.Marshal(ApplyConfiguration(testDriver, cs))
@@ -121,12 +146,12 @@ func TestStatusWriter(t *testing.T) {
 	go w.Run(runCtx)
 
 	ref := ClaimRef{UID: "uid-1", Namespace: "ns", Name: "c"}
-	w.Set(ClaimStatus{Claim: ref, Time: metav1.Now(), Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Failed: true, Message: "first"}}})
-	w.Set(ClaimStatus{Claim: ref, Time: metav1.Now(), Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Message: "latest",
+	w.Set(ClaimStatus{Claim: ref, Time: metav1.Now(), Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Conditions: NetworkFailed(), Message: "first"}}})
+	w.Set(ClaimStatus{Claim: ref, Time: metav1.Now(), Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Conditions: NetworkConfigured(), Message: "latest",
 		Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}})
-	waitUntil(t, "status written", func() bool { return w.Pending() == 0 })
-	if writes.errs.Load() != 3 || writes.all.Load() != 4 {
-		t.Errorf("%d writes, %d failed; want 4 and 3 (three refusals, then one write of the latest status)", writes.all.Load(), writes.errs.Load())
+	waitfor.True(t, "status written", 10*time.Second, func() bool { return w.Pending() == 0 })
+	if writes.errs.Load() != 3 || writes.all.Load() != 4 || writes.result(testDriver, WriteError) != 3 {
+		t.Errorf("%d writes, %d failed (%v); want 4 and 3 (three errors, retried, then one write of the latest status)", writes.all.Load(), writes.errs.Load(), writes.results)
 	}
 	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "c", metav1.GetOptions{})
 	if err != nil {
@@ -163,21 +188,71 @@ func TestStatusWriter(t *testing.T) {
 	// its one write.
 	before, refused := writes.all.Load(), writes.errs.Load()
 	w.Set(ClaimStatus{Claim: ClaimRef{UID: "uid-2", Namespace: "ns", Name: "gone"}, Time: metav1.Now()})
-	waitUntil(t, "gone claim dropped", func() bool { return w.Pending() == 0 })
-	if n, failed := writes.all.Load()-before, writes.errs.Load()-refused; n != 1 || failed != 1 {
-		t.Errorf("%d writes (%d refused) for a claim that is gone, want 1 refused", n, failed)
+	waitfor.True(t, "gone claim dropped", 10*time.Second, func() bool { return w.Pending() == 0 })
+	if n, failed := writes.all.Load()-before, writes.errs.Load()-refused; n != 1 || failed != 1 || writes.result(testDriver, WriteGone) != 1 {
+		t.Errorf("%d writes (%d not successful, %v) for a claim that is gone, want 1 gone", n, failed, writes.results)
 	}
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
+// TestStatusWriterRefusals: a write the API server forbids (granular
+// status authorization) or finds invalid for devices no longer allocated
+// (the claim deallocated meanwhile) is made once, counted as refused or
+// gone, never retried, and said once per kind: the writer goes on with
+// the next claim, which is written.
+func TestStatusWriterRefusals(t *testing.T) {
+	gr := schema.GroupKind{Group: "resource.k8s.io", Kind: "ResourceClaim"}
+	client := fake.NewClientset(&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "ok", Namespace: "ns", UID: "uid-ok"}})
+	client.PrependReactor("patch", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		switch name := action.(k8stesting.PatchActionImpl).GetName(); {
+		case strings.HasPrefix(name, "forbidden"):
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaims"}, name,
+				errors.New(`changing status.devices requires resource="resourceclaims/driver"`))
+		case name == "deallocated":
+			return true, nil, apierrors.NewInvalid(gr, name, field.ErrorList{
+				field.Invalid(field.NewPath("status", "devices").Index(0), "gpu.hwdra.io/node/gpu-0", "must be an allocated device in the claim")})
 		}
-		time.Sleep(5 * time.Millisecond)
+		return false, nil, nil
+	})
+	var writes writeCounter
+	w := newStatusWriter(client, "gpu.hwdra.io", &writes, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, 10*time.Millisecond))
+	logged := &syncWriter{}
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logged)))))
+	defer cancel()
+	go w.Run(ctx)
+	for _, name := range []string{"forbidden-1", "forbidden-2", "deallocated", "ok"} {
+		w.Set(ClaimStatus{Claim: ClaimRef{UID: types.UID("uid-" + name), Namespace: "ns", Name: name}, Time: metav1.Now(),
+			Devices: []DeviceStatus{{Pool: "node", Device: "gpu-0", Conditions: Prepared(), Data: json.RawMessage(`{"uuid":"GPU-1"}`)}}})
 	}
+	waitfor.True(t, "every status settled", 10*time.Second, func() bool { return w.Pending() == 0 })
+	if f, g, s := writes.result("gpu.hwdra.io", WriteRefused), writes.result("gpu.hwdra.io", WriteGone), writes.result("gpu.hwdra.io", WriteSuccess); f != 2 || g != 1 || s != 1 || writes.all.Load() != 4 {
+		t.Errorf("results %v: want 2 refused, 1 gone, 1 success and no retry", writes.results)
+	}
+	if n := strings.Count(logged.String(), "Claim status forbidden"); n != 1 {
+		t.Errorf("the refusal logged %d times at error level, want once:\n%s", n, logged.String())
+	}
+	got, err := client.ResourceV1().ResourceClaims("ns").Get(context.Background(), "ok", metav1.GetOptions{})
+	if err != nil || len(got.Status.Devices) != 1 || got.Status.Devices[0].Data == nil || string(got.Status.Devices[0].Data.Raw) != `{"uuid":"GPU-1"}` ||
+		len(got.Status.Devices[0].Conditions) != 1 || got.Status.Devices[0].Conditions[0].Type != ConditionReady {
+		t.Errorf("the claim after the refusals: %+v %v", got, err)
+	}
+}
+
+// syncWriter serialises a test's log output.
+type syncWriter struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // TestStatusWriterWhenApplyDropsAllocation: where the API server refuses
@@ -213,7 +288,7 @@ func TestStatusWriterWhenApplyDropsAllocation(t *testing.T) {
 	go w.Run(runCtx)
 	w.Set(ClaimStatus{Claim: ClaimRef{UID: "uid-1", Namespace: "ns", Name: "c"}, Time: metav1.Now(),
 		Devices: []DeviceStatus{{Pool: "node", Device: "nic-a", Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}})
-	waitUntil(t, "status written", func() bool { return w.Pending() == 0 })
+	waitfor.True(t, "status written", 10*time.Second, func() bool { return w.Pending() == 0 })
 	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "c", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -1,318 +1,230 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package mps
 
 import (
-	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
+	"slices"
+	"sort"
 	"strings"
 	"syscall"
 
+	"github.com/moby/sys/capability"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
 // The daemon is started through this binary, run again under the name
 // launcherName: in a mount namespace of its own it puts the daemon's
-// shared-memory directory at /dev/shm, leaves the agent's pod cgroup if
-// asked, and then becomes nvidia-cuda-mps-control -d. Go cannot mount or
-// move cgroups between fork and exec, so a process of its own does it.
+// shared memory at /dev/shm, detaches the other daemons' and covers the
+// service account token; it moves into the daemon's cgroup and limits
+// its memory; it keeps only the capabilities a control daemon needs,
+// sets no_new_privs, and then becomes nvidia-cuda-mps-control -f with a
+// minimal environment. Go cannot do these between fork and exec, so a
+// process of its own does, on the thread that execs (namespaces,
+// capabilities and no_new_privs are per thread until exec).
 const launcherName = "hwdra-mps-launch"
+
+// statusFD is where the launcher says why it failed; it is closed on
+// exec, so the agent reads end of file once the daemon runs.
+const statusFD = 3
 
 func init() {
 	if len(os.Args) > 0 && os.Args[0] == launcherName {
-		if err := launch(os.Args[1:]); err != nil {
+		if err := launcher(os.Args[1:]); err != nil {
+			status := os.NewFile(statusFD, "status")
+			fmt.Fprintf(status, "%v", err)
 			fmt.Fprintf(os.Stderr, "%s: %v\n", launcherName, err)
 			os.Exit(1)
 		}
+		os.Exit(0)
 	}
 }
 
-// Cgroup says where a daemon's processes live.
-type Cgroup string
+// request is what the agent asks of the launcher (its first argument,
+// JSON); the rest of its arguments are the program and its arguments.
+type request struct {
+	// Remove: remove the daemon's cgroups (CgroupName under Cgroup),
+	// start nothing.
+	Remove bool `json:"remove,omitempty"`
+	// Shm is bound on /dev/shm; Detach: every mount below it is
+	// detached (the other daemons' shared memory). Mask are directories
+	// covered with an empty read-only tmpfs. Empty: the mounts are left
+	// as they are (no mount namespace of its own).
+	Shm    string   `json:"shm,omitempty"`
+	Detach string   `json:"detach,omitempty"`
+	Mask   []string `json:"mask,omitempty"`
+	// Cgroup and CgroupName: where the daemon's cgroup is, and its name
+	// (empty: the agent's cgroups); MemoryMax its memory limit in bytes.
+	Cgroup     Cgroup `json:"cgroup,omitempty"`
+	CgroupName string `json:"cgroupName,omitempty"`
+	MemoryMax  int64  `json:"memoryMax,omitempty"`
+	// Capabilities are all the daemon keeps.
+	Capabilities []capability.Cap `json:"capabilities"`
+	// Env is the daemon's whole environment.
+	Env []string `json:"env"`
+	// Program is the path of what the launcher becomes; its arguments
+	// (argv[0] too) follow the request.
+	Program string `json:"program,omitempty"`
+}
 
-const (
-	// CgroupSame: in the agent's cgroups. Right where the agent runs as a
-	// plain process: a daemon in a session of its own outlives it.
-	CgroupSame Cgroup = ""
-	// CgroupBesidePod: in a cgroup "hwdra-mps" beside the agent's pod's
-	// (the pod's parent, the QoS class's cgroup), in every hierarchy
-	// where the agent is in a container of a pod: the container runtime
-	// kills what is left in a container's cgroup when it stops, the
-	// kubelet what is left in a pod's, so an MPS server in them would end
-	// with the agent's pod at every rolling update.
-	CgroupBesidePod Cgroup = "beside-pod"
-)
-
-// besidePodName is the cgroup the daemons move to.
-const besidePodName = "hwdra-mps"
-
-// launch runs in the launcher: args are the shared-memory directory ("":
-// leave /dev/shm), the Cgroup and the program with its arguments.
-func launch(args []string) error {
-	if len(args) < 3 {
-		return errors.New("usage: <shm dir> <cgroup> <program> [args...]")
+// launcher runs in the launcher process.
+func launcher(args []string) error {
+	var req request
+	if len(args) < 1 || json.Unmarshal([]byte(args[0]), &req) != nil {
+		return errors.New("usage: <request JSON> [argv...]")
 	}
-	shm, cgroup, prog := args[0], Cgroup(args[1]), args[2:]
-	// Namespaces are per thread, and exec keeps the calling thread's.
+	unix.CloseOnExec(statusFD)
 	runtime.LockOSThread()
-	// The program is opened before /dev/shm is covered: it may be there
-	// (a mock driver root in a test's temp directory).
-	bin, err := os.Open(prog[0])
+	if req.Remove {
+		return removeDaemonCgroups(req)
+	}
+	if len(args) < 2 || req.Program == "" {
+		return errors.New("no program to run")
+	}
+	argv := args[1:]
+	// The program is opened before the mounts change: it may be under a
+	// path that is covered (a mock driver root in a test's temp
+	// directory).
+	bin, err := os.Open(req.Program)
 	if err != nil {
 		return err
 	}
-	if shm != "" {
-		// The agent started this process in a mount namespace of its own
-		// (its mounts private): the bind stays in here.
-		if err := unix.Mount(shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind %s on /dev/shm: %w", shm, err)
-		}
-	}
-	if cgroup == CgroupBesidePod {
-		if err := leavePod(); err != nil {
+	if req.Shm != "" {
+		if err := isolateMounts(req); err != nil {
 			return err
 		}
 	}
-	if err := syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", bin.Fd()), prog, os.Environ()); err != nil {
-		return fmt.Errorf("exec %s: %w", prog[0], err)
+	if req.CgroupName != "" {
+		dirs, err := daemonCgroups(req.Cgroup, req.CgroupName)
+		if err != nil {
+			return err
+		}
+		if err := joinCgroups(dirs, req.MemoryMax); err != nil {
+			return err
+		}
+	}
+	if err := dropPrivileges(req.Capabilities); err != nil {
+		return err
+	}
+	if err := syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", bin.Fd()), argv, req.Env); err != nil {
+		return fmt.Errorf("exec %s: %w", req.Program, err)
 	}
 	return nil
 }
 
-// leavePod moves this process into a cgroup beside its pod's, in every
-// hierarchy where it is in a pod's container (two levels below where
-// the kubelet keeps the pod's QoS class). The cgroups are seen as the
-// node sees them (a cgroup outside a cgroup namespace is out of reach
-// from inside it): through the namespaces and root of the node process
-// that started the agent's container (nodeProcess).
-func leavePod() error {
-	node, err := nodeProcess()
+// removeDaemonCgroups removes a daemon's cgroups; their processes are
+// ended already.
+func removeDaemonCgroups(req request) error {
+	dirs, err := daemonCgroups(req.Cgroup, req.CgroupName)
 	if err != nil {
 		return err
 	}
-	proc := "/proc/" + strconv.Itoa(node)
-	if err := enterCgroupNamespace(proc); err != nil {
-		return err
+	return removeCgroups(dirs)
+}
+
+// isolateMounts makes the daemon's mounts, in the mount namespace of its
+// own that the agent started it in (its mounts private, so nothing here
+// reaches the agent or the node): its shared memory at /dev/shm, no other
+// daemon's (a daemon's namespace would otherwise keep each tmpfs that
+// existed at its start alive until it ends), and the masked directories
+// covered.
+func isolateMounts(req request) error {
+	if err := unix.Mount(req.Shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on /dev/shm: %w", req.Shm, err)
 	}
-	mounts, err := cgroupMounts(proc+"/mountinfo", proc+"/root")
-	if err != nil {
-		return err
+	if req.Detach != "" {
+		below := filepath.Clean(req.Detach) + "/"
+		mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+			return !strings.HasPrefix(m.Mountpoint, below), false
+		})
+		if err != nil {
+			return err
+		}
+		// The deepest first.
+		sort.Slice(mounts, func(i, j int) bool { return len(mounts[i].Mountpoint) > len(mounts[j].Mountpoint) })
+		for _, m := range mounts {
+			if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+				return fmt.Errorf("detach %s: %w", m.Mountpoint, err)
+			}
+		}
 	}
-	own, err := os.ReadFile("/proc/thread-self/cgroup")
-	if err != nil {
-		return err
-	}
-	moved := 0
-	for _, line := range strings.Split(strings.TrimSpace(string(own)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
+	for _, dir := range req.Mask {
+		st, err := os.Stat(dir)
+		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		m, ok := mounts[parts[1]]
-		if !ok {
-			continue // a hierarchy the node does not mount
+		if err != nil || !st.IsDir() {
+			return fmt.Errorf("cover %s: not a directory (%v)", dir, err)
 		}
-		dir, ok := besidePod(parts[2], m)
-		if !ok {
-			continue // not in a pod's container in this hierarchy
+		// Covering the directory hides every mount below it too (the
+		// token's tmpfs).
+		if err := unix.Mount("hwdra-mask", dir, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555"); err != nil {
+			return fmt.Errorf("cover %s: %w", dir, err)
 		}
-		if err := join(dir); err != nil {
-			return fmt.Errorf("cgroup %s: %w", dir, err)
-		}
-		moved++
-	}
-	if moved == 0 {
-		return errors.New("the agent is in no pod's container cgroup: nothing to leave (run it with the same cgroup as the daemons instead)")
 	}
 	return nil
 }
 
-// nodeProcess is the nearest ancestor of the agent (this launcher's
-// parent) in another mount namespace than the agent's: the container
-// runtime's shim, which lives in the node's namespaces. Not PID 1: a
-// sandbox may keep even root from reading PID 1's namespaces (the
-// real-node suite's machine does).
-func nodeProcess() (int, error) {
-	agent := os.Getppid()
-	own, err := nsInode(agent, "mnt")
-	if err != nil {
-		return 0, err
-	}
-	for pid := agent; pid > 1; {
-		ppid, err := parentOf(pid)
-		if err != nil {
-			return 0, err
-		}
-		if ppid <= 0 {
-			break
-		}
-		ns, err := nsInode(ppid, "mnt")
-		if err != nil {
-			return 0, err
-		}
-		if ns != own {
-			return ppid, nil
-		}
-		pid = ppid
-	}
-	return 0, errors.New("no ancestor of the agent is outside its mount namespace: the agent runs in no container (run it with the same cgroup as the daemons instead)")
+// DaemonCapabilities are the capabilities a control daemon keeps: it
+// starts each MPS server with the user and group IDs of the client it is
+// for (SETUID, SETGID), ends servers that run as other users (KILL), and
+// makes its pipes and logs for them (CHOWN, FOWNER, DAC_OVERRIDE: the
+// pipe and log directories and the device nodes are root's). MPS runs
+// without any capability for a single user (NVIDIA's MPS guide has users
+// start their own daemons); none of the others (SYS_ADMIN, NET_ADMIN,
+// SYS_PTRACE, SYS_MODULE, MKNOD, ...) has a use in it.
+var DaemonCapabilities = []capability.Cap{
+	capability.CAP_CHOWN, capability.CAP_DAC_OVERRIDE, capability.CAP_FOWNER,
+	capability.CAP_KILL, capability.CAP_SETGID, capability.CAP_SETUID,
 }
 
-// nsInode identifies a process's namespace of a kind.
-func nsInode(pid int, kind string) (uint64, error) {
-	var st unix.Stat_t
-	path := fmt.Sprintf("/proc/%d/ns/%s", pid, kind)
-	if err := unix.Stat(path, &st); err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
-	}
-	return st.Ino, nil
-}
-
-// parentOf is a process's parent's PID (0 for none).
-func parentOf(pid int) (int, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status: no PPid", pid)
-}
-
-// enterCgroupNamespace moves this thread into the cgroup namespace of
-// the process at proc (/proc/<pid>), if it is in another one.
-func enterCgroupNamespace(proc string) error {
-	var mine, node unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/cgroup", &mine); err != nil {
-		return fmt.Errorf("/proc/thread-self/ns/cgroup: %w", err)
-	}
-	if err := unix.Stat(proc+"/ns/cgroup", &node); err != nil {
-		return fmt.Errorf("%s/ns/cgroup: %w", proc, err)
-	}
-	if mine.Ino == node.Ino && mine.Dev == node.Dev {
-		return nil
-	}
-	f, err := os.Open(proc + "/ns/cgroup")
+// dropPrivileges keeps only caps, in every set (the bounding set too:
+// root gets it back at exec otherwise), and sets no_new_privs, so
+// that nothing the daemon runs gains more (a set-user-ID program).
+func dropPrivileges(caps []capability.Cap) error {
+	c, err := capability.NewPid2(0)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWCGROUP); err != nil {
-		return fmt.Errorf("entering the node's cgroup namespace: %w", err)
+	if err := c.Load(); err != nil {
+		return err
+	}
+	var keep []capability.Cap
+	for _, k := range caps {
+		if c.Get(capability.PERMITTED, k) { // what the agent has itself
+			keep = append(keep, k)
+		}
+	}
+	c.Clear(capability.CAPS | capability.BOUNDS | capability.AMBS)
+	c.Set(capability.EFFECTIVE|capability.PERMITTED|capability.BOUNDING, keep...)
+	kinds := capability.CAPS | capability.AMBS
+	root := os.Geteuid() == 0
+	if root {
+		// Only root gets its bounding set back at exec; a user cannot
+		// drop it, and has no capability after exec anyway.
+		kinds |= capability.BOUNDS
+	}
+	if err := c.Apply(kinds); err != nil {
+		return fmt.Errorf("dropping capabilities: %w", err)
+	}
+	last, err := capability.LastCap()
+	if err != nil {
+		return err
+	}
+	for k := capability.Cap(0); root && k <= last; k++ {
+		if on, err := capability.GetBound(k); err == nil && on && !slices.Contains(keep, k) {
+			return fmt.Errorf("dropping capabilities: %s stays in the bounding set (no CAP_SETPCAP)", k)
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
 	}
 	return nil
-}
-
-// cgroupMount is where a hierarchy is mounted, as this process reaches it.
-type cgroupMount struct {
-	dir  string // mount point, under the node process's root
-	root string // the cgroup at the mount point
-}
-
-// cgroupMounts reads a mountinfo's cgroup mounts by the controller field
-// of /proc/<pid>/cgroup they serve: "cpu,cpuacct", "name=systemd", ""
-// (the unified hierarchy), their mount points under root.
-func cgroupMounts(mountinfo, root string) (map[string]cgroupMount, error) {
-	f, err := os.Open(mountinfo)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	out := map[string]cgroupMount{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// id parent maj:min root mountpoint options [optional...] - fstype source superoptions
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		fields, tail := strings.Fields(pre), strings.Fields(post)
-		if len(fields) < 5 || len(tail) < 3 {
-			continue
-		}
-		m := cgroupMount{dir: filepath.Join(root, unescape(fields[4])), root: unescape(fields[3])}
-		switch tail[0] {
-		case "cgroup2":
-			if _, seen := out[""]; !seen {
-				out[""] = m
-			}
-		case "cgroup":
-			var ctrls []string
-			for _, o := range strings.Split(tail[2], ",") {
-				if o != "rw" && o != "ro" && !strings.HasPrefix(o, "release_agent=") && o != "clone_children" && o != "xattr" && o != "noprefix" && o != "cpuset_v2_mode" {
-					ctrls = append(ctrls, o)
-				}
-			}
-			key := strings.Join(ctrls, ",")
-			if _, seen := out[key]; !seen {
-				out[key] = m
-			}
-		}
-	}
-	return out, sc.Err()
-}
-
-// unescape undoes mountinfo's octal escapes of spaces and the like.
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// besidePod is the directory of the cgroup beside the pod of a container
-// cgroup path (…/<QoS class>/<pod>/<container>), in mount m; false where
-// the path is not that deep or the cgroup is not under the mount.
-func besidePod(path string, m cgroupMount) (string, bool) {
-	parts := strings.FieldsFunc(path, func(r rune) bool { return r == '/' })
-	if len(parts) < 3 {
-		return "", false
-	}
-	target := "/" + filepath.Join(append(parts[:len(parts)-2:len(parts)-2], besidePodName)...)
-	rel, err := filepath.Rel(m.root, target)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-		return "", false
-	}
-	return filepath.Join(m.dir, rel), true
-}
-
-// join makes the cgroup and moves this process into it. A new cpuset
-// (cgroup v1) has no CPUs or memory nodes until given its parent's.
-func join(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-		cur, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil || strings.TrimSpace(string(cur)) != "" {
-			continue
-		}
-		parent, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), parent, 0o644); err != nil {
-			return err
-		}
-	}
-	// "0" is the writing process, whatever its PID is where.
-	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte("0"), 0o644)
 }

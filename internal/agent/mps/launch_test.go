@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package mps
 
 import (
@@ -32,24 +35,24 @@ func TestBesidePod(t *testing.T) {
 		path, want string
 		ok         bool
 	}{
-		{"/kubepods/besteffort/pod1234/abcd", "/proc/1/root/sys/fs/cgroup/memory/kubepods/besteffort/hwdra-mps", true},
-		{"/kubepods/pod1234/abcd", "/proc/1/root/sys/fs/cgroup/memory/kubepods/hwdra-mps", true},
+		{"/kubepods/besteffort/pod1234/abcd", "/proc/1/root/sys/fs/cgroup/memory/kubepods/besteffort/hwdra-mps-x", true},
+		{"/kubepods/pod1234/abcd", "/proc/1/root/sys/fs/cgroup/memory/kubepods/hwdra-mps-x", true},
 		{"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12.slice/cri-containerd-ab.scope",
-			"/proc/1/root/sys/fs/cgroup/memory/kubepods.slice/kubepods-burstable.slice/hwdra-mps", true},
+			"/proc/1/root/sys/fs/cgroup/memory/kubepods.slice/kubepods-burstable.slice/hwdra-mps-x", true},
 		{"/user.slice", "", false},
 		{"/", "", false},
 	} {
-		got, ok := besidePod(tc.path, mounts["memory"])
+		got, ok := besidePod(tc.path, mounts["memory"], "hwdra-mps-x")
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("%s: %q %v, want %q %v", tc.path, got, ok, tc.want, tc.ok)
 		}
 	}
 	// A mount of a subtree places paths under it.
 	sub := cgroupMount{dir: "/c", root: "/kubepods/besteffort"}
-	if got, ok := besidePod("/kubepods/besteffort/pod1/ctr", sub); got != "/c/hwdra-mps" || !ok {
+	if got, ok := besidePod("/kubepods/besteffort/pod1/ctr", sub, "hwdra-mps-x"); got != "/c/hwdra-mps-x" || !ok {
 		t.Errorf("beside a pod in a mounted subtree: %q %v", got, ok)
 	}
-	if got, ok := besidePod("/elsewhere/a/b/c", sub); ok {
+	if got, ok := besidePod("/elsewhere/a/b/c", sub, "hwdra-mps-x"); ok {
 		t.Errorf("a path outside the mount: %q", got)
 	}
 }

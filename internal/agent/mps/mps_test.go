@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package mps
 
 import (
@@ -13,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/hwdra/hwdra/internal/backend/nvml"
@@ -260,6 +264,8 @@ func TestStartCancelledDuringLaunch(t *testing.T) {
 				cancel()
 				return
 			}
+			// Polled at 1 ms, not through waitfor: the cancel must land
+			// inside the launch's short window, from this goroutine.
 			time.Sleep(time.Millisecond)
 		}
 	}()
@@ -285,6 +291,42 @@ func TestStartCancelledDuringLaunch(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// A launcher that fails (here: a directory to cover is a file) fails
+// Start with its reason; nothing of the daemon runs, and Stop leaves no
+// mount or directory.
+func TestLaunchFails(t *testing.T) {
+	needRoot(t)
+	_, ctx := ktesting.NewTestContext(t)
+	m := newManager(t, t.TempDir())
+	file := filepath.Join(t.TempDir(), "secrets")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m.opts.Mask = []string{file}
+	s := testSpec()
+	err := m.Start(ctx, s)
+	if err == nil || !strings.Contains(err.Error(), "cover "+file+": not a directory") {
+		t.Fatalf("start: %v", err)
+	}
+	if pid := pidOf(t, m, s.ID); pid != 0 {
+		// Killed, and reaped by the agent.
+		if err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			return !startTimeOK(pid), nil
+		}); err != nil {
+			t.Errorf("the launcher %d runs: %v", pid, err)
+		}
+	}
+	if err := m.Stop(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := shmMounts(t, m.Dirs(s.ID).Shm); n != 0 {
+		t.Errorf("%d mounts left", n)
+	}
+	if _, err := os.Stat(filepath.Join(m.opts.Dir, s.ID)); !os.IsNotExist(err) {
+		t.Errorf("directory after Stop: %v", err)
+	}
+}
 
 // TestTenantReusedPIDIsNotSignalled: a recorded daemon whose PID now
 // names another process (a tenant's, started after the daemon ended) is

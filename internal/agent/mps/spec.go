@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package mps
 
 import (
@@ -82,7 +85,8 @@ func (s Spec) Commands() []string {
 	return out
 }
 
-// env is the daemon's environment.
+// env is what the daemon's environment says of it (Manager.env adds
+// the driver's paths).
 func (s Spec) env(d Dirs) []string {
 	return []string{PipeDirEnv + "=" + d.Pipe, LogDirEnv + "=" + d.Log, "CUDA_VISIBLE_DEVICES=" + strings.Join(s.Devices, ",")}
 }
@@ -118,7 +122,9 @@ func (s Spec) ClientEdits(d Dirs, l Limits) *cdispec.ContainerEdits {
 		Env: []string{PipeDirEnv + "=" + ContainerPipeDir},
 		Mounts: []*cdispec.Mount{
 			{HostPath: d.Pipe, ContainerPath: ContainerPipeDir, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
-			{HostPath: d.Shm, ContainerPath: "/dev/shm", Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+			// noexec as the tmpfs itself: the runtime remounts a bind
+			// with exactly the options given.
+			{HostPath: d.Shm, ContainerPath: "/dev/shm", Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 		},
 	}
 	if p := l.ActiveThreadPercentage; p != nil {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package podnet
 
 import (
@@ -6,8 +9,10 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
+	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -32,6 +37,12 @@ type Placement struct {
 	// RDMA is the VF's RDMA device, moved with it (exclusive mode).
 	RDMA   string `json:"rdma,omitempty"`
 	BootID string `json:"bootID"`
+	// Link is how the kernel knows the netdev in the pod's namespace,
+	// read after the move: the VF is found there by it, never by a name
+	// the pod can give another link. Added without a new ledger version:
+	// an older agent ignores it, and a record without it is found by the
+	// link's parent device.
+	Link sriov.LinkID `json:"link,omitempty"`
 }
 
 // pod is a sandbox as the hooks see it.
@@ -130,12 +141,13 @@ func (p *Plugin) attach(ctx context.Context, pd pod, pns *sriov.Netns, a attachm
 		}
 		held = false
 	}
-	inPod, err := pns.FindLink(a.Interface)
+	index, _, err := p.vfLink(pns, addr, pl.Link)
 	if err != nil {
 		return res, err
 	}
-	if inPod == "" {
-		hostName, err := p.hostNetdev(addr, a.VF.Netdev, pl.Host.Name)
+	switch {
+	case index == 0:
+		hostName, err := p.hostNetdev(addr)
 		if err != nil {
 			return res, err
 		}
@@ -159,25 +171,62 @@ func (p *Plugin) attach(ctx context.Context, pd pod, pns *sriov.Netns, a attachm
 				return res, fmt.Errorf("moving RDMA device %s: %w", pl.RDMA, err)
 			}
 		}
-	} else if !held {
+		if index, err = p.moved(pns, addr, a.Interface); err != nil {
+			return res, err
+		}
+	case !held:
 		// In the pod with no record (the placements file was lost): take
 		// it over with what prepare knew of it.
 		pl = Placement{Pod: pd.UID, PodRef: pd.Ref, Netns: pd.Netns, Claim: a.Claim.UID, Interface: a.Interface, BootID: p.opts.BootID,
 			Host: sriov.LinkState{Name: a.VF.Netdev, MTU: a.VF.Original.MTU, Up: a.VF.Original.NetdevUp != nil && *a.VF.Original.NetdevUp}}
+		klog.FromContext(ctx).Info("VF netdev found in its pod without a record: recorded", "pod", pd.Ref, "vf", addr, "interface", a.Interface)
+	}
+	if pl.Link == (sriov.LinkID{}) || !held {
+		// What identifies the netdev in the pod from now on.
+		if pl.Link, err = pns.LinkIDAt(index); err != nil {
+			return res, err
+		}
 		if err := p.ledger.Put(addr, pl); err != nil {
 			return res, err
 		}
-		klog.FromContext(ctx).Info("VF netdev found in its pod without a record: recorded", "pod", pd.Ref, "vf", addr, "interface", a.Interface)
 	}
-	if err := pns.ConfigureLink(a.Interface, a.Addresses, true, a.Routes); err != nil {
+	if err := pns.ConfigureLinkAt(index, a.Addresses, true, a.Routes); err != nil {
 		return res, err
 	}
-	st, err := pns.ReadLink(a.Interface)
+	st, err := pns.ReadLinkAt(index)
 	if err != nil {
 		return res, err
 	}
 	res.MAC = st.MAC
 	return res, nil
+}
+
+// moved finds a VF netdev just moved into a pod under name: by identity,
+// or, on a kernel that reports no parent device, by the name it was just
+// given (the runtime has started no container of the pod yet, or the
+// agent moved it now into a pod that lacked it).
+func (p *Plugin) moved(pns *sriov.Netns, addr, name string) (int, error) {
+	index, _, err := p.vfLink(pns, addr, sriov.LinkID{})
+	if err != nil || index != 0 {
+		return index, err
+	}
+	id, err := pns.LinkID(name)
+	if err != nil {
+		return 0, fmt.Errorf("VF %s after its move: %w", addr, err)
+	}
+	return id.Index, nil
+}
+
+// vfLink finds a VF's netdev in a namespace by identity, never by name
+// (a pod with CAP_NET_ADMIN names its links as it likes): the kernel's
+// parent device or the link recorded at the move (sriov.Netns.VFLink), or
+// where the netdevs are stand-ins without one, Options.Links. It returns
+// the link's ifindex and name, 0 and "" when the namespace has none.
+func (p *Plugin) vfLink(ns *sriov.Netns, addr string, id sriov.LinkID) (int, string, error) {
+	if p.opts.Links != nil {
+		return p.opts.Links.VFLink(ns.FD(), addr)
+	}
+	return ns.VFLink(addr, id)
 }
 
 // elsewhere refuses a pod whose VFs another pod has: a VF's netdev is in
@@ -187,7 +236,7 @@ func (p *Plugin) attach(ctx context.Context, pd pod, pns *sriov.Netns, a attachm
 func (p *Plugin) elsewhere(pd pod, atts []attachment) error {
 	for _, a := range atts {
 		pl, ok := p.ledger.Get(a.VF.PCIAddress)
-		if !ok || pl.Pod == pd.UID || !p.inPod(pl) {
+		if !ok || pl.Pod == pd.UID || !p.inPod(a.VF.PCIAddress, pl) {
 			continue
 		}
 		return fmt.Errorf("%s is in pod %s: a VF's network interface is in one pod at a time, so a claim with a VF serves one pod at a time "+
@@ -196,23 +245,23 @@ func (p *Plugin) elsewhere(pd pod, atts []attachment) error {
 	return nil
 }
 
-// inPod: the placement's netdev is still in its pod's namespace.
-func (p *Plugin) inPod(pl Placement) bool {
+// inPod: the placement's VF is still in its pod's namespace.
+func (p *Plugin) inPod(addr string, pl Placement) bool {
 	pns, err := sriov.OpenNetns(pl.Netns)
 	if err != nil {
 		return false
 	}
 	defer pns.Close()
-	name, err := pns.FindLink(pl.Interface, pl.Host.Name)
-	return err == nil && name != ""
+	index, _, err := p.vfLink(pns, addr, pl.Link)
+	return err == nil && index != 0
 }
 
-// hostNetdev finds a VF's netdev in the host namespace: under one of the
-// names it had, else under the name sysfs gives its PCI function now (a
-// VF back from a destroyed namespace gets the kernel's name for it).
-func (p *Plugin) hostNetdev(addr string, names ...string) (string, error) {
-	name, err := p.host.FindLink(names...)
-	if err != nil || name != "" {
+// hostNetdev finds a VF's netdev in the host namespace by identity (a VF
+// back from a destroyed namespace has the kernel's name for it, dev<n>
+// where its own is taken), else under the name sysfs gives its PCI
+// function (kernels that report no parent device).
+func (p *Plugin) hostNetdev(addr string) (string, error) {
+	if _, name, err := p.vfLink(p.host, addr, sriov.LinkID{}); err != nil || name != "" {
 		return name, err
 	}
 	if _, nd, err := sriov.FunctionState(p.opts.SysfsRoot, addr); err == nil && nd != "" {
@@ -220,7 +269,7 @@ func (p *Plugin) hostNetdev(addr string, names ...string) (string, error) {
 			return nd, err
 		}
 	}
-	return "", fmt.Errorf("the netdev of VF %s is not in %s (last known as %v)", addr, p.host, names)
+	return "", fmt.Errorf("the netdev of VF %s is not in %s", addr, p.host)
 }
 
 // detachPod returns every VF placed in a pod. wait bounds how long each
@@ -282,14 +331,15 @@ func (p *Plugin) release(ctx context.Context, addr string, wait time.Duration) (
 		return "", err
 	default:
 		defer pns.Close()
-		inPod, err := pns.FindLink(pl.Interface, pl.Host.Name)
+		index, inPod, err := p.vfLink(pns, addr, pl.Link)
 		if err != nil {
 			return "", err
 		}
-		if inPod == "" {
-			// Never moved, or back already (a second hook).
-			if name, err = p.hostNetdev(addr, pl.Host.Name, pl.Interface); err != nil {
-				return "", err
+		if index == 0 {
+			// Never moved, or back already (a second hook); else whoever
+			// holds the pod's namespace moved it on.
+			if name, err = p.hostNetdev(addr); err != nil {
+				return "", p.missing(ctx, addr, pl, err)
 			}
 			break
 		}
@@ -300,11 +350,11 @@ func (p *Plugin) release(ctx context.Context, addr string, wait time.Duration) (
 				logger.V(2).Info("RDMA device not moved back", "rdma", pl.RDMA, "pod", pl.PodRef, "err", err)
 			}
 		}
-		if err := pns.MoveLink(inPod, p.host, back); err != nil {
+		if err := pns.MoveLinkAt(index, p.host, back); err != nil {
 			// It may have left under its pod name: found below.
-			logger.V(2).Info("Move back incomplete", "vf", addr, "err", err)
+			logger.V(2).Info("Move back incomplete", "vf", addr, "link", inPod, "err", err)
 		}
-		if name, err = p.hostNetdev(addr, pl.Host.Name, inPod); err != nil {
+		if name, err = p.hostNetdev(addr); err != nil {
 			return "", err
 		}
 	}
@@ -338,7 +388,7 @@ var errNotBack = errors.New("the VF is not back in the host yet")
 func (p *Plugin) awaitReturn(addr string, pl Placement, wait time.Duration) (string, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		name, err := p.hostNetdev(addr, pl.Host.Name, pl.Interface)
+		name, err := p.hostNetdev(addr)
 		if err == nil {
 			return name, nil
 		}
@@ -347,4 +397,30 @@ func (p *Plugin) awaitReturn(addr string, pl Placement, wait time.Duration) (str
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// errMissing: a VF is neither in its pod's namespace nor in the host.
+var errMissing = errors.New("the VF is neither in its pod's network namespace nor in the host")
+
+// ReasonVFMissing is the reason of the Warning Event on a pod whose VF
+// cannot be found to return it.
+const ReasonVFMissing = "VFNotFound"
+
+// missing reports a VF that is neither in its pod's namespace nor in the
+// host: whoever holds the pod's namespace (a container with
+// CAP_NET_ADMIN) moved it on, or its name and a lookalike were swapped.
+// Nothing is moved or configured, its record is kept, and the return is
+// retried (stop, unprepare, resync); the kernel returns a VF to the host
+// when the namespace it is in is destroyed.
+func (p *Plugin) missing(ctx context.Context, addr string, pl Placement, err error) error {
+	err = fmt.Errorf("pod %s, VF %s (claim %s, interface %s): %w (%w); its placement is kept and the return retried",
+		pl.PodRef, addr, pl.Claim, pl.Interface, errMissing, err)
+	klog.FromContext(ctx).Info("Warning: cannot return a VF: not found in its pod's network namespace by its PCI function, nor in the host", "pod", pl.PodRef, "vf", addr, "err", err)
+	if p.opts.Events != nil {
+		ns, name, _ := strings.Cut(pl.PodRef, "/")
+		pod := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: name, UID: pl.Pod}
+		p.opts.Events.Eventf(pod, nil, corev1.EventTypeWarning, ReasonVFMissing, "ReturnVF",
+			"VF %s is not in the pod's network namespace (found by its PCI function, not by name) nor in the host: it stays recorded and its return is retried; the kernel returns it when the namespace that holds it is destroyed", addr)
+	}
+	return err
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package podnet is pod networking: the NIC driver's NRI plugin, which
 // finishes a VF's way into its pod, after prepare. It sits above prepare
 // and metadata (it reads the prepared claims and writes metadata); nothing
@@ -37,6 +40,17 @@
 // StopPodSandbox and RemovePodSandbox bring the pod's netdevs back under
 // their host names with their MTU, MAC, addresses and state, using the
 // namespace path recorded at RunPodSandbox (containerd may leave it out).
+// A VF is found in the pod's namespace (and the host's) by what the
+// kernel says of the link, never by its name, which a pod with
+// CAP_NET_ADMIN chooses (it can rename its VF and make a veth under the
+// VF's name): its parent device, the VF's PCI function, or on a kernel
+// that reports none the ifindex and permanent MAC recorded after the move
+// (sriov.Netns.VFLink; Options.Links for the mock's stand-ins, by their
+// peers), and it is moved and configured by ifindex. A VF in neither the
+// pod's namespace nor the host (the pod moved it on) is reported, in the
+// log and a Warning Event on the pod, nothing is moved or configured, and
+// its placement is kept: the return is retried, and the kernel returns
+// the VF to the host when the namespace that holds it is destroyed.
 // Where the namespace is gone, a physical VF comes back by itself (the
 // kernel returns devices of a destroyed namespace to the host, named
 // dev<n> if its name is taken) and is found by its PCI address in sysfs;

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package podnet
 
 import (
@@ -13,12 +16,12 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
@@ -35,6 +38,7 @@ import (
 	"github.com/hwdra/hwdra/internal/mock"
 	"github.com/hwdra/hwdra/internal/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/tools/allocate"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 const (
@@ -64,10 +68,11 @@ type env struct {
 	stopRun context.CancelFunc
 	runDone chan struct{}
 
-	mu    sync.Mutex
-	pods  map[types.UID]*api.PodSandbox // running, as the runtime lists them
-	netns map[string]func() error       // pod namespaces' removers
-	uses  map[types.UID][]string        // the claims each pod names (ClaimsOf)
+	mu     sync.Mutex
+	events []string                      // "<pod> <type> <reason>: <note>", as recorded
+	pods   map[types.UID]*api.PodSandbox // running, as the runtime lists them
+	netns  map[string]func() error       // pod namespaces' removers
+	uses   map[types.UID][]string        // the claims each pod names (ClaimsOf)
 }
 
 // ClaimsOf is the plugin's Pods: the claim names env.uses has.
@@ -75,6 +80,21 @@ func (e *env) ClaimsOf(_, _ string, uid types.UID) []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.uses[uid]
+}
+
+// Eventf is the plugin's Events: it keeps them for the test.
+func (e *env) Eventf(regarding, _ runtime.Object, eventtype, reason, _, note string, args ...interface{}) {
+	ref, _ := regarding.(*corev1.ObjectReference)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.events = append(e.events, fmt.Sprintf("%s/%s %s %s: %s", ref.Namespace, ref.Name, eventtype, reason, fmt.Sprintf(note, args...)))
+}
+
+// recorded are the Events so far.
+func (e *env) recorded() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.events...)
 }
 
 // removeNetns deletes a pod's network namespace.
@@ -140,7 +160,7 @@ func (e *env) startAgent() {
 	var err error
 	e.net, err = New(Options{DriverName: device.NICDriver, Socket: e.sock, StateDir: state, SysfsRoot: e.hw.Sysfs,
 		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Sysfs: e.hw.NICs(),
-		Pods: e})
+		Pods: e, Links: e.hw.NICs(), Events: e})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -148,9 +168,14 @@ func (e *env) startAgent() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	// Every PF shared (the default); claims may choose their VF's MAC.
+	cfg, err := config.Parse([]byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nvfPolicy: {allowMAC: true}\n"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	d, err := nic.New(nic.Options{
 		VFs:       e.hw.NICs().VFConfigurator(),
-		Published: published{PFs: pfs}, Config: config.Default(),
+		Published: published{PFs: pfs}, Config: cfg,
 		SysfsRoot: e.hw.Sysfs, DevRoot: e.hw.DevRoot(), StateDir: state, NodeName: testNode, BootID: testBoot, Network: e.net,
 	})
 	if err != nil {
@@ -194,7 +219,7 @@ func (e *env) stopRuntime() { e.rt.Stop() }
 // the runtime has it among its plugins.
 func (e *env) waitReady() {
 	e.t.Helper()
-	waitUntil(e.t, "NRI plugin connected", func() bool { return e.net.Ready() == nil })
+	waitfor.True(e.t, "NRI plugin connected", 10*time.Second, func() bool { return e.net.Ready() == nil })
 	e.rt.Synced()
 }
 
@@ -395,21 +420,17 @@ func (f *fakeMetadata) Calls() []metadataCall {
 func (e *env) claimStatus(c *resourceapi.ResourceClaim, want func([]resourceapi.AllocatedDeviceStatus) bool) []resourceapi.AllocatedDeviceStatus {
 	e.t.Helper()
 	var got []resourceapi.AllocatedDeviceStatus
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitfor.NoError(e.t, "claim "+c.Name+"'s status.devices as expected", 10*time.Second, func() error {
 		cl, err := e.client.ResourceV1().ResourceClaims(c.Namespace).Get(e.ctx, c.Name, metav1.GetOptions{})
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		got = cl.Status.Devices
-		if want(got) {
-			return got
+		if got = cl.Status.Devices; !want(got) {
+			return fmt.Errorf("status.devices %+v", got)
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("claim %s: status.devices %+v not as expected", c.Name, got)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
 func condition(d resourceapi.AllocatedDeviceStatus, typ string) *metav1.Condition {
@@ -423,11 +444,3 @@ func condition(d resourceapi.AllocatedDeviceStatus, typ string) *metav1.Conditio
 
 // placements lists the placements file's keys.
 func (e *env) placements() []string { return e.net.ledger.Keys() }
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	poll := func(context.Context) (bool, error) { return cond(), nil }
-	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 10*time.Second, true, poll); err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
-}

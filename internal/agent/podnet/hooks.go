@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package podnet
 
 import (
@@ -125,6 +128,7 @@ func (h *hooks) observe(hook string, start time.Time, err *error) {
 // stop hook; the kernel returns a VF from a destroyed namespace in the
 // background).
 func (p *Plugin) stopPod(ctx context.Context, sb *api.PodSandbox) error {
+	p.stopping(types.UID(sb.GetUid()))
 	var errs []error
 	for _, err := range unjoin(p.detachPod(ctx, types.UID(sb.GetUid()), 0)) {
 		if errors.Is(err, errNotBack) {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package podnet
 
 import (
@@ -20,6 +23,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/internal/agent/slices/resources"
 	"github.com/hwdra/hwdra/internal/backend/sriov"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // oneCX7: a ConnectX-7 PF at 400G with 4 VFs, each with an RDMA device.
@@ -69,7 +73,7 @@ func TestPodGetsItsVF(t *testing.T) {
 		t.Errorf("%s still in the host namespace", vf.Netdev)
 	}
 	// The VF left the host's sysfs with its netdev, but not the slices.
-	waitUntil(t, "sysfs without the netdev", func() bool { _, nd, _ := sriov.FunctionState(e.hw.Sysfs, vf.PCIAddress); return nd == "" })
+	waitfor.True(t, "sysfs without the netdev", 10*time.Second, func() bool { _, nd, _ := sriov.FunctionState(e.hw.Sysfs, vf.PCIAddress); return nd == "" })
 	if got := e.nicSlices(); !reflect.DeepEqual(got, slicesBefore) {
 		t.Errorf("a VF in a pod changed the published NIC devices:\n%+v\nwas\n%+v", got, slicesBefore)
 	}
@@ -354,7 +358,7 @@ func TestSynchronize(t *testing.T) {
 
 	// The runtime restarts.
 	e.stopRuntime()
-	waitUntil(t, "plugin notices the runtime is gone", func() bool { return e.net.Ready() != nil })
+	waitfor.True(t, "plugin notices the runtime is gone", 10*time.Second, func() bool { return e.net.Ready() != nil })
 	if err := e.prepare(e.claim("", []*api.PodSandbox{e.newPod("d")}, "nic")); err == nil || !strings.Contains(err.Error(), "no NRI connection") {
 		t.Errorf("prepare without NRI: %v", err)
 	}
@@ -492,7 +496,7 @@ func TestSharedClaimServesOnePodAtATime(t *testing.T) {
 	}
 	// The hooks queue claim status before they answer: once the writer
 	// has nothing pending, whatever they queued is stored.
-	waitUntil(t, "the queued claim status written", func() bool { return e.status.Pending() == 0 })
+	waitfor.True(t, "the queued claim status written", 10*time.Second, func() bool { return e.status.Pending() == 0 })
 	st := e.claimStatus(c, func(d []resourceapi.AllocatedDeviceStatus) bool { return len(d) == 1 })
 	if r := condition(st[0], metadata.ConditionReady); r == nil || r.Status != "True" {
 		t.Errorf("the claim's status after the second pod was refused: %+v", st[0])

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package podnet
 
 import (
@@ -10,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containerd/nri/pkg/stub"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
@@ -66,6 +70,25 @@ type Options struct {
 	// error: the runtime waits for it (and drops a plugin that misses its
 	// timeout, 2 s in containerd).
 	Observer HookObserver
+	// Links, if set, finds VF netdevs that the kernel cannot tell apart
+	// by their parent device: the mock's veth stand-ins (backend.Node).
+	// Nil (a host): the kernel's word, sriov.Netns.VFLink.
+	Links Links
+	// Events, if set, records a Warning Event on a pod whose VF cannot be
+	// found to return it.
+	Events Events
+}
+
+// Links finds a VF's netdev in a network namespace (open as nsFD) by
+// identity, never by name: its ifindex and name, 0 and "" where it is
+// not.
+type Links interface {
+	VFLink(nsFD int, vfPCIAddress string) (index int, name string, err error)
+}
+
+// Events records Events (k8s.io/client-go/tools/events.EventRecorder).
+type Events interface {
+	Eventf(regarding runtime.Object, related runtime.Object, eventtype, reason, action, note string, args ...interface{})
 }
 
 // Settler makes the hardware's view of netdevs current.

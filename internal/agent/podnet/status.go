@@ -1,6 +1,12 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package podnet
 
 import (
+	"maps"
+	"slices"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -19,7 +25,7 @@ func (p *Plugin) succeeded(done []attached, all bool) {
 	for _, d := range done {
 		if changed[d.Claim.UID] {
 			devs = append(devs, claimDevice{d.Claim, metadata.DeviceStatus{Pool: d.VF.Pool, Device: d.VF.Device, ShareID: d.VF.ShareID,
-				Network: networkData(d), Message: "interface " + d.Interface + " configured in the pod"}})
+				Network: networkData(d), Conditions: metadata.NetworkConfigured(), Message: "interface " + d.Interface + " configured in the pod"}})
 		}
 	}
 	p.report(devs)
@@ -30,7 +36,40 @@ func (p *Plugin) succeeded(done []attached, all bool) {
 func (p *Plugin) failed(atts []attachment, err error) {
 	devs := make([]claimDevice, 0, len(atts))
 	for _, a := range atts {
-		devs = append(devs, claimDevice{a.Claim, metadata.DeviceStatus{Pool: a.VF.Pool, Device: a.VF.Device, ShareID: a.VF.ShareID, Failed: true, Message: err.Error()}})
+		devs = append(devs, claimDevice{a.Claim, metadata.DeviceStatus{Pool: a.VF.Pool, Device: a.VF.Device, ShareID: a.VF.ShareID,
+			Conditions: metadata.NetworkFailed(), Message: err.Error()}})
+	}
+	p.report(devs)
+}
+
+// stopping queues NetworkReady False, without networkData, for the
+// claims with a VF placed in a pod whose sandbox stops: the interface
+// the status named is gone from the pod. The VF stays prepared for the
+// claim (Ready). Called before the VFs go back, while the placements
+// still say which pod had them; a second stop (RemovePodSandbox) finds
+// none and writes nothing.
+func (p *Plugin) stopping(pd types.UID) {
+	placed := map[string]types.UID{} // VF address -> claim
+	for _, addr := range p.ledger.Keys() {
+		if pl, ok := p.ledger.Get(addr); ok && pl.Pod == pd {
+			placed[addr] = pl.Claim
+		}
+	}
+	if len(placed) == 0 {
+		return
+	}
+	claims := p.prepared.Claims()
+	var devs []claimDevice
+	for _, uid := range slices.Sorted(maps.Keys(claims)) {
+		c := claims[uid]
+		for _, vf := range c.Record.VFs {
+			if placed[vf.PCIAddress] != uid {
+				continue
+			}
+			devs = append(devs, claimDevice{metadata.ClaimRef{UID: uid, Namespace: c.Namespace, Name: c.Name}, metadata.DeviceStatus{
+				Pool: vf.Pool, Device: vf.Device, ShareID: vf.ShareID, Conditions: metadata.NetworkStopped(),
+				Message: "the pod's sandbox stopped: VF " + vf.PCIAddress + " is back in the host network namespace, still prepared for the claim"}})
+		}
 	}
 	p.report(devs)
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package police
 
 import (
@@ -38,4 +41,30 @@ func BenchmarkCheck(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkReadFatEnvironment reads one process's 6 MB environment
+// (/proc/<pid>/environ, through the scanner's one buffer), as a round
+// does up to its cap (envBytesPerRound): the cost of a round on a
+// GPU whose processes have fat environments is the cap over this speed.
+func BenchmarkReadFatEnvironment(b *testing.B) {
+	bigStack(b)
+	n := newNode(b)
+	cmd := n.run(n.pod("p", "a"), true, 1, fatEnv(shareEnv(4096, 5)...)...)
+	p, err := inspect(n.procRoot, uint32(cmd.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.close()
+	var s envScanner
+	b.ReportAllocs()
+	var read int64
+	for b.Loop() {
+		l, err := p.environment(&s, envBytesPerProcess)
+		if err != nil || l.threads == nil {
+			b.Fatalf("%+v %v", l, err)
+		}
+		read += l.read
+	}
+	b.SetBytes(read / int64(b.N))
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package police
 
 import (
@@ -66,8 +69,10 @@ type observed struct {
 	// uses are the claims of the GPU (indexes into its claims) the
 	// container uses.
 	uses []int
-	// limits are what it started with; nil where its environment could not
-	// be read.
+	// needsEnv: its limits decide (an MPS client of a policed share).
+	needsEnv bool
+	// limits are what its environment showed, at its worst; nil where it
+	// was not read.
 	limits *startLimits
 	// server: the MPS server, outside any pod.
 	server bool
@@ -121,7 +126,7 @@ func decide(gpu string, claims []Claim, procs []observed, stop bool) []finding {
 			continue
 		}
 		if why := raised(p, sh); why != "" && !sh.Dedicated {
-			add(i, LimitsRaised, stop, fmt.Sprintf("process %d%s of %s started with %s on GPU %s", p.PID, of(p), names(claims, p.uses), why, gpu))
+			add(i, LimitsRaised, stop, fmt.Sprintf("process %d%s of %s has %s in its environment on GPU %s", p.PID, of(p), names(claims, p.uses), why, gpu))
 		}
 	}
 	return append(out, overruns(gpu, claims, procs, judged, stop)...)
@@ -198,22 +203,31 @@ func shareOf(claims []Claim, uses []int) *Share {
 	return sum
 }
 
-// raised says how a client's start environment exceeds its share ("" if
-// it does not): no limit at all is above any share.
+// raised says how a client's environment exceeds its share ("" if it
+// does not): no limit at all is above any share, and so is a limit not
+// within the part of an environment the police reads (a process that
+// hides its limits past the cap is taken at its word: none).
 func raised(p observed, sh *Share) string {
 	if p.limits == nil {
-		return "" // unreadable: judged on memory alone
+		return "" // not read (yet): judged on memory alone
+	}
+	l := p.limits
+	missing := func(name, share string) string {
+		if l.cut {
+			return fmt.Sprintf("no %s in the first %s of its environment, which goes on beyond (taken as none; its share: %s)", name, bytesOf(uint64(l.read)), share)
+		}
+		return fmt.Sprintf("no %s (its share: %s)", name, share)
 	}
 	var why []string
-	switch m := p.limits.memory; {
+	switch m := l.memory; {
 	case m == nil:
-		why = append(why, "no "+memoryEnv+" (its share: "+bytesOf(sh.Memory)+")")
+		why = append(why, missing(memoryEnv, bytesOf(sh.Memory)))
 	case *m > sh.Memory:
 		why = append(why, fmt.Sprintf("%s %s (its share: %s)", memoryEnv, bytesOf(*m), bytesOf(sh.Memory)))
 	}
-	switch t := p.limits.threads; {
+	switch t := l.threads; {
 	case t == nil:
-		why = append(why, fmt.Sprintf("no %s (its share: %d%%)", threadsEnv, sh.Compute))
+		why = append(why, missing(threadsEnv, fmt.Sprintf("%d%%", sh.Compute)))
 	case *t > float64(sh.Compute):
 		why = append(why, fmt.Sprintf("%s %g%% (its share: %d%%)", threadsEnv, *t, sh.Compute))
 	}

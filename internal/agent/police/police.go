@@ -1,6 +1,10 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package police
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -78,12 +82,28 @@ type Watcher struct {
 	// listErr is each GPU's last listing error, logged when it changes
 	// (an old driver refuses every round alike).
 	listErr map[string]string
+	// envs is what the environment reads of each process found, at its
+	// worst (env.go); round counts the rounds, for the order of the reads.
+	envs    map[procKey]*envSeen
+	round   uint64
+	scanner envScanner
+}
+
+// procKey is a process: a PID and start time.
+type procKey struct {
+	pid   uint32
+	start uint64
 }
 
 type toldKey struct {
-	pid    uint32
-	start  uint64
+	procKey
 	reason Reason
+}
+
+// envSeen is what the reads of one process's environment showed.
+type envSeen struct {
+	worst startLimits
+	round uint64 // when it was last read
 }
 
 // New makes a Watcher.
@@ -91,7 +111,7 @@ func New(o Options) *Watcher {
 	if o.ProcRoot == "" {
 		o.ProcRoot = "/proc"
 	}
-	return &Watcher{o: o, told: map[toldKey]bool{}, listErr: map[string]string{}}
+	return &Watcher{o: o, told: map[toldKey]bool{}, listErr: map[string]string{}, envs: map[procKey]*envSeen{}}
 }
 
 // Run checks every Interval until ctx ends.
@@ -108,9 +128,20 @@ func (w *Watcher) Run(ctx context.Context) {
 	}
 }
 
-// Check makes one round over the GPUs that serve shares.
+// gpuRound is one GPU's processes in a round, each held by a pidfd.
+type gpuRound struct {
+	gpu    string
+	claims []Claim
+	procs  []observed
+	held   []*proc
+}
+
+// Check makes one round over the GPUs that serve shares: each GPU's
+// processes listed and confirmed (look), the environments the decision
+// needs read within the round's cap (readEnvironments), then judged.
 func (w *Watcher) Check(ctx context.Context) {
 	began := time.Now()
+	w.round++
 	byGPU := map[string][]Claim{}
 	var shared []string
 	for _, c := range w.o.Claims.GPUClaims() {
@@ -120,13 +151,32 @@ func (w *Watcher) Check(ctx context.Context) {
 		}
 	}
 	slices.Sort(shared)
-	seen := map[toldKey]bool{}
+	var rounds []gpuRound
+	defer func() {
+		for _, r := range rounds {
+			for _, p := range r.held {
+				p.close()
+			}
+		}
+	}()
 	for _, gpu := range shared {
-		w.checkGPU(ctx, gpu, byGPU[gpu], seen)
+		if r, ok := w.look(ctx, gpu, byGPU[gpu]); ok {
+			rounds = append(rounds, r)
+		}
+	}
+	live := w.readEnvironments(ctx, rounds)
+	seen := map[toldKey]bool{}
+	for _, r := range rounds {
+		w.judge(ctx, r, seen)
 	}
 	for k := range w.told {
 		if !seen[k] {
 			delete(w.told, k) // gone, or no longer at fault
+		}
+	}
+	for k := range w.envs {
+		if !live[k] {
+			delete(w.envs, k)
 		}
 	}
 	if w.o.Observer != nil {
@@ -134,7 +184,8 @@ func (w *Watcher) Check(ctx context.Context) {
 	}
 }
 
-func (w *Watcher) checkGPU(ctx context.Context, gpu string, claims []Claim, seen map[toldKey]bool) {
+// list is the GPU's processes by NVML, its error logged when it changes.
+func (w *Watcher) list(ctx context.Context, gpu string) ([]hw.GPUProcess, bool) {
 	logger := klog.FromContext(ctx)
 	listed, err := w.o.Processes.GPUProcesses(gpu)
 	if err != nil {
@@ -142,40 +193,76 @@ func (w *Watcher) checkGPU(ctx context.Context, gpu string, claims []Claim, seen
 			w.listErr[gpu] = err.Error()
 			logger.Error(err, "Listing the processes on a GPU with shares: its shares are not policed until the driver lists them (said again only if the error changes)", "gpu", gpu)
 		}
-		return
+		return nil, false
 	}
 	if w.listErr[gpu] != "" {
 		delete(w.listErr, gpu)
 		logger.Info("The processes on a GPU with shares are listed again: its shares are policed", "gpu", gpu)
 	}
-	var procs []observed
-	var held []*proc
-	defer func() {
-		for _, p := range held {
-			p.close()
-		}
-	}()
+	return listed, true
+}
+
+// look lists the processes on a GPU, opens each with a pidfd and reads
+// its /proc, then lists them again: only a process that the second
+// listing names and that still lives after it is judged, with that
+// listing's entry. A PID reused between NVML's listing and the pidfd
+// (the listed process gone, another given its PID) is then left alone:
+// the pidfd holds the other process, which the second listing does not
+// name, or which started after the first listing began, so is not the
+// process it listed. A PID is not reused while its process lives, so
+// what the second listing says of it is that process's.
+func (w *Watcher) look(ctx context.Context, gpu string, claims []Claim) (gpuRound, bool) {
+	logger := klog.FromContext(ctx)
+	r := gpuRound{gpu: gpu, claims: claims}
+	before := bootTicks()
+	listed, ok := w.list(ctx, gpu)
+	if !ok {
+		return r, false
+	}
+	var opened []*proc
 	for _, lp := range listed {
 		p, err := inspect(w.o.ProcRoot, lp.PID)
-		if errors.Is(err, errGone) {
-			continue
-		}
-		if err != nil {
+		switch {
+		case errors.Is(err, errGone):
+		case err != nil:
 			logger.Error(err, "Reading a process on a GPU with shares: it is not judged", "gpu", gpu, "pid", lp.PID)
+		case p.start > before:
+			logger.V(2).Info("A process on a GPU with shares started after the driver listed its PID: not the process listed, not judged", "gpu", gpu, "pid", lp.PID)
+			p.close()
+		default:
+			opened = append(opened, p)
+		}
+	}
+	again, ok := w.list(ctx, gpu)
+	if !ok {
+		for _, p := range opened {
+			p.close()
+		}
+		return r, false
+	}
+	for _, p := range opened {
+		i := slices.IndexFunc(again, func(lp hw.GPUProcess) bool { return lp.PID == p.pid })
+		if i < 0 || !p.alive() {
+			p.close() // gone from the GPU, or reused
 			continue
 		}
-		o, ok := w.observe(lp, p, claims)
+		o, ok := w.observe(again[i], p, claims)
 		if !ok {
-			logger.V(2).Info("A process on a GPU with shares is in a pod the agent does not know yet: judged next round", "gpu", gpu, "pid", lp.PID)
+			logger.V(2).Info("A process on a GPU with shares is in a pod the agent does not know yet: judged next round", "gpu", gpu, "pid", p.pid)
 			p.close()
 			continue
 		}
-		procs = append(procs, o)
-		held = append(held, p)
+		r.procs = append(r.procs, o)
+		r.held = append(r.held, p)
 	}
-	for _, f := range decide(gpu, claims, procs, w.o.Stop) {
-		p, h := procs[f.proc], held[f.proc]
-		key := toldKey{pid: p.PID, start: h.start, reason: f.reason}
+	return r, true
+}
+
+// judge acts on what decide finds among a GPU's processes.
+func (w *Watcher) judge(ctx context.Context, r gpuRound, seen map[toldKey]bool) {
+	for _, f := range decide(r.gpu, r.claims, r.procs, w.o.Stop) {
+		p, h := r.procs[f.proc], r.held[f.proc]
+		key := toldKey{procKey: procKey{pid: p.PID, start: h.start}, reason: f.reason}
 		seen[key] = true
 		if w.told[key] {
 			continue
@@ -185,14 +272,83 @@ func (w *Watcher) checkGPU(ctx context.Context, gpu string, claims []Claim, seen
 	}
 }
 
+// readEnvironments reads the environment of each process whose
+// decision needs it (an MPS client of a policed share), those never read
+// first, then those read longest ago, until the round has read
+// envBytesPerRound; each process is then judged on its reads at their
+// worst (startLimits.worsen): a process that rewrites its environment
+// in place after a read keeps what that read found. A process not read
+// yet is judged on memory alone this round. It returns the processes
+// seen this round.
+func (w *Watcher) readEnvironments(ctx context.Context, rounds []gpuRound) map[procKey]bool {
+	type want struct {
+		key  procKey
+		p    *proc
+		last uint64
+	}
+	live, queued := map[procKey]bool{}, map[procKey]bool{}
+	var wants []want
+	for _, r := range rounds {
+		for i, o := range r.procs {
+			key := procKey{pid: o.PID, start: r.held[i].start}
+			live[key] = true
+			if queued[key] || !o.needsEnv {
+				continue
+			}
+			queued[key] = true
+			var last uint64
+			if e := w.envs[key]; e != nil {
+				last = e.round
+			}
+			wants = append(wants, want{key: key, p: r.held[i], last: last})
+		}
+	}
+	slices.SortFunc(wants, func(a, b want) int { return cmp.Or(cmp.Compare(a.last, b.last), cmp.Compare(a.key.pid, b.key.pid)) })
+	var read int64
+	unread := 0
+	for _, x := range wants {
+		if read >= envBytesPerRound {
+			if w.envs[x.key] == nil {
+				unread++
+			}
+			continue
+		}
+		l, err := x.p.environment(&w.scanner, envBytesPerProcess)
+		read += l.read
+		if err != nil {
+			if !errors.Is(err, errGone) {
+				klog.FromContext(ctx).V(2).Info("Reading a process's environment: judged on its earlier reads, or memory alone", "pid", x.key.pid, "err", err)
+			}
+			continue
+		}
+		e := w.envs[x.key]
+		if e == nil {
+			e = &envSeen{worst: l}
+			w.envs[x.key] = e
+		} else {
+			e.worst.worsen(l)
+		}
+		e.round = w.round
+	}
+	if unread > 0 {
+		klog.FromContext(ctx).V(2).Info("Environments left for later rounds: this round read its cap", "processes", unread, "bytes", read)
+	}
+	for _, r := range rounds {
+		for i := range r.procs {
+			o := &r.procs[i]
+			if e := w.envs[procKey{pid: o.PID, start: r.held[i].start}]; o.needsEnv && e != nil {
+				l := e.worst
+				o.limits = &l
+			}
+		}
+	}
+	return live
+}
+
 // observe maps a listed process to its pod, container and the claims of
 // the GPU it uses; ok is false for a pod the informer does not have (yet).
 func (w *Watcher) observe(lp hw.GPUProcess, p *proc, claims []Claim) (observed, bool) {
 	o := observed{GPUProcess: lp}
-	if p.environ != nil {
-		l := limitsOf(p.environ)
-		o.limits = &l
-	}
 	uid, containerID := p.pod, p.container
 	if !p.inPod {
 		// The MPS server the agent's daemons start runs outside pods
@@ -212,6 +368,8 @@ func (w *Watcher) observe(lp hw.GPUProcess, p *proc, claims []Claim) (observed, 
 			o.uses = append(o.uses, i)
 		}
 	}
+	sh := shareOf(claims, o.uses)
+	o.needsEnv = lp.MPS && sh != nil && !sh.Dedicated
 	return o, true
 }
 

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package police
 
 import (
@@ -15,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
@@ -76,47 +80,99 @@ func (n *node) pod(name, claim string) *corev1.Pod {
 func (n *node) run(p *corev1.Pod, mps bool, memGiB uint64, env ...string) *exec.Cmd {
 	cmd := exec.Command("sleep", "60")
 	cmd.Env = env
+	n.start(cmd, p)
+	n.list(cmd, mps, memGiB)
+	return cmd
+}
+
+// start starts cmd as a process of pod p (nil: of no pod): the test's
+// /proc shows it as the kernel does (its stat, comm and environ are the
+// real ones: the environment is the process's live memory), in the
+// pod's cgroup.
+func (n *node) start(cmd *exec.Cmd, p *corev1.Pod) {
+	n.t.Helper()
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
 	}
 	n.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	pid := cmd.Process.Pid
-	dir := filepath.Join(n.procRoot, fmt.Sprint(pid))
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	execed(n.t, cmd)
+	n.place(cmd.Process.Pid, p)
+}
+
+// execed waits until cmd's process runs its program with its
+// environment: between fork and exec /proc shows the test's environment,
+// and for a moment after the exec an empty one (the kernel names the
+// task before it sets up the new stack). A real GPU process is listed by
+// NVML only once it has a CUDA context, long after.
+func execed(t testing.TB, cmd *exec.Cmd) {
+	t.Helper()
+	want := ""
+	for _, e := range cmd.Env {
+		want += e + "\x00"
+	}
+	running := func() bool {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid))
+		if err != nil || strings.TrimSpace(string(comm)) != filepath.Base(cmd.Path) {
+			return false
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cmd.Process.Pid))
+		return err == nil && (cmd.Env == nil || string(env) == want)
+	}
+	err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return running(), nil
+	})
 	if err != nil {
+		t.Fatalf("%s did not start its program: %v", cmd.Path, err)
+	}
+}
+
+// place makes the test's /proc show PID pid as a process of pod p.
+func (n *node) place(pid int, p *corev1.Pod) {
+	n.t.Helper()
+	dir := filepath.Join(n.procRoot, fmt.Sprint(pid))
+	if err := os.RemoveAll(dir); err != nil {
 		n.t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		n.t.Fatal(err)
+	}
+	for _, name := range []string{"stat", "comm", "environ"} {
+		if err := os.Symlink(fmt.Sprintf("/proc/%d/%s", pid, name), filepath.Join(dir, name)); err != nil {
+			n.t.Fatal(err)
+		}
 	}
 	cgroup := "0::/system.slice/some.service\n"
 	if p != nil {
 		_, id, _ := strings.Cut(p.Status.ContainerStatuses[0].ContainerID, "://")
 		cgroup = fmt.Sprintf("0::/kubepods/burstable/pod%s/%s\n", p.UID, id)
 	}
-	environ := strings.Join(env, "\x00") + "\x00"
-	for name, data := range map[string]string{"stat": string(stat), "comm": "sleep\n", "cgroup": cgroup, "environ": environ} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			n.t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
-			n.t.Fatal(err)
-		}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cgroup), 0o644); err != nil {
+		n.t.Fatal(err)
 	}
+}
+
+// list lists cmd's process on the GPU, holding mem GiB.
+func (n *node) list(cmd *exec.Cmd, mps bool, memGiB uint64) {
 	n.mu.Lock()
-	n.listed = append(n.listed, hw.GPUProcess{PID: uint32(pid), UsedMemory: gb(memGiB), MPS: mps})
+	n.listed = append(n.listed, hw.GPUProcess{PID: uint32(cmd.Process.Pid), UsedMemory: gb(memGiB), MPS: mps})
 	n.mu.Unlock()
-	return cmd
 }
 
 func shareEnv(memMiB, threads int) []string {
 	return []string{fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", memMiB), fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d", threads)}
 }
 
-// stopped waits for cmd to end, reports whether it died of SIGKILL.
-func stopped(cmd *exec.Cmd) bool {
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+// stopped waits for p to end, reports whether it died of SIGKILL.
+func stopped(p *os.Process) bool {
+	done := make(chan *os.ProcessState, 1)
+	go func() { st, _ := p.Wait(); done <- st }()
 	select {
-	case err := <-done:
-		return err != nil && strings.Contains(err.Error(), "killed")
+	case st := <-done:
+		if st == nil {
+			return false
+		}
+		ws, ok := st.Sys().(syscall.WaitStatus)
+		return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 	case <-time.After(10 * time.Second):
 		return false
 	}
@@ -176,7 +232,7 @@ func TestWatcherStops(t *testing.T) {
 	rec := events.NewFakeRecorder(10)
 	w := New(Options{Claims: n, Processes: n, Pods: n, Stop: true, Events: rec, Observer: n, ProcRoot: n.procRoot, Interval: time.Hour})
 	w.Check(context.Background())
-	if !stopped(big) {
+	if !stopped(big.Process) {
 		t.Fatal("the process that took the share over its memory was not stopped")
 	}
 	if err := unkilled(small); err != nil {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package police
 
 import (
@@ -7,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,6 +22,8 @@ import (
 // through it reaches this process, never one that took its PID later.
 type proc struct {
 	pidfd int
+	pid   uint32
+	dir   string // its /proc directory
 	start uint64 // start time (clock ticks after boot): with the PID, its identity
 	// pod and container are what its cgroup names (containerOf); inPod
 	// false for a process of no pod, whose command (comm) is read.
@@ -25,7 +31,6 @@ type proc struct {
 	container string
 	inPod     bool
 	comm      string
-	environ   []byte // nil where it could not be read
 }
 
 // errGone: the process exited (or is a zombie, whose context is gone).
@@ -42,19 +47,24 @@ func inspect(root string, pid uint32) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pidfd_open(%d): %w", pid, err)
 	}
-	p := &proc{pidfd: fd}
-	if err := p.read(filepath.Join(root, strconv.FormatUint(uint64(pid), 10))); err != nil {
+	p := &proc{pidfd: fd, pid: pid, dir: filepath.Join(root, strconv.FormatUint(uint64(pid), 10))}
+	if err := p.read(); err != nil {
 		p.close()
 		return nil, err
 	}
-	if err := unix.PidfdSendSignal(fd, 0, nil, 0); err != nil {
+	if !p.alive() {
 		p.close()
 		return nil, errGone
 	}
 	return p, nil
 }
 
-func (p *proc) read(dir string) error {
+// alive: the process has not been reaped, so its PID is still its own
+// (a zombie's too: a PID is freed when it is reaped).
+func (p *proc) alive() bool { return unix.PidfdSendSignal(p.pidfd, 0, nil, 0) == nil }
+
+func (p *proc) read() error {
+	dir := p.dir
 	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
 		return errGone
@@ -81,10 +91,41 @@ func (p *proc) read(dir string) error {
 			p.comm = strings.TrimSpace(string(comm))
 		}
 	}
-	if env, err := os.ReadFile(filepath.Join(dir, "environ")); err == nil {
-		p.environ = env
-	}
 	return nil
+}
+
+// environment reads the MPS limits in the process's environment through
+// s, at most limit bytes of it; errGone if the process went meanwhile
+// (what was read may then be another's).
+func (p *proc) environment(s *envScanner, limit int64) (startLimits, error) {
+	f, err := os.Open(filepath.Join(p.dir, "environ"))
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		return startLimits{}, errGone
+	}
+	if err != nil {
+		return startLimits{}, err
+	}
+	l, err := s.scan(f, limit)
+	_ = f.Close()
+	if !p.alive() || errors.Is(err, unix.ESRCH) {
+		return startLimits{}, errGone
+	}
+	return l, err
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of a start time in
+// /proc/<pid>/stat: 100 on every Linux architecture the agent runs on.
+const clockTicks = 100
+
+// bootTicks is the time since boot (CLOCK_BOOTTIME, the clock of start
+// times) in clock ticks: a process whose start time is later did not
+// exist then.
+func bootTicks() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return ^uint64(0) // cannot tell: rule nothing out
+	}
+	return uint64(ts.Nano() / int64(time.Second/clockTicks))
 }
 
 // kill sends SIGKILL through the pidfd: the process cannot catch it, and

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package prepare
 
 import (
@@ -86,6 +89,15 @@ type Cluster interface {
 	AllocatedClaims(ctx context.Context) ([]*resourceapi.ResourceClaim, error)
 }
 
+// Reporter learns of each claim the plugin prepared afresh (not a
+// repeated prepare of a prepared claim), once the kubelet's call has
+// prepared all of its claims, to say so in the claim's status (the
+// agent's GPU claim status writer). It must not block: the kubelet
+// waits for the answer.
+type Reporter[R any] interface {
+	Prepared(claim *resourceapi.ResourceClaim, c Claim[R])
+}
+
 // Published is what the node publishes now (publish.Publisher): the last
 // probed inventory and the slice features in use. A driver looks an
 // allocated device up in it, not in the hardware of the moment.
@@ -130,7 +142,13 @@ type Plugin[R any] struct {
 
 	claimLocks keyedlock.Locks
 	cdi        *cdi.Cache
+	// reporter learns of claims prepared (ReportTo); nil: nobody.
+	reporter Reporter[R]
 }
+
+// ReportTo has r learn of every claim prepared from now on (Reporter).
+// Call it before the plugin serves.
+func (p *Plugin[R]) ReportTo(r Reporter[R]) { p.reporter = r }
 
 // writer is where checkpoints go: a state.File, or in tests one that
 // blocks.
@@ -229,27 +247,55 @@ func New[R any](ctx context.Context, driver Driver[R], opts Options) (*Plugin[R]
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (p *Plugin[R]) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	var fresh []*resourceapi.ResourceClaim
 	for _, claim := range claims {
-		devices, err := p.prepareClaim(ctx, claim)
+		devices, again, err := p.prepareClaim(ctx, claim)
 		if err != nil {
 			// Drivers name the request and field; the claim is named here.
 			result[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)}
 			continue
 		}
 		result[claim.UID] = kubeletplugin.PrepareResult{Devices: toKubelet(devices)}
+		if !again {
+			fresh = append(fresh, claim)
+		}
 	}
+	p.report(fresh)
 	return result, nil
 }
 
-func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) ([]Device, error) {
+// report tells the reporter of the claims prepared afresh, as the
+// checkpoint has them.
+func (p *Plugin[R]) report(claims []*resourceapi.ResourceClaim) {
+	if p.reporter == nil || len(claims) == 0 {
+		return
+	}
+	cp := p.cp.Load()
+	for _, claim := range claims {
+		if c := cp.Claims[claim.UID]; c != nil && c.State == StatePrepared {
+			p.reporter.Prepared(claim, *c)
+		}
+	}
+}
+
+// prepareClaim prepares a claim; again: it was prepared already (the
+// kubelet asks again), and the answer is the recorded one.
+func (p *Plugin[R]) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) (devices []Device, again bool, err error) {
 	unlock := p.claimLocks.Lock(string(claim.UID))
 	defer unlock()
 
 	prev := p.cp.Load().Claims[claim.UID]
 	if prev != nil && prev.State == StatePrepared {
 		// The kubelet retries: same answer, hardware untouched.
-		return prev.Devices, nil
+		return prev.Devices, true, nil
 	}
+	devices, err = p.prepareAfresh(ctx, claim, prev)
+	return devices, false, err
+}
+
+// prepareAfresh prepares a claim not prepared (rolling back what an
+// earlier attempt, prev, left).
+func (p *Plugin[R]) prepareAfresh(ctx context.Context, claim *resourceapi.ResourceClaim, prev *Claim[R]) ([]Device, error) {
 	if prev != nil {
 		if err := p.rollback(ctx, claim.UID, prev.Record); err != nil {
 			return nil, fmt.Errorf("roll back earlier attempt: %w", err)

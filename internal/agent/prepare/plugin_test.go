@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package prepare
 
 import (
@@ -21,6 +24,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // ledger is a Driver over a pretend piece of hardware that holds named
@@ -413,28 +417,18 @@ func TestReclaimKeepsWhatAllocatedClaimsMayUse(t *testing.T) {
 		BootID: "boot-1", Cluster: list, ReclaimInterval: 10 * time.Millisecond})
 	// The first reclaim ran in New; the third ask comes after the first
 	// background one ended (or something went: no need to wait).
-	waitUntil(t, "a background reclaim while the API server cannot be asked", func() bool { return asked.Load() >= 3 || l.size() != 3 })
+	waitfor.True(t, "a background reclaim while the API server cannot be asked", 10*time.Second, func() bool { return asked.Load() >= 3 || l.size() != 3 })
 	if n := l.size(); n != 3 {
 		t.Fatalf("removed while the API server could not be asked: %d of 3 held", n)
 	}
 	fail.Store(false)
-	waitUntil(t, "the unallocated claim's state is reclaimed", func() bool { return !l.heldNow("gone/a") })
+	waitfor.True(t, "the unallocated claim's state is reclaimed", 10*time.Second, func() bool { return !l.heldNow("gone/a") })
 	if !l.heldNow("u1/a") || !l.heldNow("u1/b") {
 		t.Fatalf("the allocated claim's state was reclaimed: %v", l.held)
 	}
 	none := []*resourceapi.ResourceClaim{}
 	allocated.Store(&none)
-	waitUntil(t, "the deallocated claim's state is reclaimed", func() bool { return l.size() == 0 })
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("not within 10s: %s", what)
+	waitfor.True(t, "the deallocated claim's state is reclaimed", 10*time.Second, func() bool { return l.size() == 0 })
 }
 
 // TestPrepareRefusesConfigsNoDriverReads: a claim configured for a

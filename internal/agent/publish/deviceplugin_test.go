@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package publish
 
 import (
@@ -14,6 +17,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/config"
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 const twoGPUsOneNIC = twoGPUs + "nics:\n- model: cx7\n  count: 1\n  vfs: 4\n"
@@ -69,11 +73,7 @@ func TestLeavesGPUsToTheDevicePlugin(t *testing.T) {
 
 	signals.Store(&[]string{"its socket /var/lib/kubelet/device-plugins/nvidia-gpu.sock"})
 	r.pub.Poke()
-	for deadline := time.Now().Add(30 * time.Second); r.stored(device.GPUDriver) > 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("GPU slices still stored while the device plugin serves: %d", r.stored(device.GPUDriver))
-		}
-	}
+	waitfor.True(t, "no GPU slices stored while the device plugin serves", 30*time.Second, func() bool { return r.stored(device.GPUDriver) == 0 })
 	r.verified()
 	want := "2 of 2 GPUs not published: NVIDIA's device plugin serves GPUs on this node: its socket /var/lib/kubelet/device-plugins/nvidia-gpu.sock"
 	if got := r.pub.Withheld(); got != want {

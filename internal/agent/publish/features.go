@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package publish
 
 import (
@@ -55,7 +58,7 @@ var gates = []struct {
 		"no vGPU devices",
 		func(d *resourceapi.Device, _ string) { probeConsumption(d).CompatibilityGroups = []string{probeName} }},
 	{"DRAConsumableCapacity", func(f *device.Features) *bool { return &f.ConsumableCapacity },
-		"no bandwidth shares of a PF: its VFs are offered one device each",
+		"no GPU shares and no bandwidth shares of a PF: whole GPUs, and its VFs offered one device each",
 		func(d *resourceapi.Device, _ string) { d.AllowMultipleAllocations = ptr.To(true) }},
 	{"DRADeviceTaints", func(f *device.Features) *bool { return &f.DeviceTaints },
 		"unhealthy devices are not tainted",
@@ -81,8 +84,9 @@ func probeConsumption(d *resourceapi.Device) *resourceapi.DeviceCounterConsumpti
 }
 
 // probeSlice is the feature check's slice for the node: one device with a
-// field of every gate. Its driver is one the agent writes slices for (the
-// admission policy allows no other).
+// field of every gate. Its driver is one the agent writes slices for and
+// its pool the node's (the admission policy allows no other); a dry run
+// stores nothing, so it never meets the node's real pool.
 func probeSlice(node, driver string) *resourceapi.ResourceSlice {
 	d := resourceapi.Device{Name: probeName}
 	for _, g := range gates {
@@ -93,7 +97,7 @@ func probeSlice(node, driver string) *resourceapi.ResourceSlice {
 		Spec: resourceapi.ResourceSliceSpec{
 			Driver:   driver,
 			NodeName: ptr.To(node),
-			Pool:     resourceapi.ResourcePool{Name: node + "-" + probeName, Generation: 1, ResourceSliceCount: 1},
+			Pool:     resourceapi.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
 			Devices:  []resourceapi.Device{d},
 		},
 	}

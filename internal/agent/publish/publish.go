@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package publish keeps a node's ResourceSlices equal to what its hardware
 // can deliver: it probes the node, leaves out the GPUs that are NVIDIA's
 // device plugin's (owned), builds each driver's slices

@@ -1,8 +1,12 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package publish
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,6 +33,7 @@ import (
 	"github.com/hwdra/hwdra/internal/backend"
 	"github.com/hwdra/hwdra/internal/hw"
 	"github.com/hwdra/hwdra/internal/tools/allocate"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 const node = "worker-1"
@@ -108,13 +113,7 @@ func (r *rig) pool(driver string, ok func([]*resourceapi.ResourceSlice) bool) []
 // verified waits until every served driver's publication is stored.
 func (r *rig) verified() {
 	r.t.Helper()
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if err = r.pub.Verified(); err == nil {
-			return
-		}
-	}
-	r.t.Fatalf("publication not verified within 30s: %v", err)
+	waitfor.NoError(r.t, "publication verified", 30*time.Second, r.pub.Verified)
 }
 
 // rescans waits until Run has made n whole rescans after the call (n+1
@@ -124,11 +123,7 @@ func (r *rig) rescans(n int) {
 	r.t.Helper()
 	count := func() float64 { v, _ := r.metric("hwdra_rescans_total", nil); return v }
 	want := count() + float64(n+1)
-	for deadline := time.Now().Add(30 * time.Second); count() < want; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%v rescans within 30s, want %v", count(), want)
-		}
-	}
+	waitfor.True(r.t, fmt.Sprintf("%v rescans", want), 30*time.Second, func() bool { return count() >= want })
 }
 
 // metric is the value of a series of the publisher's metrics, and whether
@@ -444,16 +439,16 @@ func TestPublishesWhatChanged(t *testing.T) {
 	// The controller counts a create once the call has returned, which
 	// may be after the slice is in the store: wait for the count.
 	creates := map[string]string{"driver": device.GPUDriver, "operation": "create"}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	waitfor.NoError(t, "slice creates counted", 10*time.Second, func() error {
 		n, ok := r.metric("hwdra_resourceslice_writes_total", creates)
-		if ok && n == float64(len(ss)) {
-			break
+		if n > float64(len(ss)) {
+			t.Fatalf("slice creates %v, want %d", n, len(ss))
 		}
-		if time.Now().After(deadline) || n > float64(len(ss)) {
-			t.Errorf("slice creates %v (present: %v), want %d", n, ok, len(ss))
-			break
+		if !ok || n != float64(len(ss)) {
+			return fmt.Errorf("slice creates %v (present: %v), want %d", n, ok, len(ss))
 		}
-	}
+		return nil
+	})
 	if k := r.pub.KindOf(device.GPUDriver, gpu); k != device.KindGPU {
 		t.Errorf("KindOf(%s) = %q", gpu, k)
 	}
@@ -552,14 +547,10 @@ func TestVerifiedFollowsTheAPIServer(t *testing.T) {
 		t.Errorf("Verified before publishing: %v", err)
 	}
 	r.serve()
-	sawFailure := false
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !sawFailure; time.Sleep(5 * time.Millisecond) {
+	waitfor.True(t, "Verified naming the driver whose writes failed", 30*time.Second, func() bool {
 		err := r.pub.Verified()
-		sawFailure = err != nil && strings.Contains(err.Error(), device.GPUDriver+": ")
-	}
-	if !sawFailure {
-		t.Error("Verified never named the driver whose writes failed")
-	}
+		return err != nil && strings.Contains(err.Error(), device.GPUDriver+": ")
+	})
 	r.verified()
 	r.pool(device.GPUDriver, nil)
 }

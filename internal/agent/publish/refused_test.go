@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package publish
 
 import (
@@ -19,6 +22,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // recorded collects a FakeRecorder's Events (which blocks on a full
@@ -101,13 +105,11 @@ func TestRefusedSlicesToldAndRewritten(t *testing.T) {
 	// Once the publisher has checked the API server, it says what differs
 	// and keeps the refusal beside it.
 	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if err = r.pub.Verified(); err != nil && strings.Contains(err.Error(), "; the last write was refused: ") && strings.Contains(err.Error(), denial) {
-			break
-		}
-	}
-	if err == nil || !strings.Contains(err.Error(), "; the last write was refused: ") {
-		t.Errorf("Verified after a check while refused: %v; want what differs and the refusal", err)
+	if werr := waitfor.Until(t.Context(), "Verified naming what differs and the refusal", 30*time.Second, func() bool {
+		err = r.pub.Verified()
+		return err != nil && strings.Contains(err.Error(), "; the last write was refused: ") && strings.Contains(err.Error(), denial)
+	}); werr != nil {
+		t.Errorf("%v: last %v", werr, err)
 	}
 	if n, _ := r.metric("hwdra_resourceslice_refusals_total", map[string]string{"driver": device.GPUDriver}); n < enough {
 		t.Errorf("hwdra_resourceslice_refusals_total %v, want at least %d", n, enough)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package driverlibs gives GPU containers the NVIDIA driver's files: the
 // user-space libraries of exactly the node's driver version (libcuda,
 // libnvidia-ml, the PTX JIT compiler, ...), the driver's programs, and the

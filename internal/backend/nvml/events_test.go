@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nvml
 
 import (
@@ -12,6 +15,7 @@ import (
 	"github.com/hwdra/hwdra/internal/mock"
 	"github.com/hwdra/hwdra/internal/mock/fault"
 	"github.com/hwdra/hwdra/internal/mock/mocktest"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // watch starts WatchEvents on a mock and returns its events.
@@ -62,20 +66,16 @@ func TestWatchEvents(t *testing.T) {
 	h := mocktest.Open(t, `gpus: [{model: h100-80gb, count: 2, mig: true, migInstances: [{profile: 3g.40gb, start: 4}]}]`)
 	b, events := watch(t, h)
 	// The watch arms asynchronously: wait until an XID makes it through.
-	deadline := time.Now().Add(5 * time.Second)
 	var ev hw.GPUEvent
-	for {
+	waitfor.True(t, "an XID through the armed watch", 5*time.Second, func() bool {
 		inject(t, h, fault.Fault{Kind: fault.XID, GPU: "0000:43:00.0", XID: 13})
 		select {
 		case ev = <-events:
+			return true
 		case <-time.After(100 * time.Millisecond):
-			if time.Now().After(deadline) {
-				t.Fatal("no event within 5s")
-			}
-			continue
+			return false
 		}
-		break
-	}
+	})
 	if ev.Kind != hw.GPUEventXID || ev.XID != 13 || ev.PCIBusID != "0000:43:00.0" || ev.Partition != nil ||
 		ev.RecoveryAction == nil || *ev.RecoveryAction != hw.RecoveryNone {
 		t.Fatalf("XID 13: %+v", ev)

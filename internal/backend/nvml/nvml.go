@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nvml is the GPU backend on NVIDIA's NVML (github.com/NVIDIA/go-nvml):
 // it reads the node's GPUs, their MIG and vGPU capabilities and state into
 // hw types. The same code runs on the real libnvidia-ml and on mock's

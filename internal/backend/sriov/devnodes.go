@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package sriov
 
 import (
@@ -15,6 +18,9 @@ import (
 type CharDevice struct {
 	Path         string // "infiniband/uverbs3", "vfio/42", "vfio/vfio"
 	Major, Minor int64
+	// NoIOMMU: a VFIO group of a kernel that runs VFIO without an IOMMU
+	// (vfio/noiommu-<group>): nothing confines the device's DMA.
+	NoIOMMU bool
 }
 
 // Uverbs returns the RDMA device of a PCI function ("mlx5_3") and its
@@ -85,7 +91,7 @@ func VFIOGroup(sysfsRoot, pciAddress string) (CharDevice, error) {
 		if err != nil {
 			return CharDevice{}, d.err("iommu_group", err)
 		}
-		return CharDevice{Path: "vfio/" + name, Major: major, Minor: minor}, nil
+		return CharDevice{Path: "vfio/" + name, Major: major, Minor: minor, NoIOMMU: name != group}, nil
 	}
 	return CharDevice{}, d.err("iommu_group", fmt.Errorf("IOMMU group %s has no VFIO group node (is the function bound to vfio-pci?)", group))
 }

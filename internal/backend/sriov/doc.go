@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package sriov is the real NIC backend: it finds SR-IOV physical functions
 // and their VFs in sysfs (rooted at a configurable directory, so tests and
 // the mock point it at a fake tree) plus netlink (default routes, devlink

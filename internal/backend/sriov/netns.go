@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package sriov
 
 import (
@@ -149,6 +152,28 @@ func (n *Netns) ReadLink(name string) (LinkState, error) {
 	if err != nil {
 		return LinkState{}, fmt.Errorf("%s: link %s: %w", n, name, err)
 	}
+	return n.readLink(l, name)
+}
+
+// ReadLinkAt is ReadLink of the link with that ifindex.
+func (n *Netns) ReadLinkAt(index int) (LinkState, error) {
+	l, err := n.byIndex(index)
+	if err != nil {
+		return LinkState{}, err
+	}
+	return n.readLink(l, l.Attrs().Name)
+}
+
+// byIndex is the link with that ifindex, the error naming it.
+func (n *Netns) byIndex(index int) (netlink.Link, error) {
+	l, err := n.nl.LinkByIndex(index)
+	if err != nil {
+		return nil, fmt.Errorf("%s: link with ifindex %d: %w", n, index, err)
+	}
+	return l, nil
+}
+
+func (n *Netns) readLink(l netlink.Link, name string) (LinkState, error) {
 	a := l.Attrs()
 	st := LinkState{Name: a.Name, MTU: a.MTU, Up: a.Flags&net.FlagUp != 0}
 	if len(a.HardwareAddr) > 0 {
@@ -189,6 +214,23 @@ func (n *Netns) MoveLink(name string, dst *Netns, set LinkSettings) error {
 	if err != nil {
 		return fmt.Errorf("%s: link %s: %w", n, name, err)
 	}
+	return n.moveLink(l, dst, set)
+}
+
+// MoveLinkAt is MoveLink of the link with that ifindex: in a namespace
+// whose links someone else names (a pod's), the link found by identity
+// (VFLink) is moved, whatever it is called by then.
+func (n *Netns) MoveLinkAt(index int, dst *Netns, set LinkSettings) error {
+	l, err := n.byIndex(index)
+	if err != nil {
+		return err
+	}
+	return n.moveLink(l, dst, set)
+}
+
+func (n *Netns) moveLink(l netlink.Link, dst *Netns, set LinkSettings) error {
+	name := l.Attrs().Name
+	var err error
 	if set.Name != "" && set.Name != name {
 		if taken, err := dst.HasLink(set.Name); err != nil || taken {
 			return errors.Join(err, n.moveErr(name, dst, fmt.Errorf("name %s is taken there: %w", set.Name, unix.EEXIST)))
@@ -205,7 +247,7 @@ func (n *Netns) MoveLink(name string, dst *Netns, set LinkSettings) error {
 		if err == nil || !(errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL)) {
 			return n.moveErr(name, dst, err)
 		}
-		if still, _ := n.HasLink(name); !still {
+		if _, gone := n.nl.LinkByIndex(l.Attrs().Index); gone != nil {
 			return n.moveErr(name, dst, err) // moved, then refused a setting
 		}
 	}
@@ -282,6 +324,20 @@ func (n *Netns) ConfigureLink(name string, addrs []netip.Prefix, up bool, routes
 	if err != nil {
 		return fmt.Errorf("%s: link %s: %w", n, name, err)
 	}
+	return n.configureLink(l, addrs, up, routes)
+}
+
+// ConfigureLinkAt is ConfigureLink of the link with that ifindex.
+func (n *Netns) ConfigureLinkAt(index int, addrs []netip.Prefix, up bool, routes []Route) error {
+	l, err := n.byIndex(index)
+	if err != nil {
+		return err
+	}
+	return n.configureLink(l, addrs, up, routes)
+}
+
+func (n *Netns) configureLink(l netlink.Link, addrs []netip.Prefix, up bool, routes []Route) error {
+	name := l.Attrs().Name
 	for _, p := range addrs {
 		a := &netlink.Addr{IPNet: prefixNet(p)}
 		if p.Addr().Is6() {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package sriov_test
 
 import (
@@ -5,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -174,5 +178,41 @@ func checkRoutes(t *testing.T, nsPath, link string, want []string) {
 		if !have[w] {
 			t.Errorf("no route %q on %s: %v", w, link, have)
 		}
+	}
+}
+
+// TestVFLinkIgnoresNames: in a namespace of veths, one named like the VF
+// and with its MAC, no link is the VF: a veth has no parent device and no
+// permanent MAC, whatever it is called. The link's identity as read says
+// so too.
+func TestVFLinkIgnoresNames(t *testing.T) {
+	_, pod := twoNetns(t)
+	la := netlink.NewLinkAttrs()
+	la.Name, la.HardwareAddr = "net1", []byte{2, 0, 0x17, 0, 0, 1}
+	if err := nritest.Handle(t, pod.Path).LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "net1p"}); err != nil {
+		t.Fatal(err)
+	}
+	id, err := pod.LinkID("net1")
+	if err != nil || id.Parent != "" || id.PermMAC != "" || id.Index == 0 {
+		t.Fatalf("a veth's identity: %+v %v", id, err)
+	}
+	for _, rec := range []sriov.LinkID{{}, {Parent: "0000:17:01.0"}, id, {Index: id.Index, PermMAC: "02:00:17:00:00:01"}} {
+		if index, name, err := pod.VFLink("0000:17:01.0", rec); err != nil || index != 0 || name != "" {
+			t.Errorf("recorded %+v: found %q (ifindex %d), %v", rec, name, index, err)
+		}
+	}
+}
+
+// TestVFStatsOfALinkWithoutVFs: a link that is no PF (a veth, as the
+// mock's stand-ins) lists no VF counters and no error; a missing PF is an
+// error naming it.
+func TestVFStatsOfALinkWithoutVFs(t *testing.T) {
+	host, _ := twoNetns(t)
+	stats, err := host.VFStats("vf0")
+	if err != nil || len(stats) != 0 {
+		t.Errorf("VFStats(vf0) = %v, %v; want none, no error", stats, err)
+	}
+	if _, err := host.VFStats("nosuchpf"); err == nil || !strings.Contains(err.Error(), "PF nosuchpf") {
+		t.Errorf("VFStats(nosuchpf): %v, want an error naming the PF", err)
 	}
 }

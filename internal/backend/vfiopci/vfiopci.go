@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package vfiopci finds the NVIDIA GPUs bound to vfio-pci, which NVML
 // cannot see: a GPU an operator (or the agent) handed to VFIO for
 // whole-GPU passthrough into a VM. It reads the PCI bus through ghw
@@ -149,4 +152,73 @@ func GroupViable(sysfs string, group int) error {
 		return fmt.Errorf("IOMMU group %d is not viable for VFIO: %s must be bound to %s too (or unbound)", group, strings.Join(bad, ", "), Driver)
 	}
 	return nil
+}
+
+// Group is an IOMMU group's VFIO group device as the kernel publishes it
+// (/sys/class/vfio/<name>/dev).
+type Group struct {
+	Number int
+	// Node is its name under /dev/vfio: the group's number, or
+	// noiommu-<number> where the kernel runs VFIO without an IOMMU.
+	Node string
+	// NoIOMMU: the kernel runs VFIO without an IOMMU (the vfio module's
+	// enable_unsafe_noiommu_mode): nothing confines the device's DMA, so
+	// whoever opens the group can read and write all of the node's memory.
+	NoIOMMU      bool
+	Major, Minor int64
+}
+
+// VFIOGroup reads the VFIO group device of an IOMMU group.
+func VFIOGroup(sysfs string, group int) (Group, error) {
+	n := strconv.Itoa(group)
+	for _, g := range []Group{{Number: group, Node: n}, {Number: group, Node: "noiommu-" + n, NoIOMMU: true}} {
+		raw, err := os.ReadFile(filepath.Join(sysfs, "class", "vfio", g.Node, "dev"))
+		if err != nil {
+			continue
+		}
+		if _, err := fmt.Sscanf(strings.TrimSpace(string(raw)), "%d:%d", &g.Major, &g.Minor); err != nil {
+			return Group{}, fmt.Errorf("VFIO group %s: dev %q: %w", g.Node, raw, err)
+		}
+		return g, nil
+	}
+	return Group{}, fmt.Errorf("IOMMU group %d has no VFIO group device (%s): is the device bound to a VFIO driver?",
+		group, filepath.Join(sysfs, "class", "vfio", n))
+}
+
+// NoIOMMUGroups lists the VFIO groups of a kernel that runs VFIO without
+// an IOMMU, each with the PCI functions in it, by number.
+func NoIOMMUGroups(sysfs string) (map[int][]string, error) {
+	entries, err := os.ReadDir(filepath.Join(sysfs, "class", "vfio"))
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	out := map[int][]string{}
+	for _, e := range entries {
+		num, ok := strings.CutPrefix(e.Name(), "noiommu-")
+		n, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			continue
+		}
+		devs, _ := os.ReadDir(filepath.Join(sysfs, "kernel", "iommu_groups", num, "devices"))
+		out[n] = []string{}
+		for _, d := range devs {
+			out[n] = append(out[n], d.Name())
+		}
+	}
+	return out, nil
+}
+
+// RefuseNoIOMMU is the error for a device (what: "VF 0000:17:01.2") in a
+// VFIO group without an IOMMU, handed out only where the agent's
+// vfio.allowUnsafeNoIOMMU says so; nil for a group an IOMMU isolates.
+func RefuseNoIOMMU(what string, g Group, allowed bool) error {
+	if !g.NoIOMMU || allowed {
+		return nil
+	}
+	return fmt.Errorf("%s is in VFIO group %s: the kernel runs VFIO without an IOMMU (the vfio module's enable_unsafe_noiommu_mode), so nothing confines "+
+		"the device's DMA and whoever opens /dev/vfio/%s can read and write all of the node's memory: refused, as the agent's "+
+		"configuration has vfio.allowUnsafeNoIOMMU off (turn the IOMMU on: intel_iommu=on or AMD-Vi, then reboot)", what, g.Node, g.Node)
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package vfiopci
 
 import (
@@ -76,3 +79,55 @@ func TestGroupViable(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestNoIOMMUGroups: on a kernel that runs VFIO without an IOMMU, a
+// device's VFIO group is noiommu-<group>, said so and refused unless
+// allowed; NoIOMMUGroups lists such groups with their devices. With an
+// IOMMU the same device's group is its number and never refused.
+func TestNoIOMMUGroups(t *testing.T) {
+	const node = "gpus: [{model: h100-80gb, count: 1}, {model: h100-80gb, count: 1, virtualization: passthrough}]"
+	for _, noIOMMU := range []bool{false, true} {
+		profile := node
+		if noIOMMU {
+			profile = "noIOMMU: true\n" + node
+		}
+		h := mocktest.Open(t, profile)
+		s, err := New(h.Sysfs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpus, err := s.GPUs()
+		if err != nil || len(gpus) != 1 {
+			t.Fatalf("%+v %v", gpus, err)
+		}
+		g, err := VFIOGroup(h.Sysfs, gpus[0].IOMMUGroup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		num := strconv.Itoa(gpus[0].IOMMUGroup)
+		want := Group{Number: gpus[0].IOMMUGroup, Node: num, Major: g.Major, Minor: g.Minor}
+		if noIOMMU {
+			want.Node, want.NoIOMMU = "noiommu-"+num, true
+		}
+		if g != want || g.Major == 0 {
+			t.Errorf("noIOMMU %t: %+v, want %+v", noIOMMU, g, want)
+		}
+		refused := RefuseNoIOMMU("GPU "+gpus[0].PCIBusID, g, false)
+		if (refused != nil) != noIOMMU || noIOMMU && !strings.Contains(refused.Error(), "GPU 0000:43:00.0 is in VFIO group noiommu-"+num) {
+			t.Errorf("noIOMMU %t: refusal %v", noIOMMU, refused)
+		}
+		if err := RefuseNoIOMMU("GPU", g, true); err != nil {
+			t.Errorf("refused though allowed: %v", err)
+		}
+		groups, err := NoIOMMUGroups(h.Sysfs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if noIOMMU != (len(groups) == 1) || noIOMMU && strings.Join(groups[gpus[0].IOMMUGroup], ",") != gpus[0].PCIBusID {
+			t.Errorf("noIOMMU %t: groups %v", noIOMMU, groups)
+		}
+	}
+	if _, err := VFIOGroup(t.TempDir(), 7); err == nil || !strings.Contains(err.Error(), "IOMMU group 7 has no VFIO group device") {
+		t.Errorf("a group without a device: %v", err)
+	}
+}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package drivertools holds the mock's stand-ins for the NVIDIA driver's
 // programs that the agent runs from the driver root:
 // nvidia-cuda-mps-control (the MPS control daemon and its client) and

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package drivertools
 
 import (
@@ -94,7 +97,7 @@ func mpsControl(args []string) int {
 	case args[0] == "-d":
 		err = startDaemon(pipe, logDir)
 	case args[0] == "-f":
-		err = runDaemon(pipe, logDir)
+		err = runDaemon(pipe, logDir, len(args) > 1 && args[1] == readyFlag)
 	default:
 		err = fmt.Errorf("unknown option %q (want -d, -f or none)", args[0])
 	}
@@ -162,8 +165,13 @@ func ask(pipe, command string) (reply string, ok bool, err error) {
 	return strings.TrimRight(rest, "\n"), status == "OK", nil
 }
 
+// readyFlag follows -f where -d starts the daemon: it says on file
+// descriptor 3 when it serves. As the real -d, -d learns nothing of the
+// daemon from its pipe directory, which a client may have written.
+const readyFlag = "--hwdra-mock-ready-fd=3"
+
 // startDaemon starts this program as the daemon (-f) in a session of its
-// own and waits until it answers; the daemon outlives this process.
+// own and waits until it serves; the daemon outlives this process.
 func startDaemon(pipe, logDir string) error {
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return err
@@ -177,28 +185,30 @@ func startDaemon(pipe, logDir string) error {
 	}
 	defer stderr.Close()
 	// The running binary itself, wherever this process's mounts put it.
-	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{MPSControl, "-f"}, Env: os.Environ(),
-		Stderr: stderr, SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
-	if err := cmd.Start(); err != nil {
+	ready, readyW, err := os.Pipe()
+	if err != nil {
 		return err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	deadline := time.After(10 * time.Second)
-	for {
-		if pid, err := readPID(pipe); err == nil && pid == cmd.Process.Pid {
-			if _, _, err := ask(pipe, "get_server_list"); err == nil {
-				return nil
-			}
+	defer ready.Close()
+	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{MPSControl, "-f", readyFlag}, Env: os.Environ(),
+		Stderr: stderr, ExtraFiles: []*os.File{readyW}, SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
+	err = cmd.Start()
+	readyW.Close()
+	if err != nil {
+		return err
+	}
+	said := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(ready); said <- b }()
+	select {
+	case b := <-said:
+		if len(b) > 0 {
+			return nil
 		}
-		select {
-		case err := <-exited:
-			said, _ := os.ReadFile(stderrPath)
-			return fmt.Errorf("the daemon exited at start: %v: %s", err, strings.TrimSpace(string(said)))
-		case <-deadline:
-			return errors.New("the daemon did not answer within 10s")
-		case <-time.After(5 * time.Millisecond):
-		}
+		err := cmd.Wait() // it closed its end: it exited
+		out, _ := os.ReadFile(stderrPath)
+		return fmt.Errorf("the daemon exited at start: %v: %s", err, strings.TrimSpace(string(out)))
+	case <-time.After(10 * time.Second):
+		return errors.New("the daemon did not answer within 10s")
 	}
 }
 
@@ -233,8 +243,9 @@ type daemon struct {
 }
 
 // runDaemon is the control daemon: it takes commands until quit or a
-// signal.
-func runDaemon(pipe, logDir string) error {
+// signal. With ready, it says "ready" on file descriptor 3 once it
+// serves.
+func runDaemon(pipe, logDir string, ready bool) error {
 	if _, _, err := ask(pipe, "get_server_list"); err == nil {
 		pid, _ := readPID(pipe)
 		return fmt.Errorf("an instance of this daemon is already running (pid %d) with pipe directory %s", pid, pipe)
@@ -281,6 +292,17 @@ func runDaemon(pipe, logDir string) error {
 		return err
 	}
 	d.record(MPSEvent{Event: "start", VisibleDevices: os.Getenv(VisibleEnv), ShmMarker: marker})
+	if ready {
+		f := os.NewFile(3, "ready")
+		_, _ = f.Write([]byte("ready"))
+		f.Close()
+	}
+	return d.acceptUntilQuit(ln)
+}
+
+// acceptUntilQuit serves connections one at a time until a quit command
+// or SIGTERM/SIGINT.
+func (d *daemon) acceptUntilQuit(ln net.Listener) error {
 	quit := make(chan struct{})
 	var once sync.Once
 	signals := make(chan os.Signal, 1)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package fault injects faults into mock hardware that a running process
 // (the agent) uses, as `hwdra mock inject` does: the injector drops the
 // fault in the hardware's directory and waits; the process's Inbox applies
@@ -43,6 +46,12 @@ const (
 	// time slice (`compute-policy --set-timeslice`) through the inbox, as
 	// the real tool changes the driver's state from outside the agent.
 	TimeSlice Kind = "timeslice"
+	// Stall makes a GPU stop answering, as a GPU hung in the driver
+	// does: its health queries block and its events are held, until
+	// Resume. The agent's GPU health monitor stalls on it.
+	Stall Kind = "stall"
+	// Resume makes a stalled GPU answer again (the held events arrive).
+	Resume Kind = "resume"
 	// Processes is no fault either: it sets the processes a GPU lists as
 	// running on it (none: idle), as workloads starting and stopping
 	// would.

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gpusim simulates a node's NVIDIA GPUs under go-nvml's mock
 // server: each GPU answers and refuses as the hardware does (MIG modes,
 // GPU and compute instances with their placements and IDs, vGPU types,
@@ -167,8 +170,26 @@ func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.R
 	g.DriverVersion = driver
 	installServer(s)
 	installLostLookups(s)
-	vgpuIDs := map[string]uint32{}
 	tree := &nodeTree{proc: proc, dev: dev}
+	if err := buildGPUs(p, s, layout, sysfs, tree, rep); err != nil {
+		return nil, err
+	}
+	g.srv, g.NVML, g.driver = s, s, gateOnDriver(s)
+	g.module = filepath.Join(proc, moduleVersionFile)
+	if err := g.loadModule(true); err != nil {
+		return nil, err
+	}
+	if g.kernel, err = buildMdevs(s, sysfs, tree, rep); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// buildGPUs makes each of layout's GPUs of s one of ours in its start
+// state, with its PCI function in the sysfs tree, and the driver's files
+// and device nodes in tree.
+func buildGPUs(p profile.Profile, s *server.Server, layout []slot, sysfs string, tree *nodeTree, rep persist.Reporter) error {
+	vgpuIDs := map[string]uint32{}
 	var minors []int
 	vfio := false
 	for i, l := range layout {
@@ -181,28 +202,17 @@ func Build(p profile.Profile, sysfs, proc string, dev *nodefs.Dev, rep persist.R
 		minors = append(minors, d.Minor)
 		vfio = vfio || group.Virtualization == profile.VirtualizationHostVGPU
 		if err := setupGPU(d, group, vgpuIDs); err != nil {
-			return nil, fmt.Errorf("gpus[%d] (%s): %w", l.group, l.busID, err)
+			return fmt.Errorf("gpus[%d] (%s): %w", l.group, l.busID, err)
 		}
 		if err := nodefs.WritePCIDevice(sysfs, nodefs.PCIDevice{
 			Address: l.busID, Root: l.root, Bridge: l.bridge, NUMANode: l.numa,
 			Vendor: "0x10de", Device: fmt.Sprintf("0x%04x", l.model.Config.PciDeviceId>>16),
 			Class: "0x030200", Driver: "nvidia",
 		}); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if err := tree.setup(minors, vfio); err != nil {
-		return nil, err
-	}
-	g.srv, g.NVML, g.driver = s, s, gateOnDriver(s)
-	g.module = filepath.Join(proc, moduleVersionFile)
-	if err := g.loadModule(true); err != nil {
-		return nil, err
-	}
-	if g.kernel, err = buildMdevs(s, sysfs, tree, rep); err != nil {
-		return nil, err
-	}
-	return g, nil
+	return tree.setup(minors, vfio)
 }
 
 // setupGPU puts one GPU in the group's start state: virtualization, vGPU

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpusim
 
 import (
@@ -50,6 +53,10 @@ type gpuHealth struct {
 	noRecoveryField bool
 	// sets the GPU is registered on, with the registered event types.
 	sets []registration
+	// stalled is closed when a stalled GPU answers again (nil: it
+	// answers); held are the events it raised meanwhile, delivered then.
+	stalled chan struct{}
+	held    []setEvent
 }
 
 type registration struct {
@@ -65,6 +72,9 @@ type eventSet struct {
 	freed  atomic.Bool
 }
 
+// eventQueue is how many events a set queues (the driver's bound).
+const eventQueue = 256
+
 // setEvent is a queued event; lost marks "a GPU of the set is lost",
 // which Wait answers with ERROR_GPU_IS_LOST.
 type setEvent struct {
@@ -73,7 +83,7 @@ type setEvent struct {
 }
 
 func newEventSet() *eventSet {
-	s := &eventSet{EventSet: &mock.EventSet{}, events: make(chan setEvent, 256)}
+	s := &eventSet{EventSet: &mock.EventSet{}, events: make(chan setEvent, eventQueue)}
 	s.WaitFunc = s.wait
 	s.FreeFunc = func() nvml.Return {
 		s.freed.Store(true)
@@ -148,6 +158,7 @@ func (d *gpu) installHealth(noRecoveryField bool) {
 		if len(values) == 0 {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
+		d.awaitAnswer()
 		h := &d.health
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -195,6 +206,12 @@ func (d *gpu) emit(ev setEvent) {
 	h := &d.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.stalled != nil {
+		if len(h.held) < eventQueue { // as the driver's queue, full drops
+			h.held = append(h.held, ev)
+		}
+		return
+	}
 	for _, r := range h.sets {
 		if ev.lost || r.mask&ev.data.EventType != 0 {
 			r.set.push(ev)
@@ -254,6 +271,47 @@ func (d *gpu) recover() {
 		EventData: uint64(nvml.GPU_RECOVERY_ACTION_NONE), GpuInstanceId: noInstance, ComputeInstanceId: noInstance}})
 }
 
+// stall makes the GPU stop answering, as a GPU hung in the driver does:
+// its health queries (field values: the recovery action) block and its
+// events are held, until resume. The rest of NVML answers, so that a
+// test sees the health monitor stall and nothing else; not persisted (a
+// process started later finds the GPU answering).
+func (d *gpu) stall() {
+	h := &d.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stalled == nil {
+		h.stalled = make(chan struct{})
+	}
+}
+
+// resume makes a stalled GPU answer: the blocked queries return and the
+// held events are delivered.
+func (d *gpu) resume() {
+	h := &d.health
+	h.mu.Lock()
+	stalled, held := h.stalled, h.held
+	h.stalled, h.held = nil, nil
+	h.mu.Unlock()
+	if stalled != nil {
+		close(stalled)
+	}
+	for _, ev := range held {
+		d.emit(ev)
+	}
+}
+
+// awaitAnswer blocks while the GPU is stalled.
+func (d *gpu) awaitAnswer() {
+	h := &d.health
+	h.mu.Lock()
+	stalled := h.stalled
+	h.mu.Unlock()
+	if stalled != nil {
+		<-stalled
+	}
+}
+
 // healthState and restoreHealth save and restore the fault state
 // (persist.go).
 func (d *gpu) healthState() (lost bool, recovery uint32) {
@@ -291,6 +349,14 @@ func (g *GPUs) XID(busID string, code uint64, gpuInstance, computeInstance *int)
 	}
 	return d.xid(code, gi, ci)
 }
+
+// Stall makes the GPU at a PCI address stop answering its health
+// queries and delivering events until Resume (gpu.stall).
+func (g *GPUs) Stall(busID string) error { return g.on(busID, (*gpu).stall) }
+
+// Resume makes a stalled GPU answer again and delivers the events it
+// held.
+func (g *GPUs) Resume(busID string) error { return g.on(busID, (*gpu).resume) }
 
 // Lose makes the GPU at a PCI address fall off the bus: XID 79, then every
 // NVML lookup of it answers ERROR_GPU_IS_LOST until Recover.

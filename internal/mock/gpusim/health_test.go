@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpusim
 
 import (
@@ -200,5 +203,55 @@ func TestDriverNotLoaded(t *testing.T) {
 	h.NVML.Shutdown()
 	if err := h.SetDriverLoaded(false); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestGPUStall: a stalled GPU's health query blocks and its XID is held;
+// the other GPU answers, and so do the stalled GPU's other queries. At
+// resume the query returns and the XID arrives.
+func TestGPUStall(t *testing.T) {
+	h := build(t, `gpus: [{model: h100-80gb, count: 2}]`)
+	lib := h.NVML
+	lib.Init()
+	set, _ := lib.EventSetCreate()
+	defer lib.EventSetFree(set)
+	d0, _ := lib.DeviceGetHandleByIndex(0)
+	d1, _ := lib.DeviceGetHandleByIndex(1)
+	if ret := d0.RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if err := h.Stall("0000:1b:00.0"); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan nvml.Return, 1)
+	go func() {
+		_, ret := recoveryField(t, d0)
+		answered <- ret
+	}()
+	if err := h.XID("0000:1b:00.0", 48, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ret := lib.EventSetWait(set, 100); ret != nvml.ERROR_TIMEOUT {
+		t.Fatalf("an event of a stalled GPU: %v", ret)
+	}
+	select {
+	case ret := <-answered:
+		t.Fatalf("a stalled GPU answered its health query: %v", ret)
+	default:
+	}
+	if _, ret := recoveryField(t, d1); ret != nvml.SUCCESS {
+		t.Errorf("the other GPU: %v", ret)
+	}
+	if _, ret := d0.GetUUID(); ret != nvml.SUCCESS {
+		t.Errorf("the stalled GPU's UUID: %v", ret)
+	}
+	if err := h.Resume("0000:1b:00.0"); err != nil {
+		t.Fatal(err)
+	}
+	if ret := <-answered; ret != nvml.SUCCESS {
+		t.Errorf("the health query after resume: %v", ret)
+	}
+	if ev, ret := waitEvent(t, lib, set); ret != nvml.SUCCESS || ev.EventData != 48 {
+		t.Errorf("the held XID after resume: %+v %v", ev, ret)
 	}
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpusim
 
 import (
@@ -149,7 +152,7 @@ func (k *mdevKernel) publish(v *vgpuInstance, typeDir string) error {
 			return err
 		}
 	}
-	return k.tree.dev.VFIOGroup(k.sysfs, v.group, groupMinor(v.group))
+	return k.tree.dev.VFIOGroup(k.sysfs, v.group, groupMinor(v.group), true)
 }
 
 // unpublish removes what publish created.

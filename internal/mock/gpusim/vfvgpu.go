@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpusim
 
 import (
@@ -52,7 +55,7 @@ func (k *mdevKernel) addVFIOVF(d *gpu, addr, vfDir string) error {
 	if err := nodefs.LinkIOMMUGroup(k.sysfs, vfDir, addr, group); err != nil {
 		return err
 	}
-	if err := k.tree.dev.VFIOGroup(k.sysfs, group, groupMinor(group)); err != nil {
+	if err := k.tree.dev.VFIOGroup(k.sysfs, group, groupMinor(group), false); err != nil {
 		return err
 	}
 	for name, content := range map[string]string{"creatable_vgpu_types": creatableHeader, "current_vgpu_type": "0\n"} {
@@ -212,7 +215,7 @@ func writePassthrough(sysfs string, dev *nodefs.Dev, slots []slot) error {
 		if err := nodefs.LinkIOMMUGroup(sysfs, filepath.Join(sysfs, pd.Path()), l.busID, group); err != nil {
 			return err
 		}
-		if err := dev.VFIOGroup(sysfs, group, groupMinor(group)); err != nil {
+		if err := dev.VFIOGroup(sysfs, group, groupMinor(group), false); err != nil {
 			return err
 		}
 	}

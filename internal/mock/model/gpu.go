@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package model holds the hardware the mock can build, as the real boards
 // report it: GPU models with their MIG profile tables (placements in
 // memory slices, the driver's profile IDs, engine counts) and the SR-IOV

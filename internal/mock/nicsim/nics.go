@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nicsim simulates a node's SR-IOV NICs: PFs and VFs in a fake
 // sysfs tree as the kernel lays them out (netdevs, RDMA devices, IOMMU
 // groups, VFIO nodes), link state, a VF configurator that refuses what the

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nicsim
 
 import (
@@ -253,7 +256,7 @@ func (w *treeWriter) writeIOMMUGroup(devDir, addr string, vfio bool) error {
 	if !vfio {
 		return nil
 	}
-	if err := w.dev.VFIOGroup(w.sysfs, g, uint32(g-firstNICIOMMUGroup)); err != nil {
+	if err := w.dev.VFIOGroup(w.sysfs, g, uint32(g-firstNICIOMMUGroup), false); err != nil {
 		return err
 	}
 	if !w.vfio {

@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nicsim
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +20,7 @@ import (
 	"github.com/hwdra/hwdra/internal/mock/nodefs"
 	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/internal/mock/profile"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // hostNetns makes a throwaway namespace standing in for the host's and
@@ -127,18 +132,11 @@ func TestVethFollowsTheAgent(t *testing.T) {
 	}
 	waitSysfs := func(name string, present bool) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		waitfor.True(t, fmt.Sprintf("sysfs entries of VF netdev %s present=%v", name, present), 5*time.Second, func() bool {
 			_, err := os.Stat(vfDir(name))
 			_, cerr := os.Lstat(filepath.Join(h.sysfs, "class", "net", name))
-			if (err == nil) == present && (cerr == nil) == present {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("sysfs entry of VF netdev %s present=%v, want %v", name, err == nil, present)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return (err == nil) == present && (cerr == nil) == present
+		})
 	}
 	l, err := host.LinkByName("pfav0")
 	if err != nil {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nodefs
 
 import (
@@ -30,6 +33,8 @@ func CanMknod() bool { return os.Geteuid() == 0 }
 type Dev struct {
 	Root  string
 	mknod bool
+	// NoIOMMU: the kernel runs VFIO without an IOMMU (profile noIOMMU).
+	NoIOMMU bool
 }
 
 // NewDev is the /dev at root.

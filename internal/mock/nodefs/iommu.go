@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nodefs
 
 import (
@@ -33,14 +36,38 @@ func LinkIOMMUGroup(sysfs, devDir, name string, group int) error {
 
 // VFIOGroup publishes an IOMMU group's VFIO group device, as the kernel
 // does once a VFIO driver holds the group's devices:
-// class/vfio/<group>/dev and, as root, /dev/vfio/<group>.
-func (d *Dev) VFIOGroup(sysfs string, group int, minor uint32) error {
-	dir := filepath.Join(sysfs, "class", "vfio", strconv.Itoa(group))
+// class/vfio/<group>/dev and, as root, /dev/vfio/<group>. A kernel that
+// runs VFIO without an IOMMU (Dev.NoIOMMU) names the group of a PCI
+// function noiommu-<group>, and the IOMMU group vfio-noiommu; a mediated
+// device's group (mdev) is the kernel's own either way.
+func (d *Dev) VFIOGroup(sysfs string, group int, minor uint32, mdev bool) error {
+	name := strconv.Itoa(group)
+	if d.NoIOMMU && !mdev {
+		name = "noiommu-" + name
+		if err := os.WriteFile(filepath.Join(sysfs, "kernel", "iommu_groups", strconv.Itoa(group), "name"), []byte("vfio-noiommu\n"), 0o644); err != nil {
+			return err
+		}
+	}
+	dir := filepath.Join(sysfs, "class", "vfio", name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "dev"), []byte(fmt.Sprintf("%d:%d\n", VFIOMajor, minor)), 0o644); err != nil {
 		return err
 	}
-	return d.Node("vfio/"+strconv.Itoa(group), VFIOMajor, minor)
+	return d.Node("vfio/"+name, VFIOMajor, minor)
+}
+
+// NoIOMMUMode writes the vfio module's enable_unsafe_noiommu_mode, Y where
+// the kernel runs VFIO without an IOMMU.
+func (d *Dev) NoIOMMUMode(sysfs string) error {
+	dir := filepath.Join(sysfs, "module", "vfio", "parameters")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	v := "N\n"
+	if d.NoIOMMU {
+		v = "Y\n"
+	}
+	return os.WriteFile(filepath.Join(dir, "enable_unsafe_noiommu_mode"), []byte(v), 0o644)
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nodefs writes what the GPU and NIC simulations share of a mock
 // node's file trees: PCI functions in sysfs as the kernel lays them out,
 // character device nodes in /dev (as root), and the device numbers both

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package persist keeps a mock node's state across processes, as hardware
 // outlives the agent (HWDRA_MOCK_DIR), and paces its calls (timings, with
 // busy markers a test can wait for): every part of the node reports its

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package profile is the mock hardware's YAML schema: which GPUs and NICs
 // a mock node has and in which state, the built-in profiles
 // (profiles/*.yaml) and the strict decoding and validation that name the
@@ -28,6 +31,11 @@ type Profile struct {
 	// system`): "shared" (default) or "exclusive", where an RDMA device
 	// belongs to one namespace and moves with its netdev.
 	RDMANetns string `json:"rdmaNetns,omitempty"`
+	// NoIOMMU: the kernel runs VFIO without an IOMMU (the vfio module's
+	// enable_unsafe_noiommu_mode): the VFIO groups of PCI functions bound
+	// to a VFIO driver are /dev/vfio/noiommu-<group>, their IOMMU groups
+	// named vfio-noiommu. Mediated devices keep their own groups.
+	NoIOMMU bool `json:"noIOMMU,omitempty"`
 	// Driver is how the NVIDIA driver is installed on the node (a node
 	// with GPUs only).
 	Driver *Driver `json:"driver,omitempty"`

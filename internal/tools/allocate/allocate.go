@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package allocate runs the scheduler's own structured allocator in process:
 // the lab command and the tests use it to allocate claims against the slices
 // this agent publishes, exactly as kube-scheduler would.

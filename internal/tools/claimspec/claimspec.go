@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package claimspec reads ResourceClaims and ResourceClaimTemplates of
 // every version the API server serves (v1, v1beta2, v1beta1) as v1.
 package claimspec

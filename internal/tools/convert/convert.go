@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package convert rewrites manifests written for NVIDIA's GPU DRA driver
 // (driver gpu.nvidia.com, github.com/NVIDIA/k8s-dra-driver-gpu) into
 // hwdra's terms: DeviceClass names, CEL selectors (cel.go), constraint
@@ -138,11 +141,26 @@ func Convert(inputs []Input) (Result, error) {
 	var out [][]byte
 	for _, d := range docs {
 		if b := c.convert(d); b != nil {
-			out = append(out, bytes.TrimSpace(b))
+			out = append(out, trimBlankLines(b))
 		}
 	}
 	c.res.Output = append(bytes.Join(out, []byte("\n---\n")), '\n')
 	return c.res, nil
+}
+
+// trimBlankLines drops a document's leading and trailing blank lines, but
+// not the indentation of its first line: a document written back as it
+// was read (one convert does not understand) must mean what it meant
+// (found by FuzzConvert: " a: 0\n0" trimmed whole no longer parses).
+func trimBlankLines(b []byte) []byte {
+	for {
+		line, rest, found := bytes.Cut(b, []byte("\n"))
+		if !found || len(bytes.TrimSpace(line)) > 0 {
+			break
+		}
+		b = rest
+	}
+	return bytes.TrimRight(b, " \t\r\n")
 }
 
 // split reads an input's documents; a List's items become documents of

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package convert
 
 import (
@@ -87,6 +90,7 @@ func gpuConfig(t *testing.T, o *resourceapi.OpaqueDeviceConfiguration) *gpuv1alp
 }
 
 func TestConvert(t *testing.T) {
+	t.Parallel()
 	res := convertFiles(t, "mig-claim.yaml", "timeslicing.yaml", "mps.yaml", "deviceclass.yaml")
 	if len(res.Problems) > 0 {
 		t.Fatalf("problems: %v", res.Problems)
@@ -155,6 +159,7 @@ func TestConvert(t *testing.T) {
 // allocated and prepared by the lab on a mock DGX H100, each file's as
 // one pod's.
 func TestConvertedClaimsRunInLab(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	var files []string
 	for _, name := range []string{"mig-claim.yaml", "timeslicing.yaml", "mps.yaml"} {
@@ -185,6 +190,7 @@ func TestConvertedClaimsRunInLab(t *testing.T) {
 }
 
 func TestConvertRefuses(t *testing.T) {
+	t.Parallel()
 	res := convertFiles(t, "computedomain.yaml", "unmapped.yaml")
 	want := []string{
 		"testdata/computedomain.yaml: ComputeDomain nvl/training-domain: ComputeDomains (IMEX channels",
@@ -224,6 +230,7 @@ func TestConvertRefuses(t *testing.T) {
 }
 
 func TestRewriteCEL(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, out, why string }{
 		{in: `device.driver == "gpu.example.com"`, out: `device.driver == "gpu.example.com"`},
 		{in: `device.driver != 'gpu.nvidia.com'`, out: `device.driver != "gpu.hwdra.io"`},
@@ -252,6 +259,7 @@ func TestRewriteCEL(t *testing.T) {
 // TestConvertV1beta1: a v1beta1 claim (a request's fields at its top)
 // comes out as v1.
 func TestConvertV1beta1(t *testing.T) {
+	t.Parallel()
 	in := `apiVersion: resource.k8s.io/v1beta1
 kind: ResourceClaim
 metadata: {name: old}

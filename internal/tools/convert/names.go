@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package convert
 
 import (
@@ -51,14 +54,14 @@ var attributes = map[string]struct {
 }{
 	"type":                  {to: hwdra(device.AttrType)},
 	"uuid":                  {to: hwdra(device.AttrUUID)},
-	"parentUUID":            {to: hwdra(device.GPUDriver + "/parentUUID")},
+	"parentUUID":            {to: hwdra(device.AttrParentUUID)},
 	"profile":               {to: hwdra(device.AttrProfile)},
-	"productName":           {to: hwdra(device.GPUDriver + "/productName")},
-	"architecture":          {to: hwdra(device.GPUDriver + "/architecture")},
-	"cudaComputeCapability": {to: hwdra(device.GPUDriver + "/cudaComputeCapability")},
-	"driverVersion":         {to: hwdra(device.GPUDriver + "/driverVersion")},
-	"cudaDriverVersion":     {to: hwdra(device.GPUDriver + "/cudaDriverVersion")},
-	"deviceID":              {to: hwdra(device.GPUDriver + "/pciDeviceID")},
+	"productName":           {to: hwdra(device.AttrProductName)},
+	"architecture":          {to: hwdra(device.AttrArchitecture)},
+	"cudaComputeCapability": {to: hwdra(device.AttrCUDAComputeCapability)},
+	"driverVersion":         {to: hwdra(device.AttrDriverVersion)},
+	"cudaDriverVersion":     {to: hwdra(device.AttrCUDADriverVersion)},
+	"deviceID":              {to: hwdra(device.AttrPCIDeviceID)},
 	"numa":                  {to: name{standardDomain, "numaNode"}},
 	"brand":                 {why: "hwdra publishes no brand: select on productName or architecture"},
 	"index":                 {why: "an enumeration index is not stable across reboots: hwdra names GPUs by PCI address (resource.kubernetes.io/pciBusID)"},

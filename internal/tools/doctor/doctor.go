@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package doctor is `hwdra doctor`: what the agent would find on a node
 // and what blocks it, each finding with its fix. Each check is a small
 // function over the node's hardware (backend.Node, the same code the
@@ -135,7 +138,7 @@ func Run(ctx context.Context, in Input) Report {
 	var rep Report
 	for _, check := range []func(context.Context) Check{
 		r.nvml, r.driverRoot, r.driverVersion, r.driverFiles, r.cdiHook, r.migMode, r.computeMode, r.mpsDaemons, r.deviceNodes,
-		r.passthrough, r.sriov, r.nri, r.kubeletDirs, r.cdiDir, r.stateDir,
+		r.passthrough, r.vfioNoIOMMU, r.sriov, r.nri, r.kubeletDirs, r.cdiDir, r.stateDir,
 	} {
 		rep.Checks = append(rep.Checks, check(ctx))
 	}

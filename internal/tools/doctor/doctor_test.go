@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package doctor
 
 import (
@@ -29,7 +32,7 @@ const gpuNIC = "gpus: [{model: h100-80gb, count: 2}]\nnics: [{model: cx7, count:
 
 // ids are every check's ID, in the order they run.
 var ids = []string{"nvml", "driver-root", "driver-version", "driver-files", "nvidia-cdi-hook", "mig-mode", "compute-mode", "mps-daemons",
-	"device-nodes", "passthrough", "sriov", "nri", "kubelet-dirs", "cdi-dir", "state-dir", "api-server", "dra-api", "dra-features"}
+	"device-nodes", "passthrough", "vfio-noiommu", "sriov", "nri", "kubelet-dirs", "cdi-dir", "state-dir", "api-server", "dra-api", "dra-features"}
 
 // open opens a mock node of a profile's YAML, written to a file as an
 // operator would give it.
@@ -418,6 +421,24 @@ func TestPassthrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	want(t, Run(context.Background(), in), "passthrough", Blocker, "1 GPU bound to vfio-pci (0000:1b:00.0), but the IOMMU is off", "intel_iommu=on")
+}
+
+// TestVFIONoIOMMU: VFIO groups without an IOMMU are named with their
+// devices, and the report says whether the agent refuses or hands them
+// out (vfio.allowUnsafeNoIOMMU).
+func TestVFIONoIOMMU(t *testing.T) {
+	want(t, Run(context.Background(), input(t, open(t, "gpus: [{model: h100-80gb, count: 1, virtualization: passthrough}]\n"))),
+		"vfio-noiommu", OK, "no VFIO group without an IOMMU")
+	n := open(t, "noIOMMU: true\ngpus: [{model: h100-80gb, count: 1, virtualization: passthrough}]\nnics: [{model: e810, count: 1, vfs: 1, vfDriver: vfio-pci}]\n")
+	in := input(t, n)
+	want(t, Run(context.Background(), in), "vfio-noiommu", Warn, "2 VFIO groups without an IOMMU", "DMA into all of the node's memory",
+		"claims for their devices are refused", "/dev/vfio/noiommu-", "0000:1b:00.0", "intel_iommu=on")
+	cfg, err := config.Parse([]byte("apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nvfio: {allowUnsafeNoIOMMU: true}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Config = cfg
+	want(t, Run(context.Background(), in), "vfio-noiommu", Warn, "the agent hands them to claims (vfio.allowUnsafeNoIOMMU)", "set vfio.allowUnsafeNoIOMMU false")
 }
 
 // TestNICOnly: a node with NICs and no GPU checks its NICs and NRI and

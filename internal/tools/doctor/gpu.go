@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package doctor
 
 import (
@@ -6,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -275,6 +280,37 @@ func (r *run) passthrough(context.Context) Check {
 		c.Status = Warn
 		c.Summary += fmt.Sprintf("; the IOMMU group of %s is not viable: their passthrough claims fail to prepare", strings.Join(bad, ", "))
 		c.Fix = "bind every function in the group to vfio-pci too (the board's audio function as well), or unbind it"
+	}
+	return c
+}
+
+// vfioNoIOMMU: a kernel that runs VFIO without an IOMMU (the vfio
+// module's enable_unsafe_noiommu_mode) gives whoever opens a group
+// (/dev/vfio/noiommu-<N>) DMA into all of the node's memory. The agent
+// refuses claims for devices in such groups unless vfio.allowUnsafeNoIOMMU
+// says otherwise; either way an operator should know.
+func (r *run) vfioNoIOMMU(context.Context) Check {
+	c := Check{ID: "vfio-noiommu"}
+	groups, err := vfiopci.NoIOMMUGroups(r.in.Node.SysfsRoot)
+	if err != nil {
+		c.Status, c.Summary = Warn, "cannot list the VFIO groups: "+err.Error()
+		return c
+	}
+	if len(groups) == 0 {
+		c.Status, c.Summary = OK, "no VFIO group without an IOMMU"
+		return c
+	}
+	for _, n := range slices.Sorted(maps.Keys(groups)) {
+		c.Details = append(c.Details, fmt.Sprintf("/dev/vfio/noiommu-%d: %s", n, strings.Join(groups[n], ", ")))
+	}
+	c.Status = Warn
+	what := plural(len(groups), "VFIO group", "VFIO groups") + " without an IOMMU (the vfio module's enable_unsafe_noiommu_mode): whoever opens one can DMA into all of the node's memory"
+	if r.in.Config.AllowsUnsafeNoIOMMU() {
+		c.Summary = what + "; the agent hands them to claims (vfio.allowUnsafeNoIOMMU)"
+		c.Fix = "turn the IOMMU on (VT-d or AMD-Vi in the firmware, intel_iommu=on) and vfio's enable_unsafe_noiommu_mode off, then reboot; until then set vfio.allowUnsafeNoIOMMU false"
+	} else {
+		c.Summary = what + "; claims for their devices are refused at prepare (vfio.allowUnsafeNoIOMMU is off)"
+		c.Fix = "turn the IOMMU on (VT-d or AMD-Vi in the firmware, intel_iommu=on) and vfio's enable_unsafe_noiommu_mode off, then reboot"
 	}
 	return c
 }

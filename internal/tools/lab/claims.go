@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package lab
 
 import (
@@ -7,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -48,47 +52,8 @@ func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceCl
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--claim: %w", err)
 	}
-	type read struct {
-		path string
-		manifest
-	}
-	var (
-		all         []read
-		fileClasses []*readClass
-		errs        []error
-		notes       []string
-		seen        = map[string]*readClaim{} // by kind, namespace and name
-	)
-	for _, file := range files {
-		docs, err := readDocuments(file, stdin)
-		if err == nil && len(docs) == 0 {
-			err = fmt.Errorf("%s: no ResourceClaim, ResourceClaimTemplate or pod in it", displayName(file))
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		f := read{path: displayName(file)}
-		for i, doc := range docs {
-			m, err := decodeDocument(fmt.Sprintf("%s, document %d", f.path, i+1), doc)
-			if err != nil {
-				errs = append(errs, err)
-			}
-			for _, c := range m.claims {
-				key := claimKey(c.template != nil, c.claim.Namespace, c.claim.Name)
-				if prev, dup := seen[key]; dup {
-					errs = append(errs, fmt.Errorf("%s: %s already read from %s", c.at, key, prev.at))
-					continue
-				}
-				seen[key] = c
-				f.claims = append(f.claims, c)
-			}
-			f.pods = append(f.pods, m.pods...)
-			fileClasses = append(fileClasses, m.classes...)
-			f.notes = append(f.notes, m.notes...)
-		}
-		all = append(all, f)
-	}
+	all, fileClasses, seen, errs := readFiles(files, stdin)
+	var notes []string
 	classes, classNotes, err := mergeClasses(classes, fileClasses)
 	if err != nil {
 		errs = append(errs, err)
@@ -137,6 +102,50 @@ func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceCl
 	return out, classes, notes, nil
 }
 
+// readFile is what one file holds: its claims, pods and notes.
+type readFile struct {
+	path string
+	manifest
+}
+
+// readFiles reads every document of every file: the files' claims (seen:
+// by kind, namespace and name, each once), pods, DeviceClasses and notes,
+// and every problem of every file.
+func readFiles(files []string, stdin io.Reader) (all []readFile, fileClasses []*readClass, seen map[string]*readClaim, errs []error) {
+	seen = map[string]*readClaim{}
+	for _, file := range files {
+		docs, err := readDocuments(file, stdin)
+		if err == nil && len(docs) == 0 {
+			err = fmt.Errorf("%s: no ResourceClaim, ResourceClaimTemplate or pod in it", displayName(file))
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		f := readFile{path: displayName(file)}
+		for i, doc := range docs {
+			m, err := decodeDocument(fmt.Sprintf("%s, document %d", f.path, i+1), doc)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			for _, c := range m.claims {
+				key := claimKey(c.template != nil, c.claim.Namespace, c.claim.Name)
+				if prev, dup := seen[key]; dup {
+					errs = append(errs, fmt.Errorf("%s: %s already read from %s", c.at, key, prev.at))
+					continue
+				}
+				seen[key] = c
+				f.claims = append(f.claims, c)
+			}
+			f.pods = append(f.pods, m.pods...)
+			fileClasses = append(fileClasses, m.classes...)
+			f.notes = append(f.notes, m.notes...)
+		}
+		all = append(all, f)
+	}
+	return all, fileClasses, seen, errs
+}
+
 // claimKey names a claim or a template for duplicates and lookups.
 func claimKey(template bool, namespace, name string) string {
 	if template {
@@ -173,7 +182,7 @@ func readDocuments(file string, stdin io.Reader) ([]json.RawMessage, error) {
 		if err := dec.Decode(&doc); err == io.EOF {
 			return docs, nil
 		} else if err != nil {
-			return nil, fmt.Errorf("%s: %w", file, err)
+			return nil, fmt.Errorf("%s: %w", file, yamlError(err))
 		}
 		if len(bytes.TrimSpace(doc)) > 0 && string(doc) != "null" {
 			docs = append(docs, doc)
@@ -223,4 +232,14 @@ func setDefaults(spec *resourceapi.ResourceClaimSpec) {
 			def(&r.FirstAvailable[j].AllocationMode, &r.FirstAvailable[j].Count)
 		}
 	}
+}
+
+// yamlError restates the YAML decoders' message for a null, list or
+// object key, which prints Go types ("%!s(<nil>)", "[]interface {}") and
+// values (found by FuzzReadClaims).
+func yamlError(err error) error {
+	if msg := err.Error(); strings.Contains(msg, "unsupported map key of type") || strings.Contains(msg, "invalid map key") {
+		return errors.New("a key is null, a list or an object: keys must be strings")
+	}
+	return err
 }

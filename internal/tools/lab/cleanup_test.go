@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package lab
 
 import (
@@ -62,10 +65,15 @@ func persistentMock(t *testing.T, profile string, setup func(h *mock.Hardware) e
 	if d.before, err = persist.ReadState(d.mock); err != nil {
 		t.Fatal(err)
 	}
-	// Whatever a failing test leaves running ends with it.
+	// Whatever a failing test (or one that leaves claims prepared) leaves
+	// running ends with it, and the daemons' shared memory is unmounted.
 	t.Cleanup(func() {
 		for _, pid := range mpsDaemons(d.state) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		shms, _ := filepath.Glob(filepath.Join(d.state, "mps", "*", "shm"))
+		for _, shm := range shms {
+			_ = syscall.Unmount(shm, syscall.MNT_DETACH)
 		}
 	})
 	return d

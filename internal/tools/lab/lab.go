@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package lab runs the whole pipeline on one machine without a cluster:
 // probe the hardware, build the slices, allocate claims with the
 // scheduler's allocator, prepare them for real and show the result.

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package lab
 
 import (
@@ -60,13 +63,9 @@ type readPod struct {
 // decodeDocument decodes one document of file (at names it) strictly as
 // the kind it says it is.
 func decodeDocument(at string, doc json.RawMessage) (manifest, error) {
-	var head struct {
-		metav1.TypeMeta `json:",inline"`
-		Metadata        struct{ Name, Namespace, GenerateName string }
-		Items           json.RawMessage
-	}
-	if err := json.Unmarshal(doc, &head); err != nil {
-		return manifest{}, fmt.Errorf("%s: not an object with apiVersion, kind and metadata: %v", at, err)
+	head, err := readHead(doc)
+	if err != nil {
+		return manifest{}, fmt.Errorf("%s: %w", at, err)
 	}
 	gv, err := schema.ParseGroupVersion(head.APIVersion)
 	if head.APIVersion == "" || head.Kind == "" || err != nil {
@@ -85,7 +84,7 @@ func decodeDocument(at string, doc json.RawMessage) (manifest, error) {
 		// kubectl's List (v1 List, or <Kind>List): each item on its own.
 		var items []json.RawMessage
 		if err := json.Unmarshal(head.Items, &items); err != nil && len(head.Items) > 0 {
-			return manifest{}, fmt.Errorf("%s: items: %v", object, err)
+			return manifest{}, fmt.Errorf("%s: items: must be a list, not %s", object, jsonKind(head.Items))
 		}
 		var out manifest
 		var errs []error
@@ -111,7 +110,29 @@ func decodeDocument(at string, doc json.RawMessage) (manifest, error) {
 func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object string) (manifest, error) {
 	gv := gvk.GroupVersion()
 	strict := func(into any) error { return api.Unmarshal(doc, into) }
-	var m manifest
+	m, known, err := decodeResourceObject(gvk, strict, at)
+	if err == nil && !known {
+		m, known, err = decodeWorkload(gvk, strict, at)
+	}
+	if err != nil {
+		return m, err
+	}
+	if !known {
+		return skipObject(gvk, object)
+	}
+	if gv.Version != resourceapi.SchemeGroupVersion.Version && gv.Group == resourceapi.GroupName {
+		m.notes = append(m.notes, fmt.Sprintf("%s: %s, converted to %s as the API server does", object, gv, resourceapi.SchemeGroupVersion))
+	}
+	if len(m.pods) == 0 && len(m.claims) == 0 && len(m.classes) == 0 {
+		m.notes = append(m.notes, object+": runs no pod (0 replicas)")
+	}
+	return m, nil
+}
+
+// decodeResourceObject decodes a ResourceClaim, ResourceClaimTemplate or
+// DeviceClass of any served version; known is false for other kinds.
+func decodeResourceObject(gvk schema.GroupVersionKind, strict func(any) error, at string) (m manifest, known bool, _ error) {
+	gv := gvk.GroupVersion()
 	switch gvk {
 	case resourceapi.SchemeGroupVersion.WithKind("ResourceClaim"),
 		resourcev1beta2.SchemeGroupVersion.WithKind("ResourceClaim"),
@@ -121,7 +142,7 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 			err = prepareClaim(c, nil)
 		}
 		if err != nil {
-			return m, err
+			return m, true, err
 		}
 		m.claims = append(m.claims, &readClaim{at: at, claim: c})
 	case resourceapi.SchemeGroupVersion.WithKind("ResourceClaimTemplate"),
@@ -134,7 +155,7 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 			err = prepareClaim(c, t)
 		}
 		if err != nil {
-			return m, err
+			return m, true, err
 		}
 		t.Namespace, t.Spec.Spec = c.Namespace, c.Spec // defaulted
 		m.claims = append(m.claims, &readClaim{at: at, claim: c, template: t})
@@ -143,98 +164,91 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 		resourcev1beta1.SchemeGroupVersion.WithKind("DeviceClass"):
 		c, err := decodeClass(strict)
 		if err != nil {
-			return m, err
+			return m, true, err
 		}
 		m.classes = append(m.classes, &readClass{at: at, class: c})
+	default:
+		return m, false, nil
+	}
+	return m, true, nil
+}
+
+// decodeWorkload decodes a Pod or a workload (its pods, as its controller
+// would name them); known is false for other kinds.
+func decodeWorkload(gvk schema.GroupVersionKind, strict func(any) error, at string) (m manifest, known bool, _ error) {
+	switch gvk {
 	case corev1.SchemeGroupVersion.WithKind("Pod"):
 		p := &corev1.Pod{}
 		if err := strict(p); err != nil {
-			return m, err
+			return m, true, err
 		}
 		if p.Name == "" && p.GenerateName != "" {
 			p.Name = names.SimpleNameGenerator.GenerateName(p.GenerateName)
 		}
 		m.pods = append(m.pods, &readPod{at: at, pod: p, spec: "spec"})
-	case appsv1.SchemeGroupVersion.WithKind("Deployment"), appsv1.SchemeGroupVersion.WithKind("ReplicaSet"),
-		appsv1.SchemeGroupVersion.WithKind("StatefulSet"), appsv1.SchemeGroupVersion.WithKind("DaemonSet"),
-		batchv1.SchemeGroupVersion.WithKind("Job"), batchv1.SchemeGroupVersion.WithKind("CronJob"):
-		pods, err := decodeWorkload(gvk, at, strict)
-		if err != nil {
-			return m, err
-		}
-		m.pods = pods
-	default:
-		// A kind of a built-in group that does not exist is a typo, as
-		// kubectl says; any other object is not the lab's.
-		if scheme.Scheme.IsGroupRegistered(gv.Group) && !scheme.Scheme.Recognizes(gvk) {
-			return m, fmt.Errorf("no kind %s in %s", gvk.Kind, gv)
-		}
-		why := "the lab reads ResourceClaims, ResourceClaimTemplates, Pods and the pods of Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs and CronJobs"
-		switch {
-		case gv.Group == resourceapi.GroupName && gvk.Kind == "ResourceSlice":
-			why = "the lab publishes the slices of --hardware"
-		}
-		m.notes = append(m.notes, fmt.Sprintf("%s: skipped (%s)", object, why))
-		return m, nil
-	}
-	if gv.Version != resourceapi.SchemeGroupVersion.Version && gv.Group == resourceapi.GroupName {
-		m.notes = append(m.notes, fmt.Sprintf("%s: %s, converted to %s as the API server does", object, gv, resourceapi.SchemeGroupVersion))
-	}
-	if len(m.pods) == 0 && len(m.claims) == 0 && len(m.classes) == 0 {
-		m.notes = append(m.notes, object+": runs no pod (0 replicas)")
-	}
-	return m, nil
-}
-
-// decodeWorkload decodes a workload strictly and returns the pods it
-// would run.
-func decodeWorkload(gvk schema.GroupVersionKind, at string, strict func(any) error) ([]*readPod, error) {
-	switch gvk {
 	case appsv1.SchemeGroupVersion.WithKind("Deployment"):
 		d := &appsv1.Deployment{}
 		if err := strict(d); err != nil {
-			return nil, err
+			return m, true, err
 		}
 		// A Deployment's pods are its ReplicaSet's: <deployment>-<hash>-<random>.
 		rs := names.SimpleNameGenerator.GenerateName(d.Name + "-")
-		return workloadPods(at, gvk.Kind, &d.ObjectMeta, &d.Spec.Template, "spec.template.spec", replicas(d.Spec.Replicas), generated(rs)), nil
+		m.pods = workloadPods(at, gvk.Kind, &d.ObjectMeta, &d.Spec.Template, "spec.template.spec", replicas(d.Spec.Replicas), generated(rs))
 	case appsv1.SchemeGroupVersion.WithKind("ReplicaSet"):
 		r := &appsv1.ReplicaSet{}
 		if err := strict(r); err != nil {
-			return nil, err
+			return m, true, err
 		}
-		return workloadPods(at, gvk.Kind, &r.ObjectMeta, &r.Spec.Template, "spec.template.spec", replicas(r.Spec.Replicas), generated(r.Name)), nil
+		m.pods = workloadPods(at, gvk.Kind, &r.ObjectMeta, &r.Spec.Template, "spec.template.spec", replicas(r.Spec.Replicas), generated(r.Name))
 	case appsv1.SchemeGroupVersion.WithKind("StatefulSet"):
 		s := &appsv1.StatefulSet{}
 		if err := strict(s); err != nil {
-			return nil, err
+			return m, true, err
 		}
-		return workloadPods(at, gvk.Kind, &s.ObjectMeta, &s.Spec.Template, "spec.template.spec", replicas(s.Spec.Replicas),
-			func(i int) string { return fmt.Sprintf("%s-%d", s.Name, i) }), nil
+		m.pods = workloadPods(at, gvk.Kind, &s.ObjectMeta, &s.Spec.Template, "spec.template.spec", replicas(s.Spec.Replicas),
+			func(i int) string { return fmt.Sprintf("%s-%d", s.Name, i) })
 	case appsv1.SchemeGroupVersion.WithKind("DaemonSet"):
 		d := &appsv1.DaemonSet{}
 		if err := strict(d); err != nil {
-			return nil, err
+			return m, true, err
 		}
 		// The lab is one node: one pod.
-		return workloadPods(at, gvk.Kind, &d.ObjectMeta, &d.Spec.Template, "spec.template.spec", 1, generated(d.Name)), nil
+		m.pods = workloadPods(at, gvk.Kind, &d.ObjectMeta, &d.Spec.Template, "spec.template.spec", 1, generated(d.Name))
 	case batchv1.SchemeGroupVersion.WithKind("Job"):
 		j := &batchv1.Job{}
 		if err := strict(j); err != nil {
-			return nil, err
+			return m, true, err
 		}
-		return workloadPods(at, gvk.Kind, &j.ObjectMeta, &j.Spec.Template, "spec.template.spec", jobPods(j.Spec), generated(j.Name)), nil
+		m.pods = workloadPods(at, gvk.Kind, &j.ObjectMeta, &j.Spec.Template, "spec.template.spec", jobPods(j.Spec), generated(j.Name))
 	case batchv1.SchemeGroupVersion.WithKind("CronJob"):
 		c := &batchv1.CronJob{}
 		if err := strict(c); err != nil {
-			return nil, err
+			return m, true, err
 		}
 		// One run: a Job <cronjob>-<scheduled time>, its pods <job>-<random>.
 		job := names.SimpleNameGenerator.GenerateName(c.Name + "-")
-		return workloadPods(at, gvk.Kind, &c.ObjectMeta, &c.Spec.JobTemplate.Spec.Template, "spec.jobTemplate.spec.template.spec",
-			jobPods(c.Spec.JobTemplate.Spec), generated(job)), nil
+		m.pods = workloadPods(at, gvk.Kind, &c.ObjectMeta, &c.Spec.JobTemplate.Spec.Template, "spec.jobTemplate.spec.template.spec",
+			jobPods(c.Spec.JobTemplate.Spec), generated(job))
+	default:
+		return m, false, nil
 	}
-	return nil, fmt.Errorf("no workload kind %s", gvk.Kind)
+	return m, true, nil
+}
+
+// skipObject says why an object of a kind the lab does not read is
+// skipped; a kind of a built-in group that does not exist is a typo.
+func skipObject(gvk schema.GroupVersionKind, object string) (manifest, error) {
+	var m manifest
+	gv := gvk.GroupVersion()
+	if scheme.Scheme.IsGroupRegistered(gv.Group) && !scheme.Scheme.Recognizes(gvk) {
+		return m, fmt.Errorf("no kind %s in %s", gvk.Kind, gv)
+	}
+	why := "the lab reads ResourceClaims, ResourceClaimTemplates, DeviceClasses, Pods and the pods of Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs and CronJobs"
+	if gv.Group == resourceapi.GroupName && gvk.Kind == "ResourceSlice" {
+		why = "the lab publishes the slices of --hardware"
+	}
+	m.notes = append(m.notes, fmt.Sprintf("%s: skipped (%s)", object, why))
+	return m, nil
 }
 
 // decodeClass decodes a DeviceClass of any served version as v1: the

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package manifestfiles lists the files a command's manifest arguments
 // name, as kubectl -f takes them (hwdra lab --claim, hwdra convert -f).
 package manifestfiles

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package manifestfiles
 
 import (
@@ -12,6 +15,7 @@ import (
 // subdirectories' or other files; stdin once; an empty directory and a
 // missing path are errors.
 func TestExpand(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, f := range []string{"b.yaml", "a.json", "c.yml", "notes.txt", "sub/d.yaml"} {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, f)), 0o755); err != nil {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package poolstatus reports the state of a DRA driver's resource pools
 // from the live ResourceSlices, ResourceClaims and DeviceTaintRules: per
 // pool the counts the pool-status controller of kube-controller-manager

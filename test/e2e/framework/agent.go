@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -15,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hwdra/hwdra/internal/mock/nicsim"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // AgentArgs are the flags the DaemonSet gives `hwdra agent`: the kubelet's
@@ -127,21 +131,20 @@ func (n *Node) StartAgent(t testing.TB, hardware string, extra ...string) *Proce
 // WaitResourceSlices waits until driver has published at least one
 // ResourceSlice for this node and returns them.
 func (n *Node) WaitResourceSlices(ctx context.Context, driver string, timeout time.Duration) ([]resourceapi.ResourceSlice, error) {
-	deadline := time.Now().Add(timeout)
-	for {
+	var items []resourceapi.ResourceSlice
+	err := waitfor.Check(ctx, "a ResourceSlice of "+driver+" for node "+n.Name, timeout, func() error {
 		list, err := n.Admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
 			FieldSelector: "spec.nodeName=" + n.Name + ",spec.driver=" + driver,
 		})
-		if err == nil && len(list.Items) > 0 {
-			return list.Items, nil
+		if err == nil && len(list.Items) == 0 {
+			err = errors.New("none")
 		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("no ResourceSlice of %s for node %s after %v (last error %v)", driver, n.Name, timeout, err)
+		if err == nil {
+			items = list.Items
 		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
-			return nil, err
-		}
-	}
+		return err
+	})
+	return items, err
 }
 
 // DeleteResourceSlices removes every ResourceSlice of this node (as admin).

@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // AgentPod is the agent as the chart runs it: the DaemonSet's pod on this
@@ -114,19 +119,13 @@ func (n *Node) StopAgentPod(ctx context.Context, timeout time.Duration) error {
 	if err := n.labelNode(ctx, AgentPodLabel, ""); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(timeout)
-	for {
+	return waitfor.Check(ctx, "the agent pods gone", timeout, func() error {
 		pods, err := n.agentPods(ctx)
-		if err == nil && len(pods) == 0 {
-			return nil
+		if err == nil && len(pods) > 0 {
+			err = fmt.Errorf("%d agent pods", len(pods))
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("agent pods still there after %v: %d (err %v)", timeout, len(pods), err)
-		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
-			return err
-		}
-	}
+		return err
+	})
 }
 
 func (n *Node) labelNode(ctx context.Context, key, value string) error {
@@ -153,26 +152,20 @@ func (n *Node) agentPods(ctx context.Context) ([]corev1.Pod, error) {
 // node: one agent pod, of the current template, ready, and no other (an
 // older one deleted).
 func (n *Node) WaitAgentRollout(ctx context.Context, timeout time.Duration) (*AgentPod, error) {
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
+	var p *AgentPod
+	err := waitfor.Check(ctx, "the agent DaemonSet rolled out", timeout, func() error {
 		ds, err := n.Admin.AppsV1().DaemonSets(AgentNamespace).Get(ctx, "hwdra-agent", metav1.GetOptions{})
-		if err == nil {
-			pods, perr := n.agentPods(ctx)
-			last = rolloutState(ds, pods, perr, 1)
-			if last == "" {
-				return &AgentPod{n: n, Name: pods[0].Name, UID: pods[0].UID}, nil
-			}
-		} else {
-			last = err.Error()
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("agent DaemonSet not rolled out within %v: %s", timeout, last)
+		pods, perr := n.agentPods(ctx)
+		if last := rolloutState(ds, pods, perr, 1); last != "" {
+			return errors.New(last)
 		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
-			return nil, err
-		}
-	}
+		p = &AgentPod{n: n, Name: pods[0].Name, UID: pods[0].UID}
+		return nil
+	})
+	return p, err
 }
 
 // rolloutState says what a rollout onto want nodes still waits for, ""
@@ -228,18 +221,10 @@ func (p *AgentPod) LogPath() string {
 
 // WaitLog waits until the agent's log has a line containing want.
 func (p *AgentPod) WaitLog(ctx context.Context, want string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		if data, err := os.ReadFile(p.LogPath()); err == nil && strings.Contains(string(data), want) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("agent pod %s: no %q in its log within %v", p.Name, want, timeout)
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
-		}
-	}
+	return waitfor.Until(ctx, fmt.Sprintf("agent pod %s: %q in its log", p.Name, want), timeout, func() bool {
+		data, err := os.ReadFile(p.LogPath())
+		return err == nil && strings.Contains(string(data), want)
+	})
 }
 
 // Log is the agent's log so far.

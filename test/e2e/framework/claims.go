@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +16,8 @@ import (
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // ExampleClaim reads a ResourceClaim from deploy/examples/<file>.
@@ -97,28 +103,27 @@ func (n *Node) WaitPodExtendedClaimAllocated(ctx context.Context, ns, podName st
 // waitClaimAllocated waits until the pod's claim (named by claimOf) is
 // allocated and reserved and the pod bound.
 func (n *Node) waitClaimAllocated(ctx context.Context, ns, podName string, timeout time.Duration, claimOf func(*corev1.Pod) string) (*resourceapi.ResourceClaim, *corev1.Pod, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		pod, err := n.Admin.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
-		if err != nil {
-			return nil, nil, err
+	var pod *corev1.Pod
+	var claim *resourceapi.ResourceClaim
+	err := waitfor.Check(ctx, "claim of pod "+ns+"/"+podName+" allocated", timeout, func() error {
+		var err error
+		if pod, err = n.Admin.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{}); err != nil {
+			return waitfor.Stop(err)
 		}
 		claimName := claimOf(pod)
-		if claimName != "" && pod.Spec.NodeName != "" {
-			claim, err := n.Admin.ResourceV1().ResourceClaims(ns).Get(ctx, claimName, metav1.GetOptions{})
-			if err != nil {
-				return nil, nil, err
-			}
-			if claim.Status.Allocation != nil && len(claim.Status.ReservedFor) > 0 {
-				return claim, pod, nil
-			}
+		if claimName == "" || pod.Spec.NodeName == "" {
+			return errors.New("pod not bound or no claim named")
 		}
-		if time.Now().After(deadline) {
-			return nil, pod, fmt.Errorf("claim of pod %s/%s not allocated within %v (claim %q): %s",
-				ns, podName, timeout, claimName, n.describePod(ns, podName, pod))
+		if claim, err = n.Admin.ResourceV1().ResourceClaims(ns).Get(ctx, claimName, metav1.GetOptions{}); err != nil {
+			return waitfor.Stop(err)
 		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return nil, pod, err
+		if claim.Status.Allocation == nil || len(claim.Status.ReservedFor) == 0 {
+			return fmt.Errorf("claim %q not allocated and reserved", claimName)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, pod, fmt.Errorf("%w: %s", err, n.describePod(ns, podName, pod))
 	}
+	return claim, pod, nil
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -67,12 +70,23 @@ func (n *Node) UnboundAgentCredentials(ctx context.Context) (*AgentCredentials, 
 }
 
 func (n *Node) agentCredentials(ctx context.Context, name string, ref *authenticationv1.BoundObjectReference) (*AgentCredentials, error) {
+	return n.serviceAccountCredentials(ctx, AgentNamespace, AgentServiceAccount, name, ref)
+}
+
+// ServiceAccountCredentials mints a token for a ServiceAccount, bound to
+// no object, and a kubeconfig with it: a user of the cluster as RBAC
+// sees one.
+func (n *Node) ServiceAccountCredentials(ctx context.Context, namespace, serviceAccount string) (*AgentCredentials, error) {
+	return n.serviceAccountCredentials(ctx, namespace, serviceAccount, "sa-"+namespace+"-"+serviceAccount, nil)
+}
+
+func (n *Node) serviceAccountCredentials(ctx context.Context, namespace, serviceAccount, name string, ref *authenticationv1.BoundObjectReference) (*AgentCredentials, error) {
 	expiry := int64((2 * time.Hour).Seconds())
-	tr, err := n.Admin.CoreV1().ServiceAccounts(AgentNamespace).CreateToken(ctx, AgentServiceAccount, &authenticationv1.TokenRequest{
+	tr, err := n.Admin.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, serviceAccount, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry, BoundObjectRef: ref},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("token for %s/%s: %w", AgentNamespace, AgentServiceAccount, err)
+		return nil, fmt.Errorf("token for %s/%s: %w", namespace, serviceAccount, err)
 	}
 	path := filepath.Join(n.Root, "cp", name+".kubeconfig")
 	if err := writeKubeconfig(path, "127.0.0.1", n.pki.CACert, tr.Status.Token); err != nil {

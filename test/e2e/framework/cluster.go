@@ -1,8 +1,12 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hwdra/hwdra/internal/mock/persist"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // A cluster is one control plane and worker nodes on this machine. Each
@@ -472,28 +477,20 @@ func (c *Cluster) UpgradeAgents(ctx context.Context, values map[string]any, time
 // WaitAgents waits until the DaemonSet has want agents, each of the
 // current template and ready, and no other.
 func (c *Cluster) WaitAgents(ctx context.Context, want int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
+	return waitfor.Check(ctx, fmt.Sprintf("the agent DaemonSet rolled out on %d nodes", want), timeout, func() error {
 		ds, err := c.Admin.AppsV1().DaemonSets(AgentNamespace).Get(ctx, "hwdra-agent", metav1.GetOptions{})
 		pods, perr := c.agentPods(ctx)
 		switch {
 		case err != nil && want == 0 && len(pods) == 0 && perr == nil:
 			return nil // uninstalled
 		case err != nil:
-			last = err.Error()
-		default:
-			if last = rolloutState(ds, pods, perr, int32(want)); last == "" {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("agent DaemonSet not rolled out on %d nodes within %v: %s", want, timeout, last)
-		}
-		if err := sleepCtx(ctx, 300*time.Millisecond); err != nil {
 			return err
 		}
-	}
+		if last := rolloutState(ds, pods, perr, int32(want)); last != "" {
+			return errors.New(last)
+		}
+		return nil
+	})
 }
 
 // AgentPodOn is the agent pod on the worker.

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -8,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // containerdConfig is containerd 2.x's configuration (version 4) with every
@@ -166,16 +171,14 @@ func (n *Node) startContainerd(ctx context.Context, images []string) error {
 	if err := n.Containerd.Start(); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if err := n.ctr(ctx, "version"); err == nil {
-			break
-		} else if time.Now().After(deadline) || !n.Containerd.Running() {
-			return fmt.Errorf("containerd not up: %v\n%s", err, n.Containerd.Tail(30))
+	if err := waitfor.Check(ctx, "containerd up", 30*time.Second, func() error {
+		err := n.ctr(ctx, "version")
+		if err != nil && !n.Containerd.Running() {
+			return waitfor.Stop(fmt.Errorf("exited: %w", err))
 		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
-		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("%w\n%s", err, n.Containerd.Tail(30))
 	}
 	errs := make(chan error, len(images))
 	for _, archive := range images {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -14,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // DefaultFeatureGates are the gates of the cluster hwdra targets: every DRA
@@ -38,7 +43,7 @@ func DefaultFeatureGates() map[string]bool {
 	}
 }
 
-// gatesSince are the gates of DefaultFeatureGates that Kubernetes added
+// gatesSince are the gates of DefaultFeatureGates (and of variants) that Kubernetes added
 // after 1.36, by the minor that added them: the suite runs on the previous
 // minor too (K8S_VERSION=v1.36.3 hack/e2e-realnode.sh), whose components
 // refuse a gate they do not know. Without one the cluster is as one with
@@ -46,6 +51,9 @@ func DefaultFeatureGates() map[string]bool {
 var gatesSince = map[string]int{
 	"DRADeviceCompatibilityGroups": 37,
 	"DRAPartitionableDevicesType":  37,
+	// Not a default: the consumable-capacity gate-off variant turns it off
+	// with DRAConsumableCapacity, which it needs.
+	"DRAFractionalCapacityRange": 37,
 }
 
 // dropUnknownGates removes from gates those the node's Kubernetes minor
@@ -272,10 +280,17 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 	case len(n.Options.Workers) > 0:
 		cmArgs = clusterControllerManagerArgs(cmArgs)
 	case n.Options.ControlPlaneOnly:
-		cmArgs, schedArgs = fleetControllerManagerArgs(cmArgs), fleetSchedulerArgs(schedArgs)
+		cmArgs = fleetControllerManagerArgs(cmArgs)
+		if schedArgs, err = n.fleetSchedulerArgs(schedArgs, kc["scheduler"]); err != nil {
+			return err
+		}
+	}
+	schedBin := bin("kube-scheduler")
+	if n.Options.SchedulerBinary != "" {
+		schedBin = n.Options.SchedulerBinary
 	}
 	n.ControllerManager = n.newProcess("kube-controller-manager", bin("kube-controller-manager"), cmArgs...)
-	n.Scheduler = n.newProcess("kube-scheduler", bin("kube-scheduler"), schedArgs...)
+	n.Scheduler = n.newProcess("kube-scheduler", schedBin, schedArgs...)
 	if err := n.ControllerManager.Start(); err != nil {
 		return err
 	}
@@ -291,22 +306,16 @@ func (n *Node) waitAPIServer(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
+	return waitfor.Check(ctx, "kube-apiserver ready", timeout, func() error {
 		if !n.APIServer.Running() {
-			return fmt.Errorf("exited: %v", n.APIServer.ExitErr())
+			return waitfor.Stop(fmt.Errorf("exited: %v", n.APIServer.ExitErr()))
 		}
 		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		if err == nil {
-			return nil
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, body)
 		}
-		last = fmt.Errorf("%v: %s", err, body)
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	return fmt.Errorf("not ready after %v: %v", timeout, last)
+		return nil
+	})
 }
 
 // waitHTTP polls url until it answers 200.
@@ -314,23 +323,17 @@ func waitHTTP(ctx context.Context, url string, client *http.Client, timeout time
 	if client == nil {
 		client = &http.Client{Timeout: 2 * time.Second}
 	}
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
+	return waitfor.Check(ctx, url+" healthy", timeout, func() error {
 		resp, err := client.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("status %s", resp.Status)
-		}
-		last = err
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+		if err != nil {
 			return err
 		}
-	}
-	return fmt.Errorf("%s not healthy after %v: %v", url, timeout, last)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %s", resp.Status)
+		}
+		return nil
+	})
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

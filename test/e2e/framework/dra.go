@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -142,6 +145,11 @@ func (s *SliceWrites) Events() []string {
 	defer s.mu.Unlock()
 	return slices.Clone(s.events)
 }
+
+// AgentAddr is where the chart's agent on the main node serves /metrics,
+// /healthz and /readyz: the node's IP (the chart's metricsBind: hostIP),
+// port 9464.
+const AgentAddr = NodeIP + ":9464"
 
 // AgentMetric returns the value of one sample line ("name{labels}") of the
 // agent's Prometheus metrics at addr, "" when absent.

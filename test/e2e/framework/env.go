@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package framework runs a real single-node Kubernetes for hwdra's
 // end-to-end tests: etcd, kube-apiserver, kube-controller-manager,
 // kube-scheduler, containerd and the kubelet, all inside a network namespace

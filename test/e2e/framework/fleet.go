@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -7,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -34,17 +38,40 @@ func fleetControllerManagerArgs(args []string) []string {
 // fleetSchedulerArgs serve the scheduler's metrics on loopback without
 // authentication and lift its client's rate limit (50 QPS by default, two
 // writes per DRA pod) as upstream scheduler_perf does, so throughput is
-// the scheduler's, not its rate limiter's.
-func fleetSchedulerArgs(args []string) []string {
+// the scheduler's, not its rate limiter's. With
+// Options.PercentageOfNodesToScore the scheduler reads a configuration
+// file instead of its deprecated flags (kubeconfig, leader election, QPS).
+func (n *Node) fleetSchedulerArgs(args []string, kubeconfig string) ([]string, error) {
 	out := make([]string, 0, len(args)+5)
+	pct := n.Options.PercentageOfNodesToScore
 	for _, a := range args {
-		if a != "--secure-port=0" {
+		switch {
+		case a == "--secure-port=0":
+		case pct > 0 && (strings.HasPrefix(a, "--kubeconfig=") || strings.HasPrefix(a, "--leader-elect=")):
+		default:
 			out = append(out, a)
 		}
 	}
-	return append(out, "--secure-port=10259", "--bind-address=127.0.0.1",
-		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-		"--kube-api-qps=5000", "--kube-api-burst=5000")
+	out = append(out, "--secure-port=10259", "--bind-address=127.0.0.1",
+		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics")
+	if pct <= 0 {
+		return append(out, "--kube-api-qps=5000", "--kube-api-burst=5000"), nil
+	}
+	config := filepath.Join(n.Root, "scheduler-config.yaml")
+	yaml := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: %q
+  qps: 5000
+  burst: 5000
+leaderElection:
+  leaderElect: false
+percentageOfNodesToScore: %d
+`, kubeconfig, pct)
+	if err := os.WriteFile(config, []byte(yaml), 0o600); err != nil {
+		return nil, err
+	}
+	return append(out, "--config="+config), nil
 }
 
 // bootControlPlane is boot for ControlPlaneOnly: the control plane and

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -17,6 +20,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // Mock hardware that outlives the agent, as real hardware does: the agent
@@ -99,22 +103,15 @@ func (n *Node) StartAgentBinary(t testing.TB, bin, hardware string, env []string
 // WaitMockState waits until cond holds for the mock hardware's state in dir
 // and returns that state; the error shows the last state read.
 func WaitMockState(ctx context.Context, dir string, timeout time.Duration, what string, cond func(persist.State) bool) (persist.State, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		s, err := persist.ReadState(dir)
-		if err == nil && cond(s) {
-			return s, nil
+	var s persist.State
+	err := waitfor.Check(ctx, "mock hardware in "+dir+": "+what, timeout, func() error {
+		var err error
+		if s, err = persist.ReadState(dir); err == nil && !cond(s) {
+			err = fmt.Errorf("last state:\n%s", StateJSON(s))
 		}
-		if time.Now().After(deadline) {
-			if err != nil {
-				return s, fmt.Errorf("mock hardware in %s: not %s within %v: %w", dir, what, timeout, err)
-			}
-			return s, fmt.Errorf("mock hardware in %s: not %s within %v; last state:\n%s", dir, what, timeout, StateJSON(s))
-		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return s, err
-		}
-	}
+		return err
+	})
+	return s, err
 }
 
 // WaitMockBusy waits until the mock hardware in dir is in the middle of a

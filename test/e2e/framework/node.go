@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -39,6 +42,12 @@ type Options struct {
 	// the API server reachable from the workers' namespaces, a kubelet
 	// identity per worker name, the node lifecycle controller on.
 	Workers []string
+	// SchedulerBinary runs this kube-scheduler instead of the built one
+	// (ControlPlaneOnly: the fleet's patched scheduler).
+	SchedulerBinary string
+	// PercentageOfNodesToScore sets the scheduler's option of that name
+	// (ControlPlaneOnly; 0: the scheduler's default).
+	PercentageOfNodesToScore int
 }
 
 // Node is a running single-node cluster.

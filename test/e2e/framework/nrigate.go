@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -50,7 +53,8 @@ func (n *Node) StartNRIGate(t testing.TB, namespace, name string) *NRIGate {
 		t.Fatal("the NRI gate did not connect to containerd within 10s")
 	}
 	// containerd drops events sent before it marks a plugin synchronized,
-	// right after Synchronize returns.
+	// right after Synchronize returns; it tells no one when, so real time
+	// passes.
 	time.Sleep(500 * time.Millisecond)
 	return g
 }

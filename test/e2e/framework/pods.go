@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // CreateNamespace makes a fresh namespace for t, waits for its default
@@ -27,17 +33,11 @@ func (n *Node) CreateNamespace(t testing.TB, prefix string) string {
 	t.Cleanup(func() {
 		_ = n.Admin.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.NoError(t, "namespace "+ns.Name+"'s default ServiceAccount", 30*time.Second, func() error {
 		_, err := n.Admin.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})
-		if err == nil {
-			return ns.Name
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("namespace %s: no default ServiceAccount: %v", ns.Name, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
+	return ns.Name
 }
 
 // TestAppPod is a pod running the test app, which prints its environment
@@ -133,35 +133,27 @@ func (n *Node) PodLogs(ctx context.Context, ns, name, container string) (string,
 // WaitPodLogs waits until the container's log contains want (a container
 // may be Running before its first line is written) and returns the log.
 func (n *Node) WaitPodLogs(ctx context.Context, ns, name, container, want string, timeout time.Duration) (string, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		logs, err := n.PodLogs(ctx, ns, name, container)
-		if err == nil && strings.Contains(logs, want) {
-			return logs, nil
+	var logs string
+	err := waitfor.Check(ctx, fmt.Sprintf("%q in the log of %s/%s", want, ns, name), timeout, func() error {
+		var err error
+		if logs, err = n.PodLogs(ctx, ns, name, container); err == nil && !strings.Contains(logs, want) {
+			err = errors.New("not yet")
 		}
-		if time.Now().After(deadline) {
-			return logs, fmt.Errorf("log of %s/%s has no %q after %v (err %v)", ns, name, want, timeout, err)
-		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
-			return logs, err
-		}
-	}
+		return err
+	})
+	return logs, err
 }
 
 // WaitPodGone waits until the pod object is deleted (the kubelet has
 // stopped its containers and the API object is removed).
 func (n *Node) WaitPodGone(ctx context.Context, ns, name string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		p, err := n.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pod %s/%s still exists after %v: %s", ns, name, timeout, n.describePod(ns, name, p))
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
-		}
+	var p *corev1.Pod
+	if err := waitfor.Until(ctx, "pod "+ns+"/"+name+" gone", timeout, func() bool {
+		var err error
+		p, err = n.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}); err != nil {
+		return fmt.Errorf("%w: %s", err, n.describePod(ns, name, p))
 	}
+	return nil
 }

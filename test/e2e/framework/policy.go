@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -7,6 +10,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // waitDeployEffective waits until the chart's RBAC and admission policy are in
@@ -23,23 +28,17 @@ func (n *Node) waitDeployEffective(ctx context.Context, timeout time.Duration) e
 			ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-"},
 			Spec: resourceapi.ResourceSliceSpec{
 				Driver: "gpu.hwdra.io", NodeName: &node,
-				Pool: resourceapi.ResourcePool{Name: "probe", ResourceSliceCount: 1},
+				Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
 			},
 		}
 		_, err := creds.Client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	}
-	deadline := time.Now().Add(timeout)
-	for {
+	return waitfor.Check(ctx, "the chart's RBAC and admission policy in force", timeout, func() error {
 		own, other := probe(n.Name), probe("probe-other-node")
 		if own == nil && other != nil {
-			return nil //nolint:nilerr // the other node's write must be refused: that is the check
+			return nil // the other node's write must be refused: that is the check
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the chart's RBAC and admission policy not in force after %v: own node: %v; other node: %v", timeout, own, other)
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
-		}
-	}
+		return fmt.Errorf("own node: %v; other node: %v", own, other)
+	})
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -9,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // Process is one running component. Its output goes to a log file that the
@@ -142,16 +147,8 @@ const NRISynced = "Synchronized with the container runtime"
 // WaitLog waits until the process's log, after offset since, has a line
 // containing want.
 func (p *Process) WaitLog(ctx context.Context, since int64, want string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		if data, err := readFrom(p.LogPath, since); err == nil && strings.Contains(string(data), want) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: no %q in its log within %v", p.Name, want, timeout)
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
-		}
-	}
+	return waitfor.Until(ctx, fmt.Sprintf("%s: %q in its log", p.Name, want), timeout, func() bool {
+		data, err := readFrom(p.LogPath, since)
+		return err == nil && strings.Contains(string(data), want)
+	})
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -17,6 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // Helpers for pod scenarios: custom mock hardware, pods that must stay
@@ -199,25 +204,24 @@ func (o AppOutput) MissingEdits(edits cdispec.ContainerEdits) []string {
 // scheduler ignores an incomplete pool, so a pod created earlier would
 // wait for the rest.
 func (n *Node) WaitPoolsComplete(ctx context.Context, driver string, timeout time.Duration) ([]resourceapi.ResourceSlice, error) {
-	deadline := time.Now().Add(timeout)
-	for {
+	var items []resourceapi.ResourceSlice
+	err := waitfor.Check(ctx, "complete pools of "+driver+" on node "+n.Name, timeout, func() error {
 		list, err := n.Admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
 			FieldSelector: "spec.nodeName=" + n.Name + ",spec.driver=" + driver,
 		})
-		if err == nil && len(list.Items) > 0 && poolsComplete(list.Items) {
-			return list.Items, nil
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			var have int
-			if list != nil {
-				have = len(list.Items)
-			}
-			return nil, fmt.Errorf("pools of %s on node %s incomplete after %v (%d slices, last error %v)", driver, n.Name, timeout, have, err)
+		if len(list.Items) == 0 || !poolsComplete(list.Items) {
+			return fmt.Errorf("%d slices, pools incomplete", len(list.Items))
 		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
-			return nil, err
-		}
+		items = list.Items
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return items, nil
 }
 
 func poolsComplete(slices []resourceapi.ResourceSlice) bool {
@@ -265,26 +269,22 @@ func (n *Node) KubeletLogSize() int64 {
 func (n *Node) WaitDriverRegistered(ctx context.Context, driver string, since int64, timeout time.Duration) error {
 	// k8s.io/kubernetes pkg/kubelet/cm/dra/plugin (V(2) in v1.37).
 	want := []string{`"Connection changed"`, `driverName="` + driver + `"`, `connected=true`}
-	deadline := time.Now().Add(timeout)
-	for {
-		if data, err := readFrom(n.Kubelet.LogPath, since); err == nil {
-			for _, line := range strings.Split(string(data), "\n") {
-				found := true
-				for _, w := range want {
-					found = found && strings.Contains(line, w)
-				}
-				if found {
-					return nil
-				}
+	return waitfor.Until(ctx, fmt.Sprintf("the kubelet registering DRA driver %s (%s in its log)", driver, strings.Join(want, " ")), timeout, func() bool {
+		data, err := readFrom(n.Kubelet.LogPath, since)
+		if err != nil {
+			return false
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			found := true
+			for _, w := range want {
+				found = found && strings.Contains(line, w)
+			}
+			if found {
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the kubelet did not register DRA driver %s within %v (no %s in its log)", driver, timeout, strings.Join(want, " "))
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
-		}
-	}
+		return false
+	})
 }
 
 func readFrom(path string, offset int64) ([]byte, error) {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package framework
 
 import (
@@ -194,6 +197,8 @@ func cleanupCgroups(log logf, tops func() []string) {
 		for _, dir := range all {
 			_ = unix.Rmdir(dir)
 		}
+		// SIGKILLed processes leave their cgroups only once the kernel
+		// has reaped them: no event to wait on here, so time passes.
 		time.Sleep(100 * time.Millisecond)
 	}
 	log("cgroups left behind: %v", tops())

@@ -26,6 +26,25 @@ mock:/etc/hwdra/mock-profile.yaml
 {{- end -}}
 
 {{/*
+The node paths the agent looks for the NVIDIA driver in when no
+nvidiaDriverRoot is given (internal/backend's KnownRoots), each mounted
+read-only at /host<path>: the GPU operator's driver container's root
+(created empty where none runs yet: the container mounts it later, and
+HostToContainer shows that mount); for a driver installed on the node
+itself ("/"), only /usr (programs and libraries, and /usr/local/nvidia),
+/lib/firmware (the GSP firmware containers get) and /etc/cdi (the NVIDIA
+Container Toolkit's spec); GKE's root (created empty on other nodes).
+deploy/mounts_test.go holds this list to KnownRoots.
+*/}}
+{{- define "hwdra.driverSearchMounts" -}}
+- {name: driver-container, path: /run/nvidia/driver, type: DirectoryOrCreate, propagate: true}
+- {name: driver-host-usr, path: /usr, type: Directory}
+- {name: driver-host-firmware, path: /lib/firmware, type: DirectoryOrCreate}
+- {name: driver-host-cdi, path: /etc/cdi, type: DirectoryOrCreate}
+- {name: driver-gke, path: /home/kubernetes/bin/nvidia, type: DirectoryOrCreate}
+{{- end -}}
+
+{{/*
 An extended resource name as the API server takes it (k8s.io/kubernetes
 pkg/apis/core/v1/helper IsExtendedResourceName: <domain>/<name> outside
 kubernetes.io, "requests.<domain>/<name>" a qualified name), else a render
@@ -130,10 +149,13 @@ the PF's driver takes a minimum: mlx5 (with the firmware's eswitch
 bandwidth share) and ice (with DCB off). The device metadata says what
 the VF got (sriov.hwdra.io/minTxRateMbps, maxTxRateMbps); docs/user-guide.md
 lists what a share gets per link type and driver.`
-  "expression" (list `device.driver == "sriov.hwdra.io" && device.allowMultipleAllocations`)) -}}
+  "expression" (list `device.driver == "sriov.hwdra.io" && "mode" in device.attributes["sriov.hwdra.io"] &&` `device.attributes["sriov.hwdra.io"].mode == "shared"`)) -}}
 {{- $classes = append $classes (dict "name" "vf.sriov.hwdra.io" "what" "whole VFs, exclusively (PFs in exclusive mode)"
-  "doc" "A whole VF, exclusively (PFs configured in exclusive mode)."
-  "expression" (list `device.driver == "sriov.hwdra.io" && !device.allowMultipleAllocations`)) -}}
+  "doc" `A whole VF, exclusively (PFs configured in exclusive mode, and every
+PF where the cluster has DRAConsumableCapacity off). The classes test the
+published mode, not device.allowMultipleAllocations: without that gate
+the API server's CEL knows no such field and refuses the class.`
+  "expression" (list `device.driver == "sriov.hwdra.io" && "mode" in device.attributes["sriov.hwdra.io"] &&` `device.attributes["sriov.hwdra.io"].mode == "exclusive"`)) -}}
 {{- toYaml $classes -}}
 {{- end -}}
 

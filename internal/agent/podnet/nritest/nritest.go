@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nritest runs NRI's runtime side (pkg/adaptation, what containerd
 // embeds) in a test process, so that tests drive the agent's NRI plugin
 // over a real socket as containerd would, and makes pod sandboxes with

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpu
 
 import (
@@ -22,7 +25,7 @@ import (
 // never deadlock).
 func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, save func(Record) error) ([]prepare.Device, Record, error) {
 	var rec Record
-	plans, err := plan(claim, d.catalog(), d.leave)
+	plans, err := plan(claim, d.catalog(), d.node, d.leave)
 	if err != nil {
 		return nil, rec, err
 	}
@@ -114,6 +117,7 @@ func (a *applier) apply(ctx context.Context, p devicePlan, libs *cdispec.Contain
 	case p.dev.Kind == device.KindShare:
 		// A share's container gets the GPU; MPS holds it to its share.
 		out.Edits, err = a.fullGPU(p, libs)
+		md.Share = &metadata.ShareLimits{ThreadPercentage: p.share.compute, MemoryBytes: p.share.memory}
 	case p.dev.Kind == device.KindMIG:
 		out.Edits, md, err = a.mig(r, p, libs)
 	case p.dev.Kind == device.KindVGPU && p.dev.GPU.VGPU.Framework == hw.VGPUFrameworkVFIO:
@@ -385,7 +389,7 @@ func (a *applier) vgpu(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits, 
 	if err != nil {
 		return nil, metadata.GPU{}, err
 	}
-	edits, err := a.d.vfioEdits(group)
+	edits, err := a.d.vfioEdits("vGPU "+id, group)
 	if err != nil {
 		return nil, metadata.GPU{}, err
 	}
@@ -418,6 +422,9 @@ func (a *applier) vfVGPU(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits
 	vf, err := a.d.vfs.Free(g.PCIBusID, t.ID)
 	if err != nil {
 		return nil, metadata.GPU{}, fmt.Errorf("vGPU type %s: %w", t.Name, err)
+	}
+	if err := a.d.vfNoIOMMU(vf); err != nil {
+		return nil, metadata.GPU{}, err
 	}
 	r.VF = &VFRecord{Address: vf, Type: t.ID}
 	if err := a.d.own(vfKey(vf), a.claim); err != nil {
@@ -455,7 +462,7 @@ func (a *applier) vfVGPU(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits
 	if err := vfiopci.GroupViable(a.d.sysfs, group); err != nil {
 		return nil, metadata.GPU{}, fmt.Errorf("VF %s: %w", vf, err)
 	}
-	edits, err := a.d.vfioEdits(group)
+	edits, err := a.d.vfioEdits("VF "+vf+" of GPU "+g.PCIBusID, group)
 	if err != nil {
 		return nil, metadata.GPU{}, err
 	}
@@ -467,6 +474,21 @@ func (a *applier) vfVGPU(r *DeviceRecord, p devicePlan) (*cdispec.ContainerEdits
 	return edits, md, nil
 }
 
+// vfNoIOMMU refuses a VF whose VFIO group already shows that it has no
+// IOMMU behind it, before the VF is made a vGPU (vfioEdits checks again
+// once it is one, where the group appears only then).
+func (d *Driver) vfNoIOMMU(vf string) error {
+	group, err := d.vfs.IOMMUGroup(vf)
+	if err != nil {
+		return nil //nolint:nilerr // no group yet: checked once the VF is a vGPU
+	}
+	g, err := vfiopci.VFIOGroup(d.sysfs, group)
+	if err != nil {
+		return nil //nolint:nilerr // no VFIO device yet: checked once the VF is a vGPU
+	}
+	return vfiopci.RefuseNoIOMMU("VF "+vf, g, d.noIOMMU)
+}
+
 // passthrough gives a GPU bound to vfio-pci to the container: its VFIO
 // group node and /dev/vfio/vfio, once the group is viable (every device
 // in it on a VFIO driver), with its PCI address in the environment.
@@ -475,7 +497,7 @@ func (a *applier) passthrough(p devicePlan) (*cdispec.ContainerEdits, error) {
 	if err := vfiopci.GroupViable(a.d.sysfs, g.IOMMUGroup); err != nil {
 		return nil, fmt.Errorf("GPU %s: %w", g.PCIBusID, err)
 	}
-	edits, err := a.d.vfioEdits(g.IOMMUGroup)
+	edits, err := a.d.vfioEdits("GPU "+g.PCIBusID, g.IOMMUGroup)
 	if err != nil {
 		return nil, err
 	}

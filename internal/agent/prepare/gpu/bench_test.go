@@ -1,17 +1,33 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpu
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/hwdra/hwdra/internal/agent/metadata"
+	"github.com/hwdra/hwdra/internal/agent/prepare"
 	"github.com/hwdra/hwdra/internal/backend/driverlibs"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // benchPrepareUnprepare prepares and unprepares one claim through the
@@ -40,6 +56,16 @@ func benchPrepareUnprepareOn(b *testing.B, e *env, req request, held ...request)
 		}
 	}
 	ctx := klog.NewContext(context.Background(), logr.Discard())
+	// As the agent runs it: each prepare queues the claim's status, which
+	// a writer applies in the background through client-go, over HTTP, to
+	// an API server (one in the test process that takes each apply: the
+	// agent's side of the write is what competes with prepare here).
+	api, applies := statusServer(b, c)
+	status := metadata.NewStatusWriter(api, DriverName, nil)
+	statusCtx, stopStatus := context.WithCancel(ctx)
+	defer stopStatus()
+	go status.Run(statusCtx)
+	e.plugin.ReportTo(benchReporter{status})
 	claims := []*resourceapi.ResourceClaim{c}
 	refs := []kubeletplugin.NamespacedObject{{UID: c.UID}}
 	var prep, unprep time.Duration
@@ -65,6 +91,10 @@ func benchPrepareUnprepareOn(b *testing.B, e *env, req request, held ...request)
 		}
 	}
 	b.StopTimer()
+	waitfor.True(b, "claim status written", 10*time.Second, func() bool { return status.Pending() == 0 })
+	if n := applies.Load(); n < 1 {
+		b.Fatalf("%d status applies", n)
+	}
 	b.ReportMetric(float64(prep.Nanoseconds())/float64(b.N), "prepare-ns/op")
 	b.ReportMetric(float64(unprep.Nanoseconds())/float64(b.N), "unprepare-ns/op")
 	for _, k := range kept {
@@ -73,6 +103,45 @@ func benchPrepareUnprepareOn(b *testing.B, e *env, req request, held ...request)
 	if after := e.hwState(); after != before {
 		b.Fatalf("hardware after the benchmark:\n%s\nwas\n%s", after, before)
 	}
+}
+
+// statusServer is an API server for claim status applies: it takes each
+// one (a server-side apply of the claim's status) and answers with the
+// claim, as the API server does; applies counts them.
+func statusServer(b *testing.B, c *resourceapi.ResourceClaim) (kubernetes.Interface, *atomic.Int64) {
+	var applies atomic.Int64
+	answer, err := json.Marshal(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPatch || r.Header.Get("Content-Type") != string(types.ApplyPatchType) || !strings.HasSuffix(r.URL.Path, "/"+c.Name+"/status") {
+			http.Error(w, "not a claim status apply: "+r.Method+" "+r.URL.Path, http.StatusBadRequest)
+			return
+		}
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		applies.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(answer)
+	}))
+	b.Cleanup(srv.Close)
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL, QPS: 50, Burst: 100})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return client, &applies
+}
+
+// benchReporter queues a prepared claim's status as the agent does
+// (agent.gpuStatusReporter).
+type benchReporter struct{ w *metadata.StatusWriter }
+
+func (r benchReporter) Prepared(claim *resourceapi.ResourceClaim, c prepare.Claim[Record]) {
+	r.w.Set(metadata.ClaimStatus{Claim: metadata.ClaimRef{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name},
+		Devices: Statuses(c), Time: metav1.Now()})
 }
 
 func BenchmarkPrepareUnprepareFullGPU(b *testing.B) {
@@ -112,4 +181,31 @@ func BenchmarkPrepareUnprepareLaterShare(b *testing.B) {
 // A whole GPU under MPS for one claim: its own daemon each time.
 func BenchmarkPrepareUnprepareMPSClaim(b *testing.B) {
 	benchPrepareUnprepare(b, "gpus: [{model: h100-80gb, count: 8}]", request{name: "gpu", cel: `profile == "full"`, config: sharingConfig(`{"strategy": "MPS"}`)})
+}
+
+// BenchmarkQueueClaimStatus: what a prepare's path gains from claim
+// status, for a MIG claim and a share: its entries built from the
+// checkpoint (Statuses) and queued (StatusWriter.Set); the write itself
+// is the writer's goroutine's.
+func BenchmarkQueueClaimStatus(b *testing.B) {
+	for _, tc := range []struct {
+		name, profile string
+		req           request
+	}{
+		{"MIG", "gpus: [{model: h100-80gb, count: 1, mig: true}]", request{name: "mig", cel: `profile == "1g.10gb"`}},
+		{"share", "gpus: [{model: h100-80gb, count: 1}]", shareOf("s", "10Gi", "40")},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			e := newEnv(b, tc.profile, true)
+			c := e.claim(tc.req)
+			e.mustPrepare(c)
+			defer e.unprepare(c)
+			entry := e.plugin.Claims()[c.UID]
+			r := benchReporter{metadata.NewStatusWriter(nil, DriverName, nil)} // not run: Set alone
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Prepared(c, entry)
+			}
+		})
+	}
 }

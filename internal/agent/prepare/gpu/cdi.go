@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpu
 
 import (
@@ -12,6 +15,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/prepare"
 	"github.com/hwdra/hwdra/internal/backend/nvml"
+	"github.com/hwdra/hwdra/internal/backend/vfiopci"
 )
 
 // What a container gets for a device (its CDI container edits):
@@ -188,25 +192,24 @@ func readCapability(path string) (int64, *os.FileMode, error) {
 }
 
 // vfioEdits are the VFIO nodes of an IOMMU group (a vGPU's, a passthrough
-// GPU's) and the VFIO container.
-func (d *Driver) vfioEdits(group int) (*cdispec.ContainerEdits, error) {
+// GPU's; what names the device in a refusal) and the VFIO container. A
+// group without an IOMMU behind it is refused unless the configuration
+// allows such groups.
+func (d *Driver) vfioEdits(what string, group int) (*cdispec.ContainerEdits, error) {
 	r := d.nodes
+	g, err := vfiopci.VFIOGroup(r.sys, group)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := vfiopci.RefuseNoIOMMU(what, g, d.noIOMMU); err != nil {
+		return nil, err
+	}
 	container, err := r.charDev("vfio/vfio", fixed(miscMajor, vfioMiscMinor))
 	if err != nil {
 		return nil, err
 	}
-	groupNode, err := r.charDev(fmt.Sprintf("vfio/%d", group), func() (int64, int64, error) {
-		// The VFIO group device's numbers, as udev reads them.
-		raw, err := os.ReadFile(filepath.Join(r.sys, "class/vfio", strconv.Itoa(group), "dev"))
-		if err != nil {
-			return 0, 0, err
-		}
-		var major, minor int64
-		if _, err := fmt.Sscanf(strings.TrimSpace(string(raw)), "%d:%d", &major, &minor); err != nil {
-			return 0, 0, fmt.Errorf("VFIO group %d: dev %q: %w", group, raw, err)
-		}
-		return major, minor, nil
-	})
+	// The VFIO group device's numbers, as udev reads them.
+	groupNode, err := r.charDev("vfio/"+g.Node, fixed(g.Major, g.Minor))
 	if err != nil {
 		return nil, err
 	}

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpu
 
 import (
@@ -17,6 +20,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/backend/nvml"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // crash is what the test hook panics with: the agent dies right after a
@@ -287,7 +291,7 @@ func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
 					// while they are allocated: the third ask comes after
 					// the first of them ended (or the hardware changed: no
 					// need to wait).
-					waitFor(t, "reclaims going on in the background", func() bool { return asked.Load() >= asks+3 || e.hwState() != running })
+					waitfor.True(t, "reclaims going on in the background", 10*time.Second, func() bool { return asked.Load() >= asks+3 || e.hwState() != running })
 				}
 				if got := e.hwState(); got != running {
 					t.Fatalf("the running claims' hardware changed at the restart:\n%s\nwant\n%s", got, running)
@@ -305,7 +309,7 @@ func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
 					mu.Lock()
 					allocated = nil
 					mu.Unlock()
-					waitFor(t, "the deallocated claims' hardware reclaimed", func() bool { return e.hwState() == before && len(e.ledgerKeys()) == 0 })
+					waitfor.True(t, "the deallocated claims' hardware reclaimed", 10*time.Second, func() bool { return e.hwState() == before && len(e.ledgerKeys()) == 0 })
 				} else {
 					for _, c := range claims {
 						e.unprepare(c)
@@ -324,14 +328,4 @@ func TestLostStateNeverLeaksNorBreaksRunningClaims(t *testing.T) {
 			})
 		}
 	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("not within 10s: %s", what)
 }

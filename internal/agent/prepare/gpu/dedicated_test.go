@@ -1,7 +1,11 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpu
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +28,7 @@ import (
 	"github.com/hwdra/hwdra/internal/mock/drivertools"
 	"github.com/hwdra/hwdra/internal/procstat"
 	"github.com/hwdra/hwdra/internal/state"
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // Dedicated GPU shares: each runs under an MPS daemon of its own whose
@@ -499,14 +504,10 @@ func TestDedicatedShareDaemonDown(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Dead (a zombie or reaped) as the manager's check reads it.
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				if _, err := procstat.StartTime(killed); err != nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("daemon %s (PID %d) still runs after SIGKILL", tc.kill, killed)
-				}
-			}
+			waitfor.True(t, fmt.Sprintf("daemon %s (PID %d) dead after SIGKILL", tc.kill, killed), 10*time.Second, func() bool {
+				_, err := procstat.StartTime(killed)
+				return err != nil
+			})
 			m.Check(ctx)
 			if got, want := faulted(), []string{shareDevice + ": MPSDaemonDown"}; !slices.Equal(got, want) {
 				t.Errorf("devices faulted %v, want %v", got, want)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gpu is the gpu.hwdra.io side of prepare: it turns allocated GPU
 // devices (whole GPUs, MIG partitions, vGPUs) into hardware state and CDI
 // container edits, recording every side effect so that a failed or
@@ -42,6 +45,9 @@ type Options struct {
 	// NVML is the initialised GPU backend; nil on a node whose only GPUs
 	// are bound to vfio-pci (passthrough), which need none.
 	NVML *nvml.Backend
+	// NodeName is the node, and so the name of its pool: prepare refuses
+	// a device allocated from another pool.
+	NodeName string
 	// Published is what the node publishes now: its GPUs (NVML's and
 	// those bound to vfio-pci) and the features the slices were built
 	// with. Prepare looks devices up in the catalog they give
@@ -72,15 +78,24 @@ type Options struct {
 	// MPSCgroup is where MPS control daemons' processes go: beside the
 	// agent's pod where it runs in one.
 	MPSCgroup mps.Cgroup
+	// MPSShmSize and MPSMemoryLimit size each MPS daemon's shared memory
+	// and its cgroup's memory limit, in bytes (gpus.mps); 0: the
+	// defaults.
+	MPSShmSize, MPSMemoryLimit int64
 	// Settings is gpus.settings (config.GPUPolicy.Settings): under Leave
 	// prepare never changes a GPU's MIG mode, compute mode or time slice.
 	// Empty: Manage.
 	Settings config.GPUSettings
+	// AllowUnsafeNoIOMMU hands out VFIO groups of a kernel that runs VFIO
+	// without an IOMMU (vfio.allowUnsafeNoIOMMU); false refuses a claim
+	// for a device in one.
+	AllowUnsafeNoIOMMU bool
 }
 
 // Driver prepares gpu.hwdra.io devices; it implements prepare.Driver.
 type Driver struct {
 	nvml      *nvml.Backend
+	node      string
 	published prepare.Published
 	mdevs     *nvml.Mdevs
 	vfs       *nvml.VFVGPUs
@@ -92,6 +107,8 @@ type Driver struct {
 	mps       *mps.Manager
 	// leave: gpus.settings is Leave (Options.Settings).
 	leave bool
+	// noIOMMU: Options.AllowUnsafeNoIOMMU.
+	noIOMMU bool
 
 	gpuLocks keyedlock.Locks
 	mu       sync.Mutex
@@ -128,8 +145,8 @@ var _ prepare.Driver[Record] = (*Driver)(nil)
 
 // New returns a Driver. It touches no hardware.
 func New(opts Options) (*Driver, error) {
-	if opts.Published == nil {
-		return nil, errors.New("gpu: Published is required")
+	if opts.Published == nil || opts.NodeName == "" {
+		return nil, errors.New("gpu: Published and NodeName are required")
 	}
 	switch opts.Settings {
 	case "", config.SettingsManage, config.SettingsLeave:
@@ -153,13 +170,14 @@ func New(opts Options) (*Driver, error) {
 	}
 	daemons, err := mps.Open(mps.Options{
 		Dir: filepath.Join(opts.StateDir, "mps"), StateFile: filepath.Join(opts.StateDir, DriverName+".mps.json"),
-		Programs: opts.Programs, Cgroup: opts.MPSCgroup,
+		Programs: opts.Programs, Cgroup: opts.MPSCgroup, ShmSize: opts.MPSShmSize, MemoryLimit: opts.MPSMemoryLimit,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
 	return &Driver{
 		nvml:      opts.NVML,
+		node:      opts.NodeName,
 		published: opts.Published,
 		mdevs:     nvml.NewMdevs(opts.SysfsRoot, opts.Sysfs),
 		vfs:       nvml.NewVFVGPUs(opts.SysfsRoot, opts.Sysfs),
@@ -170,6 +188,7 @@ func New(opts Options) (*Driver, error) {
 		programs:  opts.Programs,
 		mps:       daemons,
 		leave:     opts.Settings == config.SettingsLeave,
+		noIOMMU:   opts.AllowUnsafeNoIOMMU,
 		owners:    map[string]types.UID{},
 		users:     map[string]map[types.UID]bool{},
 		mpsUsers:  map[string]map[types.UID]bool{},

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpu
 
 import (
@@ -60,6 +63,9 @@ type env struct {
 	// restartWith. The allocator's slices are always Manage's: a claim
 	// may have been allocated before the setting changed.
 	settings config.GPUSettings
+	// noIOMMU is the driver's vfio.allowUnsafeNoIOMMU; set it, then
+	// restart.
+	noIOMMU bool
 	// ctx is what prepare and unprepare run with (a test's logger); nil:
 	// context.Background().
 	ctx context.Context
@@ -125,6 +131,7 @@ func (e *env) restart(hook func(string) error) {
 	e.t.Helper()
 	d, err := New(Options{
 		NVML:      e.nvml,
+		NodeName:  testNode,
 		Published: e,
 		StateDir:  filepath.Join(e.dir, "state"),
 		DevRoot:   e.hw.DevRoot(),
@@ -133,9 +140,10 @@ func (e *env) restart(hook func(string) error) {
 		Sysfs:     e.hw.SysfsWriter(),
 		// The toolkit's spec alone (no NVML: nothing generated), so that
 		// tests see the spec's files; driver_files_test.go generates.
-		DriverFiles: driverlibs.New(driverlibs.Options{SpecDirs: []string{filepath.Join(e.dir, "etc-cdi"), filepath.Join(e.dir, "cdi")}}),
-		Programs:    nvml.Programs{Bin: e.hw.DriverBin()},
-		Settings:    e.settings,
+		DriverFiles:        driverlibs.New(driverlibs.Options{SpecDirs: []string{filepath.Join(e.dir, "etc-cdi"), filepath.Join(e.dir, "cdi")}}),
+		Programs:           nvml.Programs{Bin: e.hw.DriverBin()},
+		Settings:           e.settings,
+		AllowUnsafeNoIOMMU: e.noIOMMU,
 	})
 	if err != nil {
 		e.t.Fatal(err)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpu
 
 import (
@@ -13,6 +16,7 @@ import (
 	"github.com/hwdra/hwdra/api"
 	gpuv1alpha1 "github.com/hwdra/hwdra/api/gpu/v1alpha1"
 	"github.com/hwdra/hwdra/internal/agent/mps"
+	"github.com/hwdra/hwdra/internal/agent/prepare"
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/internal/agent/slices/resources"
 	"github.com/hwdra/hwdra/internal/backend/nvml"
@@ -46,12 +50,12 @@ type devicePlan struct {
 }
 
 // plan is pure: the claim's allocation, its configuration, the catalog
-// of published devices and whether the agent leaves GPU settings alone
-// (gpus.settings Leave) give the devices to prepare, or an error before
-// any hardware is touched. Whether a device's GPU is in the MIG mode it
+// of published devices, the node (every result's pool must be its) and
+// whether the agent leaves GPU settings alone (gpus.settings Leave) give
+// the devices to prepare, or an error before any hardware is touched. Whether a device's GPU is in the MIG mode it
 // needs under Leave only the live hardware tells (apply's
 // modesAsNeeded): the catalog shows a mode the agent switched as it was.
-func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevice, leave bool) ([]devicePlan, error) {
+func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevice, node string, leave bool) ([]devicePlan, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
@@ -64,6 +68,9 @@ func plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.GPUDevi
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
 			continue
+		}
+		if err := prepare.OwnPool(r, node); err != nil {
+			return nil, err
 		}
 		dev, ok := catalog[r.Device]
 		if !ok {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpu
 
 import (
@@ -319,7 +322,7 @@ func TestLeaveReclaimRestoresLeftSettings(t *testing.T) {
 // A driver asked for a setting it does not know is not made: it would
 // otherwise manage the settings of a node meant to be left alone.
 func TestUnknownSettingsRefused(t *testing.T) {
-	_, err := New(Options{Published: &env{}, StateDir: t.TempDir(), Settings: "leave"})
+	_, err := New(Options{Published: &env{}, NodeName: testNode, StateDir: t.TempDir(), Settings: "leave"})
 	if err == nil || !strings.Contains(err.Error(), `Settings "leave": want Manage or Leave`) {
 		t.Errorf("error %v", err)
 	}

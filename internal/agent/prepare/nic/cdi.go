@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nic
 
 import (
@@ -21,7 +24,7 @@ import (
 func (d *Driver) describe(a Assignment, applied hw.VFConfig) (*cdispec.ContainerEdits, metadata.NIC, error) {
 	md := nicMetadata(a)
 	md.VF = &metadata.VF{PCIAddress: a.VF.PCIAddress, Index: a.VF.Index, DeviceID: a.VF.DeviceID, Driver: a.VF.Driver,
-		Bandwidth: a.Bandwidth, MAC: applied.MAC, VLAN: applied.VLAN, VLANQoS: applied.QoS}
+		MAC: applied.MAC, VLAN: applied.VLAN, VLANQoS: applied.QoS}
 	if a.Bandwidth != nil && !a.KeepRate {
 		md.VF.Rates = &metadata.TxRates{MinMbps: applied.MinTxRateMbps, MaxMbps: applied.MaxTxRateMbps}
 	}

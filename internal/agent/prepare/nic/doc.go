@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nic is the sriov.hwdra.io side of prepare: a prepare.Driver that
 // reserves and configures SR-IOV VFs for claims and restores them after.
 //
@@ -20,8 +23,25 @@
 // consumed bandwidth, so what the scheduler counted is what the wire
 // enforces; min_tx_rate is cleared (no guarantee is promised beyond the
 // scheduler's accounting, and mlx5 needs eswitch QoS for it). MAC, port
-// VLAN and QoS, trust and spoof checking come from the VfConfig, and the
-// MTU too (default: the PF's MTU, as the VfConfig documents).
+// VLAN and QoS, trust and spoof checking (InfiniBand: the GUIDs) come
+// from the VfConfig, and the MTU too (default: the PF's MTU, as the
+// VfConfig documents).
+//
+// # Whose settings
+//
+// The DeviceClass's VfConfig is the administrator's, the claim's its
+// author's (api.Layers tells them apart). The claim's last VfConfig
+// replaces its class's for the pod-side fields (interface name, MTU,
+// addresses, routes), but the class's MAC, VLAN and QoS, trust, spoof
+// checking and GUIDs stay unless the claim sets them, and the claim may
+// set them only as the agent's vfPolicy allows for the VF's PF
+// (config.VFPolicy; by default not at all) or to its class's values, or
+// ask for less (trust off, spoof checking on). Plan refuses more, naming
+// the field, the PF and the setting, before any VF is reserved.
+//
+// A VF bound to vfio-pci in a VFIO group without an IOMMU
+// (/dev/vfio/noiommu-<N>) is refused before it is reserved, unless the
+// configuration allows such groups (vfio.allowUnsafeNoIOMMU).
 //
 // An exclusive device is the VF it names, configured the same way except
 // that its rate limits are left as they were: the claim has the whole VF.

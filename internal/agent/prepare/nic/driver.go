@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nic
 
 import (
@@ -7,6 +10,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -24,6 +28,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/internal/agent/slices/resources"
 	"github.com/hwdra/hwdra/internal/backend/sriov"
+	"github.com/hwdra/hwdra/internal/backend/vfiopci"
 )
 
 // Options configure a Driver.
@@ -40,7 +45,7 @@ type Options struct {
 	SysfsRoot, DevRoot string
 	// StateDir holds the ledger, "sriov.hwdra.io.ledger.json".
 	StateDir string
-	// NodeName, if set, is the only pool prepare accepts.
+	// NodeName is the node, and so the only pool prepare accepts.
 	NodeName string
 	// BootID of the running kernel; empty reads /proc.
 	BootID string
@@ -87,8 +92,8 @@ const LedgerFile = device.NICDriver + ".ledger.json"
 // New opens the ledger. Hand the Driver to prepare.New, which calls
 // Reconcile before any prepare.
 func New(opts Options) (*Driver, error) {
-	if opts.VFs == nil || opts.Published == nil || opts.Config == nil || opts.StateDir == "" {
-		return nil, errors.New("nic: VFs, Published, Config and StateDir are required")
+	if opts.VFs == nil || opts.Published == nil || opts.Config == nil || opts.StateDir == "" || opts.NodeName == "" {
+		return nil, errors.New("nic: VFs, Published, Config, StateDir and NodeName are required")
 	}
 	if opts.SysfsRoot == "" {
 		opts.SysfsRoot = sriov.DefaultSysfsRoot
@@ -124,8 +129,11 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	// Plan and reserve under the locks of every PF the claim uses, so that
 	// concurrent claims on one PF never pick the same VF.
 	defer d.pfLocks.Lock(claimPFs(claim, catalog)...)()
-	plan, err := Plan(claim, catalog, d.heldCopy(), d.opts.NodeName)
+	plan, err := Plan(claim, catalog, d.heldCopy(), d.opts.NodeName, d.opts.Config)
 	if err != nil {
+		return nil, rec, err
+	}
+	if err := d.checkVFIO(plan); err != nil {
 		return nil, rec, err
 	}
 	d.reserve(claim.UID, plan)
@@ -138,6 +146,27 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		devices = append(devices, dev)
 	}
 	return devices, rec, nil
+}
+
+// checkVFIO refuses, before any VF is reserved, a VF bound to vfio-pci
+// whose VFIO group has no IOMMU behind it, unless the configuration
+// allows such groups (vfio.allowUnsafeNoIOMMU).
+func (d *Driver) checkVFIO(plan []Assignment) error {
+	for _, a := range plan {
+		if a.Admin || a.VF.Driver != vfiopci.Driver {
+			continue
+		}
+		g, err := sriov.VFIOGroup(d.opts.SysfsRoot, a.VF.PCIAddress)
+		if err != nil {
+			return fmt.Errorf("request %q: %w", a.Request, err)
+		}
+		group := vfiopci.Group{Node: strings.TrimPrefix(g.Path, "vfio/"), NoIOMMU: g.NoIOMMU}
+		what := fmt.Sprintf("VF %s (VF %d of PF %s)", a.VF.PCIAddress, a.VF.Index, a.PF.PCIAddress)
+		if err := vfiopci.RefuseNoIOMMU(what, group, d.opts.Config.AllowsUnsafeNoIOMMU()); err != nil {
+			return fmt.Errorf("request %q: %w", a.Request, err)
+		}
+	}
+	return nil
 }
 
 // apply configures one VF: read its original settings and what a

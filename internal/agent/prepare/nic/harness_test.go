@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nic
 
 import (
@@ -54,12 +57,31 @@ type env struct {
 // cx7Node: one ConnectX-7 PF at 400G with 16 VFs (RDMA on every VF).
 const cx7Node = `nics: [{model: cx7, count: 1, vfs: 16, pciAddresses: ["0000:17:00.0"], netdevs: [pfa]}]`
 
+// agentHeader starts an AgentConfig file.
+const agentHeader = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\n"
+
+// openPolicy lets claims set every VF setting: the tests of applying
+// them use it; the policy's own tests (TestTenant...) give theirs.
+const openPolicy = "vfPolicy: {allowedVLANs: [\"0-4094\"], allowTrust: true, allowSpoofCheckOff: true, allowMAC: true, allowGUIDs: true}\n"
+
+// permissive is the default configuration (every PF shared) with
+// openPolicy.
+func permissive(t testing.TB) *config.AgentConfig {
+	t.Helper()
+	cfg, err := config.Parse([]byte(agentHeader + openPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 // newEnv builds the node from a mock profile and an agent configuration
-// ("" for the default: every PF shared) and starts a plugin.
+// ("" for the default, every PF shared, with openPolicy) and starts a
+// plugin.
 func newEnv(t testing.TB, profile, agentConfig string) *env {
 	t.Helper()
 	h, pfs := openNode(t, profile)
-	cfg := config.Default()
+	cfg := permissive(t)
 	if agentConfig != "" {
 		var err error
 		if cfg, err = config.Parse([]byte(agentConfig)); err != nil {

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nic
 
 import (
@@ -9,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/hwdra/hwdra/api"
 	sriovv1alpha1 "github.com/hwdra/hwdra/api/sriov/v1alpha1"
 	"github.com/hwdra/hwdra/internal/agent/config"
 	"github.com/hwdra/hwdra/internal/agent/prepare"
@@ -47,10 +49,11 @@ type Assignment struct {
 // Plan decides, without touching anything, which VF each of the claim's
 // sriov.hwdra.io results gets and with which settings. catalog is what
 // the node publishes (resources.NICDevices); held maps the VFs other claims
-// hold (by VF PCI address). nodeName, if set, must be every result's
-// pool. Errors name the request and, for configuration, the claim and
-// field.
-func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevice, held map[string]types.UID, nodeName string) ([]Assignment, error) {
+// hold (by VF PCI address). nodeName must be every result's pool
+// (prepare.OwnPool). policy says what the claim's own VfConfig may set on
+// a PF's VFs beyond its class's (nil: nothing). Errors name the request
+// and, for configuration, the field (the caller names the claim).
+func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevice, held map[string]types.UID, nodeName string, policy Policy) ([]Assignment, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("not allocated")
 	}
@@ -65,7 +68,7 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 		out     []Assignment
 		taken   = map[string]bool{} // VFs chosen by this plan
 		seen    = map[string]int{}  // results of a request so far
-		configs = map[string]*sriovv1alpha1.VfConfig{}
+		configs = map[string]requestConfig{}
 	)
 	for _, r := range results {
 		if r.Driver != device.NICDriver {
@@ -74,8 +77,8 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 		a := Assignment{Request: r.Request, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID,
 			EnvPrefix: envPrefix(r.Request, seen[r.Request], perRequest[r.Request])}
 		seen[r.Request]++
-		if nodeName != "" && r.Pool != nodeName {
-			return nil, fmt.Errorf("request %q: device %s is in pool %q, not this node's (%s)", r.Request, r.Device, r.Pool, nodeName)
+		if err := prepare.OwnPool(r, nodeName); err != nil {
+			return nil, err
 		}
 		dev, ok := catalog[r.Device]
 		if !ok {
@@ -87,61 +90,19 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 			out = append(out, a)
 			continue
 		}
-		cfg, ok := configs[r.Request]
+		rc, ok := configs[r.Request]
 		if !ok {
 			var err error
-			if cfg, err = api.ForRequest(claim, device.NICDriver, r.Request, &sriovv1alpha1.VfConfig{}); err != nil {
+			if rc, err = configFor(claim, r.Request); err != nil {
 				return nil, err
 			}
-			configs[r.Request] = cfg
+			configs[r.Request] = rc
 		}
-		switch dev.Mode {
-		case config.ModeShared:
-			if r.ShareID == nil {
-				return nil, fmt.Errorf("request %q: shared device %s allocated without a shareID", r.Request, r.Device)
-			}
-			bw, ok := r.ConsumedCapacity[device.NICCapBandwidth]
-			if !ok {
-				return nil, fmt.Errorf("request %q: share of %s consumes no %s", r.Request, r.Device, device.NICCapBandwidth)
-			}
-			mbps := bw.Value() / 1_000_000 // never above what was counted
-			if mbps < 1 {
-				// 0 would mean "no limit" to the kernel.
-				return nil, fmt.Errorf("request %q: share of %s: bandwidth %s is below 1 Mb/s, the VF rate limit's unit", r.Request, r.Device, bw.String())
-			}
-			vf, err := freeVF(dev.PF, held, taken)
-			if err != nil {
-				return nil, fmt.Errorf("request %q: %w", r.Request, err)
-			}
-			a.VF, a.Bandwidth = vf, &bw
-			a.Config = vfConfig(cfg, dev.PF, vf)
-			if dev.PF.LinkType == hw.LinkInfiniBand {
-				// No VF rate limit on an InfiniBand port: the share is
-				// what the scheduler counts, not enforced on the wire.
-				a.KeepRate = true
-			} else {
-				a.Config.MaxTxRateMbps = int(mbps)
-				if takesMinRate(dev.PF.Driver) {
-					a.Config.MinTxRateMbps = int(mbps)
-				}
-			}
-		case config.ModeExclusive:
-			vf := *dev.VF
-			if owner, ok := held[vf.PCIAddress]; ok {
-				return nil, fmt.Errorf("request %q: VF %d of %s (%s) is still held by claim %s", r.Request, vf.Index, pfName(dev.PF), vf.PCIAddress, owner)
-			}
-			if taken[vf.PCIAddress] {
-				return nil, fmt.Errorf("request %q: VF %d of %s (%s) is allocated twice in this claim", r.Request, vf.Index, pfName(dev.PF), vf.PCIAddress)
-			}
-			a.VF, a.KeepRate = vf, true
-			a.Config = vfConfig(cfg, dev.PF, vf)
-		default:
-			return nil, fmt.Errorf("request %q: device %s has mode %q", r.Request, r.Device, dev.Mode)
+		cfg := rc.merged
+		if err := pickVF(&a, r, dev, cfg, held, taken); err != nil {
+			return nil, err
 		}
-		if err := checkLinkType(a.PF, cfg); err != nil {
-			return nil, fmt.Errorf("request %q: %w", r.Request, err)
-		}
-		if err := checkQuirks(a.PF, a.Config); err != nil {
+		if err := check(a, rc, policy); err != nil {
 			return nil, fmt.Errorf("request %q: %w", r.Request, err)
 		}
 		taken[a.VF.PCIAddress] = true
@@ -149,6 +110,72 @@ func Plan(claim *resourceapi.ResourceClaim, catalog map[string]resources.NICDevi
 		out = append(out, a)
 	}
 	return out, nil
+}
+
+// pickVF gives a the VF of its result r: a free one of the PF for a
+// share, with the share's rate; the VF itself for an exclusive device.
+func pickVF(a *Assignment, r resourceapi.DeviceRequestAllocationResult, dev resources.NICDevice, cfg *sriovv1alpha1.VfConfig, held map[string]types.UID, taken map[string]bool) error {
+	switch dev.Mode {
+	case config.ModeShared:
+		if r.ShareID == nil {
+			return fmt.Errorf("request %q: shared device %s allocated without a shareID", r.Request, r.Device)
+		}
+		bw, ok := r.ConsumedCapacity[device.NICCapBandwidth]
+		if !ok {
+			return fmt.Errorf("request %q: share of %s consumes no %s", r.Request, r.Device, device.NICCapBandwidth)
+		}
+		mbps := bw.Value() / 1_000_000 // never above what was counted
+		if mbps < 1 {
+			// 0 would mean "no limit" to the kernel.
+			return fmt.Errorf("request %q: share of %s: bandwidth %s is below 1 Mb/s, the VF rate limit's unit", r.Request, r.Device, bw.String())
+		}
+		vf, err := freeVF(dev.PF, held, taken)
+		if err != nil {
+			return fmt.Errorf("request %q: %w", r.Request, err)
+		}
+		a.VF, a.Bandwidth = vf, &bw
+		a.Config = vfConfig(cfg, dev.PF, vf)
+		if dev.PF.LinkType == hw.LinkInfiniBand {
+			// No VF rate limit on an InfiniBand port: the share is
+			// what the scheduler counts, not enforced on the wire.
+			a.KeepRate = true
+		} else {
+			a.Config.MaxTxRateMbps = int(mbps)
+			if takesMinRate(dev.PF.Driver) {
+				a.Config.MinTxRateMbps = int(mbps)
+			}
+		}
+	case config.ModeExclusive:
+		vf := *dev.VF
+		if owner, ok := held[vf.PCIAddress]; ok {
+			return fmt.Errorf("request %q: VF %d of %s (%s) is still held by claim %s", r.Request, vf.Index, pfName(dev.PF), vf.PCIAddress, owner)
+		}
+		if taken[vf.PCIAddress] {
+			return fmt.Errorf("request %q: VF %d of %s (%s) is allocated twice in this claim", r.Request, vf.Index, pfName(dev.PF), vf.PCIAddress)
+		}
+		a.VF, a.KeepRate = vf, true
+		a.Config = vfConfig(cfg, dev.PF, vf)
+	default:
+		return fmt.Errorf("request %q: device %s has mode %q", r.Request, r.Device, dev.Mode)
+	}
+	return nil
+}
+
+// check refuses, before anything is touched, what the PF's link type has
+// no use for, what the claim asks beyond its class's settings and the
+// PF's policy, and what the PF's driver is known to refuse.
+func check(a Assignment, rc requestConfig, policy Policy) error {
+	if err := checkLinkType(a.PF, rc.merged); err != nil {
+		return err
+	}
+	var pol config.VFPolicy
+	if policy != nil {
+		pol = policy.VFPolicy(a.PF)
+	}
+	if err := checkPolicy(rc, a.PF, pol); err != nil {
+		return err
+	}
+	return checkQuirks(a.PF, a.Config)
 }
 
 // freeVF is the lowest-index VF of pf that is usable for a netdev share

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nic
 
 import (
@@ -96,7 +99,7 @@ func TestPlan(t *testing.T) {
 			r := result("a", "nic-0000-17-00-0", true, "1G")
 			r.Pool = "worker-2"
 			return r
-		}()}, wantErr: `in pool "worker-2"`},
+		}()}, wantErr: `allocated from pool "worker-2", not from this node's sriov.hwdra.io pool "worker-1"`},
 		{name: "share without bandwidth", results: []resourceapi.DeviceRequestAllocationResult{result("a", "nic-0000-17-00-0", true, "0")},
 			wantErr: "below 1 Mb/s"},
 	} {
@@ -107,7 +110,7 @@ func TestPlan(t *testing.T) {
 				c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
 					Source: resourceapi.AllocationConfigSourceClaim, Requests: cfg.Requests, DeviceConfiguration: cfg.DeviceConfiguration})
 			}
-			plan, err := Plan(c, catalog, tc.held, testNode)
+			plan, err := Plan(c, catalog, tc.held, testNode, permissive(t))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("got %v, want an error containing %q", err, tc.wantErr)

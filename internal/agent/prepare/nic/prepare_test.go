@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package nic
 
 import (
@@ -16,7 +19,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/slices/resources"
 )
 
-const exclusiveConfig = "apiVersion: config.hwdra.io/v1alpha1\nkind: AgentConfig\nnics:\n- mode: exclusive\n"
+const exclusiveConfig = agentHeader + openPolicy + "nics:\n- mode: exclusive\n"
 
 // TestPrepareUnprepare: a share and an exclusive VF are configured as the
 // claim asks (a share's rate is its consumed bandwidth in Mb/s: its cap,
@@ -40,13 +43,13 @@ func TestPrepareUnprepare(t *testing.T) {
 			name: "share of a CX7", profile: cx7Node, req: share("nic", "25G"), vf: "pfa/0",
 			want: hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MinTxRateMbps: 25000, MaxTxRateMbps: 25000, Trust: true, MTU: 9000, NetdevUp: &up},
 			wantAttrs: map[string]string{"resource.kubernetes.io/pciBusID": "0000:17:01.0", "sriov.hwdra.io/mode": "shared",
-				"sriov.hwdra.io/pfName": "pfa", "sriov.hwdra.io/bandwidth": "25G", "sriov.hwdra.io/rdmaDevice": "mlx5_1", "sriov.hwdra.io/mac": "02:00:00:00:aa:01",
+				"sriov.hwdra.io/pfName": "pfa", "sriov.hwdra.io/rdmaDevice": "mlx5_1", "sriov.hwdra.io/mac": "02:00:00:00:aa:01",
 				"sriov.hwdra.io/maxTxRateMbps": "25000", "sriov.hwdra.io/minTxRateMbps": "25000"},
 		},
 		{
 			name: "share at the policy default", profile: cx7Node, req: share("nic", ""), vf: "pfa/0",
 			want:      hw.VFConfig{MAC: "02:00:00:00:aa:01", VLAN: 100, QoS: 5, MinTxRateMbps: 10000, MaxTxRateMbps: 10000, Trust: true, MTU: 9000, NetdevUp: &up},
-			wantAttrs: map[string]string{"sriov.hwdra.io/bandwidth": "10G"},
+			wantAttrs: map[string]string{"sriov.hwdra.io/maxTxRateMbps": "10000"},
 		},
 		{
 			name: "share of a CX7 without eswitch bandwidth share", req: share("nic", "25G"), vf: "pfa/0",
@@ -302,7 +305,7 @@ func TestMetadataIsWhatTheSlicePublishes(t *testing.T) {
 		runtime           []string
 	}{
 		{"share", "", share("nic", "25G"), []string{"resource.kubernetes.io/pciBusID", "sriov.hwdra.io/vfIndex", "sriov.hwdra.io/vfDeviceID", "sriov.hwdra.io/vfDriver",
-			"sriov.hwdra.io/bandwidth", "sriov.hwdra.io/maxTxRateMbps", "sriov.hwdra.io/minTxRateMbps", "sriov.hwdra.io/rdmaDevice"}},
+			"sriov.hwdra.io/maxTxRateMbps", "sriov.hwdra.io/minTxRateMbps", "sriov.hwdra.io/rdmaDevice"}},
 		{"exclusive VF", exclusiveConfig, vfRequest("nic"), []string{"sriov.hwdra.io/rdmaDevice"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

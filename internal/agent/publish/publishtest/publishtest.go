@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package publishtest makes a fake API server (client-go's fake clientset)
 // that behaves as the real one where the ResourceSlice controllers and the
 // publisher rely on it, for tests of the publisher and of the agent.
@@ -18,6 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/hwdra/hwdra/internal/waitfor"
 )
 
 // NewClientset is a fake clientset holding objects that, unlike the plain
@@ -94,17 +99,15 @@ func Writes(c *fake.Clientset) int {
 // set) holds for it, and returns it; after 30 s the test fails.
 func WaitPool(t testing.TB, c kubernetes.Interface, driver string, ok func([]*resourceapi.ResourceSlice) bool) []*resourceapi.ResourceSlice {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		ss, err := pool(c, driver)
-		if err != nil {
+	var ss []*resourceapi.ResourceSlice
+	waitfor.True(t, "a complete pool of "+driver+" as expected", 30*time.Second, func() bool {
+		var err error
+		if ss, err = pool(c, driver); err != nil {
 			t.Fatal(err)
 		}
-		if ss != nil && (ok == nil || ok(ss)) {
-			return ss
-		}
-	}
-	t.Fatalf("no complete pool of %s as expected within 30s", driver)
-	return nil
+		return ss != nil && (ok == nil || ok(ss))
+	})
+	return ss
 }
 
 // pool is a driver's pool as stored: the slices of its latest generation,

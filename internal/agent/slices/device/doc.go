@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package device is the vocabulary of hwdra's published devices: the
 // driver names, how devices are named, the attributes, capacities and
 // taints that claims, constraints and other components refer to, and the

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package resources
 
 import (
@@ -14,25 +17,6 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent/config"
 	"github.com/hwdra/hwdra/internal/hw"
-)
-
-// GPU attribute and capacity names only the builders use.
-const (
-	attrParentUUID    = device.GPUDriver + "/parentUUID"
-	attrProductName   = device.GPUDriver + "/productName"
-	attrArchitecture  = device.GPUDriver + "/architecture"
-	attrCUDACompute   = device.GPUDriver + "/cudaComputeCapability"
-	attrDriver        = device.GPUDriver + "/driverVersion"
-	attrCUDADriver    = device.GPUDriver + "/cudaDriverVersion"
-	attrMIGCapable    = device.GPUDriver + "/migCapable"
-	attrVGPUType      = device.GPUDriver + "/vgpuType"
-	attrVGPUClass     = device.GPUDriver + "/vgpuClass"
-	attrMIGBacked     = device.GPUDriver + "/migBacked"
-	attrMIGProfile    = device.GPUDriver + "/migProfile" // of a MIG-backed vGPU's GPU instance
-	attrVGPUFramework = device.GPUDriver + "/vgpuFramework"
-	attrPCIDeviceID   = device.GPUDriver + "/pciDeviceID"
-	capMemory         = device.GPUCapMemory
-	capSMs            = device.GPUDriver + "/multiprocessors"
 )
 
 // Compatibility groups: devices on one GPU are co-allocated only within a
@@ -271,8 +255,8 @@ func passthroughDevices(gpus []hw.PassthroughGPU, catalog map[string]GPUDevice) 
 		a := placeAttributes(g.PCIBusID, g.PCIeRoot, g.NUMANode)
 		a[device.AttrType] = str(device.KindPassthrough)
 		a[device.AttrProfile] = str(device.ProfilePassthrough)
-		a[attrProductName] = str(g.ProductName)
-		a[attrPCIDeviceID] = str(g.DeviceID)
+		a[device.AttrProductName] = str(g.ProductName)
+		a[device.AttrPCIDeviceID] = str(g.DeviceID)
 		d := resourceapi.Device{Name: device.PassthroughName(g.PCIBusID), Attributes: a}
 		out = append(out, d)
 		if catalog != nil {
@@ -421,7 +405,7 @@ func (b *gpuDevices) full(counters bool) resourceapi.Device {
 	g := b.gpu
 	d := b.base(device.GPUName(g.PCIBusID), device.KindGPU, device.ProfileFull)
 	d.Attributes[device.AttrUUID] = str(g.UUID)
-	d.Attributes[attrMIGCapable] = boolean(g.MIG.Capable)
+	d.Attributes[device.AttrMIGCapable] = boolean(g.MIG.Capable)
 	d.Capacity = capacity(g.MemoryBytes, smTotal(g))
 	if counters {
 		d.ConsumesCounters = b.consume(b.counters.wholeGPU(), "")
@@ -431,7 +415,7 @@ func (b *gpuDevices) full(counters bool) resourceapi.Device {
 
 func (b *gpuDevices) mig(p hw.MIGProfile, pl hw.Placement, counters bool) resourceapi.Device {
 	d := b.base(device.MIGName(b.gpu.PCIBusID, p.Name, pl.Start), device.KindMIG, p.Name)
-	d.Attributes[attrParentUUID] = str(b.gpu.UUID)
+	d.Attributes[device.AttrParentUUID] = str(b.gpu.UUID)
 	d.Attributes[device.AttrPlacementStart] = integer(pl.Start)
 	d.Attributes[device.AttrPlacementSize] = integer(pl.Size)
 	d.Capacity = capacity(p.MemoryBytes, p.Multiprocessors)
@@ -457,15 +441,15 @@ func (b *gpuDevices) timeSlicedVGPU(p plannedDevice) resourceapi.Device {
 				Value:         *resource.NewQuantity(int64(p.instances), resource.DecimalSI),
 				RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: one, ValidValues: []resource.Quantity{*one}},
 			},
-			capMemory: {
+			device.GPUCapMemory: {
 				Value:         *resource.NewQuantity(int64(t.FramebufferBytes)*int64(p.instances), resource.BinarySI),
 				RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: fb, ValidValues: []resource.Quantity{*fb}},
 			},
 		}
 	}
-	use := map[string]resourceapi.Counter{counterMemory: bytesCounter(p.memory)}
+	use := map[string]resourceapi.Counter{device.CounterMemory: bytesCounter(p.memory)}
 	if b.counters.vfs > 0 {
-		use[counterVFs] = intCounter(p.instances) // all of the block's, at its first share
+		use[device.CounterVFs] = intCounter(p.instances) // all of the block's, at its first share
 	}
 	d.ConsumesCounters = b.consume(use, groupVGPUTimeSlice)
 	return d
@@ -473,13 +457,13 @@ func (b *gpuDevices) timeSlicedVGPU(p plannedDevice) resourceapi.Device {
 
 func (b *gpuDevices) migBackedVGPU(t hw.VGPUType, p hw.MIGProfile, pl hw.Placement) resourceapi.Device {
 	d := b.vgpu(t, pl.Start)
-	d.Attributes[attrMIGProfile] = str(p.Name)
+	d.Attributes[device.AttrMIGProfile] = str(p.Name)
 	d.Attributes[device.AttrPlacementStart] = integer(pl.Start)
 	d.Attributes[device.AttrPlacementSize] = integer(pl.Size)
 	d.Capacity = capacity(t.FramebufferBytes, p.Multiprocessors)
 	use := b.counters.placement(p, pl)
 	if b.counters.vfs > 0 {
-		use[counterVFs] = intCounter(1)
+		use[device.CounterVFs] = intCounter(1)
 	}
 	d.ConsumesCounters = b.consume(use, groupVGPUMIG)
 	return d
@@ -487,12 +471,12 @@ func (b *gpuDevices) migBackedVGPU(t hw.VGPUType, p hw.MIGProfile, pl hw.Placeme
 
 func (b *gpuDevices) vgpu(t hw.VGPUType, index int) resourceapi.Device {
 	d := b.base(device.VGPUName(b.gpu.PCIBusID, t.Name, index), device.KindVGPU, device.ShortVGPUName(t.Name))
-	d.Attributes[attrParentUUID] = str(b.gpu.UUID)
-	d.Attributes[attrVGPUType] = str(t.Name)
-	d.Attributes[attrMIGBacked] = boolean(t.GPUInstanceProfileID != nil)
-	d.Attributes[attrVGPUFramework] = str(string(b.gpu.VGPU.Framework))
+	d.Attributes[device.AttrParentUUID] = str(b.gpu.UUID)
+	d.Attributes[device.AttrVGPUType] = str(t.Name)
+	d.Attributes[device.AttrMIGBacked] = boolean(t.GPUInstanceProfileID != nil)
+	d.Attributes[device.AttrVGPUFramework] = str(string(b.gpu.VGPU.Framework))
 	if t.Class != "" {
-		d.Attributes[attrVGPUClass] = str(t.Class)
+		d.Attributes[device.AttrVGPUClass] = str(t.Class)
 	}
 	return d
 }
@@ -527,12 +511,12 @@ func (b *gpuDevices) base(name, kind, profile string) resourceapi.Device {
 
 func gpuAttributes(g hw.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	a := placeAttributes(g.PCIBusID, g.PCIeRoot, g.NUMANode)
-	a[attrProductName] = str(g.ProductName)
-	a[attrArchitecture] = str(g.Architecture)
+	a[device.AttrProductName] = str(g.ProductName)
+	a[device.AttrArchitecture] = str(g.Architecture)
 	for name, v := range map[resourceapi.QualifiedName]string{
-		attrCUDACompute: g.CUDAComputeCapability,
-		attrDriver:      g.DriverVersion,
-		attrCUDADriver:  g.CUDADriverVersion,
+		device.AttrCUDAComputeCapability: g.CUDAComputeCapability,
+		device.AttrDriverVersion:         g.DriverVersion,
+		device.AttrCUDADriverVersion:     g.CUDADriverVersion,
 	} {
 		if s := semver(v); s != "" {
 			a[name] = resourceapi.DeviceAttribute{VersionValue: &s}
@@ -567,10 +551,10 @@ func smTotal(g hw.GPU) int {
 
 func capacity(memory uint64, sms int) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
 	c := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		capMemory: {Value: *resource.NewQuantity(int64(memory), resource.BinarySI)},
+		device.GPUCapMemory: {Value: *resource.NewQuantity(int64(memory), resource.BinarySI)},
 	}
 	if sms > 0 {
-		c[capSMs] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(sms), resource.DecimalSI)}
+		c[device.GPUCapMultiprocessors] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(sms), resource.DecimalSI)}
 	}
 	return c
 }

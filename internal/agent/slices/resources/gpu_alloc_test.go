@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package resources
 
 import (
@@ -386,7 +389,7 @@ func TestVGPUsNeverOutnumberVFs(t *testing.T) {
 			g.VGPU.VFs = tc.vfs
 			res := GPU(testNode, []hw.GPU{g}, device.AllFeatures)
 			set := res.Pools[testNode].Slices[0].SharedCounters[0]
-			if _, ok := set.Counters[counterVFs]; ok != tc.counter {
+			if _, ok := set.Counters[device.CounterVFs]; ok != tc.counter {
 				t.Errorf("vfs counter published %v, want %v (%v)", ok, tc.counter, set.Counters)
 			}
 			a := newAllocator(t, allocate.ClusterFeatures, ByDriver{device.GPUDriver: res})

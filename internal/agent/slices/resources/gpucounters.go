@@ -1,8 +1,10 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package resources
 
 import (
 	"maps"
-	"strconv"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 
@@ -11,22 +13,6 @@ import (
 
 	"github.com/hwdra/hwdra/internal/hw"
 )
-
-// Counter names of a GPU's counter set.
-const (
-	// counterMemory is the framebuffer that time-sliced vGPUs take.
-	counterMemory = "memory"
-	// counterVFs is the SR-IOV VFs that host vGPUs, one each, where they
-	// can run out first.
-	counterVFs = "vfs"
-	// counterExclusive keeps the whole GPU and its shares apart where
-	// nothing else does (gpuCounters.exclusive).
-	counterExclusive = "gpu"
-)
-
-func memorySliceCounter(i int) string { return "memory-slice-" + strconv.Itoa(i) }
-
-func instancesCounter(p hw.MIGProfile) string { return device.Name("instances", p.Name) }
 
 // gpuCounters is what one GPU's counter set holds: only the counters that
 // decide something, because the scheduler pays for every counter on every
@@ -205,20 +191,20 @@ func maxDisjoint(placements []hw.Placement) int {
 func (c gpuCounters) counterSet(name string, profiles []hw.MIGProfile) resourceapi.CounterSet {
 	set := map[string]resourceapi.Counter{}
 	if c.memory > 0 {
-		set[counterMemory] = bytesCounter(c.memory)
+		set[device.CounterMemory] = bytesCounter(c.memory)
 	}
 	if c.vfs > 0 {
-		set[counterVFs] = intCounter(c.vfs)
+		set[device.CounterVFs] = intCounter(c.vfs)
 	}
 	if c.exclusive {
-		set[counterExclusive] = intCounter(1)
+		set[device.CounterExclusive] = intCounter(1)
 	}
 	for _, s := range c.slices {
-		set[memorySliceCounter(s)] = intCounter(1)
+		set[device.MemorySliceCounter(s)] = intCounter(1)
 	}
 	for _, p := range profiles {
 		if limit, ok := c.instanceLimits[p.ID]; ok {
-			set[instancesCounter(p)] = intCounter(limit)
+			set[device.InstancesCounter(p.Name)] = intCounter(limit)
 		}
 	}
 	return resourceapi.CounterSet{Name: name, Counters: set}
@@ -229,10 +215,10 @@ func (c gpuCounters) counterSet(name string, profiles []hw.MIGProfile) resourcea
 func (c gpuCounters) wholeGPU() map[string]resourceapi.Counter {
 	out := make(map[string]resourceapi.Counter, len(c.slices)+1)
 	for _, s := range c.slices {
-		out[memorySliceCounter(s)] = intCounter(1)
+		out[device.MemorySliceCounter(s)] = intCounter(1)
 	}
 	if c.exclusive {
-		out[counterExclusive] = intCounter(1)
+		out[device.CounterExclusive] = intCounter(1)
 	}
 	return out
 }
@@ -243,11 +229,11 @@ func (c gpuCounters) placement(p hw.MIGProfile, pl hw.Placement) map[string]reso
 	out := map[string]resourceapi.Counter{}
 	for _, s := range c.slices {
 		if pl.Start <= s && s < pl.Start+pl.Size {
-			out[memorySliceCounter(s)] = intCounter(1)
+			out[device.MemorySliceCounter(s)] = intCounter(1)
 		}
 	}
 	if _, ok := c.instanceLimits[p.ID]; ok {
-		out[instancesCounter(p)] = intCounter(1)
+		out[device.InstancesCounter(p.Name)] = intCounter(1)
 	}
 	return out
 }

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package resources
 
 import (
@@ -175,8 +178,8 @@ func TestSharesExcludeTheWholeGPUWithoutMIG(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			res := GPU(testNode, []hw.GPU{g}, device.AllFeatures)
 			set := res.Pools[testNode].Slices[0].SharedCounters[0]
-			if c, ok := set.Counters[counterExclusive]; len(set.Counters) != 1 || !ok || c.Value.Value() != 1 {
-				t.Fatalf("counters %v, want %s alone", set.Counters, counterExclusive)
+			if c, ok := set.Counters[device.CounterExclusive]; len(set.Counters) != 1 || !ok || c.Value.Value() != 1 {
+				t.Fatalf("counters %v, want %s alone", set.Counters, device.CounterExclusive)
 			}
 			a := gpuAllocatorWith(t, allocate.ClusterFeatures, device.AllFeatures, g)
 			share := claim(gpuShare("s", "", "10"))

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package resources
 
 import (
@@ -165,8 +168,8 @@ func TestNICDistinctPF(t *testing.T) {
 		distinct   bool
 	}{
 		{"no constraint", nil, false},
-		{"distinct pfName", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICDriver + "/pfName"))}, true},
-		{"distinct pfPciAddress", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICDriver + "/pfPciAddress"))}, true},
+		{"distinct pfName", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICAttrPFName))}, true},
+		{"distinct pfPciAddress", &resourceapi.DeviceConstraint{DistinctAttribute: new(resourceapi.FullyQualifiedName(device.NICAttrPFPCIAddress))}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := nicAllocator(t, pfs)

@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command pause is the sandbox ("pause") image of the real-node tests: it
 // holds the pod's namespaces, reaps orphans (it may be PID 1 of the pod's PID
 // namespace) and exits cleanly on SIGTERM or SIGINT. There is no registry on

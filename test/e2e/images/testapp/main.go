@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command testapp is the workload image of the real-node tests. It prints
 // what a container sees of its devices — its environment and the files,
 // directories and device nodes named in its arguments — so that a test can
@@ -23,6 +26,8 @@
 // the same process, with those variables set over what the container got:
 // a workload that starts with an environment of its own choosing (its
 // /proc/<pid>/environ says so), such as MPS limits above its share.
+//
+// With TESTAPP_TENANT it first acts as a hostile tenant (tenant.go).
 package main
 
 import (
@@ -39,10 +44,16 @@ import (
 )
 
 func main() {
+	if os.Getenv(exitNowEnv) != "" {
+		return
+	}
 	if set := os.Getenv(execEnv); set != "" {
 		reexec(set)
 	}
 	w := os.Stdout
+	if spec := os.Getenv(tenantEnv); spec != "" {
+		tenant(w, spec)
+	}
 	fmt.Fprintln(w, "=== ENV")
 	env := os.Environ()
 	sort.Strings(env)
