@@ -25,6 +25,7 @@ import (
 	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
 	"github.com/hwdra/hwdra/internal/tools/allocate"
+	"github.com/hwdra/hwdra/internal/waitfor"
 	"github.com/hwdra/hwdra/test/e2e/framework"
 )
 
@@ -277,17 +278,13 @@ func installClaimLimits(ctx context.Context, t *testing.T, n *framework.Node) {
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
 			allocate.Request("dev", "gpu.hwdra.io", 99, ""),
 		}}}}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.NoError(t, "the claim-limits policy in force", 30*time.Second, func() error {
 		_, err := n.Admin.ResourceV1().ResourceClaims("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err != nil && strings.Contains(err.Error(), "claimLimits.gpusPerNode") {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the claim-limits policy is not in force after 30 s: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return fmt.Errorf("a claim for 99 GPUs is not refused by the policy: %v", err)
+	})
 }
 
 // watchMetric sums a watch metric's ResourceSlice samples (the label is

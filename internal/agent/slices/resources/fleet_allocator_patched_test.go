@@ -1,3 +1,6 @@
+// Copyright The hwdra Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build hwdra_patched_allocator
 
 package resources
