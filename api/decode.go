@@ -78,7 +78,8 @@ func decodeAsWritten(data []byte) (Object, error) {
 		return nil, err
 	}
 	obj, gvk, err := decoder.Decode(js, nil, nil)
-	if err != nil {
+	_, strictOnly := runtime.AsStrictDecodingError(err)
+	if err != nil && (!strictOnly || obj == nil) {
 		var target reflect.Type
 		if gvk != nil {
 			if typed, err := scheme.New(*gvk); err == nil {
@@ -91,13 +92,22 @@ func decodeAsWritten(data []byte) (Object, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s is not a configuration type", obj.GetObjectKind().GroupVersionKind().Kind)
 	}
+	// Unknown or duplicate fields leave the rest decoded: its problems
+	// are said with theirs, every one at once.
+	var errs []error
+	if err != nil {
+		errs = append(errs, decodeError(js, err, reflect.TypeOf(obj)))
+	}
 	defaulted, ok := o.DeepCopyObject().(Object)
 	if !ok {
 		return nil, fmt.Errorf("%s: its copy is not a configuration type", obj.GetObjectKind().GroupVersionKind().Kind)
 	}
 	defaulted.Default()
-	if errs := defaulted.Validate(); len(errs) > 0 {
-		return nil, errs.ToAggregate()
+	if invalid := defaulted.Validate(); len(invalid) > 0 {
+		errs = append(errs, invalid.ToAggregate().Errors()...)
+	}
+	if len(errs) > 0 {
+		return nil, utilerrors.Flatten(utilerrors.NewAggregate(errs))
 	}
 	return o, nil
 }
@@ -177,6 +187,9 @@ func checkKind(js []byte) error {
 	}
 	if scheme.Recognizes(gv.WithKind(kind)) {
 		return nil
+	}
+	if gv.Group == nvidiaConfigGroup {
+		return field.Invalid(field.NewPath("apiVersion"), apiVersion, kind+" is "+convertHint)
 	}
 	var versions []string
 	for _, known := range scheme.PrioritizedVersionsAllGroups() {

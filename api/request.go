@@ -107,7 +107,11 @@ type Unapplied struct {
 }
 
 func (u Unapplied) String() string {
-	return fmt.Sprintf("%s is for driver %s, which owns none of the devices it applies to (%s): no driver reads it", u.Where, u.Driver, strings.Join(u.Owners, ", "))
+	s := fmt.Sprintf("%s is for driver %s, which owns none of the devices it applies to (%s): no driver reads it", u.Where, u.Driver, strings.Join(u.Owners, ", "))
+	if hint := DriverHint(u.Driver); hint != "" {
+		s += " (" + hint + ")"
+	}
+	return s
 }
 
 // UnappliedConfigs are the claim's opaque configurations that no driver

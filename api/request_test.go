@@ -149,7 +149,7 @@ func TestUnappliedConfigs(t *testing.T) {
 		got = append(got, u.String())
 	}
 	want := []string{
-		"spec.devices.config[0] is for driver gpu.nvidia.com, which owns none of the devices it applies to (gpu.hwdra.io): no driver reads it",
+		"spec.devices.config[0] is for driver gpu.nvidia.com, which owns none of the devices it applies to (gpu.hwdra.io): no driver reads it (written for NVIDIA's GPU DRA driver: `hwdra convert` rewrites such manifests for hwdra)",
 		"spec.devices.config[2] is for driver sriov.hwdra.io, which owns none of the devices it applies to (gpu.hwdra.io): no driver reads it",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

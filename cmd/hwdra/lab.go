@@ -28,10 +28,8 @@ func labCommand() *cobra.Command {
 				return err
 			}
 			// The first SIGINT or SIGTERM cancels cmd.Context() (main): the
-			// lab undoes what it prepared; a second stops the undo.
-			abort, stop := lab.AbortOnSecondSignal(cmd.Context())
-			defer stop()
-			opts.Abort = abort
+			// lab undoes what it prepared, to the end, whatever follows.
+			defer lab.NoteRepeatedSignals(cmd.Context(), cmd.OutOrStdout())()
 			return lab.Run(cmd.Context(), cmd.OutOrStdout(), opts)
 		},
 	}
@@ -39,9 +37,22 @@ func labCommand() *cobra.Command {
 	addHardwareFlag(cmd, &opts.Hardware)
 	f.StringSliceVar(&opts.ClaimFiles, "claim", nil, "YAML/JSON files, directories of them, or - for standard input, as kubectl -f takes them (repeatable, comma-separated; deploy/examples has claims): ResourceClaims and ResourceClaimTemplates (v1, v1beta1, v1beta2), Pods and the pods of workloads with the claims they name and the extended resources they ask for; other kinds are skipped, each said. Each pod's claims are allocated together, and each file's claims that no pod names, beside those before them")
 	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
-	f.BoolVar(&opts.Keep, "keep", false, "leave the claims prepared instead of unpreparing them at the end (where every claim prepared: a failed or interrupted run is undone)")
+	f.BoolVar(&opts.Keep, "keep", false, "leave the claims prepared instead of unpreparing them at the end (where every claim prepared: a failed or interrupted run is undone); it prints the command that undoes them, hwdra lab undo STATE-DIR")
 	f.StringVar(&opts.CDIHook, "nvidia-cdi-hook", "", "nvidia-cdi-hook for the hooks of the driver files generated for containers (an installed NVIDIA Container Toolkit's); empty: the one beside hwdra, if any")
 	f.StringVar(&opts.StateDir, "state-dir", "", "checkpoint directory (default: a temporary one)")
 	f.StringVar(&opts.CDIDir, "cdi-dir", "", "directory for CDI specs (default: a temporary one)")
+	cmd.AddCommand(labUndoCommand())
 	return cmd
+}
+
+func labUndoCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "undo STATE-DIR",
+		Short: "Undo what a lab run left prepared (--keep, or an undo that could not finish): the directory it named; works after its mock hardware is gone (ends the MPS daemons it started)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			defer lab.NoteRepeatedSignals(cmd.Context(), cmd.OutOrStdout())()
+			return lab.Undo(cmd.Context(), cmd.OutOrStdout(), args[0])
+		},
+	}
 }

@@ -471,6 +471,12 @@ func (m *Manager) removeCgroup(ctx context.Context, r record) error {
 	return nil
 }
 
+// PID is a recorded daemon's process ID (0 before it ran).
+func (m *Manager) PID(id string) int {
+	r, _ := m.state.Get(id)
+	return r.PID
+}
+
 // Supervise checks every recorded daemon and starts each that is down
 // again. It returns the daemons it found down, with why.
 //

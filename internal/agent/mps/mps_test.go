@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -324,5 +325,46 @@ func TestLaunchFails(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(m.opts.Dir, s.ID)); !os.IsNotExist(err) {
 		t.Errorf("directory after Stop: %v", err)
+	}
+}
+
+// TestTenantReusedPIDIsNotSignalled: a recorded daemon whose PID now
+// names another process (a tenant's, started after the daemon ended) is
+// taken as gone: Stop removes the record and signals nothing (lab undo
+// runs this after the daemon's hardware is gone).
+func TestTenantReusedPIDIsNotSignalled(t *testing.T) {
+	dir := t.TempDir()
+	m, err := Open(Options{Dir: filepath.Join(dir, "mps"), StateFile: filepath.Join(dir, "mps.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := exec.Command("sleep", "60")
+	if err := tenant.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- tenant.Wait() }()
+	t.Cleanup(func() { _ = tenant.Process.Kill() })
+	st, err := procstat.StartTime(tenant.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The daemon ran under this PID before: another start time.
+	if err := m.state.Put("d", record{Spec: Spec{ID: "d"}, PID: tenant.Process.Pid, StartTime: st - 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Stop(context.Background(), "d"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.Spec("d"); ok {
+		t.Error("the record stays")
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("the tenant's process was signalled: %v", err)
+	default:
+	}
+	if got, err := procstat.StartTime(tenant.Process.Pid); err != nil || got != st {
+		t.Fatalf("the tenant's process is gone: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -301,7 +302,9 @@ func (p *Plugin[R]) prepareAfresh(ctx context.Context, claim *resourceapi.Resour
 		}
 	}
 
-	p.warnUnapplied(ctx, claim)
+	if err := refuseUnapplied(claim); err != nil {
+		return nil, err
+	}
 
 	// Nothing is written until the driver saves its first intent: a
 	// prepare without hardware side effects costs one checkpoint write,
@@ -339,17 +342,22 @@ func (p *Plugin[R]) prepareAfresh(ctx context.Context, claim *resourceapi.Resour
 	return devices, nil
 }
 
-// warnUnapplied logs the claim's configurations that no driver reads
-// (another vendor's driver, a typo): the claim gets defaults, which the
-// user did not ask for. The agent posts no Events on claims. Only the
-// driver of the claim's first device says it, once per claim for both.
-func (p *Plugin[R]) warnUnapplied(ctx context.Context, claim *resourceapi.ResourceClaim) {
-	if a := claim.Status.Allocation; a == nil || len(a.Devices.Results) == 0 || a.Devices.Results[0].Driver != p.opts.DriverName {
-		return
-	}
+// refuseUnapplied refuses a claim with configurations that no driver
+// reads (another vendor's driver, a typo such as gpu.hwdra.com): prepared
+// with defaults it would run without what the user asked for (an
+// exclusive GPU instead of MPS) and nothing would say so where the user
+// looks; refused, the pod's events name the config and the likely fix
+// (api.DriverHint). Every driver of the claim refuses it, before anything
+// is written.
+func refuseUnapplied(claim *resourceapi.ResourceClaim) error {
+	var msgs []string
 	for _, u := range api.UnappliedConfigs(claim) {
-		klog.FromContext(ctx).Info("Warning: a configuration of the claim is ignored: "+u.String(), "claim", klog.KObj(claim), "driver", u.Driver)
+		msgs = append(msgs, u.String())
 	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("not prepared: %s", strings.Join(msgs, "; "))
 }
 
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin.

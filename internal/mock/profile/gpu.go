@@ -4,6 +4,7 @@
 package profile
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -42,13 +43,8 @@ func (g GPUGroup) validate() error {
 			return fmt.Errorf("numaNodes[%d]: %d is not a NUMA node (-1 for none)", i, n)
 		}
 	}
-	if err := g.validateMIG(m); err != nil {
-		return err
-	}
-	if _, err := g.Timings.Durations(); err != nil {
-		return err
-	}
-	return g.validateVGPU(m)
+	_, timings := g.Timings.Durations()
+	return errors.Join(g.validateMIG(m), timings, g.validateVGPU(m))
 }
 
 func (g GPUGroup) validateMIG(m *model.GPU) error {

@@ -9,6 +9,7 @@ package profile
 
 import (
 	"embed"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -222,13 +223,15 @@ func Parse(name string, data []byte) (Profile, error) {
 }
 
 func (p Profile) validate() error {
+	// Every problem at once: each check below, each group's first.
+	var errs []error
 	if len(p.GPUs) == 0 && len(p.NICs) == 0 {
-		return fmt.Errorf("no gpus and no nics: a profile needs at least one")
+		errs = append(errs, fmt.Errorf("no gpus and no nics: a profile needs at least one"))
 	}
 	switch p.RDMANetns {
 	case "", RDMANetnsShared, RDMANetnsExclusive:
 	default:
-		return fmt.Errorf("rdmaNetns: %q is not %s or %s", p.RDMANetns, RDMANetnsShared, RDMANetnsExclusive)
+		errs = append(errs, fmt.Errorf("rdmaNetns: %q is not %s or %s", p.RDMANetns, RDMANetnsShared, RDMANetnsExclusive))
 	}
 	if p.Driver != nil {
 		if _, ok := DriverRoots[p.DriverRoot()]; !ok {
@@ -237,26 +240,40 @@ func (p Profile) validate() error {
 				roots = append(roots, r)
 			}
 			sort.Strings(roots)
-			return fmt.Errorf("driver.root: %q is none of the roots real nodes use (%s)", p.Driver.Root, strings.Join(roots, ", "))
+			errs = append(errs, fmt.Errorf("driver.root: %q is none of the roots real nodes use (%s)", p.Driver.Root, strings.Join(roots, ", ")))
 		}
 	}
 	unaddressed := 0
 	for i, g := range p.GPUs {
 		if err := g.validate(); err != nil {
-			return fmt.Errorf("gpus[%d].%w", i, err)
+			errs = append(errs, prefixEach(fmt.Sprintf("gpus[%d].", i), err)...)
 		}
 		if g.PCIBusIDs == nil {
 			unaddressed += g.Count
 		}
 	}
 	if unaddressed > MaxDefaultGPUAddresses {
-		return fmt.Errorf("gpus: %d GPUs without pciBusIDs, the mock has default PCI addresses for %d (the DGX H100's eight, then buses e8 to ff): give the others pciBusIDs",
-			unaddressed, MaxDefaultGPUAddresses)
+		errs = append(errs, fmt.Errorf("gpus: %d GPUs without pciBusIDs, the mock has default PCI addresses for %d (the DGX H100's eight, then buses e8 to ff): give the others pciBusIDs",
+			unaddressed, MaxDefaultGPUAddresses))
 	}
 	for i, n := range p.NICs {
 		if err := n.validate(); err != nil {
-			return fmt.Errorf("nics[%d].%w", i, err)
+			errs = append(errs, prefixEach(fmt.Sprintf("nics[%d].", i), err)...)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// prefixEach puts a group's field before each of its errors (several
+// where they were joined).
+func prefixEach(prefix string, err error) []error {
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	out := make([]error, len(errs))
+	for i, e := range errs {
+		out[i] = fmt.Errorf("%s%w", prefix, e)
+	}
+	return out
 }

@@ -164,3 +164,28 @@ func TestParseOrLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestParseReportsEveryProblem: a profile with a problem in each of two
+// GPU groups, one in a NIC group and a bad rdmaNetns says all four.
+func TestParseReportsEveryProblem(t *testing.T) {
+	_, err := Parse("bad", []byte(`rdmaNetns: sometimes
+gpus:
+- {model: h100-80gb, count: 0}
+- {model: h100-80gb, count: 1, migInstances: [{profile: 9g.99gb, start: 0}]}
+nics:
+- {model: cx7, count: 1, vfs: -1}
+`))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{
+		`rdmaNetns: "sometimes" is not`,
+		"gpus[0].count: must be at least 1, is 0",
+		"gpus[1].migInstances: need mig: true",
+		"nics[0].vfs: must not be negative",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+}

@@ -212,7 +212,11 @@ func (e *explainer) request(ctx context.Context, c *resourceapi.ResourceClaim, r
 		return "selectors: " + err.Error(), false
 	}
 	if len(matching) == 0 {
-		return fmt.Sprintf("the selectors exclude all %s of class %s", plural(len(inClass), "device"), class), false
+		msg := fmt.Sprintf("the selectors exclude all %s of class %s", plural(len(inClass), "device"), class)
+		if values := attributeValues(x.Selectors, inClass); values != "" {
+			msg += " (" + values + ")"
+		}
+		return msg, false
 	}
 	if x.Capacity != nil {
 		for _, name := range slices.Sorted(maps.Keys(x.Capacity.Requests)) {
@@ -241,6 +245,11 @@ func (e *explainer) request(ctx context.Context, c *resourceapi.ResourceClaim, r
 	if exact && int64(len(matching)) < x.Count && !shared {
 		return fmt.Sprintf("%s of class %s requested, %d match", plural(int(x.Count), "device"), class, len(matching)), false
 	}
+	if line := tooMany(x, matching, e.a.mostTogether(matching)); !shared && line != "" {
+		// Said before a search that may run into the timeout: the most
+		// that fit follows from the counters alone.
+		return line, false
+	}
 	if err := probe(ctx, e.empty, r.alone(c)); err != nil {
 		if !errors.Is(err, ErrUnsatisfiable) {
 			return err.Error(), false
@@ -258,7 +267,7 @@ func (e *explainer) request(ctx context.Context, c *resourceapi.ResourceClaim, r
 // device is a published device with its driver.
 type device struct {
 	resourceapi.Device
-	driver string
+	driver, pool string
 }
 
 // classDevices are the published devices of a class, as the allocator
@@ -271,7 +280,7 @@ func (e *explainer) classDevices(ctx context.Context, name string) ([]device, er
 	var all []device
 	for _, s := range e.a.slices {
 		for _, d := range s.Spec.Devices {
-			all = append(all, device{Device: d, driver: s.Spec.Driver})
+			all = append(all, device{Device: d, driver: s.Spec.Driver, pool: s.Spec.Pool.Name})
 		}
 	}
 	out, err := e.filter(ctx, all, class.Spec.Selectors)

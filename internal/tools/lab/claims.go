@@ -41,61 +41,29 @@ const stdinPath = manifestfiles.Stdin
 // given DeviceClasses, applies the defaults the API server would and
 // validates the claims as it would. It returns the groups to allocate in
 // order and a line for each thing worth saying: what it skipped and why,
-// what each pod gets. Every problem of every file is reported, and any
-// problem means no claims.
-func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceClass) ([]claimGroup, []string, error) {
+// what each pod gets. The files' DeviceClasses join the given ones (one
+// of the same name replaced): the classes to allocate with. Every problem
+// of every file is reported, and any problem means no claims.
+func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceClass) ([]claimGroup, []*resourceapi.DeviceClass, []string, error) {
 	if len(paths) == 0 {
-		return nil, nil, errors.New("no --claim given")
+		return nil, nil, nil, errors.New("no --claim given")
 	}
 	files, err := manifestfiles.Expand(paths)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--claim: %w", err)
+		return nil, nil, nil, fmt.Errorf("--claim: %w", err)
 	}
-	type read struct {
-		path string
-		manifest
+	all, fileClasses, seen, errs := readFiles(files, stdin)
+	var notes []string
+	classes, classNotes, err := mergeClasses(classes, fileClasses)
+	if err != nil {
+		errs = append(errs, err)
 	}
-	var (
-		all   []read
-		errs  []error
-		notes []string
-		seen  = map[string]*readClaim{} // by kind, namespace and name
-	)
-	for _, file := range files {
-		docs, err := readDocuments(file, stdin)
-		if err == nil && len(docs) == 0 {
-			err = fmt.Errorf("%s: no ResourceClaim, ResourceClaimTemplate or pod in it", displayName(file))
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		f := read{path: displayName(file)}
-		for i, doc := range docs {
-			m, err := decodeDocument(fmt.Sprintf("%s, document %d", f.path, i+1), doc)
-			if err != nil {
-				errs = append(errs, err)
-			}
-			for _, c := range m.claims {
-				key := claimKey(c.template != nil, c.claim.Namespace, c.claim.Name)
-				if prev, dup := seen[key]; dup {
-					errs = append(errs, fmt.Errorf("%s: %s already read from %s", c.at, key, prev.at))
-					continue
-				}
-				seen[key] = c
-				f.claims = append(f.claims, c)
-			}
-			f.pods = append(f.pods, m.pods...)
-			f.notes = append(f.notes, m.notes...)
-		}
-		all = append(all, f)
-	}
-	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
-	}
+	notes = append(notes, classNotes...)
 
-	// Pods first: which claims they take.
+	// Pods first: which claims they take; after errors above too, as
+	// kubectl reports every object's.
 	r := newResolver(seen, classes)
+	r.incomplete = len(errs) > 0
 	podGroups := make([][]claimGroup, len(all))
 	for i, f := range all {
 		for _, p := range f.pods {
@@ -111,7 +79,7 @@ func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceCl
 		}
 	}
 	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
+		return nil, nil, nil, errors.Join(errs...)
 	}
 	// Then each file: the claims no pod names, together; its pods.
 	var out []claimGroup
@@ -129,9 +97,53 @@ func readClaims(paths []string, stdin io.Reader, classes []*resourceapi.DeviceCl
 		out = append(out, podGroups[i]...)
 	}
 	if len(out) == 0 {
-		return nil, notes, errors.New("nothing to allocate: no claim, claim template or pod that asks for devices in the files given")
+		return nil, nil, notes, errors.New("nothing to allocate: no claim, claim template or pod that asks for devices in the files given")
 	}
-	return out, notes, nil
+	return out, classes, notes, nil
+}
+
+// readFile is what one file holds: its claims, pods and notes.
+type readFile struct {
+	path string
+	manifest
+}
+
+// readFiles reads every document of every file: the files' claims (seen:
+// by kind, namespace and name, each once), pods, DeviceClasses and notes,
+// and every problem of every file.
+func readFiles(files []string, stdin io.Reader) (all []readFile, fileClasses []*readClass, seen map[string]*readClaim, errs []error) {
+	seen = map[string]*readClaim{}
+	for _, file := range files {
+		docs, err := readDocuments(file, stdin)
+		if err == nil && len(docs) == 0 {
+			err = fmt.Errorf("%s: no ResourceClaim, ResourceClaimTemplate or pod in it", displayName(file))
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		f := readFile{path: displayName(file)}
+		for i, doc := range docs {
+			m, err := decodeDocument(fmt.Sprintf("%s, document %d", f.path, i+1), doc)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			for _, c := range m.claims {
+				key := claimKey(c.template != nil, c.claim.Namespace, c.claim.Name)
+				if prev, dup := seen[key]; dup {
+					errs = append(errs, fmt.Errorf("%s: %s already read from %s", c.at, key, prev.at))
+					continue
+				}
+				seen[key] = c
+				f.claims = append(f.claims, c)
+			}
+			f.pods = append(f.pods, m.pods...)
+			fileClasses = append(fileClasses, m.classes...)
+			f.notes = append(f.notes, m.notes...)
+		}
+		all = append(all, f)
+	}
+	return all, fileClasses, seen, errs
 }
 
 // claimKey names a claim or a template for duplicates and lookups.
@@ -189,7 +201,7 @@ func prepareClaim(claim *resourceapi.ResourceClaim, template *resourceapi.Resour
 		claim.Namespace = "default"
 	}
 	setDefaults(&claim.Spec)
-	if err := validate(claim, template); err != nil {
+	if err := errors.Join(validate(claim, template), configErrors(claim)); err != nil {
 		return err
 	}
 	claim.UID = claimUID(claim)

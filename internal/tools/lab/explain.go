@@ -36,7 +36,9 @@ func allocateGroups(ctx context.Context, slices []*resourceapi.ResourceSlice, cl
 		switch err := allocateBounded(ctx, alloc, g.claims); {
 		case err == nil:
 		case errors.Is(err, errTimeout):
-			out[i].why = []string{err.Error()} // explaining would take as long again, and more
+			// Explaining would take as long again, and more: only what
+			// the counters tell without a search.
+			out[i].why = append([]string{err.Error()}, alloc.TooMany(ctx, g.claims...)...)
 		default:
 			// Unsatisfiable, or an error such as a class that does not
 			// exist: Explain finds it per request.

@@ -38,7 +38,7 @@ func FuzzReadClaims(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		groups, _, err := readClaims([]string{stdinPath}, bytes.NewReader(data), classes)
+		groups, _, _, err := readClaims([]string{stdinPath}, bytes.NewReader(data), classes)
 		if err != nil {
 			msg := err.Error()
 			errs := []error{err}

@@ -33,6 +33,7 @@ import (
 	"github.com/hwdra/hwdra/internal/agent/prepare"
 	"github.com/hwdra/hwdra/internal/backend"
 	"github.com/hwdra/hwdra/internal/backend/driverlibs"
+	"github.com/hwdra/hwdra/internal/backend/nvml"
 	"github.com/hwdra/hwdra/internal/hw"
 
 	"github.com/hwdra/hwdra/internal/agent/slices/device"
@@ -51,7 +52,8 @@ type Options struct {
 	Stdin      io.Reader
 	// Keep leaves the claims prepared (state in StateDir) instead of
 	// unpreparing them at the end, where every claim prepared: a run that
-	// fails or is interrupted is undone all the same.
+	// fails or is interrupted is undone all the same. The run prints the
+	// command that undoes them (Undo).
 	Keep bool
 	// StateDir and CDIDir default to a temporary directory.
 	StateDir, CDIDir string
@@ -63,10 +65,24 @@ type Options struct {
 	// CDIHook is nvidia-cdi-hook for the hooks of the driver files
 	// generated for containers; empty: the one beside hwdra, if any.
 	CDIHook string
-	// Abort, once done, stops the undoing of what the run prepared (after
-	// a failure or an interruption: ctx done); the lab then says what it
-	// left and where. hwdra lab passes AbortOnSecondSignal's. Nil: never.
-	Abort context.Context
+}
+
+// run is one lab run's state, shared by its steps.
+type run struct {
+	out  io.Writer
+	opts Options
+	// tmp is the temporary directory of StateDir and CDIDir, if the run
+	// made one; left: prepared claims stay in it (Keep, or an undo that
+	// could not finish), and with them their state and CDI specs.
+	tmp  string
+	left bool
+	node *backend.Node
+	// inv is the hardware before prepare, modesBefore its compute modes.
+	inv         hw.Inventory
+	modesBefore map[string]nvml.ComputeMode
+	drivers     agent.Drivers
+	// handed are the claims handed to prepare: the undo's list.
+	handed []handedClaim
 }
 
 // Run does the pipeline and reports each step to out. What the agent's
@@ -75,68 +91,113 @@ type Options struct {
 //
 // The lab never leaves hardware changed: once a claim was handed to
 // prepare, whatever happens next (a claim that fails to prepare, any
-// other error, ctx cancelled: hwdra lab's SIGINT or SIGTERM) everything
-// prepared is unprepared, last first, on contexts of its own that ctx
-// does not cancel (undo.go). Only a run in which every claim prepared
-// keeps them under Keep.
+// other error, ctx cancelled: hwdra lab's SIGINT or SIGTERM, once or
+// more) everything prepared is unprepared, last first, on contexts of its
+// own that ctx does not cancel (undo.go). Only a run in which every claim
+// prepared keeps them under Keep, and says how to undo them (Undo).
 func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
-	ctx = klog.NewContext(ctx, textlogger.NewLogger(textlogger.NewConfig(
-		textlogger.Output(&linePrefixer{w: out, prefix: "log: "}), textlogger.WithHeader(false))))
-	classes, err := deploy.DeviceClasses()
+	ctx = withLogger(ctx, out)
+	classes, groups, err := readInput(out, opts)
 	if err != nil {
 		return err
 	}
-	groups, notes, err := readClaims(opts.ClaimFiles, opts.Stdin, classes)
+	cfg, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return err
+	}
+	r := &run{out: out, opts: opts}
+	if err := r.makeDirs(); err != nil {
+		return err
+	}
+	defer r.removeTemp()
+	if r.node, err = backend.OpenWith(opts.Hardware, backend.Options{Logger: klog.FromContext(ctx)}); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, r.node.Close()) }()
+	objs := r.publish(ctx, cfg)
+	claims, results, err := r.allocate(ctx, objs, classes, groups)
+	if err != nil || len(claims) == 0 {
+		return errors.Join(err, notAllocated(results))
+	}
+	defer func() { err = errors.Join(err, notAllocated(results)) }()
+	if ctx.Err() != nil {
+		return interrupted(ctx) // the allocations above may be cut short: nothing is prepared
+	}
+	if r.drivers, err = agent.NewDrivers(ctx, r.node, r.inv, agent.PluginOptions{StateDir: r.opts.StateDir, CDIDir: r.opts.CDIDir, Published: published(r.inv), Config: cfg, NodeName: NodeName, CDIHook: cdiHook(opts.CDIHook)}); err != nil {
+		return err
+	}
+	// From the first prepare on, every way out goes through the undo.
+	defer func() { err = r.finish(ctx, err) }()
+	return r.prepareAndShow(ctx, claims)
+}
+
+// withLogger makes the agent's parts log to out, each line marked "log:".
+func withLogger(ctx context.Context, out io.Writer) context.Context {
+	return klog.NewContext(ctx, textlogger.NewLogger(textlogger.NewConfig(
+		textlogger.Output(&linePrefixer{w: out, prefix: "log: "}), textlogger.WithHeader(false))))
+}
+
+// readInput reads the claims of the files and the DeviceClasses the lab
+// allocates with (the chart's and the files'), their notes shown.
+func readInput(out io.Writer, opts Options) ([]*resourceapi.DeviceClass, []claimGroup, error) {
+	classes, err := deploy.DeviceClasses()
+	if err != nil {
+		return nil, nil, err
+	}
+	groups, classes, notes, err := readClaims(opts.ClaimFiles, opts.Stdin, classes)
 	if len(notes) > 0 {
 		section(out, "Manifests")
 		for _, n := range notes {
 			fmt.Fprintln(out, n)
 		}
 	}
-	if err != nil {
-		return err
-	}
-	// left: prepared claims stay (Keep, or an undo that could not finish),
-	// and with them their state and CDI specs.
-	left := false
-	cfg, err := config.Load(opts.ConfigPath)
-	if err != nil {
-		return err
-	}
-	if opts.StateDir == "" || opts.CDIDir == "" {
-		tmp, err := os.MkdirTemp("", "hwdra-lab-")
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if !left { // what is left keeps its records there
-				os.RemoveAll(tmp)
-			}
-		}()
-		if opts.StateDir == "" {
-			opts.StateDir = filepath.Join(tmp, "state")
-		}
-		if opts.CDIDir == "" {
-			opts.CDIDir = filepath.Join(tmp, "cdi")
-		}
-	}
-	node, err := backend.OpenWith(opts.Hardware, backend.Options{Logger: klog.FromContext(ctx)})
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, node.Close()) }()
+	return classes, groups, err
+}
 
-	inv, err := node.Inventory(ctx)
+// makeDirs makes the temporary directory of the state and CDI
+// directories not given.
+func (r *run) makeDirs() error {
+	if r.opts.StateDir != "" && r.opts.CDIDir != "" {
+		return nil
+	}
+	tmp, err := os.MkdirTemp("", "hwdra-lab-")
+	if err != nil {
+		return err
+	}
+	r.tmp = tmp
+	if r.opts.StateDir == "" {
+		r.opts.StateDir = filepath.Join(tmp, "state")
+	}
+	if r.opts.CDIDir == "" {
+		r.opts.CDIDir = filepath.Join(tmp, "cdi")
+	}
+	return nil
+}
+
+// removeTemp removes the temporary directory unless claims are left in
+// it (their records).
+func (r *run) removeTemp() {
+	if r.tmp != "" && !r.left {
+		os.RemoveAll(r.tmp)
+	}
+}
+
+// publish probes the hardware and builds the slices the agent would
+// publish, shown.
+func (r *run) publish(ctx context.Context, cfg *config.AgentConfig) []*resourceapi.ResourceSlice {
+	out := r.out
+	inv, err := r.node.Inventory(ctx)
 	if err != nil {
 		fmt.Fprintf(out, "warning: some devices could not be read: %v\n", err)
 	}
-	modesBefore := computeModes(node, inv) // "Hardware after prepare" shows what changed
+	r.inv = inv
+	r.modesBefore = computeModes(r.node, inv) // "Hardware after prepare" shows what changed
 	res, skipped := resources.ForNode(NodeName, inv, cfg, device.AllFeatures, hw.Health{})
 	var objs []*resourceapi.ResourceSlice
 	section(out, "Hardware and slices")
 	fmt.Fprintf(out, "%d GPU(s), %d bound to vfio-pci, %d SR-IOV PF(s)\n", len(inv.GPUs), len(inv.PassthroughGPUs), len(inv.PFs))
-	if node.GPU() != nil || node.NVMLPending() {
-		fmt.Fprintln(out, node.Driver())
+	if r.node.GPU() != nil || r.node.NVMLPending() {
+		fmt.Fprintln(out, r.node.Driver())
 	}
 	for _, driver := range sortedKeys(res) {
 		n := 0
@@ -149,81 +210,92 @@ func Run(ctx context.Context, out io.Writer, opts Options) (err error) {
 	for _, s := range skipped {
 		fmt.Fprintf(out, "not offered: %s\n", s)
 	}
+	return objs
+}
 
+// allocate allocates the groups' claims with the scheduler's allocator
+// and shows the result: the claims allocated, in order.
+func (r *run) allocate(ctx context.Context, objs []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, groups []claimGroup) ([]*resourceapi.ResourceClaim, []allocation, error) {
+	out := r.out
 	results := allocateGroups(ctx, objs, classes, groups)
 	section(out, "Allocation (the scheduler's allocator)")
-	var claims []*resourceapi.ResourceClaim
-	for _, r := range results {
-		if len(r.why) > 0 {
-			fmt.Fprintf(out, "%s: not allocated (why: at the end)\n", r.group.name)
+	var (
+		claims  []*resourceapi.ResourceClaim
+		refused []error
+	)
+	for _, res := range results {
+		if len(res.why) > 0 {
+			fmt.Fprintf(out, "%s: not allocated (why: at the end)\n", res.group.name)
 			continue
 		}
-		for _, c := range r.group.claims {
+		for _, c := range res.group.claims {
 			if err := printYAML(out, map[string]any{c.Name: c.Status.Allocation.Devices.Results}); err != nil {
-				return err
+				return nil, results, err
 			}
 			for _, note := range capacityNotes(c) {
 				fmt.Fprintln(out, note)
 			}
-			// Drivers skip configs that are not theirs: say so before the
-			// claim is prepared with defaults.
+			// A config no driver reads: the agent refuses the claim at
+			// prepare; every such config of every claim is said here.
 			for _, u := range api.UnappliedConfigs(c) {
-				fmt.Fprintf(out, "warning: claim %s: %s; the claim is prepared as if it were not there\n", c.Name, u)
+				refused = append(refused, fmt.Errorf("claim %s: %s", c.Name, u))
 			}
 		}
-		claims = append(claims, r.group.claims...)
+		claims = append(claims, res.group.claims...)
 	}
-	if len(claims) == 0 {
-		return notAllocated(results)
+	if len(refused) > 0 {
+		return nil, results, fmt.Errorf("the agent refuses these claims at prepare:\n  %w", errors.Join(refused...))
 	}
-	defer func() { err = errors.Join(err, notAllocated(results)) }()
-	if ctx.Err() != nil {
-		return interrupted(ctx) // the allocations above may be cut short: nothing is prepared
-	}
+	return claims, results, nil
+}
 
-	drivers, err := agent.NewDrivers(ctx, node, inv, agent.PluginOptions{StateDir: opts.StateDir, CDIDir: opts.CDIDir, Published: published(inv), Config: cfg, NodeName: NodeName, CDIHook: cdiHook(opts.CDIHook)})
-	if err != nil {
-		return err
-	}
-	// From the first prepare on, every way out goes through the undo.
-	var handed []handedClaim
-	defer func() {
-		if len(handed) == 0 {
-			return
-		}
-		if err == nil && ctx.Err() != nil {
-			err = interrupted(ctx)
-		}
-		if err == nil && opts.Keep {
-			fmt.Fprintf(out, "\nKept prepared: state in %s, CDI specs in %s\n", opts.StateDir, opts.CDIDir)
-			left = true
-			return
-		}
-		var undoErr error
-		left, undoErr = undo(ctx, out, err, handed, undoEnv{opts: opts, node: node, before: inv, gpu: drivers.GPU})
-		err = errors.Join(err, undoErr)
-	}()
-	for name, plugin := range drivers.All() {
+// prepareAndShow prepares the claims, driver by driver, shows the
+// hardware as prepare left it and runs Options.Exec.
+func (r *run) prepareAndShow(ctx context.Context, claims []*resourceapi.ResourceClaim) error {
+	for name, plugin := range r.drivers.All() {
 		mine := claimsOf(claims, name)
 		if len(mine) == 0 {
 			continue
 		}
-		if err := prepareClaims(ctx, out, name, plugin, mine, opts, &handed); err != nil {
+		if err := prepareClaims(ctx, r.out, name, plugin, mine, r.opts, &r.handed); err != nil {
 			return err
 		}
 	}
 	if ctx.Err() != nil {
 		return interrupted(ctx)
 	}
-	after, _ := node.Inventory(ctx)
-	section(out, "Hardware after prepare")
-	printHardwareChanges(out, inv, after)
-	printSettings(out, node, after, modesBefore, drivers)
-	printDaemons(out, drivers.GPU)
-	if len(opts.Exec) > 0 {
-		return execute(ctx, out, opts, handed)
+	after, _ := r.node.Inventory(ctx)
+	section(r.out, "Hardware after prepare")
+	printHardwareChanges(r.out, r.inv, after)
+	printSettings(r.out, r.node, after, r.modesBefore, r.drivers)
+	printDaemons(r.out, r.drivers.GPU)
+	if len(r.opts.Exec) > 0 {
+		return execute(ctx, r.out, r.opts, r.handed)
 	}
 	return nil
+}
+
+// finish ends a run that handed claims to prepare: it keeps them (Keep,
+// after a run in which every claim prepared) or undoes them, and reports
+// what is left and how to undo it. err is the run's error.
+func (r *run) finish(ctx context.Context, err error) error {
+	if len(r.handed) == 0 {
+		return err
+	}
+	if err == nil && ctx.Err() != nil {
+		err = interrupted(ctx)
+	}
+	if err == nil && r.opts.Keep {
+		fmt.Fprintf(r.out, "\nKept prepared: state in %s, CDI specs in %s\n", r.opts.StateDir, r.opts.CDIDir)
+		r.left = true
+		return r.recordKept()
+	}
+	var undoErr error
+	r.left, undoErr = undo(ctx, r.out, err, r.handed, undoEnv{opts: r.opts, node: r.node, before: r.inv, gpu: r.drivers.GPU})
+	if r.left {
+		undoErr = errors.Join(undoErr, r.recordKept())
+	}
+	return errors.Join(err, undoErr)
 }
 
 // Environment of Options.Exec's command.
@@ -277,7 +349,7 @@ func printDaemons(out io.Writer, gpu *agent.GPU) {
 		if s.ActiveThreadPercentage != nil || s.PinnedMemoryLimit != nil {
 			defaults = "defaults " + strings.Join(s.Commands(), ", ")
 		}
-		fmt.Fprintf(out, "MPS control daemon %s for %s: devices %s, %s, pipe directory %s\n", id, owner, strings.Join(s.Devices, ","), defaults, gpu.MPS.Dirs(id).Pipe)
+		fmt.Fprintf(out, "MPS control daemon %s (PID %d) for %s: devices %s, %s, pipe directory %s\n", id, gpu.MPS.PID(id), owner, strings.Join(s.Devices, ","), defaults, gpu.MPS.Dirs(id).Pipe)
 	}
 }
 

@@ -28,9 +28,17 @@ import (
 // claims and claim templates, pods (a Pod's, or those a workload would
 // run), or a line saying why it is skipped; a List holds several.
 type manifest struct {
-	claims []*readClaim
-	pods   []*readPod
-	notes  []string
+	claims  []*readClaim
+	pods    []*readPod
+	classes []*readClass
+	notes   []string
+}
+
+// readClass is a DeviceClass of the files: the lab allocates with it,
+// beside the chart's or over one of the same name.
+type readClass struct {
+	at    string
+	class *resourceapi.DeviceClass
 }
 
 // readClaim is a ResourceClaim or a ResourceClaimTemplate as read,
@@ -85,6 +93,7 @@ func decodeDocument(at string, doc json.RawMessage) (manifest, error) {
 			errs = append(errs, err)
 			out.claims = append(out.claims, m.claims...)
 			out.pods = append(out.pods, m.pods...)
+			out.classes = append(out.classes, m.classes...)
 			out.notes = append(out.notes, m.notes...)
 		}
 		return out, errors.Join(errs...)
@@ -101,7 +110,29 @@ func decodeDocument(at string, doc json.RawMessage) (manifest, error) {
 func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object string) (manifest, error) {
 	gv := gvk.GroupVersion()
 	strict := func(into any) error { return api.Unmarshal(doc, into) }
-	var m manifest
+	m, known, err := decodeResourceObject(gvk, strict, at)
+	if err == nil && !known {
+		m, known, err = decodeWorkload(gvk, strict, at)
+	}
+	if err != nil {
+		return m, err
+	}
+	if !known {
+		return skipObject(gvk, object)
+	}
+	if gv.Version != resourceapi.SchemeGroupVersion.Version && gv.Group == resourceapi.GroupName {
+		m.notes = append(m.notes, fmt.Sprintf("%s: %s, converted to %s as the API server does", object, gv, resourceapi.SchemeGroupVersion))
+	}
+	if len(m.pods) == 0 && len(m.claims) == 0 && len(m.classes) == 0 {
+		m.notes = append(m.notes, object+": runs no pod (0 replicas)")
+	}
+	return m, nil
+}
+
+// decodeResourceObject decodes a ResourceClaim, ResourceClaimTemplate or
+// DeviceClass of any served version; known is false for other kinds.
+func decodeResourceObject(gvk schema.GroupVersionKind, strict func(any) error, at string) (m manifest, known bool, _ error) {
+	gv := gvk.GroupVersion()
 	switch gvk {
 	case resourceapi.SchemeGroupVersion.WithKind("ResourceClaim"),
 		resourcev1beta2.SchemeGroupVersion.WithKind("ResourceClaim"),
@@ -111,7 +142,7 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 			err = prepareClaim(c, nil)
 		}
 		if err != nil {
-			return m, err
+			return m, true, err
 		}
 		m.claims = append(m.claims, &readClaim{at: at, claim: c})
 	case resourceapi.SchemeGroupVersion.WithKind("ResourceClaimTemplate"),
@@ -124,14 +155,32 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 			err = prepareClaim(c, t)
 		}
 		if err != nil {
-			return m, err
+			return m, true, err
 		}
 		t.Namespace, t.Spec.Spec = c.Namespace, c.Spec // defaulted
 		m.claims = append(m.claims, &readClaim{at: at, claim: c, template: t})
+	case resourceapi.SchemeGroupVersion.WithKind("DeviceClass"),
+		resourcev1beta2.SchemeGroupVersion.WithKind("DeviceClass"),
+		resourcev1beta1.SchemeGroupVersion.WithKind("DeviceClass"):
+		c, err := decodeClass(strict)
+		if err != nil {
+			return m, true, err
+		}
+		m.classes = append(m.classes, &readClass{at: at, class: c})
+	default:
+		return m, false, nil
+	}
+	return m, true, nil
+}
+
+// decodeWorkload decodes a Pod or a workload (its pods, as its controller
+// would name them); known is false for other kinds.
+func decodeWorkload(gvk schema.GroupVersionKind, strict func(any) error, at string) (m manifest, known bool, _ error) {
+	switch gvk {
 	case corev1.SchemeGroupVersion.WithKind("Pod"):
 		p := &corev1.Pod{}
 		if err := strict(p); err != nil {
-			return m, err
+			return m, true, err
 		}
 		if p.Name == "" && p.GenerateName != "" {
 			p.Name = names.SimpleNameGenerator.GenerateName(p.GenerateName)
@@ -140,7 +189,7 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 	case appsv1.SchemeGroupVersion.WithKind("Deployment"):
 		d := &appsv1.Deployment{}
 		if err := strict(d); err != nil {
-			return m, err
+			return m, true, err
 		}
 		// A Deployment's pods are its ReplicaSet's: <deployment>-<hash>-<random>.
 		rs := names.SimpleNameGenerator.GenerateName(d.Name + "-")
@@ -148,61 +197,75 @@ func decodeObject(gvk schema.GroupVersionKind, doc json.RawMessage, at, object s
 	case appsv1.SchemeGroupVersion.WithKind("ReplicaSet"):
 		r := &appsv1.ReplicaSet{}
 		if err := strict(r); err != nil {
-			return m, err
+			return m, true, err
 		}
 		m.pods = workloadPods(at, gvk.Kind, &r.ObjectMeta, &r.Spec.Template, "spec.template.spec", replicas(r.Spec.Replicas), generated(r.Name))
 	case appsv1.SchemeGroupVersion.WithKind("StatefulSet"):
 		s := &appsv1.StatefulSet{}
 		if err := strict(s); err != nil {
-			return m, err
+			return m, true, err
 		}
 		m.pods = workloadPods(at, gvk.Kind, &s.ObjectMeta, &s.Spec.Template, "spec.template.spec", replicas(s.Spec.Replicas),
 			func(i int) string { return fmt.Sprintf("%s-%d", s.Name, i) })
 	case appsv1.SchemeGroupVersion.WithKind("DaemonSet"):
 		d := &appsv1.DaemonSet{}
 		if err := strict(d); err != nil {
-			return m, err
+			return m, true, err
 		}
 		// The lab is one node: one pod.
 		m.pods = workloadPods(at, gvk.Kind, &d.ObjectMeta, &d.Spec.Template, "spec.template.spec", 1, generated(d.Name))
 	case batchv1.SchemeGroupVersion.WithKind("Job"):
 		j := &batchv1.Job{}
 		if err := strict(j); err != nil {
-			return m, err
+			return m, true, err
 		}
 		m.pods = workloadPods(at, gvk.Kind, &j.ObjectMeta, &j.Spec.Template, "spec.template.spec", jobPods(j.Spec), generated(j.Name))
 	case batchv1.SchemeGroupVersion.WithKind("CronJob"):
 		c := &batchv1.CronJob{}
 		if err := strict(c); err != nil {
-			return m, err
+			return m, true, err
 		}
 		// One run: a Job <cronjob>-<scheduled time>, its pods <job>-<random>.
 		job := names.SimpleNameGenerator.GenerateName(c.Name + "-")
 		m.pods = workloadPods(at, gvk.Kind, &c.ObjectMeta, &c.Spec.JobTemplate.Spec.Template, "spec.jobTemplate.spec.template.spec",
 			jobPods(c.Spec.JobTemplate.Spec), generated(job))
 	default:
-		// A kind of a built-in group that does not exist is a typo, as
-		// kubectl says; any other object is not the lab's.
-		if scheme.Scheme.IsGroupRegistered(gv.Group) && !scheme.Scheme.Recognizes(gvk) {
-			return m, fmt.Errorf("no kind %s in %s", gvk.Kind, gv)
-		}
-		why := "the lab reads ResourceClaims, ResourceClaimTemplates, Pods and the pods of Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs and CronJobs"
-		switch {
-		case gv.Group == resourceapi.GroupName && gvk.Kind == "DeviceClass":
-			why = "the lab allocates with the chart's DeviceClasses"
-		case gv.Group == resourceapi.GroupName && gvk.Kind == "ResourceSlice":
-			why = "the lab publishes the slices of --hardware"
-		}
-		m.notes = append(m.notes, fmt.Sprintf("%s: skipped (%s)", object, why))
-		return m, nil
+		return m, false, nil
 	}
-	if gv.Version != resourceapi.SchemeGroupVersion.Version && gv.Group == resourceapi.GroupName {
-		m.notes = append(m.notes, fmt.Sprintf("%s: %s, converted to %s as the API server does", object, gv, resourceapi.SchemeGroupVersion))
+	return m, true, nil
+}
+
+// skipObject says why an object of a kind the lab does not read is
+// skipped; a kind of a built-in group that does not exist is a typo.
+func skipObject(gvk schema.GroupVersionKind, object string) (manifest, error) {
+	var m manifest
+	gv := gvk.GroupVersion()
+	if scheme.Scheme.IsGroupRegistered(gv.Group) && !scheme.Scheme.Recognizes(gvk) {
+		return m, fmt.Errorf("no kind %s in %s", gvk.Kind, gv)
 	}
-	if len(m.pods) == 0 && len(m.claims) == 0 {
-		m.notes = append(m.notes, object+": runs no pod (0 replicas)")
+	why := "the lab reads ResourceClaims, ResourceClaimTemplates, DeviceClasses, Pods and the pods of Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs and CronJobs"
+	if gv.Group == resourceapi.GroupName && gvk.Kind == "ResourceSlice" {
+		why = "the lab publishes the slices of --hardware"
 	}
+	m.notes = append(m.notes, fmt.Sprintf("%s: skipped (%s)", object, why))
 	return m, nil
+}
+
+// decodeClass decodes a DeviceClass of any served version as v1: the
+// versions' DeviceClassSpecs are the same fields. Its name is required,
+// as the API server requires it.
+func decodeClass(strict func(any) error) (*resourceapi.DeviceClass, error) {
+	c := &resourceapi.DeviceClass{}
+	if err := strict(c); err != nil {
+		return nil, err
+	}
+	if c.Name == "" {
+		return nil, errors.New("metadata.name: Required value (a DeviceClass's name is what claims ask for)")
+	}
+	if c.Namespace != "" {
+		return nil, fmt.Errorf("metadata.namespace: Invalid value %q: a DeviceClass is cluster-scoped", c.Namespace)
+	}
+	return c, nil
 }
 
 // workloadPods are the pods a workload runs from its template, n of

@@ -103,7 +103,7 @@ func TestLabTakesKubectlManifests(t *testing.T) {
 	}
 	wantOutput(t, out,
 		"== Manifests ==",
-		"a.yaml, document 1: Namespace team: skipped (the lab reads ResourceClaims, ResourceClaimTemplates, Pods and the pods of",
+		"a.yaml, document 1: Namespace team: skipped (the lab reads ResourceClaims, ResourceClaimTemplates, DeviceClasses, Pods and the pods of",
 		"a.yaml, document 2: ConfigMap team/settings: skipped",
 		"a.yaml, document 7: Service team/svc: skipped",
 		"a.yaml, document 5: Pod team/worker: claims worker-gpu-",

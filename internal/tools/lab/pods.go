@@ -4,6 +4,7 @@
 package lab
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -32,6 +33,8 @@ type resolver struct {
 	// owner is the group that allocates a ResourceClaim that several
 	// pods name: the first pod's.
 	owner map[*resourceapi.ResourceClaim]string
+	// incomplete: documents had errors, so a claim not found may be one.
+	incomplete bool
 }
 
 func newResolver(claims map[string]*readClaim, classes []*resourceapi.DeviceClass) *resolver {
@@ -43,8 +46,9 @@ func newResolver(claims map[string]*readClaim, classes []*resourceapi.DeviceClas
 }
 
 // pod resolves one pod: its group of claims (maybe none) and a line that
-// says what it gets, or an error naming the file, the object (the pod,
-// or the workload whose pods it is) and the field.
+// says what it gets, or its errors, each naming the file, the object (the
+// pod, or the workload whose pods it is) and the field: every problem of
+// the pod, not the first.
 func (r *resolver) pod(p *readPod) (claimGroup, []string, error) {
 	pod := p.pod
 	if pod.Namespace == "" {
@@ -59,18 +63,22 @@ func (r *resolver) pod(p *readPod) (claimGroup, []string, error) {
 	}
 	name := p.at + ": Pod " + pod.Namespace + "/" + pod.Name
 	g := claimGroup{name: name}
-	var got []string
+	var (
+		got  []string
+		errs []error
+	)
 	podClaims := map[string]bool{}
 	for i, pc := range pod.Spec.ResourceClaims {
 		field := fmt.Sprintf("%s.resourceClaims[%d]", p.spec, i)
 		podClaims[pc.Name] = true
 		switch {
 		case (pc.ResourceClaimName == nil) == (pc.ResourceClaimTemplateName == nil):
-			return g, nil, fail(field, "must specify one of: `resourceClaimName`, `resourceClaimTemplateName`")
+			errs = append(errs, fail(field, "must specify one of: `resourceClaimName`, `resourceClaimTemplateName`"))
 		case pc.ResourceClaimName != nil:
 			c, err := r.find(false, pod.Namespace, *pc.ResourceClaimName)
 			if err != nil {
-				return g, nil, fail(field+".resourceClaimName", "%v", err)
+				errs = append(errs, fail(field+".resourceClaimName", "%v", err))
+				continue
 			}
 			c.used = true
 			if first, ok := r.owner[c.claim]; ok {
@@ -84,7 +92,8 @@ func (r *resolver) pod(p *readPod) (claimGroup, []string, error) {
 		default:
 			t, err := r.find(true, pod.Namespace, *pc.ResourceClaimTemplateName)
 			if err != nil {
-				return g, nil, fail(field+".resourceClaimTemplateName", "%v", err)
+				errs = append(errs, fail(field+".resourceClaimTemplateName", "%v", err))
+				continue
 			}
 			t.used = true
 			c := fromTemplate(pod, pc.Name, t.template)
@@ -96,13 +105,13 @@ func (r *resolver) pod(p *readPod) (claimGroup, []string, error) {
 	for i, c := range allContainers(pod) {
 		for j, cc := range c.Resources.Claims {
 			if !podClaims[cc.Name] {
-				return g, nil, fail(fmt.Sprintf("%s.%s.resources.claims[%d].name", p.spec, containerField(pod, i), j),
-					"%q: must be the name of one entry in %s.resourceClaims", cc.Name, p.spec)
+				errs = append(errs, fail(fmt.Sprintf("%s.%s.resources.claims[%d].name", p.spec, containerField(pod, i), j),
+					"%q: must be the name of one entry in %s.resourceClaims", cc.Name, p.spec))
 			}
 		}
 	}
 	ext, line, err := r.extendedClaim(p, fail)
-	if err != nil {
+	if err := errors.Join(append(errs, err)...); err != nil {
 		return g, nil, err
 	}
 	if ext != nil {
@@ -135,6 +144,9 @@ func (r *resolver) find(template bool, namespace, name string) (*readClaim, erro
 	if len(elsewhere) > 0 {
 		slices.Sort(elsewhere)
 		msg += fmt.Sprintf(" (there is one in namespace %s: a pod takes claims of its own namespace only)", strings.Join(elsewhere, ", "))
+	}
+	if r.incomplete {
+		msg += " (or it is in a document whose errors are said)"
 	}
 	return nil, fmt.Errorf("%s", msg)
 }
@@ -183,6 +195,7 @@ func (r *resolver) extendedClaim(p *readPod, fail func(field, format string, arg
 	// The API server's defaults: a request left out is the limit.
 	requests := make([]corev1.ResourceList, len(containers))
 	classes := map[corev1.ResourceName]string{}
+	var errs []error
 	for i, c := range containers {
 		requests[i] = maps.Clone(c.Resources.Requests)
 		if requests[i] == nil {
@@ -202,14 +215,18 @@ func (r *resolver) extendedClaim(p *readPod, fail func(field, format string, arg
 				field = fmt.Sprintf("%s.%s.resources.requests[%s]", p.spec, containerField(pod, i), name)
 			}
 			if _, ok := q.AsInt64(); !ok {
-				return nil, "", fail(field, "%s: must be an integer", q.String())
+				errs = append(errs, fail(field, "%s: must be an integer", q.String()))
 			}
 			class := r.extended.GetDeviceClass(name)
 			if class == nil {
-				return nil, "", fail(field, "no DeviceClass has extendedResourceName %s (the chart's values extendedResources name the ones it offers), and the lab has no device plugin to serve it", name)
+				errs = append(errs, fail(field, "no DeviceClass has extendedResourceName %s (the chart's values extendedResources name the ones it offers), and the lab has no device plugin to serve it", name))
+				continue
 			}
 			classes[name] = class.Name
 		}
+	}
+	if len(errs) > 0 {
+		return nil, "", errors.Join(errs...)
 	}
 	reqs, resourceOf := extendedRequests(pod, requests, classes)
 	if len(reqs) == 0 {

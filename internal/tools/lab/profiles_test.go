@@ -79,7 +79,7 @@ func profilesTables(t *testing.T) (string, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, _, err := readClaims([]string{filepath.Join("..", "..", "..", "deploy", "examples")}, nil, classes)
+	files, _, _, err := readClaims([]string{filepath.Join("..", "..", "..", "deploy", "examples")}, nil, classes)
 	if err != nil {
 		t.Fatal(err)
 	}

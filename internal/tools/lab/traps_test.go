@@ -15,30 +15,33 @@ import (
 	"github.com/hwdra/hwdra/internal/tools/allocate"
 )
 
-// TestLabWarnsOfConfigsNoDriverReads: gpu-mps.yaml written for NVIDIA's
-// DRA driver (driver gpu.nvidia.com) gets an exclusive GPU without MPS;
-// the lab says which config of which claim no driver reads, and the
-// agent's prepare logs it.
-func TestLabWarnsOfConfigsNoDriverReads(t *testing.T) {
+// TestLabRefusesConfigsNoDriverReads: gpu-mps.yaml with its config's
+// driver mistyped (gpu.hwdra.com), or written for NVIDIA's DRA driver
+// (gpu.nvidia.com), would get an exclusive GPU without MPS: the lab
+// refuses it before prepare, as the agent's prepare would, naming the
+// config and the likely fix; nothing is prepared.
+func TestLabRefusesConfigsNoDriverReads(t *testing.T) {
 	data, err := os.ReadFile(examples("gpu-mps.yaml")[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(t.TempDir(), "nvidia-mps.yaml")
-	if err := os.WriteFile(file, []byte(strings.Replace(string(data), "driver: gpu.hwdra.io", "driver: gpu.nvidia.com", 1)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	if err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ClaimFiles: []string{file}}); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
-	wantOutput(t, out.String(),
-		"warning: claim gpu-mps: spec.devices.config[0] is for driver gpu.nvidia.com, which owns none of the devices it applies to (gpu.hwdra.io): no driver reads it",
-		`log: "Warning: a configuration of the claim is ignored: spec.devices.config[0] is for driver gpu.nvidia.com`,
-		"no MPS control daemons",
-	)
-	if t.Failed() {
-		t.Log(out.String())
+	for driver, hint := range map[string]string{
+		"gpu.hwdra.com":  "(did you mean gpu.hwdra.io?)",
+		"gpu.nvidia.com": "(written for NVIDIA's GPU DRA driver: `hwdra convert` rewrites such manifests for hwdra)",
+	} {
+		file := filepath.Join(t.TempDir(), "mps.yaml")
+		if err := os.WriteFile(file, []byte(strings.Replace(string(data), "driver: gpu.hwdra.io", "driver: "+driver, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ClaimFiles: []string{file}})
+		want := "claim gpu-mps: spec.devices.config[0] is for driver " + driver + ", which owns none of the devices it applies to (gpu.hwdra.io): no driver reads it " + hint
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %q", err, want)
+		}
+		if strings.Contains(out.String(), "== Prepare") {
+			t.Errorf("%s: the claim was prepared:\n%s", driver, out.String())
+		}
 	}
 }
 
@@ -50,7 +53,7 @@ func TestFirstAvailableFitsEveryMIGModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, _, err := readClaims(examples("first-available.yaml"), nil, classes)
+	files, _, _, err := readClaims(examples("first-available.yaml"), nil, classes)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwdra/hwdra/internal/agent"
+	gpuprep "github.com/hwdra/hwdra/internal/agent/prepare/gpu"
 	"github.com/hwdra/hwdra/internal/backend"
 	"github.com/hwdra/hwdra/internal/hw"
 )
@@ -55,11 +56,13 @@ const undoTimeout = time.Minute
 
 // undo unprepares every handed claim, last first (an MPS daemon goes
 // after the claims it serves), each on a context of its own: ctx's values
-// (the logger) without its cancellation, bounded by undoTimeout and
-// cancelled by env.opts.Abort. cause is why the run ends (nil: it
-// succeeded). It prints what it undid, the hardware and MPS daemons that
-// still differ from the start, and, where it had to stop, which claims it
-// left and where their records are; left reports that some are.
+// (the logger) without its cancellation, bounded by undoTimeout; no
+// signal cuts it short (a repeated one is answered, NoteRepeatedSignals).
+// cause is why the run ends (nil: it succeeded). It prints what it undid,
+// the hardware and MPS daemons that still differ from the start, every
+// GPU setting it could not restore (with what it was), and the claims it
+// left and where their records are; left reports that claims are left,
+// err that anything is.
 func undo(ctx context.Context, out io.Writer, cause error, handed []handedClaim, env undoEnv) (left bool, err error) {
 	switch {
 	case cause == nil:
@@ -72,19 +75,13 @@ func undo(ctx context.Context, out io.Writer, cause error, handed []handedClaim,
 	if cause != nil && env.opts.Keep {
 		fmt.Fprintln(out, "note: --keep keeps the claims of a run in which every claim prepared, not what a failed one left")
 	}
-	aborted := func() bool { return env.opts.Abort != nil && env.opts.Abort.Err() != nil }
 	var (
 		kept []string
 		errs []error
 	)
 	for i := len(handed) - 1; i >= 0; i-- {
 		h := handed[i]
-		name := fmt.Sprintf("%s (%s)", h.claim.Name, h.driver) // as named in what is left
-		if aborted() {
-			kept = append(kept, name)
-			continue
-		}
-		uctx, cancel := undoContext(ctx, env.opts.Abort)
+		uctx, cancel := undoContext(ctx)
 		results, err := h.plugin.UnprepareResourceClaims(uctx, []kubeletplugin.NamespacedObject{
 			{NamespacedName: types.NamespacedName{Namespace: h.claim.Namespace, Name: h.claim.Name}, UID: h.claim.UID}})
 		cancel()
@@ -93,7 +90,7 @@ func undo(ctx context.Context, out io.Writer, cause error, handed []handedClaim,
 		}
 		switch {
 		case err != nil:
-			kept = append(kept, name)
+			kept = append(kept, fmt.Sprintf("%s (%s)", h.claim.Name, h.driver))
 			errs = append(errs, fmt.Errorf("unprepare %s: %w", h.claim.Name, err))
 			fmt.Fprintf(out, "%s: not unprepared (%s): %v\n", h.claim.Name, h.driver, err)
 		case h.failed:
@@ -102,32 +99,44 @@ func undo(ctx context.Context, out io.Writer, cause error, handed []handedClaim,
 			fmt.Fprintf(out, "%s: unprepared (%s)\n", h.claim.Name, h.driver)
 		}
 	}
-	ictx, cancel := undoContext(ctx, nil)
+	ictx, cancel := undoContext(ctx)
 	final, _ := env.node.Inventory(ictx)
 	cancel()
 	printHardwareChanges(out, env.before, final)
 	printDaemons(out, env.gpu)
-	if len(kept) == 0 {
-		return false, nil
+	if err := notRestored(out, env.opts.StateDir); err != nil {
+		errs = append(errs, err)
 	}
-	why := "their unprepare failed"
-	if aborted() {
-		why = fmt.Sprintf("the undo was stopped: %v", context.Cause(env.opts.Abort))
+	if len(kept) > 0 {
+		where := fmt.Sprintf("their records are in %s (checkpoint, ledgers, MPS daemons' directories), their CDI specs in %s", env.opts.StateDir, env.opts.CDIDir)
+		fmt.Fprintf(out, "left prepared, their unprepare failed: %s\n%s\n", strings.Join(kept, ", "), where)
+		errs = append(errs, fmt.Errorf("left prepared, their unprepare failed: %s; %s", strings.Join(kept, ", "), where))
 	}
-	where := fmt.Sprintf("their records are in %s (checkpoint, ledgers, MPS daemons' directories), their CDI specs in %s", env.opts.StateDir, env.opts.CDIDir)
-	fmt.Fprintf(out, "left prepared, %s: %s\n%s\n", why, strings.Join(kept, ", "), where)
-	return true, errors.Join(append(errs, fmt.Errorf("left prepared, %s: %s; %s", why, strings.Join(kept, ", "), where))...)
+	return len(kept) > 0, errors.Join(errs...)
+}
+
+// notRestored lists the GPU settings left changed after every claim was
+// unprepared (gpu.Leftovers: the restores log their failures and go on),
+// and is an error when there are any.
+func notRestored(out io.Writer, stateDir string) error {
+	lines, err := gpuprep.Leftovers(stateDir)
+	if err != nil {
+		return fmt.Errorf("reading what is left on the GPUs: %w", err)
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	fmt.Fprintln(out, "left changed on the hardware (the log above says why):")
+	for _, l := range lines {
+		fmt.Fprintln(out, "  "+l)
+	}
+	return fmt.Errorf("left changed on the hardware: %s", strings.Join(lines, "; "))
 }
 
 // undoContext is a context for one step of the undo: ctx's values
-// without its cancellation, bounded by undoTimeout, done with abort.
-func undoContext(ctx, abort context.Context) (context.Context, context.CancelFunc) {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-	if abort == nil {
-		return uctx, cancel
-	}
-	stop := context.AfterFunc(abort, cancel)
-	return uctx, func() { stop(); cancel() }
+// without its cancellation, bounded by undoTimeout.
+func undoContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
 }
 
 // interrupted is the error of a run whose context is done.
@@ -136,38 +145,38 @@ func interrupted(ctx context.Context) error {
 }
 
 // Signals stop a lab run: the first cancels the run's context (hwdra's
-// main: signal.NotifyContext), the next the undo after it
-// (AbortOnSecondSignal).
+// main: signal.NotifyContext); the undo then runs to its end whatever
+// comes after (NoteRepeatedSignals answers them).
 var Signals = []os.Signal{os.Interrupt, syscall.SIGTERM}
 
-// AbortOnSecondSignal returns Options.Abort for a run whose ctx the
-// first of Signals cancels: a context done at the signal after that one
-// (at the first, where ctx is done already). stop releases the signals.
-func AbortOnSecondSignal(ctx context.Context) (abort context.Context, stop func()) {
-	abort, cancel := context.WithCancelCause(context.Background())
-	ch := make(chan os.Signal, 2)
+// NoteRepeatedSignals answers each of Signals after the first (the one
+// that cancels ctx) with a line on out: the lab does not stop undoing
+// what it prepared for another, as one that left MPS daemons and MIG
+// instances behind would leave the user no way back but hunting them;
+// SIGKILL still ends it, and its records then let Undo finish the work.
+// stop releases the signals.
+func NoteRepeatedSignals(ctx context.Context, out io.Writer) (stop func()) {
+	ch := make(chan os.Signal, 4)
 	signal.Notify(ch, Signals...)
-	seen := 0
-	if ctx.Err() != nil {
-		seen = 1
-	}
 	quit := make(chan struct{})
 	go func() {
+		seen := 0
+		if ctx.Err() != nil {
+			seen = 1
+		}
 		for {
 			select {
 			case s := <-ch:
 				if seen++; seen >= 2 {
-					cancel(fmt.Errorf("a second signal (%v)", s))
-					return
+					fmt.Fprintf(out, "\n%v again: the lab goes on undoing what it prepared (each step bounded by %v); it is not cut short\n", s, undoTimeout)
 				}
 			case <-quit:
 				return
 			}
 		}
 	}()
-	return abort, func() {
+	return func() {
 		signal.Stop(ch)
 		close(quit)
-		cancel(nil)
 	}
 }
