@@ -111,8 +111,14 @@ func TestRefusedSlicesToldAndRewritten(t *testing.T) {
 	}); werr != nil {
 		t.Errorf("%v: last %v", werr, err)
 	}
-	if n, _ := r.metric("hwdra_resourceslice_refusals_total", map[string]string{"driver": device.GPUDriver}); n < enough {
-		t.Errorf("hwdra_resourceslice_refusals_total %v, want at least %d", n, enough)
+	// The counter moves when the controller hands the publisher the
+	// error, after the API server's reactor saw the write refused.
+	var n float64
+	if werr := waitfor.Until(t.Context(), "every refusal counted", 30*time.Second, func() bool {
+		n, _ = r.metric("hwdra_resourceslice_refusals_total", map[string]string{"driver": device.GPUDriver})
+		return n >= enough
+	}); werr != nil {
+		t.Errorf("hwdra_resourceslice_refusals_total %v, want at least %d: %v", n, enough, werr)
 	}
 	var warned bool
 	for _, e := range got.all() {
