@@ -149,10 +149,7 @@ func onlyTainted(ss []*resourceapi.ResourceSlice, bus, value string) bool {
 func prepareClaims(t testing.TB, a *testAgent, driver string, claims ...*resourceapi.ResourceClaim) {
 	t.Helper()
 	dra := drapb.NewDRAPluginClient(a.dial(filepath.Join(a.dir, "plugins", driver, "dra.sock")))
-	var pb []*drapb.Claim
-	for _, c := range claims {
-		pb = append(pb, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
-	}
+	pb := claimsPB(claims)
 	resp, err := dra.NodePrepareResources(context.Background(), &drapb.NodePrepareResourcesRequest{Claims: pb})
 	if err != nil {
 		t.Fatal(err)
@@ -173,15 +170,21 @@ func prepareClaims(t testing.TB, a *testAgent, driver string, claims ...*resourc
 	})
 }
 
+// claimsPB names claims as the kubelet's DRA API does.
+func claimsPB(claims []*resourceapi.ResourceClaim) []*drapb.Claim {
+	pb := make([]*drapb.Claim, 0, len(claims))
+	for _, c := range claims {
+		pb = append(pb, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
+	}
+	return pb
+}
+
 // unprepareClaims unprepares claims through the driver's kubelet plugin
 // (idempotent: claims unprepared before are no error).
 func unprepareClaims(t testing.TB, a *testAgent, driver string, claims ...*resourceapi.ResourceClaim) {
 	t.Helper()
 	dra := drapb.NewDRAPluginClient(a.dial(filepath.Join(a.dir, "plugins", driver, "dra.sock")))
-	var pb []*drapb.Claim
-	for _, c := range claims {
-		pb = append(pb, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
-	}
+	pb := claimsPB(claims)
 	resp, err := dra.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{Claims: pb})
 	if err != nil {
 		t.Errorf("unprepare: %v", err)

@@ -481,8 +481,8 @@ func TestLabUndoesOnSignal(t *testing.T) {
 	}
 }
 
-// TestLabUndoesOnTwoSignals: two SIGINTs a moment apart (a user's
-// Ctrl-C twice) while the lab prepares many claims: the second does not
+// TestLabUndoesOnTwoSignals: two SIGINTs, the second once the undo has
+// begun (a user's Ctrl-C twice) while the lab prepares many claims: the second does not
 // cut the undo short. Nothing is left: no MPS daemon, no claim's record,
 // no CDI spec, no temporary directory of the run (TMPDIR is the test's).
 func TestLabUndoesOnTwoSignals(t *testing.T) {
@@ -494,11 +494,13 @@ func TestLabUndoesOnTwoSignals(t *testing.T) {
 		logs, _ := filepath.Glob(filepath.Join(tmp, "*", "state", "mps", "*", "log", "control.log"))
 		return len(logs) >= 3
 	})
-	for range 2 {
-		if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond) // the user's second Ctrl-C, not a condition awaited
+	// The second Ctrl-C lands while the first one's undo runs.
+	if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, "the undo under way", func() bool { return strings.Contains(c.output(), "== Undo: interrupted") })
+	if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
 	}
 	code := c.wait(t)
 	out := c.output()
