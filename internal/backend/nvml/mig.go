@@ -5,6 +5,7 @@ package nvml
 
 import (
 	"fmt"
+	"iter"
 	"math"
 	"slices"
 	"strings"
@@ -257,28 +258,49 @@ func computeInstances(ref gpuRef, gi nvml.GpuInstance, name string) ([]hw.Comput
 // migUUIDs fills the compute instances' MIG device UUIDs. They are
 // optional: where NVML cannot tell, UUIDs stay empty.
 func (b *Backend) migUUIDs(dev nvml.Device, instances []hw.GPUInstance) {
-	n, ret := dev.GetMaxMigDeviceCount()
+	devs, ret := migDevices(dev)
 	if ret != nvml.SUCCESS {
 		return
 	}
-	type key struct{ gi, ci int }
-	uuids := map[key]string{}
-	for i := 0; i < n; i++ {
-		md, ret := dev.GetMigDeviceHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			continue // NOT_FOUND: no MIG device at this index
-		}
-		giID, r1 := md.GetGpuInstanceId()
-		ciID, r2 := md.GetComputeInstanceId()
-		id, r3 := md.GetUUID()
-		if r1 == nvml.SUCCESS && r2 == nvml.SUCCESS && r3 == nvml.SUCCESS {
-			uuids[key{giID, ciID}] = id
+	uuids := map[migAt]string{}
+	for at, md := range devs {
+		if id, ret := md.GetUUID(); ret == nvml.SUCCESS {
+			uuids[at] = id
 		}
 	}
 	for i := range instances {
 		for j := range instances[i].ComputeInstances {
 			ci := &instances[i].ComputeInstances[j]
-			ci.UUID = uuids[key{instances[i].ID, ci.ID}]
+			ci.UUID = uuids[migAt{instances[i].ID, ci.ID}]
 		}
 	}
+}
+
+// migAt is where a MIG device sits: its GPU and compute instance IDs.
+type migAt struct{ gi, ci int }
+
+// migDevices walks a GPU's MIG devices. NVML indexes them 0..max-1 with
+// gaps (NOT_FOUND where no device sits, e.g. after a partition in the
+// middle was destroyed); one whose instance IDs cannot be read is skipped.
+func migDevices(dev nvml.Device) (iter.Seq2[migAt, nvml.Device], nvml.Return) {
+	n, ret := dev.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	return func(yield func(migAt, nvml.Device) bool) {
+		for i := 0; i < n; i++ {
+			md, ret := dev.GetMigDeviceHandleByIndex(i)
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			gi, r1 := md.GetGpuInstanceId()
+			ci, r2 := md.GetComputeInstanceId()
+			if r1 != nvml.SUCCESS || r2 != nvml.SUCCESS {
+				continue
+			}
+			if !yield(migAt{gi, ci}, md) {
+				return
+			}
+		}
+	}, nvml.SUCCESS
 }

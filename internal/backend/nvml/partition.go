@@ -228,18 +228,12 @@ func (b *Backend) CreateComputeInstance(busID string, gi, computeSlices int) (in
 func (b *Backend) MIGDeviceUUID(busID string, gi, ci int) (string, error) {
 	var out string
 	err := b.onGPU(busID, func(dev nvml.Device, ref gpuRef) error {
-		n, ret := dev.GetMaxMigDeviceCount()
+		devs, ret := migDevices(dev)
 		if ret != nvml.SUCCESS {
 			return ref.err("GetMaxMigDeviceCount", ret)
 		}
-		for i := 0; i < n; i++ {
-			md, ret := dev.GetMigDeviceHandleByIndex(i)
-			if ret != nvml.SUCCESS {
-				continue // NOT_FOUND: no MIG device at this index
-			}
-			g, r1 := md.GetGpuInstanceId()
-			c, r2 := md.GetComputeInstanceId()
-			if r1 != nvml.SUCCESS || r2 != nvml.SUCCESS || g != gi || c != ci {
+		for at, md := range devs {
+			if at != (migAt{gi, ci}) {
 				continue
 			}
 			if out, ret = md.GetUUID(); ret != nvml.SUCCESS {
