@@ -13,7 +13,6 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent"
 	"github.com/hwdra/hwdra/internal/agent/mps"
-	"github.com/hwdra/hwdra/internal/agent/podnet"
 )
 
 func agentCommand() *cobra.Command {
@@ -61,17 +60,13 @@ func agentCommand() *cobra.Command {
 	f.StringVar(&opts.CDIHook, "nvidia-cdi-hook", "", "nvidia-cdi-hook on the node, which the container runtime runs for the driver files the agent generates for containers (an installed NVIDIA Container Toolkit's); empty: the one the agent's image ships, installed into --state-dir/bin")
 	f.StringVar(&opts.PodUID, "pod-uid", opts.PodUID, "the agent's pod UID (default $POD_UID; the DaemonSet sets it): its kubelet plugins then register for rolling updates, beside an older pod's")
 	f.StringVar(&opts.ConfigPath, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults")
-	f.StringVar(&opts.RegistrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")
-	f.StringVar(&opts.PluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "directory for the drivers' sockets and metadata (one subdirectory per driver)")
-	f.StringVar(&opts.CDIDir, "cdi-dir", "/var/run/cdi", "directory for CDI specs, as configured in the container runtime")
-	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/hwdra", "directory for checkpoints")
+	addNodePathFlags(f, nodePaths{&opts.RegistrarDir, &opts.PluginsDir, &opts.CDIDir, &opts.StateDir, &opts.NRISocket}, "")
 	f.DurationVar(&opts.Rescan, "rescan-interval", time.Minute, "how often to probe the hardware for changes")
 	f.DurationVar(&opts.FeatureCheck, "feature-check-interval", 10*time.Minute, "how often to check which DRA feature gates the API server has on (one dry-run ResourceSlice create each, also at start): a gate turned off makes the agent publish a model without it")
 	f.StringVar(&opts.MetricsAddress, "metrics-address", ":9464", "address for /metrics (Prometheus), /healthz and /readyz; empty: off")
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", "", "IP address to serve --metrics-address's port on (the node's IP; the chart passes status.hostIP); empty: --metrics-address's host, every interface if it names none")
 	f.StringVar(&opts.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory (fixed in the kubelet, whatever its --root-dir): while NVIDIA's device plugin has a socket there, or the node advertises its resources, the agent leaves the GPUs to it; empty: only the node's status is watched")
 	f.IntVar(&opts.ClaimLimitGPUs, "claim-limit-gpus-per-node", 0, "the most whole GPUs the chart's claim-limits admission policy lets a claim ask for (claimLimits.gpusPerNode; 0: no policy): a node with more GPUs warns in /readyz, its log and an Event, since claims it could satisfy are refused")
-	f.StringVar(&opts.NRISocket, "nri-socket", podnet.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)")
 	f.StringVar((*string)(&opts.MPSCgroup), "mps-daemon-cgroup", string(mps.CgroupSame),
 		`where the MPS control daemons of shared GPUs run: "" in the agent's cgroup (an agent run as a process: they outlive it in sessions of their own), "`+string(mps.CgroupBesidePod)+`" in a cgroup of its own beside the agent's pod, which the runtime and the kubelet leave alone when the pod goes (the DaemonSet, with hostPID), or a cgroup path ("/hwdra-mps.slice") under which each gets a cgroup of its own; a daemon's own cgroup has its memory limited (gpus.mps.daemonMemoryLimit)`)
 	return cmd

@@ -11,7 +11,24 @@ import (
 	"path/filepath"
 
 	"github.com/spf13/pflag"
+
+	"github.com/hwdra/hwdra/internal/agent/podnet"
 )
+
+// nodePaths are the node's directories and the NRI socket the agent
+// uses. The agent takes them as flags and doctor checks them under the
+// same names and defaults, so both are registered here once.
+type nodePaths struct{ registrar, plugins, cdi, state, nri *string }
+
+// addNodePathFlags registers the node paths' flags; also is appended to
+// each flag's help (doctor's "as the agent's flag").
+func addNodePathFlags(f *pflag.FlagSet, p nodePaths, also string) {
+	f.StringVar(p.registrar, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory"+also)
+	f.StringVar(p.plugins, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "directory for the drivers' sockets and metadata (one subdirectory per driver)"+also)
+	f.StringVar(p.cdi, "cdi-dir", "/var/run/cdi", "directory for CDI specs, as configured in the container runtime"+also)
+	f.StringVar(p.state, "state-dir", "/var/lib/hwdra", "directory for checkpoints"+also)
+	f.StringVar(p.nri, "nri-socket", podnet.DefaultSocket, "the container runtime's NRI socket, for moving VF netdevs into pods; empty: no NRI (VFs stay in the host network namespace)"+also)
+}
 
 // makeDirs creates the directories the named flags give (an empty value
 // leaves the command's default), so that a path that cannot be a

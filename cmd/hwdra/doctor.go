@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/hwdra/hwdra/internal/agent/config"
-	"github.com/hwdra/hwdra/internal/agent/podnet"
 	"github.com/hwdra/hwdra/internal/backend"
 	"github.com/hwdra/hwdra/internal/tools/doctor"
 )
@@ -91,11 +90,7 @@ func doctorCommand() *cobra.Command {
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, ~/.kube/config, or the pod's service account (in-cluster); none found: the API checks are skipped")
 	f.StringVar(&in.NodeName, "node-name", in.NodeName, "the node's name, in the dry-run ResourceSlice of the DRA feature check; empty: $NODE_NAME, else the host name")
 	f.StringVar(&in.CDIHook, "nvidia-cdi-hook", "", "nvidia-cdi-hook on the node, as the agent's flag; empty: the one shipped beside hwdra, or the one an agent installed into --state-dir/bin")
-	f.StringVar(&in.Paths.RegistrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory, as the agent's flag")
-	f.StringVar(&in.Paths.PluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "the kubelet's plugins directory, as the agent's flag")
-	f.StringVar(&in.Paths.CDIDir, "cdi-dir", "/var/run/cdi", "the container runtime's CDI directory, as the agent's flag")
-	f.StringVar(&in.Paths.NRISocket, "nri-socket", podnet.DefaultSocket, "the container runtime's NRI socket, as the agent's flag; empty: no NRI")
-	f.StringVar(&in.Paths.StateDir, "state-dir", "/var/lib/hwdra", "the agent's state directory, as the agent's flag")
+	addNodePathFlags(f, nodePaths{&in.Paths.RegistrarDir, &in.Paths.PluginsDir, &in.Paths.CDIDir, &in.Paths.StateDir, &in.Paths.NRISocket}, " (as the agent's flag)")
 	return cmd
 }
 
