@@ -16,6 +16,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/hwdra/hwdra/internal/agent/config"
@@ -249,6 +250,23 @@ func createPriorityClasses(ctx context.Context, cs kubernetes.Interface) error {
 
 func kindPriority(k int) string { return fmt.Sprintf("fleet-k%d", k) }
 
+// kindGate holds a kind's pods until the kinds before it are bound: the
+// scheduler then works on one kind at a time, and the CPU between a
+// kind's ungating and its last bind is that kind's alone. (Priorities
+// alone order the queue but not the binds: with a fast scheduler the
+// next kind's pods were scheduled before the last binds of the one
+// before were seen, and the kinds' windows overlapped.)
+func kindGate(k int) string { return fmt.Sprintf("hwdra.io/fleet-k%d", k) }
+
+// ungate lets the scheduler at pods held by createPod's gate.
+func ungate(ctx context.Context, cs kubernetes.Interface, ns string, pods []string) error {
+	patch := []byte(`{"spec":{"schedulingGates":null}}`)
+	return parallel(len(pods), func(i int) error {
+		_, err := cs.CoreV1().Pods(ns).Patch(ctx, pods[i], types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	})
+}
+
 func createPriorityClass(ctx context.Context, cs kubernetes.Interface, name string, value int32, policy *corev1.PreemptionPolicy) error {
 	_, err := cs.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{
 		ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value, PreemptionPolicy: policy,
@@ -257,14 +275,18 @@ func createPriorityClass(ctx context.Context, cs kubernetes.Interface, name stri
 }
 
 // createPod creates a pod that asks for reqs through its own claim, or
-// for one nvidia.com/gpu where reqs is nil.
-func createPod(ctx context.Context, cs kubernetes.Interface, ns, name, priorityClass string, reqs []resourceapi.DeviceRequest) error {
+// for one nvidia.com/gpu where reqs is nil; held behind a scheduling gate
+// of that name, if any (ungate removes it).
+func createPod(ctx context.Context, cs kubernetes.Interface, ns, name, priorityClass, gate string, reqs []resourceapi.DeviceRequest) error {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{
 			PriorityClassName: priorityClass,
 			Containers:        []corev1.Container{{Name: "c", Image: "registry.local/pause:v1"}},
 		},
+	}
+	if gate != "" {
+		pod.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: gate}}
 	}
 	if reqs == nil {
 		pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}

@@ -167,7 +167,7 @@ func runFleet(t *testing.T, model fleetModel, p fleetParams, invs inventories) f
 	}
 	r.pods = len(jobs)
 	if bad != "" { // created first, the queue's head
-		err := createPod(ctx, cs, ns, "a-bad", "fleet-bad", badClaims[bad])
+		err := createPod(ctx, cs, ns, "a-bad", "fleet-bad", "", badClaims[bad])
 		switch {
 		case err != nil && limits && strings.Contains(err.Error(), "claimLimits.gpusPerNode"):
 			r.badRefused = err.Error()
@@ -183,7 +183,11 @@ func runFleet(t *testing.T, model fleetModel, p fleetParams, invs inventories) f
 		if model.name == oneDeviceModel.name {
 			reqs = kind.one
 		}
-		return createPod(ctx, cs, ns, jobs[i].name, kindPriority(jobs[i].kind), reqs)
+		gate := ""
+		if jobs[i].kind > 0 {
+			gate = kindGate(jobs[i].kind)
+		}
+		return createPod(ctx, cs, ns, jobs[i].name, kindPriority(jobs[i].kind), gate, reqs)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -192,36 +196,14 @@ func runFleet(t *testing.T, model fleetModel, p fleetParams, invs inventories) f
 
 	stop := make(chan struct{})
 	defer close(stop)
-	b := watchBinds(t, n, ns, len(jobs), stop)
+	b := watchBinds(t, n, ns, stop)
 	b.started(time.Now())
 	if err := n.StartScheduler(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Until every pod is bound, the run's timeout, or a minute without a
-	// bind (the rest refused everywhere): a run that leaves pods pending
-	// fails, but still gives its figures and says which kinds it left.
-	deadline := time.After(timeout)
-	tick := time.NewTicker(5 * time.Second)
-	defer tick.Stop()
-	bound, lastBind := 0, time.Now()
-wait:
-	for {
-		select {
-		case <-b.all:
-			break wait
-		case <-deadline:
-			t.Errorf("%s: %d of %d pods bound within %v; %s", model.name, len(b.snapshot()), len(jobs), timeout, whyPending(ctx, n, ns))
-			break wait
-		case <-tick.C:
-			if got := len(b.snapshot()); got != bound {
-				bound, lastBind = got, time.Now()
-			} else if time.Since(lastBind) > time.Minute {
-				t.Errorf("%s: %d of %d pods bound, none for a minute; %s", model.name, got, len(jobs), whyPending(ctx, n, ns))
-				break wait
-			}
-		}
-	}
-	fillKinds(&r, b.snapshot(), names)
+	b.scheduleKinds(t, model.name, names, timeout, func(pods []string) error { return ungate(ctx, cs, ns, pods) },
+		func() string { return whyPending(ctx, n, ns) })
+	fillKinds(&r, b.snapshot(), b.origins, names)
 	if model.name != oneDeviceModel.name {
 		t.Logf("fleet vgpu-hosts %s: vgpu pods left pending %d; %s", model.name, r.kinds["vgpu"].unbound, vgpuHostGPUs(ctx, t, n, ns, nodes, invs))
 	}
@@ -300,13 +282,16 @@ type binds struct {
 	start time.Time
 	sched *framework.Process
 	got   map[string]bind
-	want  int // pods to bind, "a-bad" aside
-	all   chan struct{}
+	// changed is told of each bind; origins are where each kind after
+	// the first was ungated (scheduleKinds).
+	changed chan struct{}
+	origins map[string]bind
 }
 
 // watchBinds watches ns's pods until stop closes.
-func watchBinds(t *testing.T, n *framework.Node, ns string, want int, stop <-chan struct{}) *binds {
-	b := &binds{sched: n.Scheduler, got: map[string]bind{}, want: want, all: make(chan struct{})}
+func watchBinds(t *testing.T, n *framework.Node, ns string, stop <-chan struct{}) *binds {
+	b := &binds{sched: n.Scheduler, got: map[string]bind{},
+		changed: make(chan struct{}, 1), origins: map[string]bind{}}
 	f := informers.NewSharedInformerFactoryWithOptions(n.Admin, 0, informers.WithNamespace(ns))
 	_, err := f.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, obj any) {
@@ -331,8 +316,9 @@ func (b *binds) bound(name string) {
 		return
 	}
 	b.got[name] = bind{at: time.Since(b.start), cpu: cpu}
-	if _, bad := b.got["a-bad"]; len(b.got) == b.want && !bad {
-		close(b.all)
+	select {
+	case b.changed <- struct{}{}:
+	default:
 	}
 }
 
@@ -342,6 +328,71 @@ func (b *binds) started(at time.Time) {
 	b.mu.Unlock()
 }
 
+// scheduleKinds lets the scheduler at one kind at a time, in fleetKinds'
+// order (the first is not gated): each next kind is ungated once every
+// pod of the one before is bound, or none of its pods was bound for a
+// minute (left pending: refused everywhere). Until timeout in all: a run
+// that leaves pods pending fails, but still gives its figures.
+func (b *binds) scheduleKinds(t *testing.T, model string, names map[string][]string, timeout time.Duration,
+	ungate func([]string) error, why func() string) {
+	deadline := time.After(timeout)
+	for k, kind := range fleetKinds {
+		if k > 0 {
+			cpu, _ := b.sched.CPUTime()
+			b.mu.Lock()
+			b.origins[kind.name] = bind{at: time.Since(b.start), cpu: cpu}
+			b.mu.Unlock()
+			if err := ungate(names[kind.name]); err != nil {
+				t.Fatalf("%s: ungating the %s pods: %v", model, kind.name, err)
+			}
+		}
+		if !b.waitKind(t, model, kind.name, names[kind.name], deadline, why) {
+			return
+		}
+	}
+}
+
+// waitKind waits until pods are bound, none of them was for a minute
+// (true: go on with the next kind), or the deadline (false).
+func (b *binds) waitKind(t *testing.T, model, kind string, pods []string, deadline <-chan time.Time, why func() string) bool {
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	bound, lastBind := 0, time.Now()
+	for {
+		got := b.count(pods)
+		if got == len(pods) {
+			return true
+		}
+		if got != bound {
+			bound, lastBind = got, time.Now()
+		}
+		select {
+		case <-b.changed:
+		case <-deadline:
+			t.Errorf("%s: %s: %d of %d pods bound when the run's time was up; %s", model, kind, got, len(pods), why())
+			return false
+		case <-tick.C:
+			if time.Since(lastBind) > time.Minute {
+				t.Errorf("%s: %s: %d of %d pods bound, none for a minute; %s", model, kind, got, len(pods), why())
+				return true
+			}
+		}
+	}
+}
+
+// count is how many of pods are bound.
+func (b *binds) count(pods []string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, p := range pods {
+		if _, ok := b.got[p]; ok {
+			n++
+		}
+	}
+	return n
+}
+
 func (b *binds) snapshot() map[string]bind {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -349,11 +400,11 @@ func (b *binds) snapshot() map[string]bind {
 }
 
 // fillKinds computes each kind's figures from the binds; kinds are
-// scheduled in fleetKinds' order (createPriorityClasses). The first kind's window starts at its
-// first bind, not at the scheduler's start (which includes its informers'
-// sync), and so counts one pod less.
-func fillKinds(r *fleetRun, got map[string]bind, names map[string][]string) {
-	var prev *bind
+// scheduled one after another in fleetKinds' order (scheduleKinds), each
+// window from the kind's ungating (origins) to its last bind. The first
+// kind's window starts at its first bind, not at the scheduler's start
+// (which includes its informers' sync), and so counts one pod less.
+func fillKinds(r *fleetRun, got, origins map[string]bind, names map[string][]string) {
 	for _, kind := range fleetKinds {
 		var ats []time.Duration
 		first, last := bind{at: time.Duration(1 << 62)}, bind{}
@@ -377,8 +428,8 @@ func fillKinds(r *fleetRun, got map[string]bind, names map[string][]string) {
 			continue
 		}
 		origin, count := first, len(ats)-1
-		if prev != nil {
-			origin, count = *prev, len(ats)
+		if o, ok := origins[kind.name]; ok {
+			origin, count = o, len(ats)
 		}
 		k := kindResult{pods: len(ats), unbound: unbound, p50: percentile(ats, 0.5), p99: percentile(ats, 0.99)}
 		if window := last.at - origin.at; window > 0 && count > 0 {
@@ -386,7 +437,6 @@ func fillKinds(r *fleetRun, got map[string]bind, names map[string][]string) {
 			k.cpuPerPod = (last.cpu - origin.cpu) / time.Duration(count)
 		}
 		r.kinds[kind.name] = k
-		prev = &last
 		if last.at > r.total {
 			r.total, r.cpu = last.at, last.cpu
 		}
