@@ -13,6 +13,8 @@
 #                                             # hack/upstream's patches
 #   HWDRA_FLEET_SHARES=0,2000,5000            # runs with that many shares
 #                                             # allocated first
+#   HWDRA_FLEET_PROFILE=/tmp/prof             # the scheduler's CPU profiles
+#                                             # per kind (go tool pprof)
 #
 # The patched scheduler is built once per patch series
 # (hack/build-patched-scheduler.sh); where it cannot be built (a patch that

@@ -36,8 +36,9 @@ type fleetParams struct {
 	limits      bool   // the chart's claim-limits policy installed
 	timeout     time.Duration
 	scheduler   fleetScheduler
-	shares      int // claims allocated before the scheduler starts (fleet_shares_test.go)
-	percentage  int // the scheduler's percentageOfNodesToScore (0: its default)
+	shares      int    // claims allocated before the scheduler starts (fleet_shares_test.go)
+	percentage  int    // the scheduler's percentageOfNodesToScore (0: its default)
+	profile     string // a directory for the scheduler's CPU profiles, per kind ("": none)
 }
 
 // fleetScheduler is a kube-scheduler binary to run ("" the built one).
@@ -87,7 +88,7 @@ func runFleet(t *testing.T, model fleetModel, p fleetParams, invs inventories) f
 	ctx := context.Background()
 	nodes, pods, bad, limits, timeout := p.nodes, p.pods, p.bad, p.limits, p.timeout
 	n := framework.New(t, framework.Options{ControlPlaneOnly: true, DeferScheduler: true, SkipDeploy: true,
-		SchedulerBinary: p.scheduler.binary, PercentageOfNodesToScore: p.percentage})
+		SchedulerBinary: p.scheduler.binary, PercentageOfNodesToScore: p.percentage, SchedulerProfiling: p.profile != ""})
 	cs, err := n.FastAdmin()
 	if err != nil {
 		t.Fatal(err)
@@ -197,6 +198,11 @@ func runFleet(t *testing.T, model fleetModel, p fleetParams, invs inventories) f
 	stop := make(chan struct{})
 	defer close(stop)
 	b := watchBinds(t, n, ns, stop)
+	if p.profile != "" {
+		b.profile = func(kind string) func() {
+			return profileScheduler(t, filepath.Join(p.profile, fmt.Sprintf("%s-%s-%s", p.scheduler.name, model.name, kind)))
+		}
+	}
 	b.started(time.Now())
 	if err := n.StartScheduler(ctx); err != nil {
 		t.Fatal(err)
@@ -286,6 +292,9 @@ type binds struct {
 	// the first was ungated (scheduleKinds).
 	changed chan struct{}
 	origins map[string]bind
+	// profile, if set, starts profiling the scheduler for a kind; the
+	// function it returns stops it.
+	profile func(kind string) func()
 }
 
 // watchBinds watches ns's pods until stop closes.
@@ -346,7 +355,13 @@ func (b *binds) scheduleKinds(t *testing.T, model string, names map[string][]str
 				t.Fatalf("%s: ungating the %s pods: %v", model, kind.name, err)
 			}
 		}
-		if !b.waitKind(t, model, kind.name, names[kind.name], deadline, why) {
+		stop := func() {}
+		if b.profile != nil {
+			stop = b.profile(kind.name)
+		}
+		done := b.waitKind(t, model, kind.name, names[kind.name], deadline, why)
+		stop()
+		if !done {
 			return
 		}
 	}
@@ -378,6 +393,33 @@ func (b *binds) waitKind(t *testing.T, model, kind string, pods []string, deadli
 			}
 		}
 	}
+}
+
+// profileScheduler takes the scheduler's CPU profile in 5 s pieces,
+// prefix-N.pprof (go tool pprof merges them), until the function it
+// returns is called; that waits for the piece under way.
+func profileScheduler(t *testing.T, prefix string) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			f, err := os.Create(fmt.Sprintf("%s-%d.pprof", prefix, i))
+			if err != nil {
+				t.Errorf("scheduler profile: %v", err)
+				return
+			}
+			err = framework.SchedulerCPUProfile(context.Background(), 5, f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				t.Errorf("scheduler profile %s: %v", f.Name(), err)
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // count is how many of pods are bound.

@@ -31,7 +31,9 @@ import (
 //	hack/fleet.sh builds; HWDRA_FLEET_PATCHED_UNAVAILABLE: why there is
 //	none), HWDRA_FLEET_SHARES (comma-separated numbers of shares allocated
 //	before each run, fleet_shares_test.go; default 0),
-//	HWDRA_FLEET_PERCENTAGE (the scheduler's percentageOfNodesToScore)
+//	HWDRA_FLEET_PERCENTAGE (the scheduler's percentageOfNodesToScore),
+//	HWDRA_FLEET_PROFILE (a directory: the scheduler's CPU profiles per
+//	kind, SCHEDULER-MODEL-KIND-N.pprof)
 func TestFleet(t *testing.T) {
 	if os.Getenv("HWDRA_FLEET") != "1" {
 		t.Skip("fleet harness: set HWDRA_FLEET=1 (hack/fleet.sh)")
@@ -47,6 +49,12 @@ func TestFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.timeout = d
+	}
+	if dir := os.Getenv("HWDRA_FLEET_PROFILE"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		p.profile = dir
 	}
 	if os.Getenv("HWDRA_FLEET_PERCENTAGE") != "" {
 		p.percentage = envInt(t, "HWDRA_FLEET_PERCENTAGE", 0)

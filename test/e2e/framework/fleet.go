@@ -44,16 +44,22 @@ func fleetControllerManagerArgs(args []string) []string {
 func (n *Node) fleetSchedulerArgs(args []string, kubeconfig string) ([]string, error) {
 	out := make([]string, 0, len(args)+5)
 	pct := n.Options.PercentageOfNodesToScore
+	allow := "/healthz,/readyz,/livez,/metrics"
+	if n.Options.SchedulerProfiling {
+		allow += ",/debug/pprof/*"
+	}
 	for _, a := range args {
 		switch {
 		case a == "--secure-port=0":
+		case a == "--profiling=false" && n.Options.SchedulerProfiling:
+			out = append(out, "--profiling=true")
 		case pct > 0 && (strings.HasPrefix(a, "--kubeconfig=") || strings.HasPrefix(a, "--leader-elect=")):
 		default:
 			out = append(out, a)
 		}
 	}
 	out = append(out, "--secure-port=10259", "--bind-address=127.0.0.1",
-		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics")
+		"--authorization-always-allow-paths="+allow)
 	if pct <= 0 {
 		return append(out, "--kube-api-qps=5000", "--kube-api-burst=5000"), nil
 	}
@@ -106,6 +112,29 @@ func insecureLoopback() *http.Client {
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // loopback in the run's namespace
 	}}
+}
+
+// SchedulerCPUProfile writes a CPU profile of the scheduler over the
+// next seconds to w (ControlPlaneOnly with SchedulerProfiling).
+func SchedulerCPUProfile(ctx context.Context, seconds int, w io.Writer) error {
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(SchedulerMetricsURL, "/metrics"), seconds)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	c := insecureLoopback()
+	c.Timeout = time.Duration(seconds+30) * time.Second
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("scheduler /debug/pprof/profile: %s: %s", resp.Status, body)
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
 }
 
 // SchedulerMetrics is the scheduler's /metrics text (ControlPlaneOnly).

@@ -48,6 +48,9 @@ type Options struct {
 	// PercentageOfNodesToScore sets the scheduler's option of that name
 	// (ControlPlaneOnly; 0: the scheduler's default).
 	PercentageOfNodesToScore int
+	// SchedulerProfiling serves the scheduler's /debug/pprof on its
+	// port (ControlPlaneOnly; SchedulerCPUProfile reads it).
+	SchedulerProfiling bool
 }
 
 // Node is a running single-node cluster.
