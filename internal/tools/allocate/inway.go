@@ -74,10 +74,14 @@ func (a *Allocator) inTheWay(matching []device) []string {
 	}
 	var lines []string
 	taken := 0
+	byClaim := map[string]int{}
 	blocked := map[setKey][]device{}
 	for _, m := range matching {
 		if claims := a.holders[keyOf(m.driver, m.pool, m.Name)]; len(claims) > 0 && !isShared(m) {
 			taken++
+			for _, c := range claims {
+				byClaim[c]++
+			}
 			continue
 		}
 		for _, c := range m.ConsumesCounters {
@@ -86,7 +90,11 @@ func (a *Allocator) inTheWay(matching []device) []string {
 		}
 	}
 	if taken > 0 {
-		lines = append(lines, fmt.Sprintf("%s held by claims allocated before", plural(taken, "matching device")))
+		var who []string
+		for _, c := range slices.Sorted(maps.Keys(byClaim)) {
+			who = append(who, fmt.Sprintf("%s (%d)", c, byClaim[c]))
+		}
+		lines = append(lines, fmt.Sprintf("%s held by claims allocated before: %s", plural(taken, "matching device"), strings.Join(who, ", ")))
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(blocked), func(x, y setKey) int { return strings.Compare(x.driver+x.pool+x.set, y.driver+y.pool+y.set) }) {
 		if line := setInTheWay(k, blocked[k], held, capacity[k]); line != "" {

@@ -71,3 +71,26 @@ func TestLabExplainsCountersInTheWay(t *testing.T) {
 		}
 	}
 }
+
+// TestLabExplainsDevicesHeld: every 1g.10gb partition of the vGPU host's
+// two GPUs is held by an earlier claim; the next one is told so, with
+// the claim that holds them.
+func TestLabExplainsDevicesHeld(t *testing.T) {
+	dir := t.TempDir()
+	sel := `selectors: [{cel: {expression: 'device.attributes["gpu.hwdra.io"].profile == "1g.10gb"'}}]`
+	for name, text := range map[string]string{
+		"a.yaml": claimYAML("all", `exactly: {deviceClassName: mig.gpu.hwdra.io, count: 14, `+sel+`}`),
+		"b.yaml": claimYAML("one-more", `exactly: {deviceClassName: mig.gpu.hwdra.io, `+sel+`}`),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	err := Run(context.Background(), &out, Options{Hardware: "mock:h100-vgpu", ClaimFiles: []string{dir}})
+	if err == nil {
+		t.Fatalf("a 15th 1g.10gb allocated on 2 GPUs:\n%s", out.String())
+	}
+	wantOutput(t, err.Error(), "claim one-more, request gpu: those claims keep out all 14 devices that match it:\n"+
+		"            14 matching devices held by claims allocated before: all (14)")
+}
