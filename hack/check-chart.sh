@@ -111,6 +111,10 @@ done
 if "$helm" template hwdra "$chart" --set monitoring.podMonitor.interval=30 >/dev/null 2>&1; then
   echo "check-chart: monitoring.podMonitor.interval=30 (no unit) was accepted"; exit 1
 fi
+# The schema and the templates refuse every config the agent refuses and
+# take every shipped example, each case rendered by this helm.
+out=$(HELM="$helm" go test -count=1 -run '^TestChartRefusesWhatTheAgentRefuses$' ./deploy 2>&1) ||
+  { tail -40 <<<"$out"; echo "check-chart: the chart takes a config the agent refuses, or refuses a good one"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp deploy/hwdra.yaml "$tmp/committed.yaml"

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
+	"github.com/hwdra/hwdra/internal/hw"
 	"github.com/hwdra/hwdra/internal/mock/mocktest"
 	"github.com/hwdra/hwdra/internal/mock/persist"
 	"github.com/hwdra/hwdra/internal/tools/doctor"
@@ -148,7 +149,11 @@ func TestBadInputFails(t *testing.T) {
 func TestMockInject(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv(persist.DirEnv, dir)
-	mocktest.Open(t, "dgx-h100")
+	h := mocktest.Open(t, "dgx-h100")
+	pf := h.NICs().Netdevs()[0]
+	trust := func() error {
+		return h.NICs().VFConfigurator().SetVF(hw.VFRef{PF: pf, Index: 0}, hw.VFConfig{Trust: true})
+	}
 	for _, tc := range []struct {
 		args    []string
 		wantErr string
@@ -198,6 +203,14 @@ func TestMockInject(t *testing.T) {
 		{args: []string{"stall"}, wantErr: "stall needs --gpu"},
 		{args: []string{"resume", "--gpu", "0000:1b:00.0", "--code", "1"}, wantErr: "resume takes no --code"},
 		{args: []string{"stall", "--gpu", "0000:99:00.0"}, wantErr: "no GPU 0000:99:00.0"},
+		{args: []string{"vf-refuse", "--pf", pf, "--setting", "trust"}, check: func() bool {
+			err := trust()
+			return err != nil && strings.Contains(err.Error(), "setting trust: operation not permitted")
+		}},
+		{args: []string{"vf-refuse", "--pf", pf}, check: func() bool { return trust() == nil }},
+		{args: []string{"vf-refuse", "--pf", pf, "--setting", "colour"}, wantErr: `no VF setting "colour"`},
+		{args: []string{"vf-refuse", "--setting", "trust"}, wantErr: "vf-refuse needs --pf"},
+		{args: []string{"vf-refuse", "--pf", pf, "--gpu", "0000:1b:00.0"}, wantErr: "vf-refuse takes no --gpu"},
 		{args: []string{"melt"}, wantErr: `unknown fault "melt"`},
 		{args: []string{"xid", "--gpu", "0000:99:00.0", "--code", "48"}, wantErr: "no GPU 0000:99:00.0"},
 	} {

@@ -59,6 +59,11 @@ Faults:
   link --pf NAME --state down|up
                       a PF's link (netdev name or PCI address) goes down
                       or up; with veth stand-ins (root) the kernel sees it
+  vf-refuse --pf NAME [--setting SETTING]
+                      the PF's driver refuses one setting of its VFs
+                      (MAC, VLAN, rate, spoofchk, trust, node GUID,
+                      port GUID, MTU, link state) with EPERM; no
+                      --setting: it takes them all again
   driver --state loaded
                       the NVIDIA driver is loaded (NVML appears)
   processes --gpu PCI [--process PID:MEMORY[:mps]]...
@@ -67,7 +72,7 @@ Faults:
                       (24Gi), :mps marks an MPS client; a process that ran
                       here when set drops out of the list when it exits`,
 		Args:      cobra.ExactArgs(1),
-		ValidArgs: []string{string(fault.XID), string(fault.Clear), string(fault.GPULost), string(fault.Stall), string(fault.Resume), string(fault.Link), string(fault.Driver), string(fault.Processes)},
+		ValidArgs: []string{string(fault.XID), string(fault.Clear), string(fault.GPULost), string(fault.Stall), string(fault.Resume), string(fault.Link), string(fault.VFRefuse), string(fault.Driver), string(fault.Processes)},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f.Kind = fault.Kind(args[0])
 			if err := completeFault(cmd, &f, gi, ci, state, procs); err != nil {
@@ -89,7 +94,8 @@ Faults:
 	fl.Uint64Var(&f.XID, "code", 0, "the XID (xid)")
 	fl.IntVar(&gi, "gpu-instance", -1, "confine the XID to this MIG GPU instance ID (xid)")
 	fl.IntVar(&ci, "compute-instance", -1, "and to this compute instance ID in it (xid)")
-	fl.StringVar(&f.PF, "pf", "", "the PF's netdev name or PCI address (link)")
+	fl.StringVar(&f.PF, "pf", "", "the PF's netdev name or PCI address (link, vf-refuse)")
+	fl.StringVar(&f.Setting, "setting", "", "the VF setting the PF refuses (vf-refuse; none: it takes them all)")
 	fl.StringVar(&state, "state", "", "down or up (link); loaded (driver)")
 	fl.StringArrayVar(&procs, "process", nil, "PID:MEMORY[:mps], a process on the GPU with the GPU memory it holds (24Gi), :mps for an MPS client; repeat for more (processes)")
 	_ = cmd.MarkFlagRequired("mock-dir")
@@ -105,20 +111,21 @@ func completeFault(cmd *cobra.Command, f *fault.Fault, gi, ci int, state string,
 		fault.Stall:     {"gpu"},
 		fault.Resume:    {"gpu"},
 		fault.Link:      {"pf", "state"},
+		fault.VFRefuse:  {"pf"},
 		fault.Driver:    {"state"},
 		fault.Processes: {"gpu"},
 	}
-	allowed := map[fault.Kind][]string{fault.XID: {"gpu-instance", "compute-instance"}, fault.Processes: {"process"}}
+	allowed := map[fault.Kind][]string{fault.XID: {"gpu-instance", "compute-instance"}, fault.Processes: {"process"}, fault.VFRefuse: {"setting"}}
 	flags, ok := need[f.Kind]
 	if !ok {
-		return fmt.Errorf("unknown fault %q: want xid, clear, gpu-lost, stall, resume, link, driver or processes", f.Kind)
+		return fmt.Errorf("unknown fault %q: want xid, clear, gpu-lost, stall, resume, link, vf-refuse, driver or processes", f.Kind)
 	}
 	for _, name := range flags {
 		if !cmd.Flags().Changed(name) {
 			return fmt.Errorf("%s needs --%s", f.Kind, name)
 		}
 	}
-	for _, name := range []string{"gpu", "code", "gpu-instance", "compute-instance", "pf", "state", "process"} {
+	for _, name := range []string{"gpu", "code", "gpu-instance", "compute-instance", "pf", "state", "process", "setting"} {
 		if cmd.Flags().Changed(name) && !contains(flags, name) && !contains(allowed[f.Kind], name) {
 			return fmt.Errorf("%s takes no --%s", f.Kind, name)
 		}

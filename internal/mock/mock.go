@@ -262,7 +262,9 @@ func (h *Hardware) Inject(f fault.Fault) error {
 		return h.gpus.SetTimeSlice(f.GPU, f.TimeSlice)
 	case fault.Processes:
 		return h.SetGPUProcesses(f.GPU, f.Processes)
+	case fault.VFRefuse:
+		return h.nics.RefuseVFSetting(f.PF, f.Setting)
 	}
-	return fmt.Errorf("unknown fault %q (known: %s, %s, %s, %s, %s, %s, %s, %s, %s)", f.Kind,
-		fault.XID, fault.Clear, fault.GPULost, fault.Stall, fault.Resume, fault.Link, fault.Driver, fault.TimeSlice, fault.Processes)
+	return fmt.Errorf("unknown fault %q (known: %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", f.Kind,
+		fault.XID, fault.Clear, fault.GPULost, fault.Stall, fault.Resume, fault.Link, fault.Driver, fault.TimeSlice, fault.Processes, fault.VFRefuse)
 }

@@ -208,7 +208,7 @@ func (s *PFSelector) validate(sel *field.Path) field.ErrorList {
 		detail string
 	}{
 		{"names", s.Names, func(s string) bool { return s != "" && len(s) <= 15 && !strings.ContainsAny(s, "/: \t") },
-			"must be a netdev name: 1 to 15 characters, no '/', ':' or blanks"},
+			"must be a netdev name: 1 to 15 bytes, no '/', ':' or blanks"},
 		{"pciAddresses", s.PCIAddresses, pciAddressRE.MatchString, "must be a PCI address like 0000:17:00.0"},
 		{"vendorIDs", s.VendorIDs, hexIDRE.MatchString, `must be four hex digits like "15b3"`},
 		{"deviceIDs", s.DeviceIDs, hexIDRE.MatchString, `must be four hex digits like "1021"`},

@@ -52,6 +52,11 @@ const (
 	Stall Kind = "stall"
 	// Resume makes a stalled GPU answer again (the held events arrive).
 	Resume Kind = "resume"
+	// VFRefuse makes a PF's driver refuse one VF setting (Setting:
+	// nicsim.VFSettings) of each of its VFs with EPERM, as a driver or
+	// firmware in a state that takes no VF changes does, until a VFRefuse
+	// with no Setting.
+	VFRefuse Kind = "vf-refuse"
 	// Processes is no fault either: it sets the processes a GPU lists as
 	// running on it (none: idle), as workloads starting and stopping
 	// would.
@@ -68,8 +73,10 @@ type Fault struct {
 	// GPUInstance and ComputeInstance confine an XID to one MIG instance.
 	GPUInstance     *int `json:"gpuInstance,omitempty"`
 	ComputeInstance *int `json:"computeInstance,omitempty"`
-	// PF is a PF's netdev name or PCI address (link).
+	// PF is a PF's netdev name or PCI address (link, vf-refuse).
 	PF string `json:"pf,omitempty"`
+	// Setting is the VF setting the PF refuses (vf-refuse; "": none).
+	Setting string `json:"setting,omitempty"`
 	// Up is the link's (link) or the driver's (driver) new state.
 	Up bool `json:"up,omitempty"`
 	// TimeSlice is the time slice to set (timeslice; GPU may be a UUID).
@@ -88,6 +95,11 @@ func (f Fault) String() string {
 		return fmt.Sprintf("driver %s", map[bool]string{true: "loaded", false: "unloaded"}[f.Up])
 	case TimeSlice:
 		return fmt.Sprintf("time slice %d on GPU %s", f.TimeSlice, f.GPU)
+	case VFRefuse:
+		if f.Setting == "" {
+			return fmt.Sprintf("PF %s takes every VF setting", f.PF)
+		}
+		return fmt.Sprintf("PF %s refuses VF setting %s", f.PF, f.Setting)
 	case Processes:
 		if len(f.Processes) == 0 {
 			return "no processes on GPU " + f.GPU

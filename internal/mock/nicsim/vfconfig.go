@@ -6,6 +6,8 @@ package nicsim
 import (
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -306,6 +308,34 @@ func (r *VFRecorder) SetFault(f func(ref hw.VFRef, field string) error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.fault = f
+}
+
+// VFSettings are the settings a PF can be made to refuse
+// (RefuseVFSetting), as SetVF applies them.
+var VFSettings = []string{"MAC", "VLAN", "rate", "spoofchk", "trust", "node GUID", "port GUID", "MTU", "link state"}
+
+// RefuseVFSetting makes a PF (netdev name or PCI address) refuse one
+// setting of its VFs with EPERM (fault.VFRefuse); "" takes every setting
+// again. It replaces any fault set before.
+func (n *NICs) RefuseVFSetting(pf, setting string) error {
+	p, err := n.pf(pf)
+	if err != nil {
+		return err
+	}
+	if setting == "" {
+		n.recorder.SetFault(nil)
+		return nil
+	}
+	if !slices.Contains(VFSettings, setting) {
+		return fmt.Errorf("vf-refuse: no VF setting %q (settings: %s)", setting, strings.Join(VFSettings, ", "))
+	}
+	n.recorder.SetFault(func(ref hw.VFRef, field string) error {
+		if ref.PF == p.netdev && field == setting {
+			return unix.EPERM
+		}
+		return nil
+	})
+	return nil
 }
 
 // Snapshot is the state of every VF, keyed "<pf netdev>/<index>", with

@@ -49,6 +49,8 @@ type Allocator struct {
 
 	mu    sync.Mutex
 	state structured.AllocatedState
+	// holders are the claims that hold each device (Explain names them).
+	holders map[deviceKey][]string
 }
 
 // New returns an allocator for one node's slices and the given classes.
@@ -122,6 +124,7 @@ func (a *Allocator) Allocate(ctx context.Context, claims ...*resourceapi.Resourc
 	for i := range claims {
 		claims[i].Status.Allocation = &results[i]
 		a.track(&results[i], true)
+		a.holdRecord(claims[i].Name, &results[i], true)
 	}
 	return nil
 }
@@ -166,6 +169,7 @@ func (a *Allocator) Release(claim *resourceapi.ResourceClaim) {
 	defer a.mu.Unlock()
 	if claim.Status.Allocation != nil {
 		a.track(claim.Status.Allocation, false)
+		a.holdRecord(claim.Name, claim.Status.Allocation, false)
 		claim.Status.Allocation = nil
 	}
 }

@@ -32,7 +32,9 @@ const ProbeTimeout = 10 * time.Second
 // together) and, where each request fits alone, which constraint cannot
 // be met or that the requests compete for the same devices; for claims
 // that fit the empty node, that they do not fit beside what is allocated,
-// and which requests no longer find a free device.
+// which requests no longer find a free device, and what keeps each out
+// (the devices the allocated claims hold, per counter set the claims
+// whose devices exclude or use up what it needs).
 func (a *Allocator) Explain(ctx context.Context, claims ...*resourceapi.ResourceClaim) []string {
 	empty := a.Empty()
 	e := &explainer{a: a, empty: empty}
@@ -60,8 +62,16 @@ func (a *Allocator) Explain(ctx context.Context, claims ...*resourceapi.Resource
 		for _, r := range e.requests(c) {
 			if probe(ctx, a, r.alone(c)) != nil {
 				matching, _ := e.matching(ctx, r)
-				lines = append(lines, fmt.Sprintf("    claim %s, request %s: those claims hold every device that matches it (%d), or their counters",
-					c.Name, r.name, len(matching)))
+				why := e.a.inTheWay(matching)
+				if len(why) == 0 {
+					lines = append(lines, fmt.Sprintf("    claim %s, request %s: those claims hold every device that matches it (%d), or their counters",
+						c.Name, r.name, len(matching)))
+					continue
+				}
+				lines = append(lines, fmt.Sprintf("    claim %s, request %s: those claims keep out all %s:", c.Name, r.name, plural(len(matching), "device")+" that match it"))
+				for _, l := range why {
+					lines = append(lines, "        "+l)
+				}
 			}
 		}
 	}

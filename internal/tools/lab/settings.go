@@ -119,3 +119,42 @@ func vfSettings(c hw.VFConfig) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// vfChanges are the settings of a VF that differ from what it had
+// ("max tx rate 10000 Mb/s (was none), trust on (was off)"), those its PF
+// reports: MTU and link state only where both are known.
+func vfChanges(now, was hw.VFConfig) string {
+	rate := func(mbps int) string {
+		if mbps == 0 {
+			return "none"
+		}
+		return fmt.Sprintf("%d Mb/s", mbps)
+	}
+	vlan := func(c hw.VFConfig) string {
+		if c.VLAN == 0 && c.QoS == 0 {
+			return "none"
+		}
+		return fmt.Sprintf("%d (QoS %d)", c.VLAN, c.QoS)
+	}
+	type field struct{ name, now, was string }
+	fields := []field{
+		{"MAC", now.MAC, was.MAC},
+		{"VLAN", vlan(now), vlan(was)},
+		{"max tx rate", rate(now.MaxTxRateMbps), rate(was.MaxTxRateMbps)},
+		{"min tx rate", rate(now.MinTxRateMbps), rate(was.MinTxRateMbps)},
+		{"spoof check", onOff(now.SpoofChk), onOff(was.SpoofChk)},
+		{"trust", onOff(now.Trust), onOff(was.Trust)},
+		{"node GUID", now.NodeGUID, was.NodeGUID},
+		{"port GUID", now.PortGUID, was.PortGUID},
+	}
+	if now.MTU != 0 && was.MTU != 0 {
+		fields = append(fields, field{"MTU", fmt.Sprint(now.MTU), fmt.Sprint(was.MTU)})
+	}
+	var parts []string
+	for _, f := range fields {
+		if f.now != f.was {
+			parts = append(parts, fmt.Sprintf("%s %s (was %s)", f.name, f.now, f.was))
+		}
+	}
+	return strings.Join(parts, ", ")
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/hwdra/hwdra/internal/agent"
 	gpuprep "github.com/hwdra/hwdra/internal/agent/prepare/gpu"
+	nicprep "github.com/hwdra/hwdra/internal/agent/prepare/nic"
 	"github.com/hwdra/hwdra/internal/backend"
 	"github.com/hwdra/hwdra/internal/hw"
 )
@@ -60,7 +61,7 @@ const undoTimeout = time.Minute
 // signal cuts it short (a repeated one is answered, NoteRepeatedSignals).
 // cause is why the run ends (nil: it succeeded). It prints what it undid,
 // the hardware and MPS daemons that still differ from the start, every
-// GPU setting it could not restore (with what it was), and the claims it
+// GPU and VF setting it could not restore (with what it was), and the claims it
 // left and where their records are; left reports that claims are left,
 // err that anything is.
 func undo(ctx context.Context, out io.Writer, cause error, handed []handedClaim, env undoEnv) (left bool, err error) {
@@ -104,7 +105,7 @@ func undo(ctx context.Context, out io.Writer, cause error, handed []handedClaim,
 	cancel()
 	printHardwareChanges(out, env.before, final)
 	printDaemons(out, env.gpu)
-	if err := notRestored(out, env.opts.StateDir); err != nil {
+	if err := notRestored(out, env); err != nil {
 		errs = append(errs, err)
 	}
 	if len(kept) > 0 {
@@ -115,13 +116,22 @@ func undo(ctx context.Context, out io.Writer, cause error, handed []handedClaim,
 	return len(kept) > 0, errors.Join(errs...)
 }
 
-// notRestored lists the GPU settings left changed after every claim was
-// unprepared (gpu.Leftovers: the restores log their failures and go on),
-// and is an error when there are any.
-func notRestored(out io.Writer, stateDir string) error {
-	lines, err := gpuprep.Leftovers(stateDir)
+// notRestored lists the GPU and VF settings left changed after every
+// claim was unprepared (gpu.Leftovers, nic.Leftovers: the GPU restores log
+// their failures and go on, a VF's failed restore keeps its ledger entry),
+// each with the setting and what it was, and is an error when there are
+// any.
+func notRestored(out io.Writer, env undoEnv) error {
+	lines, err := gpuprep.Leftovers(env.opts.StateDir)
 	if err != nil {
 		return fmt.Errorf("reading what is left on the GPUs: %w", err)
+	}
+	vfs, err := nicprep.Leftovers(env.opts.StateDir)
+	if err != nil {
+		return fmt.Errorf("reading what is left on the VFs: %w", err)
+	}
+	for _, v := range vfs {
+		lines = append(lines, vfNotRestored(env.node, v))
 	}
 	if len(lines) == 0 {
 		return nil
@@ -131,6 +141,22 @@ func notRestored(out io.Writer, stateDir string) error {
 		fmt.Fprintln(out, "  "+l)
 	}
 	return fmt.Errorf("left changed on the hardware: %s", strings.Join(lines, "; "))
+}
+
+// vfNotRestored names a VF left changed and its settings that differ from
+// what it had, as its PF reads them now; all it had where they cannot be
+// read.
+func vfNotRestored(node *backend.Node, v nicprep.Leftover) string {
+	line := fmt.Sprintf("VF %s (PF %s VF %d): ", v.PCIAddress, v.PF, v.Index)
+	if node != nil && node.VFs != nil {
+		now, err := node.VFs.GetVF(hw.VFRef{PF: v.PF, Index: v.Index})
+		if err == nil {
+			if changed := vfChanges(now, v.Original); changed != "" {
+				return line + "settings not restored: " + changed
+			}
+		}
+	}
+	return line + "settings not restored (was " + vfSettings(v.Original) + ")"
 }
 
 // undoContext is a context for one step of the undo: ctx's values

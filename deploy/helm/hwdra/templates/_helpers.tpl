@@ -194,3 +194,37 @@ a.all == '' && {{ include "hwdra.claimPerGPU" . }} > 0 && int(a.count) > {{ incl
 'request ' + a.name + ': ' + a.count + ' x ' + (a.profile == '' ? 'whole GPU' : a.profile) + ' of class ' + a.class +
  ', no node holds more than ' + string({{ include "hwdra.claimPerGPU" . }} * {{ . }}) + ' (' + string({{ include "hwdra.claimPerGPU" . }}) + ' per GPU, {{ . }} GPUs per node)'
 {{- end -}}
+
+{{/*
+What the agent refuses in config and values.schema.json cannot say:
+rules across fields and byte counts (the schema counts characters). A
+config the chart renders and the agent refuses would crash-loop every
+agent pod; deploy/config_test.go holds the chart to the agent. The VLAN
+ranges' order is checked in vf-policy.yaml.
+*/}}
+{{- define "hwdra.checkConfig" -}}
+{{- $c := .Values.config | default dict -}}
+{{- range $i, $n := dig "nics" (list) $c -}}
+{{- include "hwdra.checkNetdevNames" (list (printf "config.nics[%d].select" $i) $n) -}}
+{{- end -}}
+{{- range $i, $p := dig "vfPolicy" "pfs" (list) $c -}}
+{{- include "hwdra.checkNetdevNames" (list (printf "config.vfPolicy.pfs[%d].select" $i) $p) -}}
+{{- end -}}
+{{- $ignore := dig "health" "xids" "ignore" (list) $c -}}
+{{- range $i, $x := dig "health" "xids" "report" (list) $c -}}
+{{- if has $x $ignore -}}
+{{- fail (printf "config.health.xids.report[%d]: %v is also in config.health.xids.ignore: an XID is either a device failure or not" $i $x) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A netdev name is at most 15 bytes (the kernel's IFNAMSIZ, 16 with
+its NUL). Argument: (list "<values path>" rule). */}}
+{{- define "hwdra.checkNetdevNames" -}}
+{{- $path := index . 0 -}}
+{{- range $j, $name := dig "select" "names" (list) (index . 1) -}}
+{{- if gt (len $name) 15 -}}
+{{- fail (printf "%s.names[%d]: %q is %d bytes: a netdev name is 1 to 15 bytes" $path $j $name (len $name)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -165,6 +165,13 @@ func TestRestoreFailureKeepsTheVF(t *testing.T) {
 	if held := e.driver.Held(); len(held) != 1 || len(e.driver.ledger.Keys()) != 1 {
 		t.Fatalf("after a failed restore: held %v, ledger %v", held, e.driver.ledger.Keys())
 	}
+	// What is left, as the lab reports it: the VF, its PF and number,
+	// and what it had before.
+	left, err := Leftovers(e.stateDir())
+	want := []Leftover{{PCIAddress: "0000:17:01.0", PF: "pfa", Index: 0, Original: e.initial["pfa/0"]}}
+	if err != nil || !reflect.DeepEqual(left, want) {
+		t.Errorf("Leftovers: %+v, %v; want %+v", left, err, want)
+	}
 	// A claim prepared meanwhile does not get the VF.
 	other := e.allocate(newClaim("", share("nic", "5G")))
 	e.vfs.SetFault(nil)
@@ -177,6 +184,9 @@ func TestRestoreFailureKeepsTheVF(t *testing.T) {
 	}
 	if err := e.unprepare(other); err != nil {
 		t.Fatal(err)
+	}
+	if left, err := Leftovers(e.stateDir()); err != nil || len(left) != 0 {
+		t.Errorf("Leftovers after the retry: %+v, %v", left, err)
 	}
 	e.checkPristine()
 }
