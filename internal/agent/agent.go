@@ -147,7 +147,7 @@ func Run(ctx context.Context, opts Options) error {
 	serveCtx, stopServing := context.WithCancel(ctx)
 	defer stopServing()
 	handedOver := make(chan string, 1)
-	pr.requested = lock.requested
+	pr.setRequested(lock.requested)
 	go lock.watch(serveCtx, func(by string) {
 		logger.Info("A newer agent asks for the node: handing over", "to", by)
 		pr.setState(stateHandingOver)

@@ -73,6 +73,14 @@ const (
 
 func newProbes() *probes { return &probes{state: stateWaiting} }
 
+// setRequested sets how to tell whether a newer agent asks for the node;
+// /readyz may already be serving.
+func (p *probes) setRequested(requested func() bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.requested = requested
+}
+
 func (p *probes) setState(s string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
