@@ -50,10 +50,12 @@ func Main(m *testing.M) {
 func runInNamespace() int {
 	// One real node per machine at a time: nodes share the paths the
 	// kubelet writes outside its root, and a run's teardown removes them.
-	// A run of control planes only writes nothing there and runs beside
-	// one; it leaves stale runs (and their cgroups) to the next full run.
-	cpOnly := ControlPlaneOnlyRun()
-	if !cpOnly {
+	// A run of control planes only writes nothing there, and a run of
+	// clusters only has its workers in namespaces and cgroups of their
+	// own: each runs beside one; they leave stale runs to the next run
+	// with a node.
+	cpOnly, node := ControlPlaneOnlyRun(), nodeRun()
+	if node {
 		unlock, err := lockMachine()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
@@ -71,11 +73,11 @@ func runInNamespace() int {
 	}
 	ns := "hwdra-e2e-" + strconv.Itoa(os.Getpid())
 	var fixed []string
-	if !cpOnly {
+	if node {
 		fixed = snapshotFixedPaths()
 	}
 	defer func() {
-		sweep(ns, root, fixed, !cpOnly, func(format string, args ...any) {
+		sweep(ns, root, fixed, node, func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, "hwdra e2e: sweep: "+format+"\n", args...)
 		})
 	}()
