@@ -30,6 +30,10 @@ fi
 # The scenarios that start a cluster (framework.NewCluster).
 clusters='^(TestMultiNode)$'
 clusters_log=$(mktemp /tmp/hwdra-e2e-clusters.XXXXXX)
+# The images and hwdra, built once for both (framework's prebuild).
+HWDRA_E2E_SHARED_BUILD=$(mktemp -d /tmp/hwdra-e2e-build.XXXXXX)
+export HWDRA_E2E_SHARED_BUILD
+trap 'rm -rf "$HWDRA_E2E_SHARED_BUILD" "$clusters_log"' EXIT
 began=$SECONDS
 HWDRA_E2E_CLUSTERS_ONLY=1 go test ./test/e2e/ -count=1 -timeout 45m -v -run "$clusters" >"$clusters_log" 2>&1 &
 clusters_pid=$!
@@ -40,7 +44,6 @@ clusters_rc=0
 wait "$clusters_pid" || clusters_rc=$?
 echo "e2e-realnode: ---- the clusters' run (HWDRA_E2E_CLUSTERS_ONLY=1 -run '$clusters'), exit $clusters_rc ----"
 cat "$clusters_log"
-rm -f "$clusters_log"
 echo "e2e-realnode: the whole suite took $((SECONDS - began)) s"
 if [ "$rc" != 0 ]; then exit "$rc"; fi
 exit "$clusters_rc"

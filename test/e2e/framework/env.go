@@ -41,6 +41,9 @@ const (
 	// node (hack/e2e-realnode.sh runs the two side by side); tests that
 	// need the suite's node (Shared, New) skip.
 	EnvClustersOnly = "HWDRA_E2E_CLUSTERS_ONLY"
+	// EnvSharedBuild optionally names a directory where runs side by
+	// side build the images and hwdra once (prebuild).
+	EnvSharedBuild = "HWDRA_E2E_SHARED_BUILD"
 	// EnvKeep keeps the run's temp directory (not the processes) for
 	// debugging.
 	EnvKeep = "HWDRA_E2E_KEEP"

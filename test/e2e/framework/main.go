@@ -124,8 +124,38 @@ func runInNamespace() int {
 // the helm CLI before entering the namespace, where the go command could
 // not reach the module proxy. It
 // returns environment for the child; failures are left for the child to
-// report in the tests that need the result.
+// report in the tests that need the result. With EnvSharedBuild set, two
+// runs side by side (hack/e2e-realnode.sh) build once: the first into
+// that directory, under its lock; the second takes what it built.
 func prebuild(root string) []string {
+	shared := os.Getenv(EnvSharedBuild)
+	if shared == "" {
+		return buildAll(root)
+	}
+	if err := os.Symlink(filepath.Join(shared, "images"), filepath.Join(root, "images")); err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+		return buildAll(root)
+	}
+	unlock, err := flockFile(filepath.Join(shared, "lock"), "the build beside")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+		return buildAll(root)
+	}
+	defer unlock()
+	envFile := filepath.Join(shared, "env")
+	if data, err := os.ReadFile(envFile); err == nil {
+		fmt.Fprintf(os.Stderr, "hwdra e2e: images and hwdra built by the run beside (%s)\n", shared)
+		return strings.Fields(string(data))
+	}
+	env := buildAll(shared)
+	if err := os.WriteFile(envFile, []byte(strings.Join(env, "\n")), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+	}
+	return env
+}
+
+// buildAll is prebuild's work, into dir.
+func buildAll(root string) []string {
 	began := time.Now()
 	defer func() {
 		fmt.Fprintf(os.Stderr, "hwdra e2e: images and hwdra built in %v\n", time.Since(began).Round(time.Millisecond))
@@ -204,13 +234,17 @@ func startInNamespace(ns string, cmd *exec.Cmd) error {
 // lockMachine takes a machine-wide lock for the run, waiting for another
 // run to finish.
 func lockMachine() (func(), error) {
-	path := filepath.Join(os.TempDir(), "hwdra-e2e.lock")
+	return flockFile(filepath.Join(os.TempDir(), "hwdra-e2e.lock"), "another real-node run")
+}
+
+// flockFile takes an exclusive lock on path, waiting for holder.
+func flockFile(path, holder string) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		fmt.Fprintln(os.Stderr, "hwdra e2e: another real-node run holds", path, "- waiting for it")
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", holder, "holds", path, "- waiting for it")
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("lock %s: %w", path, err)
