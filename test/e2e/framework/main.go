@@ -48,28 +48,32 @@ func Main(m *testing.M) {
 // runInNamespace is the parent: it owns the namespace and the temp root and
 // cleans both up whatever the child did.
 func runInNamespace() int {
-	// One real node per machine at a time: nodes share the paths the
-	// kubelet writes outside its root, and a run's teardown removes them.
-	// A run of control planes only writes nothing there, and a run of
-	// clusters only has its workers in namespaces and cgroups of their
-	// own: each runs beside one; they leave stale runs to the next run
-	// with a node.
-	cpOnly, node := ControlPlaneOnlyRun(), nodeRun()
-	if node {
-		unlock, err := lockMachine()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
-			return 1
-		}
-		defer unlock()
-		sweepStale()
-	}
 	// Short: unix socket paths under it must stay < 108 bytes. The pid in
 	// the name lets a later run clean up after a killed one.
 	root, err := os.MkdirTemp("", fmt.Sprintf("hwe2e-%d-", os.Getpid()))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	// The builds come before the machine lock: a run waiting for another
+	// builds meanwhile, and holds the lock only while it runs nodes.
+	built := prebuildFor(root)
+	// One real node per machine at a time: nodes share the paths the
+	// kubelet writes outside its root, and a run's teardown removes them.
+	// A run of control planes only writes nothing there, and a run of
+	// clusters only has its workers in namespaces and cgroups of their
+	// own: each runs beside one; they leave stale runs to the next run
+	// with a node.
+	node := nodeRun()
+	if node {
+		unlock, err := lockMachine()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+			_ = os.RemoveAll(root)
+			return 1
+		}
+		defer unlock()
+		sweepStale()
 	}
 	ns := "hwdra-e2e-" + strconv.Itoa(os.Getpid())
 	var fixed []string
@@ -88,11 +92,7 @@ func runInNamespace() int {
 	cmd := exec.Command(os.Args[0], os.Args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), envChild+"=1", envRoot+"="+root, envNetns+"="+ns)
-	if cpOnly {
-		cmd.Env = append(cmd.Env, prebuildHwdra(root)...)
-	} else {
-		cmd.Env = append(cmd.Env, prebuild(root)...)
-	}
+	cmd.Env = append(cmd.Env, built...)
 	if err := startInNamespace(ns, cmd); err != nil {
 		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
 		return 1
@@ -118,6 +118,15 @@ func runInNamespace() int {
 		return 1
 	}
 	return 0
+}
+
+// prebuildFor builds what the run needs (a run of control planes only:
+// hwdra alone) and returns the child's environment naming it.
+func prebuildFor(root string) []string {
+	if ControlPlaneOnlyRun() {
+		return prebuildHwdra(root)
+	}
+	return prebuild(root)
 }
 
 // prebuild compiles the images, the hwdra binary, the agent's image and
