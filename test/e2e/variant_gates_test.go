@@ -103,15 +103,23 @@ func TestCompatibilityGroupsGateOff(t *testing.T) {
 func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
 	n := framework.New(t, framework.Options{})
 	ctx := context.Background()
+	// Each step's time (the test takes minutes: where they go).
+	step := time.Now()
+	timing := func(name string) {
+		framework.Timing(t, "gate-later/"+name, time.Since(step))
+		step = time.Now()
+	}
 	agent := n.StartAgent(t, "mock:h100-vgpu", "--feature-check-interval=1h")
 	if got := waitGPUPool(t, n, true); got == 0 {
 		t.Fatal("the full model has no device with compatibility groups: the test shows nothing")
 	}
 	readyz(t, "", 60*time.Second)
+	timing("published-with-groups")
 
 	if err := n.RestartControlPlane(ctx, map[string]bool{"DRADeviceCompatibilityGroups": false}); err != nil {
 		t.Fatal(err)
 	}
+	timing("control-plane-restarted-gate-off")
 	ns := n.CreateNamespace(t, "gate-later")
 	t.Cleanup(func() {
 		if err := n.DeletePodsAndClaims(context.Background(), ns, 90*time.Second); err != nil {
@@ -145,6 +153,7 @@ func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
 		}
 		return false
 	})
+	timing("pod-unscheduled-watched")
 
 	// Restarted, the agent checks before publishing.
 	agent.Args[len(agent.Args)-1] = "--feature-check-interval=3s"
@@ -152,9 +161,11 @@ func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGPUPool(t, n, false)
+	timing("agent-restarted-to-fallback-published")
 	if _, err := n.WaitPodRunning(ctx, ns, first.Name, 90*time.Second); err != nil {
 		t.Fatalf("the MIG pod does not run from the fallback model: %v", err)
 	}
+	timing("fallback-to-pod-running")
 	if !strings.Contains(agent.Tail(300), "DRADeviceCompatibilityGroups") {
 		t.Errorf("the agent's log never names the gate:\n%s", agent.Tail(40))
 	}
@@ -162,6 +173,7 @@ func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
 		t.Errorf("/readyz: %q", body)
 	}
 	wantFeatureMetric(t, "1")
+	timing("readyz-and-metric")
 
 	// The gate back on: the periodic check returns to the full model.
 	if err := n.RestartControlPlane(ctx, map[string]bool{"DRADeviceCompatibilityGroups": true}); err != nil {
@@ -169,12 +181,14 @@ func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
 	}
 	waitGPUPool(t, n, true)
 	wantFeatureMetric(t, "0")
+	timing("gate-on-to-full-model")
 	// And off again while the agent runs: the periodic check falls back.
 	if err := n.RestartControlPlane(ctx, map[string]bool{"DRADeviceCompatibilityGroups": false}); err != nil {
 		t.Fatal(err)
 	}
 	waitGPUPool(t, n, false)
 	wantFeatureMetric(t, "1")
+	timing("gate-off-to-fallback")
 	second := framework.PodWithClaimTemplate("mig-2", tmpl.Name)
 	if _, err := n.Admin.CoreV1().Pods(ns).Create(ctx, second, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -182,6 +196,7 @@ func TestGateTurnedOffAfterSlicesStored(t *testing.T) {
 	if _, err := n.WaitPodRunning(ctx, ns, second.Name, 90*time.Second); err != nil {
 		t.Fatalf("a MIG pod after the gate went off under a running agent: %v", err)
 	}
+	timing("second-pod-running")
 }
 
 // gpuPoolGroups counts the devices with compatibility groups in the

@@ -121,7 +121,9 @@ func clusterControllerManagerArgs(args []string) []string {
 func NewCluster(t testing.TB, workers ...WorkerSpec) *Cluster {
 	t.Helper()
 	SkipIfUnavailable(t)
-	skipIfControlPlaneOnly(t, Options{})
+	if ControlPlaneOnlyRun() {
+		t.Skipf("real-node test skipped: %s=1 starts control planes only", EnvControlPlaneOnly)
+	}
 	stopShared()
 	began := time.Now()
 	var names []string

@@ -3,7 +3,10 @@
 
 package framework
 
-import "testing"
+import (
+	"path/filepath"
+	"testing"
+)
 
 // A worker's paths as its own processes see them: under the root they
 // share, whatever the worker's own directory; others unchanged.
@@ -23,6 +26,38 @@ func TestOnNode(t *testing.T) {
 	} {
 		if got := c.n.onNode(c.in); got != c.want {
 			t.Errorf("onNode(%s) on root %s = %s, want %s", c.in, c.n.Root, got, c.want)
+		}
+	}
+}
+
+// A run's sweep matches its own workers' cgroups, never those of another
+// run going beside it (hwdra-e2e-12 is not hwdra-e2e-123), and the
+// machine's kubepods only for a run with a node.
+func TestRunCgroupPatterns(t *testing.T) {
+	for _, c := range []struct {
+		node      bool
+		dir       string
+		wantMatch bool
+	}{
+		{false, "/sys/fs/cgroup/memory/hwe2e-12-mig", true},
+		{false, "/sys/fs/cgroup/hwe2e-12-dgx", true},
+		{false, "/sys/fs/cgroup/memory/hwe2e-123-mig", false},
+		{false, "/sys/fs/cgroup/memory/hwe2e-1-mig", false},
+		{false, "/sys/fs/cgroup/memory/kubepods", false},
+		{true, "/sys/fs/cgroup/memory/kubepods", true},
+		{true, "/sys/fs/cgroup/kubepods", true},
+		{true, "/sys/fs/cgroup/memory/hwe2e-123-mig", false},
+	} {
+		matched := false
+		for _, p := range runCgroupPatterns("hwdra-e2e-12", c.node) {
+			if ok, err := filepath.Match(p, c.dir); err != nil {
+				t.Fatal(err)
+			} else if ok {
+				matched = true
+			}
+		}
+		if matched != c.wantMatch {
+			t.Errorf("run hwdra-e2e-12 (node: %v) sweeps %s: %v, want %v", c.node, c.dir, matched, c.wantMatch)
 		}
 	}
 }

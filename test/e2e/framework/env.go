@@ -35,6 +35,15 @@ const (
 	// (Options.ControlPlaneOnly; hack/fleet.sh): no machine lock, no
 	// images, no node; tests that need a node skip.
 	EnvControlPlaneOnly = "HWDRA_E2E_CONTROL_PLANE_ONLY"
+	// EnvClustersOnly=1 makes a run of clusters only (NewCluster): their
+	// workers live in network, mount and cgroup namespaces of their own,
+	// so such a run takes no machine lock and runs beside a run with a
+	// node (hack/e2e-realnode.sh runs the two side by side); tests that
+	// need the suite's node (Shared, New) skip.
+	EnvClustersOnly = "HWDRA_E2E_CLUSTERS_ONLY"
+	// EnvSharedBuild optionally names a directory where runs side by
+	// side build the images and hwdra once (prebuild).
+	EnvSharedBuild = "HWDRA_E2E_SHARED_BUILD"
 	// EnvKeep keeps the run's temp directory (not the processes) for
 	// debugging.
 	EnvKeep = "HWDRA_E2E_KEEP"
@@ -98,3 +107,10 @@ func bin(name string) string { return filepath.Join(binDir(), name) }
 
 // ControlPlaneOnlyRun says whether this run starts control planes only.
 func ControlPlaneOnlyRun() bool { return os.Getenv(EnvControlPlaneOnly) == "1" }
+
+// ClustersOnlyRun says whether this run starts clusters only.
+func ClustersOnlyRun() bool { return os.Getenv(EnvClustersOnly) == "1" }
+
+// nodeRun says whether this run may start a node in the machine's own
+// mount and cgroup namespaces (Shared, New): one such run at a time.
+func nodeRun() bool { return !ControlPlaneOnlyRun() && !ClustersOnlyRun() }

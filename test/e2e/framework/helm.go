@@ -5,6 +5,7 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -44,7 +45,9 @@ var (
 
 // buildAgentImages runs hack/build-image.sh for both tags into dir, with
 // the hardware simulator in (the product image has none): the archives of
-// AgentImageTag and AgentImageTagNext, in that order.
+// AgentImageTag and AgentImageTagNext, in that order. The two builds run
+// side by side (their own directories under dir): the suite's first
+// node waits for them.
 func buildAgentImages(dir string) ([]string, error) {
 	agentImagesOnce.Do(func() {
 		if p := os.Getenv(envAgentImages); p != "" {
@@ -56,27 +59,39 @@ func buildAgentImages(dir string) ([]string, error) {
 			agentImagesErr = err
 			return
 		}
-		for _, b := range []struct{ tag, platforms string }{
+		builds := []struct{ tag, platforms string }{
 			{AgentImageTag, "linux/amd64,linux/arm64"},
 			{AgentImageTagNext, "linux/" + runtime.GOARCH},
-		} {
-			tag := b.tag
-			cmd := exec.Command(filepath.Join(root, "hack", "build-image.sh"))
-			cmd.Dir = root
-			cmd.Env = append(os.Environ(), "HWDRA_IMAGE_REPOSITORY="+AgentImageRepository, "HWDRA_IMAGE_TAG="+tag, "HWDRA_IMAGE_OUTPUT="+dir,
-				"HWDRA_IMAGE_PLATFORMS="+b.platforms,
-				// The suite's nodes run on mock hardware: the test image keeps the simulator.
-				"HWDRA_IMAGE_SIMULATOR=1")
-			out, err := cmd.Output()
-			if err != nil {
-				agentImagesErr = fmt.Errorf("hack/build-image.sh (tag %s): %v: %s", tag, err, exitStderr(err))
-				return
-			}
-			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-			agentImages = append(agentImages, lines[len(lines)-1])
+		}
+		archives := make([]string, len(builds))
+		errs := make([]error, len(builds))
+		var wg sync.WaitGroup
+		for i, b := range builds {
+			wg.Go(func() { archives[i], errs[i] = buildAgentImage(root, dir, b.tag, b.platforms) })
+		}
+		wg.Wait()
+		if agentImagesErr = errors.Join(errs...); agentImagesErr == nil {
+			agentImages = archives
 		}
 	})
 	return agentImages, agentImagesErr
+}
+
+// buildAgentImage runs hack/build-image.sh for one tag and returns the
+// archive it wrote.
+func buildAgentImage(root, dir, tag, platforms string) (string, error) {
+	cmd := exec.Command(filepath.Join(root, "hack", "build-image.sh"))
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "HWDRA_IMAGE_REPOSITORY="+AgentImageRepository, "HWDRA_IMAGE_TAG="+tag, "HWDRA_IMAGE_OUTPUT="+dir,
+		"HWDRA_IMAGE_PLATFORMS="+platforms,
+		// The suite's nodes run on mock hardware: the test image keeps the simulator.
+		"HWDRA_IMAGE_SIMULATOR=1")
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("hack/build-image.sh (tag %s): %v: %s", tag, err, exitStderr(err))
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1], nil
 }
 
 var (

@@ -48,20 +48,6 @@ func Main(m *testing.M) {
 // runInNamespace is the parent: it owns the namespace and the temp root and
 // cleans both up whatever the child did.
 func runInNamespace() int {
-	// One real node per machine at a time: nodes share the paths the
-	// kubelet writes outside its root, and a run's teardown removes them.
-	// A run of control planes only writes nothing there and runs beside
-	// one; it leaves stale runs (and their cgroups) to the next full run.
-	cpOnly := ControlPlaneOnlyRun()
-	if !cpOnly {
-		unlock, err := lockMachine()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
-			return 1
-		}
-		defer unlock()
-		sweepStale()
-	}
 	// Short: unix socket paths under it must stay < 108 bytes. The pid in
 	// the name lets a later run clean up after a killed one.
 	root, err := os.MkdirTemp("", fmt.Sprintf("hwe2e-%d-", os.Getpid()))
@@ -69,13 +55,33 @@ func runInNamespace() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// The builds come before the machine lock: a run waiting for another
+	// builds meanwhile, and holds the lock only while it runs nodes.
+	built := prebuildFor(root)
+	// One real node per machine at a time: nodes share the paths the
+	// kubelet writes outside its root, and a run's teardown removes them.
+	// A run of control planes only writes nothing there, and a run of
+	// clusters only has its workers in namespaces and cgroups of their
+	// own: each runs beside one; they leave stale runs to the next run
+	// with a node.
+	node := nodeRun()
+	if node {
+		unlock, err := lockMachine()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+			_ = os.RemoveAll(root)
+			return 1
+		}
+		defer unlock()
+		sweepStale()
+	}
 	ns := "hwdra-e2e-" + strconv.Itoa(os.Getpid())
 	var fixed []string
-	if !cpOnly {
+	if node {
 		fixed = snapshotFixedPaths()
 	}
 	defer func() {
-		sweep(ns, root, fixed, !cpOnly, func(format string, args ...any) {
+		sweep(ns, root, fixed, node, func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, "hwdra e2e: sweep: "+format+"\n", args...)
 		})
 	}()
@@ -86,11 +92,7 @@ func runInNamespace() int {
 	cmd := exec.Command(os.Args[0], os.Args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), envChild+"=1", envRoot+"="+root, envNetns+"="+ns)
-	if cpOnly {
-		cmd.Env = append(cmd.Env, prebuildHwdra(root)...)
-	} else {
-		cmd.Env = append(cmd.Env, prebuild(root)...)
-	}
+	cmd.Env = append(cmd.Env, built...)
 	if err := startInNamespace(ns, cmd); err != nil {
 		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
 		return 1
@@ -118,12 +120,51 @@ func runInNamespace() int {
 	return 0
 }
 
+// prebuildFor builds what the run needs (a run of control planes only:
+// hwdra alone) and returns the child's environment naming it.
+func prebuildFor(root string) []string {
+	if ControlPlaneOnlyRun() {
+		return prebuildHwdra(root)
+	}
+	return prebuild(root)
+}
+
 // prebuild compiles the images, the hwdra binary, the agent's image and
 // the helm CLI before entering the namespace, where the go command could
 // not reach the module proxy. It
 // returns environment for the child; failures are left for the child to
-// report in the tests that need the result.
+// report in the tests that need the result. With EnvSharedBuild set, two
+// runs side by side (hack/e2e-realnode.sh) build once: the first into
+// that directory, under its lock; the second takes what it built.
 func prebuild(root string) []string {
+	shared := os.Getenv(EnvSharedBuild)
+	if shared == "" {
+		return buildAll(root)
+	}
+	if err := os.Symlink(filepath.Join(shared, "images"), filepath.Join(root, "images")); err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+		return buildAll(root)
+	}
+	unlock, err := flockFile(filepath.Join(shared, "lock"), "the build beside")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+		return buildAll(root)
+	}
+	defer unlock()
+	envFile := filepath.Join(shared, "env")
+	if data, err := os.ReadFile(envFile); err == nil {
+		fmt.Fprintf(os.Stderr, "hwdra e2e: images and hwdra built by the run beside (%s)\n", shared)
+		return strings.Fields(string(data))
+	}
+	env := buildAll(shared)
+	if err := os.WriteFile(envFile, []byte(strings.Join(env, "\n")), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", err)
+	}
+	return env
+}
+
+// buildAll is prebuild's work, into dir.
+func buildAll(root string) []string {
 	began := time.Now()
 	defer func() {
 		fmt.Fprintf(os.Stderr, "hwdra e2e: images and hwdra built in %v\n", time.Since(began).Round(time.Millisecond))
@@ -202,13 +243,17 @@ func startInNamespace(ns string, cmd *exec.Cmd) error {
 // lockMachine takes a machine-wide lock for the run, waiting for another
 // run to finish.
 func lockMachine() (func(), error) {
-	path := filepath.Join(os.TempDir(), "hwdra-e2e.lock")
+	return flockFile(filepath.Join(os.TempDir(), "hwdra-e2e.lock"), "another real-node run")
+}
+
+// flockFile takes an exclusive lock on path, waiting for holder.
+func flockFile(path, holder string) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		fmt.Fprintln(os.Stderr, "hwdra e2e: another real-node run holds", path, "- waiting for it")
+		fmt.Fprintln(os.Stderr, "hwdra e2e:", holder, "holds", path, "- waiting for it")
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("lock %s: %w", path, err)

@@ -111,6 +111,9 @@ func skipIfControlPlaneOnly(t testing.TB, opts Options) {
 	if ControlPlaneOnlyRun() && !opts.ControlPlaneOnly {
 		t.Skipf("real-node test skipped: %s=1 starts control planes only", EnvControlPlaneOnly)
 	}
+	if ClustersOnlyRun() && !opts.ControlPlaneOnly {
+		t.Skipf("real-node test skipped: %s=1 starts clusters only", EnvClustersOnly)
+	}
 }
 
 // Shared returns the suite's node with default options, starting it on first
@@ -295,7 +298,7 @@ func (n *Node) Stop() {
 			killByCommandLine(n.Root, log)
 		}
 		if !n.Options.ControlPlaneOnly && n.worker == nil { // no pods; another run's may be there
-			cleanupCgroups(log, kubepodsCgroups)
+			cleanupCgroups(log, machineKubepods)
 		}
 		unmountUnder(n.Root, log)
 		n.saveLogs()

@@ -40,17 +40,16 @@ type logf func(format string, args ...any)
 // sweep removes everything a run may have left behind, whether or not the
 // tests cleaned up: processes in the namespace, containers (found through the
 // kubepods cgroups, since they live in their pods' own namespaces), mounts
-// under the root, cgroups (where cgroups is set), fixed paths and the
-// namespace itself.
-func sweep(ns, root string, createdFixed []string, cgroups bool, log logf) {
+// under the root, its workers' cgroups, the machine's kubepods (where node
+// is set: a run with a node in the machine's namespaces), fixed paths and
+// the namespace itself.
+func sweep(ns, root string, createdFixed []string, node bool, log logf) {
 	workers := workerNamespaces(ns)
 	for _, n := range append([]string{ns}, workers...) {
 		killInNamespace(n, log)
 	}
 	killByCommandLine(root, log)
-	if cgroups { // the kubepods cgroups are the machine's, not the run's
-		cleanupCgroups(log, kubepodsCgroups)
-	}
+	cleanupCgroups(log, func() []string { return runCgroups(ns, node) })
 	unmountUnder(root, log)
 	if os.Getenv(EnvKeep) == "" {
 		if err := os.RemoveAll(root); err != nil {
@@ -58,6 +57,10 @@ func sweep(ns, root string, createdFixed []string, cgroups bool, log logf) {
 		}
 	} else {
 		log("keeping %s", root)
+	}
+	if len(createdFixed) > 0 && otherRunsLive(ns) {
+		log("leaving %v: another run is going", createdFixed)
+		createdFixed = nil
 	}
 	for _, p := range createdFixed {
 		if err := os.RemoveAll(p); err != nil {
@@ -158,18 +161,58 @@ func killByCommandLine(dir string, log logf) {
 	}
 }
 
-// kubepodsCgroups lists the kubelets' top-level cgroups in every mounted
-// hierarchy (cgroup v1 controllers and the unified one).
-func kubepodsCgroups() []string {
+// machineKubepods lists the top-level cgroups of a kubelet with the
+// machine's cgroup root (the suite's node) in every mounted hierarchy
+// (cgroup v1 controllers and the unified one).
+func machineKubepods() []string {
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	m, _ := filepath.Glob("/sys/fs/cgroup/kubepods")
+	return append(dirs, m...)
+}
+
+// runCgroups lists the cgroup roots of the run ns's cluster workers
+// (workerCgroupPrefix<pid>-<worker>: never another run's, which may be
+// going beside it) and, with node, the machine's kubepods.
+func runCgroups(ns string, node bool) []string {
 	var dirs []string
-	// A cluster's workers' kubelets have cgroup roots of their own
-	// (workerCgroupPrefix).
-	for _, pattern := range []string{"/sys/fs/cgroup/*/kubepods", "/sys/fs/cgroup/kubepods",
-		"/sys/fs/cgroup/*/" + workerCgroupPrefix + "*", "/sys/fs/cgroup/" + workerCgroupPrefix + "*"} {
+	for _, pattern := range runCgroupPatterns(ns, node) {
 		m, _ := filepath.Glob(pattern)
 		dirs = append(dirs, m...)
 	}
 	return dirs
+}
+
+func runCgroupPatterns(ns string, node bool) []string {
+	prefix := workerCgroupPrefix + strings.TrimPrefix(ns, "hwdra-e2e-") + "-"
+	patterns := []string{"/sys/fs/cgroup/*/" + prefix + "*", "/sys/fs/cgroup/" + prefix + "*"}
+	if node {
+		patterns = append(patterns, "/sys/fs/cgroup/*/kubepods", "/sys/fs/cgroup/kubepods")
+	}
+	return patterns
+}
+
+// otherRunsLive says whether a run other than ns is going (its network
+// namespace hwdra-e2e-<pid> exists and its process lives): the fixed
+// paths may be its too.
+func otherRunsLive(ns string) bool {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] == ns {
+			continue
+		}
+		pidStr, ok := strings.CutPrefix(f[0], "hwdra-e2e-")
+		if !ok || strings.Contains(pidStr, "-") {
+			continue
+		}
+		if pid, err := strconv.Atoi(pidStr); err == nil && syscall.Kill(pid, 0) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // cleanupCgroups kills what still runs in kubepods and removes the cgroups,
