@@ -269,8 +269,10 @@ const sharedResource = "nvidia.com/gpu.shared"
 // each through the scheduler's claim of class share.gpu.hwdra.io: a share
 // of the GPU's one share device, with the share's defaults (10% and 4Gi)
 // in its container's MPS environment, all three clients of the GPU's one
-// MPS daemon. A fourth pod for more shares than the GPU's compute holds
-// (10 x 10%) stays Pending with the scheduler's reason.
+// MPS daemon. Before that, a pod asking for 2 stays Pending with the
+// scheduler's reason: the devices of one request are distinct, and the
+// node's one GPU has one share device (unlike the device plugin's
+// replicas, two of which could be one GPU's).
 func TestPodExtendedResourceShared(t *testing.T) {
 	values := map[string]any{"extendedResources": map[string]any{"shared": sharedResource}}
 	s := startScenarioValues(t, "pod-ext-shared", framework.MockProfile(t, "one-h100", oneH100), values, gpuDriver)
@@ -282,9 +284,9 @@ func TestPodExtendedResourceShared(t *testing.T) {
 		t.Fatalf("DeviceClass share.gpu.hwdra.io has extendedResourceName %v, want %s from the chart's values", n, sharedResource)
 	}
 
-	s.createPodFor(framework.PodWithExtendedResource("eleven", sharedResource, 11))
-	t.Logf("%s: 11 on one GPU: %s", sharedResource, s.waitPending("eleven"))
-	s.deletePod("eleven")
+	s.createPodFor(framework.PodWithExtendedResource("two", sharedResource, 2))
+	t.Logf("%s: 2 on one GPU: %s", sharedResource, s.waitPending("two"))
+	s.deletePod("two")
 
 	var device, pid string
 	shares := map[string]bool{}
