@@ -9,9 +9,10 @@
 package deploy
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
 	"io"
+	"io/fs"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -23,9 +24,30 @@ import (
 //go:embed hwdra.yaml
 var manifests string
 
+// chartFiles are the Helm chart's files ("all:": _helpers.tpl too).
+//
+//go:embed all:helm/hwdra
+var chartFiles embed.FS
+
+// Chart is the Helm chart's files (Chart.yaml at its root), for programs
+// that render it with values of their own (package deploy/chart).
+func Chart() fs.FS {
+	sub, err := fs.Sub(chartFiles, "helm/hwdra")
+	if err != nil {
+		panic(err) // a fixed path of the embedded tree
+	}
+	return sub
+}
+
 // DeviceClasses decodes the shipped DeviceClasses.
 func DeviceClasses() ([]*resourceapi.DeviceClass, error) {
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifests), 4096)
+	return DecodeDeviceClasses(strings.NewReader(manifests), "deploy/hwdra.yaml")
+}
+
+// DecodeDeviceClasses decodes the DeviceClasses of a YAML stream of
+// manifests (other kinds skipped); name is the stream's, for errors.
+func DecodeDeviceClasses(r io.Reader, name string) ([]*resourceapi.DeviceClass, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(r, 4096)
 	var out []*resourceapi.DeviceClass
 	for {
 		c := &resourceapi.DeviceClass{}
@@ -34,7 +56,7 @@ func DeviceClasses() ([]*resourceapi.DeviceClass, error) {
 			return out, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("deploy/hwdra.yaml: %w", err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		if c.Kind == "DeviceClass" && c.Name != "" {
 			out = append(out, c)

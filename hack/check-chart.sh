@@ -36,7 +36,11 @@ grep -q 'hardware: "gpu": want host or mock:<profile>' <<<"$out" || { echo "chec
 # that names the value, not an object the apply refuses.
 for bad in "extendedResources.gpu=gpu|extendedResources.gpu: \"gpu\" is no extended resource name" \
   "extendedResources.gpu=kubernetes.io/gpu|extendedResources.gpu: \"kubernetes.io/gpu\" is no extended resource name" \
-  "extendedResources.migProfiles={1g.10gb+me}|extendedResources.migProfiles: \"1g.10gb+me\" is no MIG profile name"; do
+  "extendedResources.migProfiles={1g.10gb+me}|extendedResources.migProfiles: \"1g.10gb+me\" is no MIG profile name" \
+  "extendedResources.shared=gpu.shared|extendedResources.shared: \"gpu.shared\" is no extended resource name" \
+  "extendedResources.shared=nvidia.com/gpu|extendedResources.shared: nvidia.com/gpu is named twice (also by extendedResources.gpu)" \
+  "extendedResources.classes[0].name=example.com/x,extendedResources.classes[0].class=gpu.example.com|extendedResources.classes[0].class: \"gpu.example.com\" is none of the chart's DeviceClasses" \
+  "extendedResources.classes[0].name=example.com/x,extendedResources.classes[0].class=gpu.hwdra.io|extendedResources.classes[0].class: gpu.hwdra.io already has extendedResourceName nvidia.com/gpu"; do
   if out=$("$helm" template hwdra "$chart" --set "${bad%%|*}" 2>&1); then
     echo "check-chart: ${bad%%|*} was accepted"; exit 1
   fi
@@ -45,7 +49,8 @@ done
 # A value the chart does not have (a --set typo) is refused, not ignored
 # (values.schema.json), and so is a value of the wrong type or one the
 # field does not take (gpus.settings is Manage or Leave).
-for bad in imag.tag=x image.pullpolicy=Never metricsPort=http config.nics[0].mod=shared config.gpus.settings=leave; do
+for bad in imag.tag=x image.pullpolicy=Never metricsPort=http config.nics[0].mod=shared config.gpus.settings=leave \
+  extendedResources.classes[0].name=example.com/x extendedResources.classes[0].clas=gpu.hwdra.io; do
   if out=$("$helm" template hwdra "$chart" --set "$bad" 2>&1); then
     echo "check-chart: --set $bad was accepted"; exit 1
   fi
@@ -92,6 +97,10 @@ for set in "" "extendedResources.migProfiles={1g.10gb,3g.40gb}"; do
     exit 1
   fi
 done
+# The notes say which extended resource each class serves.
+grep -qF 'share.gpu.hwdra.io: GPU shares, policed, for pods asking for nvidia.com/gpu.shared' \
+  <<<"$("$helm" install hwdra "$chart" -n hwdra-system --dry-run=client --set extendedResources.shared=nvidia.com/gpu.shared 2>&1)" ||
+  { echo "check-chart: NOTES.txt does not say that share.gpu.hwdra.io serves extendedResources.shared"; exit 1; }
 # Monitoring: the PodMonitor and PrometheusRule only when asked for (they
 # need the Prometheus operator's CRDs), the dashboard's ConfigMap by
 # default, labelled for Grafana's sidecar, holding the dashboard's JSON;

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -59,13 +60,22 @@ func startScenario(t *testing.T, name, hardware string, drivers ...string) *scen
 // the chart's default).
 func startScenarioWith(t *testing.T, name, hardware string, config map[string]any, drivers ...string) *scenario {
 	t.Helper()
+	var values map[string]any
+	if config != nil {
+		values = map[string]any{"config": config}
+	}
+	return startScenarioValues(t, name, hardware, values, drivers...)
+}
+
+// startScenarioValues is startScenario with more of the chart's values
+// (each top-level value given replaces the suite's).
+func startScenarioValues(t *testing.T, name, hardware string, more map[string]any, drivers ...string) *scenario {
+	t.Helper()
 	n := framework.Shared(t)
 	ctx := context.Background()
 	since := n.KubeletLogSize()
 	values := n.AgentPodValues(t, hardware)
-	if config != nil {
-		values["config"] = config
-	}
+	maps.Copy(values, more)
 	agent := n.StartAgentPod(t, values)
 	for _, d := range drivers {
 		if _, err := n.WaitPoolsComplete(ctx, d, 60*time.Second); err != nil {

@@ -257,3 +257,61 @@ func (s *scenario) waitEither(a, b string) string {
 		}
 	}
 }
+
+// sharedResource is the device plugin's renamed time-slicing resource,
+// which the chart's extendedResources.shared gives to the GPU shares.
+const sharedResource = "nvidia.com/gpu.shared"
+
+// TestPodExtendedResourceShared: with the chart's value
+// extendedResources.shared nvidia.com/gpu.shared (helm installs it: the
+// DeviceClass share.gpu.hwdra.io in the API names it), three pods asking
+// for nvidia.com/gpu.shared: 1 and no claim run on the node's one GPU,
+// each through the scheduler's claim of class share.gpu.hwdra.io: a share
+// of the GPU's one share device, with the share's defaults (10% and 4Gi)
+// in its container's MPS environment, all three clients of the GPU's one
+// MPS daemon. Before that, a pod asking for 2 stays Pending with the
+// scheduler's reason: the devices of one request are distinct, and the
+// node's one GPU has one share device (unlike the device plugin's
+// replicas, two of which could be one GPU's).
+func TestPodExtendedResourceShared(t *testing.T) {
+	values := map[string]any{"extendedResources": map[string]any{"shared": sharedResource}}
+	s := startScenarioValues(t, "pod-ext-shared", framework.MockProfile(t, "one-h100", oneH100), values, gpuDriver)
+	class, err := s.n.Admin.ResourceV1().DeviceClasses().Get(s.ctx, "share.gpu.hwdra.io", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := class.Spec.ExtendedResourceName; n == nil || *n != sharedResource {
+		t.Fatalf("DeviceClass share.gpu.hwdra.io has extendedResourceName %v, want %s from the chart's values", n, sharedResource)
+	}
+
+	s.createPodFor(framework.PodWithExtendedResource("two", sharedResource, 2))
+	t.Logf("%s: 2 on one GPU: %s", sharedResource, s.waitPending("two"))
+	s.deletePod("two")
+
+	var device, pid string
+	shares := map[string]bool{}
+	for _, name := range []string{"shared-a", "shared-b", "shared-c"} {
+		created := s.createPodFor(framework.PodWithExtendedResource(name, sharedResource, 1, mpsPaths...))
+		r := s.waitRunning(name, "extended-resource-shared", created)
+		if reqs := r.claim.Spec.Devices.Requests; len(reqs) != 1 || reqs[0].Exactly == nil || reqs[0].Exactly.DeviceClassName != "share.gpu.hwdra.io" {
+			t.Errorf("%s: claim %s requests %+v, want one share.gpu.hwdra.io device", name, r.claim.Name, reqs)
+		}
+		res := result(t, r.claim, extRequest)
+		if res.ShareID == nil || !strings.HasSuffix(res.Device, "-share") || (device != "" && res.Device != device) {
+			t.Errorf("%s: allocated %s (share %v), the others %s", name, res.Device, res.ShareID, device)
+		}
+		if res.ShareID != nil {
+			if shares[string(*res.ShareID)] {
+				t.Errorf("%s: share %s given twice", name, *res.ShareID)
+			}
+			shares[string(*res.ShareID)] = true
+		}
+		device = res.Device
+		p := mpsClient(t, name, r, "10", "0=4096M")
+		if pid != "" && p != pid {
+			t.Errorf("%s reaches MPS daemon %s, the others %s", name, p, pid)
+		}
+		pid = p
+		t.Logf("pod %s asking for %s got share %v of %s through claim %s", name, sharedResource, *res.ShareID, res.Device, r.claim.Name)
+	}
+}

@@ -82,24 +82,3 @@ spec:
 		t.Errorf("two classes of one name: %v", err)
 	}
 }
-
-// TestLabSharedGPUPods: the device plugin's renamed time-slicing resource
-// (nvidia.com/gpu.shared), served by a DeviceClass of GPU shares given
-// in the file: the Deployment's three pods get a share each, all of one
-// GPU, and all three are prepared.
-func TestLabSharedGPUPods(t *testing.T) {
-	var out bytes.Buffer
-	if err := Run(context.Background(), &out, Options{Hardware: "mock:dgx-h100", ClaimFiles: []string{filepath.Join("..", "..", "..", "docs", "examples", "shared-gpu-pods.yaml")}}); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
-	got := withoutLogs(out.String())
-	wantOutput(t, got, "DeviceClass shared.gpu.example.com: allocated with, beside the chart's", "1 nvidia.com/gpu.shared from DeviceClass shared.gpu.example.com")
-	_, alloc, _ := strings.Cut(got, "== Allocation")
-	alloc, _, _ = strings.Cut(alloc, "== Prepare")
-	if n := strings.Count(alloc, "  device: gpu-0000-1b-00-0-share\n"); n != 3 {
-		t.Errorf("%d pods on GPU 0000:1b:00.0's shares, want the three:\n%s", n, alloc)
-	}
-	if strings.Count(got, "-extended-resources-") == 0 || strings.Count(got, ": unprepared (gpu.hwdra.io)") != 3 {
-		t.Errorf("the three pods' claims were not prepared and unprepared:\n%s", got)
-	}
-}

@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hwdra/hwdra/api"
-	"github.com/hwdra/hwdra/deploy"
 	"github.com/hwdra/hwdra/internal/agent"
 	"github.com/hwdra/hwdra/internal/agent/config"
 	"github.com/hwdra/hwdra/internal/agent/mps"
@@ -47,6 +46,10 @@ const NodeName = "lab"
 type Options struct {
 	Hardware   string
 	ConfigPath string
+	// ValuesFiles are the chart's values files (helm's -f): the lab
+	// allocates with the DeviceClasses the chart renders with them
+	// instead of its default rendering.
+	ValuesFiles []string
 	// ClaimFiles are files and directories of claims; "-" reads Stdin.
 	ClaimFiles []string
 	Stdin      io.Reader
@@ -138,13 +141,15 @@ func withLogger(ctx context.Context, out io.Writer) context.Context {
 }
 
 // readInput reads the claims of the files and the DeviceClasses the lab
-// allocates with (the chart's and the files'), their notes shown.
+// allocates with (the chart's, rendered with ValuesFiles if any, and the
+// files'), their notes shown.
 func readInput(out io.Writer, opts Options) ([]*resourceapi.DeviceClass, []claimGroup, error) {
-	classes, err := deploy.DeviceClasses()
+	classes, valuesNotes, err := chartClasses(opts.ValuesFiles)
 	if err != nil {
 		return nil, nil, err
 	}
 	groups, classes, notes, err := readClaims(opts.ClaimFiles, opts.Stdin, classes)
+	notes = append(valuesNotes, notes...)
 	if len(notes) > 0 {
 		section(out, "Manifests")
 		for _, n := range notes {

@@ -219,7 +219,7 @@ func (r *resolver) extendedClaim(p *readPod, fail func(field, format string, arg
 			}
 			class := r.extended.GetDeviceClass(name)
 			if class == nil {
-				errs = append(errs, fail(field, "no DeviceClass has extendedResourceName %s (the chart's values extendedResources name the ones it offers), and the lab has no device plugin to serve it", name))
+				errs = append(errs, fail(field, "no DeviceClass has extendedResourceName %s (the chart's values extendedResources name the ones it offers: give yours with --values), and the lab has no device plugin to serve it", name))
 				continue
 			}
 			classes[name] = class.Name

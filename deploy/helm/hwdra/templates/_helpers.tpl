@@ -80,32 +80,22 @@ The chart's DeviceClasses: the one list deviceclasses.yaml renders and
 NOTES.txt names, so that the notes never miss a class. Each has name,
 what (the notes' words), doc (the comment above it), expression (the
 selector's lines), optional config (a GpuConfig's parameters) and
-extendedResourceName. YAML: include it and fromYamlArray.
+extendedResourceName (hwdra.extendedResources). YAML: include it and
+fromYamlArray.
 */}}
 {{- define "hwdra.deviceClasses" -}}
 {{- $ext := .Values.extendedResources -}}
 {{- $gpuDriver := `device.driver == "gpu.hwdra.io" &&` -}}
 {{- $typeIn := `"type" in device.attributes["gpu.hwdra.io"] &&` -}}
 {{- $classes := list -}}
-{{- $names := list -}}
-{{- $gpu := dict "name" "gpu.hwdra.io" "what" "whole GPUs" "doc" "" "expression" (list $gpuDriver `"profile" in device.attributes["gpu.hwdra.io"] &&` `device.attributes["gpu.hwdra.io"].profile == "full"`) -}}
-{{- with $ext.gpu -}}
-{{- $_ := set $gpu "extendedResourceName" (include "hwdra.extendedResourceName" (list "extendedResources.gpu" .)) -}}
-{{- $names = append $names . -}}
-{{- end -}}
-{{- $classes = append $classes $gpu -}}
+{{- $classes = append $classes (dict "name" "gpu.hwdra.io" "what" "whole GPUs" "doc" "" "expression" (list $gpuDriver `"profile" in device.attributes["gpu.hwdra.io"] &&` `device.attributes["gpu.hwdra.io"].profile == "full"`)) -}}
 {{- $classes = append $classes (dict "name" "mig.gpu.hwdra.io" "what" "MIG partitions of any profile"
   "doc" "A MIG partition of any profile; a claim picks the profile with its own\nselector (see examples/mig-1g.10gb.yaml)."
   "expression" (list $gpuDriver $typeIn `device.attributes["gpu.hwdra.io"].type == "mig"`)) -}}
 {{- range $ext.migProfiles -}}
 {{- $profile := include "hwdra.migProfile" . -}}
-{{- $name := include "hwdra.extendedResourceName" (list "extendedResources.migPrefix + migProfiles" (printf "%s%s" $ext.migPrefix $profile)) -}}
-{{- if has $name $names -}}
-{{- fail (printf "extendedResources: %s is named twice: each extended resource maps to one DeviceClass" $name) -}}
-{{- end -}}
-{{- $names = append $names $name -}}
-{{- $classes = append $classes (dict "name" (printf "mig-%s.gpu.hwdra.io" $profile) "what" (printf "MIG partitions of profile %s, for pods asking for %s" $profile $name)
-  "doc" (printf "MIG partitions of profile %s for pods asking for %s." $profile $name) "extendedResourceName" $name
+{{- $classes = append $classes (dict "name" (printf "mig-%s.gpu.hwdra.io" $profile) "what" (printf "MIG partitions of profile %s" $profile)
+  "doc" (printf "MIG partitions of profile %s, for pods asking for %s%s." $profile $ext.migPrefix $profile)
   "expression" (list $gpuDriver $typeIn `device.attributes["gpu.hwdra.io"].type == "mig" &&` `"profile" in device.attributes["gpu.hwdra.io"] &&` (printf `device.attributes["gpu.hwdra.io"].profile == %q` $profile))) -}}
 {{- end -}}
 {{- $classes = append $classes (dict "name" "vgpu.gpu.hwdra.io" "what" "vGPUs of any type"
@@ -156,7 +146,56 @@ PF where the cluster has DRAConsumableCapacity off). The classes test the
 published mode, not device.allowMultipleAllocations: without that gate
 the API server's CEL knows no such field and refuses the class.`
   "expression" (list `device.driver == "sriov.hwdra.io" && "mode" in device.attributes["sriov.hwdra.io"] &&` `device.attributes["sriov.hwdra.io"].mode == "exclusive"`)) -}}
+{{- include "hwdra.extendedResources" (list $ext $classes) -}}
 {{- toYaml $classes -}}
+{{- end -}}
+
+{{/*
+Gives the chart's DeviceClasses their extendedResourceName from the
+values, each checked: extendedResources.gpu (gpu.hwdra.io), shared
+(share.gpu.hwdra.io), each of migProfiles (migPrefix + profile, its
+mig-<profile> class), and each {name, class} of classes. A name the API
+server would refuse, a name given twice, a class the chart does not
+render or one given two names fails the render, naming the value.
+Argument: (list .Values.extendedResources classes); it sets the classes'
+extendedResourceName and adds the name to their notes' words.
+*/}}
+{{- define "hwdra.extendedResources" -}}
+{{- $ext := index . 0 -}}
+{{- $classes := index . 1 -}}
+{{- $wants := list -}}
+{{- with $ext.gpu -}}
+{{- $wants = append $wants (dict "field" "extendedResources.gpu" "name" . "class" "gpu.hwdra.io") -}}
+{{- end -}}
+{{- with $ext.shared -}}
+{{- $wants = append $wants (dict "field" "extendedResources.shared" "name" . "class" "share.gpu.hwdra.io") -}}
+{{- end -}}
+{{- range $ext.migProfiles -}}
+{{- $wants = append $wants (dict "field" "extendedResources.migPrefix + migProfiles" "name" (printf "%s%s" $ext.migPrefix .) "class" (printf "mig-%s.gpu.hwdra.io" .)) -}}
+{{- end -}}
+{{- range $i, $e := $ext.classes -}}
+{{- $wants = append $wants (dict "field" (printf "extendedResources.classes[%d].name" $i) "name" $e.name "class" $e.class "classField" (printf "extendedResources.classes[%d].class" $i)) -}}
+{{- end -}}
+{{- $byName := dict -}}
+{{- $all := list -}}
+{{- range $classes -}}{{- $all = append $all .name -}}{{- end -}}
+{{- range $want := $wants -}}
+{{- $name := include "hwdra.extendedResourceName" (list $want.field $want.name) -}}
+{{- with get $byName $name -}}
+{{- fail (printf "%s: %s is named twice (also by %s): each extended resource maps to one DeviceClass" $want.field $name .) -}}
+{{- end -}}
+{{- $_ := set $byName $name $want.field -}}
+{{- $class := dict -}}
+{{- range $classes -}}{{- if eq .name $want.class -}}{{- $class = . -}}{{- end -}}{{- end -}}
+{{- if not $class -}}
+{{- fail (printf "%s: %q is none of the chart's DeviceClasses (%s)" $want.classField $want.class (join ", " $all)) -}}
+{{- end -}}
+{{- with $class.extendedResourceName -}}
+{{- fail (printf "%s: %s already has extendedResourceName %s: a DeviceClass maps one extended resource" ($want.classField | default $want.field) $want.class .) -}}
+{{- end -}}
+{{- $_ := set $class "extendedResourceName" $name -}}
+{{- $_ := set $class "what" (printf "%s, for pods asking for %s" $class.what $name) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
