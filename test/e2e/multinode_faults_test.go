@@ -285,16 +285,23 @@ func (m *multiNode) nodeVanishes(t *testing.T) {
 		t.Error(err)
 	}
 	framework.Timing(t, "multinode-node-back-to-claims-unprepared", time.Since(back))
-	rec, err := framework.ReadAgentRecords(w.AgentPodStateDir(), gpuDriver)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rec.Claims) != 0 {
-		t.Errorf("claims still prepared on %s after its return: %v", migNode, rec.Claims)
-	}
-	if files := w.ClaimFiles(gpuDriver, m.ns, first.claimName, string(first.claim)); len(files) > 0 {
-		t.Errorf("claim %s of the vanished pod left files on %s: %v", first.claimName, migNode, files)
-	}
+	// The MIG instances go first; the record, the CDI spec and (after our
+	// unprepare returns, in kubeletplugin's NodeUnprepareResources) the
+	// device-metadata files follow within the same call: awaited, not
+	// read at once (read at once, under load they were still there).
+	waitfor.NoError(t, fmt.Sprintf("the vanished pod's claim %s unprepared on %s, its files gone", first.claimName, migNode), 30*time.Second, func() error {
+		rec, err := framework.ReadAgentRecords(w.AgentPodStateDir(), gpuDriver)
+		if err != nil {
+			return err
+		}
+		if len(rec.Claims) != 0 {
+			return fmt.Errorf("claims still prepared: %v", rec.Claims)
+		}
+		if files := w.ClaimFiles(gpuDriver, m.ns, first.claimName, string(first.claim)); len(files) > 0 {
+			return fmt.Errorf("files left: %v", files)
+		}
+		return nil
+	})
 }
 
 // waitNoSlices waits until the node has no ResourceSlices.
