@@ -40,25 +40,8 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/build" && cd "$work/build"
-go mod init hwdra.local/patchedscheduler >/dev/null 2>&1
-gomod="$tree/go.mod"
-{
-  echo "require k8s.io/kubernetes $K8S_VERSION"
-  echo "replace k8s.io/kubernetes => $tree"
-  grep -E '^\s*k8s.io/[a-z0-9-]+ => ./staging/' "$gomod" |
-    awk -v v="$K8S_STAGING_VERSION" -v t="$tree" '{
-      if ($1 == "k8s.io/dynamic-resource-allocation") print "replace " $1 " => " t "/staging/src/" $1;
-      else print "replace " $1 " => " $1 " " v }'
-} >>go.mod
-cat >tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import _ "k8s.io/kubernetes/cmd/kube-scheduler"
-GO
-go mod tidy >&2
+hack/upstream/module.sh "$work/build" "$tree" k8s.io/kubernetes/cmd/kube-scheduler
+cd "$work/build"
 major=$(echo "${K8S_VERSION#v}" | cut -d. -f1)
 minor=$(echo "$K8S_VERSION" | cut -d. -f2)
 ld="-s -w"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The patch series in process, on this machine:
 #
-#   hack/upstream/bench.sh test          # the allocator's own unit tests, patched
+#   hack/upstream/bench.sh test          # the allocator's and its CEL package's own
+#                                        # unit tests, patched
+#   hack/upstream/bench.sh scheduler-test  # kube-scheduler's DynamicResources
+#                                        # plugin's unit tests, patched
 #   hack/upstream/bench.sh bench [ARGS]  # hwdra's fleet benchmarks against the
 #                                        # patched allocator (ARGS go to go test;
 #                                        # default: -bench 'Fleet' -benchtime=3x)
@@ -19,7 +22,15 @@ case "${1:-}" in
 test)
   cd "$dra"
   export GOWORK=off
-  exec go test -count=1 ./structured/...
+  exec go test -count=1 ./structured/... ./cel/...
+  ;;
+scheduler-test)
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  plugin=k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources
+  hack/upstream/module.sh "$work" "$tree" "$plugin"
+  cd "$work"
+  GOWORK=off go test -count=1 "$plugin"
   ;;
 bench)
   shift
@@ -37,7 +48,7 @@ WORK
   GOWORK="$work/go.work" go test -tags hwdra_patched_allocator -run '^$' "$@" ./internal/agent/slices/resources/
   ;;
 *)
-  echo "usage: hack/upstream/bench.sh test | bench [go test args]" >&2
+  echo "usage: hack/upstream/bench.sh test | scheduler-test | bench [go test args]" >&2
   exit 2
   ;;
 esac
