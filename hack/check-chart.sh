@@ -120,10 +120,9 @@ done
 if "$helm" template hwdra "$chart" --set monitoring.podMonitor.interval=30 >/dev/null 2>&1; then
   echo "check-chart: monitoring.podMonitor.interval=30 (no unit) was accepted"; exit 1
 fi
-# The schema and the templates refuse every config the agent refuses and
-# take every shipped example, each case rendered by this helm.
-out=$(HELM="$helm" go test -count=1 -run '^TestChartRefusesWhatTheAgentRefuses$' ./deploy 2>&1) ||
-  { tail -40 <<<"$out"; echo "check-chart: the chart takes a config the agent refuses, or refuses a good one"; exit 1; }
+# That the schema and the templates refuse every config the agent refuses
+# is deploy/chart's TestChartRefusesWhatTheAgentRefuses (go test, helm's
+# library in process).
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp deploy/hwdra.yaml "$tmp/committed.yaml"

@@ -1,27 +1,26 @@
 // Copyright The hwdra Authors.
 // SPDX-License-Identifier: Apache-2.0
 
-package deploy
+package chart
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
+	"helm.sh/helm/v4/pkg/chart/common/util"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	configv1alpha1 "github.com/hwdra/hwdra/api/config/v1alpha1"
 	"github.com/hwdra/hwdra/internal/agent/config"
 )
+
+// chartDir is the chart's sources, as deploy embeds them.
+const chartDir = "../helm/hwdra"
 
 // configCase is a set of the chart's values (YAML) around a config.
 type configCase struct {
@@ -161,14 +160,14 @@ func goodConfigs(t *testing.T) []configCase {
 		{name: "disabled without bandwidth", values: `config: {nics: [{mode: disabled}, {mode: exclusive}, {}]}`},
 	}
 	// The agent's own example, as the chart's config.
-	example, err := os.ReadFile("../api/config/v1alpha1/example.yaml")
+	example, err := os.ReadFile("../../api/config/v1alpha1/example.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	out = append(out, configCase{name: "example.yaml", values: "config:\n" + indent(dropTypeMeta(string(example)))})
 	// The chart's values and its test clusters'.
-	files, _ := filepath.Glob(filepath.Join(chart, "ci", "*-values.yaml"))
-	for _, f := range append([]string{filepath.Join(chart, "values.yaml")}, files...) {
+	files, _ := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
+	for _, f := range append([]string{filepath.Join(chartDir, "values.yaml")}, files...) {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
@@ -181,13 +180,24 @@ func goodConfigs(t *testing.T) []configCase {
 // docConfigs are the operator guide's YAML blocks that are AgentConfigs
 // (every top-level key a field of it).
 func docConfigs(t *testing.T) []configCase {
-	data, err := os.ReadFile("../docs/operator-guide.md")
+	data, err := os.ReadFile("../../docs/operator-guide.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fields := []string{}
-	for _, f := range jsonFields(reflect.TypeFor[configv1alpha1.AgentConfig]()) {
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	// The AgentConfig's fields, as the chart's schema names them under
+	// config (deploy's TestValuesSchemaConfigIsAgentConfig holds them equal).
+	var schema struct {
+		Properties struct {
+			Config struct {
+				Properties map[string]any `json:"properties"`
+			} `json:"config"`
+		} `json:"properties"`
+	}
+	if err := yaml.Unmarshal([]byte(mustRead(t, filepath.Join(chartDir, "values.schema.json"))), &schema); err != nil {
+		t.Fatal(err)
+	}
+	var fields []string
+	for name := range schema.Properties.Config.Properties {
 		fields = append(fields, name)
 	}
 	var out []configCase
@@ -208,36 +218,47 @@ func docConfigs(t *testing.T) []configCase {
 }
 
 // TestChartRefusesWhatTheAgentRefuses: a config the chart takes and the
-// agent refuses would crash-loop every agent pod. The chart's schema
-// (in-process, with the JSON schema library helm uses) takes every
-// shipped config example and refuses each bad config the agent refuses;
-// where it cannot (the rule spans fields, or is arithmetic on a
+// agent refuses would crash-loop every agent pod. The chart's schema takes
+// every shipped config example and refuses each bad config the agent
+// refuses; where it cannot (the rule spans fields, or is arithmetic on a
 // quantity), a template refuses it at render, or the case says why
-// nothing can. With a helm binary (hack/build-helm.sh's cache) every case
-// the schema takes is also rendered, and the agent parses the
-// config.yaml helm renders; with HELM set (hack/check-chart.sh) every case.
+// nothing can. Every case is rendered as helm renders it (Render), and the
+// agent parses the config.yaml of those rendered.
 func TestChartRefusesWhatTheAgentRefuses(t *testing.T) {
-	schema := compileSchema(t)
-	defaults := readValues(t, []byte(mustRead(t, filepath.Join(chart, "values.yaml"))))
-	// Those the schema refuses too where HELM is set: helm validates
-	// with the library this test uses, but on its own reading of values.
-	helm, all := helmBinary()
-	if helm == "" {
-		t.Log("no helm binary (HELM, or hack/build-helm.sh): the chart is not rendered, the template checks not run")
+	ch, err := load()
+	if err != nil {
+		t.Fatal(err)
 	}
 	check := func(c configCase, good bool) {
-		values := mergeValues(defaults, readValues(t, []byte(c.values)))
-		schemaErr := schema.Validate(values)
-		agentErr := parseAsRendered(values["config"])
+		file := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(file, []byte(c.values), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// The agent's verdict on the config as the chart's values hold
+		// it (its defaults under the file's values).
+		vals, err := readValues([]string{file})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		coalesced, err := util.CoalesceValues(ch, vals)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		agentErr := parseAsRendered(coalesced["config"])
+		out, renderErr := Render([]string{file})
+		var schemaErr error
+		if renderErr != nil && strings.Contains(renderErr.Error(), "values don't meet the specifications of the schema") {
+			schemaErr = renderErr
+		}
 		if good {
-			if schemaErr != nil || agentErr != nil {
-				t.Errorf("%s: a good config: schema: %v; agent: %v", c.name, schemaErr, agentErr)
+			if renderErr != nil || agentErr != nil {
+				t.Errorf("%s: a good config: chart: %v; agent: %v", c.name, renderErr, agentErr)
 			}
 		} else {
 			checkBad(t, c, schemaErr, agentErr)
 		}
-		if helm != "" && (schemaErr == nil || all) {
-			checkRendered(t, helm, c, good)
+		if schemaErr == nil {
+			checkRendered(t, c, good, out, renderErr)
 		}
 	}
 	for _, c := range goodConfigs(t) {
@@ -262,35 +283,26 @@ func checkBad(t *testing.T, c configCase, schemaErr, agentErr error) {
 	}
 }
 
-// checkRendered renders the case with helm: a bad case must be refused
-// (a gap's taken, as it says), a good one rendered to a config.yaml the
-// agent takes.
-func checkRendered(t *testing.T, helm string, c configCase, good bool) {
+// checkRendered checks a case the schema takes as the templates rendered
+// it: a bad case must be refused (a gap's taken, as it says), a good one
+// rendered to a config.yaml the agent takes.
+func checkRendered(t *testing.T, c configCase, good bool, out map[string]string, err error) {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(file, []byte(c.values), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd := exec.Command(helm, "template", "hwdra", chart, "-f", file, "--show-only", "templates/configmap.yaml")
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	msg := strings.TrimSpace(stderr.String())
 	switch {
 	case err != nil && (good || c.gap != ""):
-		t.Errorf("%s: helm refuses it: %s", c.name, msg)
-	case err != nil && c.render != "" && !strings.Contains(msg, c.render):
-		t.Errorf("%s: helm refuses it with %q, want %q", c.name, msg, c.render)
+		t.Errorf("%s: the chart refuses it: %v", c.name, err)
+	case err != nil && c.render != "" && !strings.Contains(err.Error(), c.render):
+		t.Errorf("%s: the chart refuses it with %q, want %q", c.name, err, c.render)
 	case err != nil:
 	case !good && c.gap == "":
-		t.Errorf("%s: helm renders it", c.name)
+		t.Errorf("%s: the chart renders it", c.name)
 	default:
 		var cm corev1.ConfigMap
-		if err := yaml.Unmarshal(bytes.TrimPrefix(out, []byte("---\n")), &cm); err != nil {
+		if err := yaml.Unmarshal([]byte(out["hwdra/templates/configmap.yaml"]), &cm); err != nil {
 			t.Fatalf("%s: the rendered ConfigMap: %v", c.name, err)
 		}
 		if _, err := config.Parse([]byte(cm.Data["config.yaml"])); (err == nil) != good {
-			t.Errorf("%s: the agent parses helm's config.yaml with error %v", c.name, err)
+			t.Errorf("%s: the agent parses the rendered config.yaml with error %v", c.name, err)
 		}
 	}
 }
@@ -308,79 +320,6 @@ func parseAsRendered(cfg any) error {
 	}
 	_, err := config.Parse([]byte(doc))
 	return err
-}
-
-// compileSchema compiles values.schema.json as helm does
-// (pkg/chart/common/util ValidateAgainstSingleSchema).
-func compileSchema(t *testing.T) *jsonschema.Schema {
-	t.Helper()
-	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(mustRead(t, filepath.Join(chart, "values.schema.json"))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := jsonschema.NewCompiler()
-	if err := c.AddResource("file:///values.schema.json", doc); err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.Compile("file:///values.schema.json")
-	if err != nil {
-		t.Fatalf("values.schema.json: %v", err)
-	}
-	return s
-}
-
-// readValues reads values as helm does (pkg/chart/common ReadValues).
-func readValues(t *testing.T, data []byte) map[string]any {
-	t.Helper()
-	var v map[string]any
-	if err := yaml.Unmarshal(data, &v); err != nil {
-		t.Fatalf("values: %v", err)
-	}
-	if v == nil {
-		v = map[string]any{}
-	}
-	return v
-}
-
-// mergeValues lays values over the chart's defaults as helm's coalescing
-// does for these: maps merge key by key, anything else replaces.
-func mergeValues(defaults, values map[string]any) map[string]any {
-	out := map[string]any{}
-	for k, v := range defaults {
-		out[k] = v
-	}
-	for k, v := range values {
-		d, dm := out[k].(map[string]any)
-		m, vm := v.(map[string]any)
-		if dm && vm {
-			v = mergeValues(d, m)
-		}
-		out[k] = v
-	}
-	return out
-}
-
-// helmBinary is HELM (all: true), or the helm hack/build-helm.sh built;
-// "" if none.
-func helmBinary() (helm string, all bool) {
-	if h := os.Getenv("HELM"); h != "" {
-		return h, true
-	}
-	cache := os.Getenv("HWDRA_CACHE")
-	if cache == "" {
-		dir, err := os.UserCacheDir()
-		if err != nil {
-			return "", false
-		}
-		cache = filepath.Join(dir, "hwdra")
-	}
-	found, _ := filepath.Glob(filepath.Join(cache, "helm", "*", "helm"))
-	for _, h := range slices.Backward(found) {
-		if _, err := exec.LookPath(h); err == nil {
-			return h, false
-		}
-	}
-	return "", false
 }
 
 func mustRead(t *testing.T, path string) string {
