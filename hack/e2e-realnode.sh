@@ -28,11 +28,14 @@ if [ $# -gt 0 ]; then
   exec go test ./test/e2e/ -count=1 -timeout 45m -v "$@"
 fi
 
-# The isolated run's scenarios: the clusters (framework.NewCluster) and
-# the dedicated nodes (framework.New: the feature-gate variants), which
-# would each stop and restart the suite's node in the other run. The
-# other run skips exactly these, so every scenario runs once.
-isolated='^(TestMultiNode|TestCompatibilityGroupsGateOff|TestGateTurnedOffAfterSlicesStored|TestPartitionTypeGateOff|TestGateOffPartitionableDevices|TestGateOffConsumableCapacity)$'
+# The isolated run's scenarios: the clusters (framework.NewCluster), the
+# dedicated nodes (framework.New: the feature-gate variants), which in
+# the other run would each stop and restart the suite's node, and
+# scenarios on the shared node that mostly wait (Prometheus' alert rule,
+# the scheduler's refusals, the NRI gate, the settings left), enough to
+# even the two runs out. The other run skips exactly these, so every
+# scenario runs once; any scenario can run in either.
+isolated='^(TestMultiNode|TestVFPodWaitsForTheAgent|TestUnfittableClaimRefusedAtOnce|TestPodsSharingWithSettingsLeft|TestPrometheusGPUsByPod|TestCompatibilityGroupsGateOff|TestGateTurnedOffAfterSlicesStored|TestPartitionTypeGateOff|TestGateOffPartitionableDevices|TestGateOffConsumableCapacity)$'
 isolated_log=$(mktemp /tmp/hwdra-e2e-isolated.XXXXXX)
 # The images and hwdra, built once for both (framework's prebuild).
 HWDRA_E2E_SHARED_BUILD=$(mktemp -d /tmp/hwdra-e2e-build.XXXXXX)

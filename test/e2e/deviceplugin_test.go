@@ -39,8 +39,8 @@ func TestAgentPodLeavesGPUsToTheDevicePlugin(t *testing.T) {
 	}
 
 	// Its socket.
-	sock := filepath.Join(framework.DevicePluginDir, "nvidia-gpu.sock")
-	if err := os.MkdirAll(framework.DevicePluginDir, 0o755); err != nil {
+	sock := filepath.Join(s.n.KubeletDevicePluginDir(), "nvidia-gpu.sock")
+	if err := os.MkdirAll(s.n.KubeletDevicePluginDir(), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	l, err := net.Listen("unix", sock)

@@ -66,3 +66,24 @@ func TestRunCgroupPatterns(t *testing.T) {
 		}
 	}
 }
+
+// The kubelet's fixed places as the tests find them: the machine's for
+// the machine's node, the node's own for a worker and an isolated node.
+func TestNodeFixedPlaces(t *testing.T) {
+	machine := &Node{Root: "/run/e2e/n1"}
+	isolated := &Node{Root: "/run/e2e/n2", worker: &worker{cgroup: isolatedCgroup("hwdra-e2e-12", "/run/e2e/n2")}}
+	for _, c := range []struct {
+		n                     *Node
+		devicePlugins, memory string
+	}{
+		{machine, "/var/lib/kubelet/device-plugins", "/sys/fs/cgroup/memory/kubepods"},
+		{isolated, "/run/e2e/n2/device-plugins", "/sys/fs/cgroup/memory/hwe2e-12-n2/kubepods"},
+	} {
+		if got := c.n.KubeletDevicePluginDir(); got != c.devicePlugins {
+			t.Errorf("node %s: device plugins at %s, want %s", c.n.Root, got, c.devicePlugins)
+		}
+		if got := c.n.kubepodsDir("memory"); got != c.memory {
+			t.Errorf("node %s: kubepods at %s, want %s", c.n.Root, got, c.memory)
+		}
+	}
+}

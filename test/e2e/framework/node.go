@@ -77,7 +77,8 @@ type Node struct {
 	stopOnce    sync.Once
 
 	// A cluster's worker (cluster.go) runs in its own network and mount
-	// namespaces; see worker.
+	// namespaces, an isolated node (isolated.go) in its own mount
+	// namespace; see worker.
 	worker  *worker
 	profile string // a worker's built-in mock profile
 }
