@@ -30,12 +30,12 @@ fi
 
 # The isolated run's scenarios: the clusters (framework.NewCluster), the
 # dedicated nodes (framework.New: the feature-gate variants), which in
-# the other run would each stop and restart the suite's node, and
-# scenarios on the shared node that mostly wait (Prometheus' alert rule,
-# the scheduler's refusals, the NRI gate, the settings left), enough to
-# even the two runs out. The other run skips exactly these, so every
-# scenario runs once; any scenario can run in either.
-isolated='^(TestMultiNode|TestVFPodWaitsForTheAgent|TestUnfittableClaimRefusedAtOnce|TestPodsSharingWithSettingsLeft|TestPrometheusGPUsByPod|TestCompatibilityGroupsGateOff|TestGateTurnedOffAfterSlicesStored|TestPartitionTypeGateOff|TestGateOffPartitionableDevices|TestGateOffConsumableCapacity)$'
+# the other run would each stop and restart its shared node, and
+# scenarios of the shared node that mostly wait (Prometheus' alert rule,
+# the scheduler's refusals, the NRI gate, claims beside extended
+# resources, the settings left), to even the two runs out. The other run
+# skips exactly these, so every scenario runs once.
+isolated='^(TestMultiNode|TestVFPodWaitsForTheAgent|TestPodsCompeteExtendedResourceAndClaims|TestUnfittableClaimRefusedAtOnce|TestPodsSharingWithSettingsLeft|TestPrometheusGPUsByPod|TestCompatibilityGroupsGateOff|TestGateTurnedOffAfterSlicesStored|TestPartitionTypeGateOff|TestGateOffPartitionableDevices|TestGateOffConsumableCapacity)$'
 isolated_log=$(mktemp /tmp/hwdra-e2e-isolated.XXXXXX)
 # The images and hwdra, built once for both (framework's prebuild).
 HWDRA_E2E_SHARED_BUILD=$(mktemp -d /tmp/hwdra-e2e-build.XXXXXX)
