@@ -38,12 +38,13 @@ func TestAgentPodLeavesGPUsToTheDevicePlugin(t *testing.T) {
 		t.Fatal("no GPU devices published")
 	}
 
-	// Its socket.
+	// Its socket, made where the tests see the node's device-plugin
+	// directory; the agent names it where the node sees it.
 	sock := filepath.Join(framework.DevicePluginDir, "nvidia-gpu.sock")
-	if err := os.MkdirAll(framework.DevicePluginDir, 0o755); err != nil {
+	if err := os.MkdirAll(s.n.KubeletDevicePluginDir(), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("unix", sock)
+	l, err := net.Listen("unix", filepath.Join(s.n.KubeletDevicePluginDir(), filepath.Base(sock)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -295,8 +295,9 @@ func (m Memory) String() string {
 // process's /proc status.
 func (p *AgentPod) Memory() (Memory, error) {
 	var m Memory
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/memory/kubepods/*pod" + string(p.UID))
-	more, _ := filepath.Glob("/sys/fs/cgroup/memory/kubepods/*/pod" + string(p.UID))
+	kubepods := p.n.kubepodsDir("memory")
+	dirs, _ := filepath.Glob(filepath.Join(kubepods, "*pod"+string(p.UID)))
+	more, _ := filepath.Glob(filepath.Join(kubepods, "*", "pod"+string(p.UID)))
 	dirs = append(dirs, more...)
 	if len(dirs) != 1 {
 		return m, fmt.Errorf("agent pod %s: %d memory cgroups found", p.Name, len(dirs))

@@ -68,7 +68,10 @@ const workerCgroupPrefix = "hwe2e-"
 // namespace.
 const workerBridge = "hwpods0"
 
-// worker is what a cluster's worker has beyond a single node.
+// worker is what a cluster's worker, or an isolated node (isolated.go),
+// has beyond a node in the machine's namespaces. An isolated node has no
+// netns and no nodeRoot: it is in its run's network namespace, and its
+// processes see its Root where the tests do.
 type worker struct {
 	index    int    // 1, 2, ...: its addresses
 	netns    string // its network namespace
@@ -78,9 +81,13 @@ type worker struct {
 	mocked   bool // its mock hardware's profile and tmpfs are in place
 }
 
+// ownNetwork says whether n is a cluster's worker, in a network
+// namespace of its own.
+func (n *Node) ownNetwork() bool { return n.worker != nil && n.worker.netns != "" }
+
 // IP is the node's address: its kubelet's and its host-network pods'.
 func (n *Node) IP() string {
-	if n.worker != nil {
+	if n.ownNetwork() {
 		return fmt.Sprintf("10.200.0.%d", 20+n.worker.index)
 	}
 	return NodeIP
@@ -91,7 +98,7 @@ func (w *worker) podCIDR() string { return fmt.Sprintf("10.201.%d.0/24", w.index
 // onNode is path as the node's own processes see it: the same but on a
 // cluster's worker, whose Root they see at nodeRoot.
 func (n *Node) onNode(path string) string {
-	if n.worker == nil {
+	if n.worker == nil || n.worker.nodeRoot == "" {
 		return path
 	}
 	rel, err := filepath.Rel(n.Root, path)
@@ -104,8 +111,11 @@ func (n *Node) onNode(path string) string {
 // enter makes p start inside the worker's namespaces. nsenter without
 // --pid execs in place, so p's PID is the component's.
 func (w *worker) enter(p *Process) {
-	p.Args = append([]string{"--net=/run/netns/" + w.netns,
-		fmt.Sprintf("--mount=/proc/%d/ns/mnt", w.holder.Process.Pid), "--", p.Path}, p.Args...)
+	args := []string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", w.holder.Process.Pid), "--", p.Path}
+	if w.netns != "" {
+		args = append([]string{"--net=/run/netns/" + w.netns}, args...)
+	}
+	p.Args = append(args, p.Args...)
 	p.Path = "nsenter"
 }
 
@@ -218,7 +228,7 @@ func (n *Node) bootWorker(images []string) error {
 	if err := n.worker.makeCgroup(); err != nil {
 		return fmt.Errorf("worker %s: %w", n.Name, err)
 	}
-	if err := n.worker.startHolder(n.Root); err != nil {
+	if err := n.worker.startHolder(n.Root, workerHolderScript); err != nil {
 		return fmt.Errorf("worker %s: %w", n.Name, err)
 	}
 	if err := n.startContainerd(ctx, images); err != nil {
@@ -300,12 +310,17 @@ func dirExists(p string) bool {
 	return err == nil && st.IsDir()
 }
 
-// startHolder starts the process that holds the worker's mount
-// namespace: slave to the machine's (mounts the tests make under Root
-// reach it), with Root at nodeRoot and its own device-plugin directory.
-func (w *worker) startHolder(root string) error {
-	script := `mount --bind "$1" "$2" && mount --make-rshared "$2" &&
+// workerHolderScript makes a worker's mount namespace: Root at
+// nodeRoot, shared (the agent pod's HostToContainer mounts need it), and
+// its own device-plugin directory ($1 Root, $2 nodeRoot, $3
+// DevicePluginDir).
+const workerHolderScript = `mount --bind "$1" "$2" && mount --make-rshared "$2" &&
 mount --bind "$1/device-plugins" "$3" && echo ready && exec sleep infinity`
+
+// startHolder starts the process that holds the worker's mount
+// namespace, slave to the machine's (mounts the tests make under Root
+// reach it), made by script.
+func (w *worker) startHolder(root, script string) error {
 	cmd := exec.Command("unshare", "--mount", "--propagation", "slave", "--",
 		"sh", "-c", script, "holder", root, w.nodeRoot, DevicePluginDir)
 	cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
@@ -341,14 +356,20 @@ mount --bind "$1/device-plugins" "$3" && echo ready && exec sleep infinity`
 // its network namespace and its cgroup root.
 func (n *Node) stopWorker(log logf) {
 	w := n.worker
-	killInNamespace(w.netns, log)
+	if w.netns != "" {
+		killInNamespace(w.netns, log)
+	} else { // an isolated node: its run's namespace holds the tests too
+		killByCommandLine(n.Root, log)
+	}
 	cleanupCgroups(log, w.cgroupDirs)
 	if w.holder != nil && w.holder.Process != nil {
 		_ = w.holder.Process.Kill()
 		_ = w.holder.Wait()
 	}
-	if out, err := exec.Command("ip", "netns", "delete", w.netns).CombinedOutput(); err != nil {
-		log("ip netns delete %s: %v: %s", w.netns, err, out)
+	if w.netns != "" {
+		if out, err := exec.Command("ip", "netns", "delete", w.netns).CombinedOutput(); err != nil {
+			log("ip netns delete %s: %v: %s", w.netns, err, out)
+		}
 	}
 	for _, d := range w.cgroupDirs() {
 		if err := unix.Rmdir(d); err != nil {

@@ -9,10 +9,12 @@ import (
 )
 
 // A worker's paths as its own processes see them: under the root they
-// share, whatever the worker's own directory; others unchanged.
+// share, whatever the worker's own directory; others unchanged. An
+// isolated node's processes see its paths where the tests do.
 func TestOnNode(t *testing.T) {
 	w := &Node{Root: "/run/e2e/n3", worker: &worker{nodeRoot: "/run/e2e/node"}}
 	single := &Node{Root: "/run/e2e/n1"}
+	isolated := &Node{Root: "/run/e2e/n2", worker: isolatedWorker("/run/e2e/n2")}
 	for _, c := range []struct {
 		n        *Node
 		in, want string
@@ -23,6 +25,7 @@ func TestOnNode(t *testing.T) {
 		{w, "/run/e2e/cp/kubelet-dgx.kubeconfig", "/run/e2e/cp/kubelet-dgx.kubeconfig"},
 		{w, "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins"},
 		{single, "/run/e2e/n1/cdi", "/run/e2e/n1/cdi"},
+		{isolated, "/run/e2e/n2/cdi", "/run/e2e/n2/cdi"},
 	} {
 		if got := c.n.onNode(c.in); got != c.want {
 			t.Errorf("onNode(%s) on root %s = %s, want %s", c.in, c.n.Root, got, c.want)
@@ -40,6 +43,8 @@ func TestRunCgroupPatterns(t *testing.T) {
 		wantMatch bool
 	}{
 		{false, "/sys/fs/cgroup/memory/hwe2e-12-mig", true},
+		{false, "/sys/fs/cgroup/memory/" + isolatedCgroup("hwdra-e2e-12", "/tmp/hwe2e-12-77/n2"), true},
+		{false, "/sys/fs/cgroup/memory/" + isolatedCgroup("hwdra-e2e-123", "/tmp/hwe2e-123-77/n2"), false},
 		{false, "/sys/fs/cgroup/hwe2e-12-dgx", true},
 		{false, "/sys/fs/cgroup/memory/hwe2e-123-mig", false},
 		{false, "/sys/fs/cgroup/memory/hwe2e-1-mig", false},
@@ -58,6 +63,27 @@ func TestRunCgroupPatterns(t *testing.T) {
 		}
 		if matched != c.wantMatch {
 			t.Errorf("run hwdra-e2e-12 (node: %v) sweeps %s: %v, want %v", c.node, c.dir, matched, c.wantMatch)
+		}
+	}
+}
+
+// The kubelet's fixed places as the tests find them: the machine's for
+// the machine's node, the node's own for a worker and an isolated node.
+func TestNodeFixedPlaces(t *testing.T) {
+	machine := &Node{Root: "/run/e2e/n1"}
+	isolated := &Node{Root: "/run/e2e/n2", worker: &worker{cgroup: isolatedCgroup("hwdra-e2e-12", "/run/e2e/n2")}}
+	for _, c := range []struct {
+		n                     *Node
+		devicePlugins, memory string
+	}{
+		{machine, "/var/lib/kubelet/device-plugins", "/sys/fs/cgroup/memory/kubepods"},
+		{isolated, "/run/e2e/n2/device-plugins", "/sys/fs/cgroup/memory/hwe2e-12-n2/kubepods"},
+	} {
+		if got := c.n.KubeletDevicePluginDir(); got != c.devicePlugins {
+			t.Errorf("node %s: device plugins at %s, want %s", c.n.Root, got, c.devicePlugins)
+		}
+		if got := c.n.kubepodsDir("memory"); got != c.memory {
+			t.Errorf("node %s: kubepods at %s, want %s", c.n.Root, got, c.memory)
 		}
 	}
 }

@@ -118,7 +118,7 @@ const cniConfig = `{
 // see them.
 func (n *Node) expand(tmpl string) string {
 	bridge, podCIDR := bridgeName, PodCIDR
-	if n.worker != nil {
+	if n.ownNetwork() {
 		bridge, podCIDR = workerBridge, n.worker.podCIDR()
 	}
 	return strings.NewReplacer(

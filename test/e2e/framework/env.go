@@ -35,12 +35,13 @@ const (
 	// (Options.ControlPlaneOnly; hack/fleet.sh): no machine lock, no
 	// images, no node; tests that need a node skip.
 	EnvControlPlaneOnly = "HWDRA_E2E_CONTROL_PLANE_ONLY"
-	// EnvClustersOnly=1 makes a run of clusters only (NewCluster): their
-	// workers live in network, mount and cgroup namespaces of their own,
-	// so such a run takes no machine lock and runs beside a run with a
-	// node (hack/e2e-realnode.sh runs the two side by side); tests that
-	// need the suite's node (Shared, New) skip.
-	EnvClustersOnly = "HWDRA_E2E_CLUSTERS_ONLY"
+	// EnvIsolated=1 makes a run of isolated nodes: a cluster's workers
+	// (NewCluster) live in network, mount and cgroup namespaces of their
+	// own, and the run's other nodes (Shared, New) in a mount namespace
+	// and a cgroup root of their own (isolated.go), so such a run takes
+	// no machine lock and runs beside a run with the machine's node
+	// (hack/e2e-realnode.sh runs the two side by side).
+	EnvIsolated = "HWDRA_E2E_ISOLATED"
 	// EnvSharedBuild optionally names a directory where runs side by
 	// side build the images and hwdra once (prebuild).
 	EnvSharedBuild = "HWDRA_E2E_SHARED_BUILD"
@@ -108,9 +109,9 @@ func bin(name string) string { return filepath.Join(binDir(), name) }
 // ControlPlaneOnlyRun says whether this run starts control planes only.
 func ControlPlaneOnlyRun() bool { return os.Getenv(EnvControlPlaneOnly) == "1" }
 
-// ClustersOnlyRun says whether this run starts clusters only.
-func ClustersOnlyRun() bool { return os.Getenv(EnvClustersOnly) == "1" }
+// IsolatedRun says whether this run's nodes are isolated (EnvIsolated).
+func IsolatedRun() bool { return os.Getenv(EnvIsolated) == "1" }
 
 // nodeRun says whether this run may start a node in the machine's own
 // mount and cgroup namespaces (Shared, New): one such run at a time.
-func nodeRun() bool { return !ControlPlaneOnlyRun() && !ClustersOnlyRun() }
+func nodeRun() bool { return !ControlPlaneOnlyRun() && !IsolatedRun() }

@@ -163,7 +163,7 @@ func (n *Node) Helm(ctx context.Context, args ...string) (string, error) {
 // has AgentPodLabel. Tests change hardware, image and environment.
 func (n *Node) AgentValues(hardware string) map[string]any {
 	repo, apiHost := AgentImageRepository, "127.0.0.1"
-	if n.worker != nil { // in its own network namespace
+	if n.ownNetwork() {
 		repo, apiHost = workerRegistryAddr+"/e2e/hwdra", NodeIP
 	}
 	return map[string]any{

@@ -77,6 +77,27 @@ func (n *Node) kubeletConfig() map[string]any {
 // chart's devicePluginDir default.
 const DevicePluginDir = "/var/lib/kubelet/device-plugins"
 
+// KubeletDevicePluginDir is the node's DevicePluginDir as the tests see
+// it: a cluster's worker and an isolated node have a directory of their
+// own there (their mount namespace's), the machine's node the machine's.
+func (n *Node) KubeletDevicePluginDir() string {
+	if n.worker != nil {
+		return filepath.Join(n.Root, "device-plugins")
+	}
+	return DevicePluginDir
+}
+
+// kubepodsDir is the node's kubelet's top pod cgroup in the hierarchy
+// (e.g. "memory"): under its own cgroupRoot on a cluster's worker and
+// an isolated node.
+func (n *Node) kubepodsDir(hierarchy string) string {
+	dir := filepath.Join("/sys/fs/cgroup", hierarchy)
+	if n.worker != nil {
+		dir = filepath.Join(dir, n.worker.cgroup)
+	}
+	return filepath.Join(dir, "kubepods")
+}
+
 // KubeletRoot is the kubelet's --root-dir. Its DRA paths are
 // <root>/plugins_registry (registration sockets) and <root>/plugins/<driver>.
 func (n *Node) KubeletRoot() string { return filepath.Join(n.Root, "kubelet") }

@@ -61,7 +61,7 @@ func runInNamespace() int {
 	// One real node per machine at a time: nodes share the paths the
 	// kubelet writes outside its root, and a run's teardown removes them.
 	// A run of control planes only writes nothing there, and a run of
-	// clusters only has its workers in namespaces and cgroups of their
+	// isolated nodes has its nodes in namespaces and cgroups of their
 	// own: each runs beside one; they leave stale runs to the next run
 	// with a node.
 	node := nodeRun()

@@ -77,7 +77,8 @@ type Node struct {
 	stopOnce    sync.Once
 
 	// A cluster's worker (cluster.go) runs in its own network and mount
-	// namespaces; see worker.
+	// namespaces, an isolated node (isolated.go) in its own mount
+	// namespace; see worker.
 	worker  *worker
 	profile string // a worker's built-in mock profile
 }
@@ -111,9 +112,6 @@ func skipIfControlPlaneOnly(t testing.TB, opts Options) {
 	if ControlPlaneOnlyRun() && !opts.ControlPlaneOnly {
 		t.Skipf("real-node test skipped: %s=1 starts control planes only", EnvControlPlaneOnly)
 	}
-	if ClustersOnlyRun() && !opts.ControlPlaneOnly {
-		t.Skipf("real-node test skipped: %s=1 starts clusters only", EnvClustersOnly)
-	}
 }
 
 // Shared returns the suite's node with default options, starting it on first
@@ -138,8 +136,9 @@ func Shared(t testing.TB) *Node {
 }
 
 // New starts a node of its own for t, stopped when t ends. Only one node
-// runs at a time (they share the namespace, ports and the kubelet's fixed
-// paths), so the shared node is stopped first and restarted on next use.
+// runs at a time in a run (they share the namespace, ports and, outside
+// a run of isolated nodes, the kubelet's fixed paths), so the shared node
+// is stopped first and restarted on next use.
 func New(t testing.TB, opts Options) *Node {
 	t.Helper()
 	SkipIfUnavailable(t)
@@ -185,6 +184,9 @@ func start(opts Options) (*Node, error) {
 		CDIDir:    filepath.Join(root, "cdi"),
 		NRISocket: filepath.Join(root, "nri", "nri.sock"),
 	}
+	if IsolatedRun() && !opts.ControlPlaneOnly {
+		n.worker = isolatedWorker(root)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := n.boot(ctx, filepath.Join(runRoot, "images")); err != nil {
@@ -207,6 +209,11 @@ func (n *Node) boot(ctx context.Context, imageDir string) error {
 	}
 	if err := makeShared(n.Root); err != nil {
 		return err
+	}
+	if n.worker != nil {
+		if err := n.isolate(); err != nil {
+			return err
+		}
 	}
 	type result struct {
 		archives []string
