@@ -44,7 +44,8 @@ func exactly(class, cel string) resourceapi.DeviceRequest {
 // published once, without the placements it overlaps.
 func TestClaimsNeverRewriteThePool(t *testing.T) {
 	node := openNode(t, scaleProfile)
-	// Rescans every 10 ms, and each claim stays prepared over a few.
+	// Rescans every 10 ms, and each claim stays prepared over two whole
+	// rescans (settle counts them).
 	a := startAgentOn(t, node, 10*time.Millisecond)
 	ctx := context.Background()
 	gpus := a.slices(device.GPUDriver, nil)
@@ -70,9 +71,15 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 		{"time-sliced vGPU", gpuDRA, exactly("vgpu.gpu.hwdra.io", `!device.attributes["gpu.hwdra.io"].migBacked`)},
 		{"VF share", nicDRA, share},
 	}
+	// Claims of each kind one after another: one more than the NIC has
+	// VFs, so a VF that an unprepare did not give back fails a later
+	// prepare. The rescans each claim is prepared over prove the rest,
+	// not how many claims: twenty of each kind took 5 to 10 minutes under
+	// the race detector.
+	const claimsPerKind = 5
 	writes, handed := a.writes(), a.publications()
 	for ki, k := range kinds {
-		for i := range 20 {
+		for i := range claimsPerKind {
 			c := a.allocated(published, fmt.Sprintf("claim-%d-%d", ki, i), k.req)
 			pb := []*drapb.Claim{{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}}
 			res, err := k.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: pb})
@@ -90,10 +97,10 @@ func TestClaimsNeverRewriteThePool(t *testing.T) {
 		}
 		a.settle()
 		if n := a.writes() - writes; n != 0 {
-			t.Errorf("%s: %d ResourceSlice writes for 20 claims", k.name, n)
+			t.Errorf("%s: %d ResourceSlice writes for %d claims", k.name, n, claimsPerKind)
 		}
 		if n := a.publications() - handed; n != 0 {
-			t.Errorf("%s: %v publications for 20 claims", k.name, n)
+			t.Errorf("%s: %v publications for %d claims", k.name, n, claimsPerKind)
 		}
 		writes, handed = a.writes(), a.publications()
 	}

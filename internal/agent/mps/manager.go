@@ -213,6 +213,21 @@ func (m *Manager) env(extra ...string) []string {
 	return append(env, extra...)
 }
 
+// helperEnv is env for the programs the agent runs and waits for (the
+// control program as a client, the launcher removing a cgroup; not the
+// daemon, whose environment is its own variables alone): with the race
+// detector's options where the agent has them (GORACE). A race-built
+// agent's launcher is itself, and on mock hardware the control program
+// is too; each sleeps a second before it exits by default
+// (atexit_sleep_ms), which CI's race stage sets to 0.
+func (m *Manager) helperEnv(extra ...string) []string {
+	env := m.env(extra...)
+	if v, ok := os.LookupEnv("GORACE"); ok {
+		env = append(env, "GORACE="+v)
+	}
+	return env
+}
+
 // launch starts nvidia-cuda-mps-control -f through the launcher, which
 // becomes the daemon: the PID its start returns is the daemon's, and it
 // is recorded at once. It returns once the launcher has exec'd the
@@ -331,7 +346,7 @@ func (m *Manager) control(ctx context.Context, id, command string) (string, erro
 	ctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, m.opts.Programs.Path(Control))
-	cmd.Env, cmd.WaitDelay = m.env(PipeDirEnv+"="+pipe), time.Second
+	cmd.Env, cmd.WaitDelay = m.helperEnv(PipeDirEnv+"="+pipe), time.Second
 	cmd.Stdin = strings.NewReader(command + "\n")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &limitedBuffer{b: &stdout, n: 64 << 10}, &limitedBuffer{b: &stderr, n: 4096}
@@ -458,7 +473,7 @@ func (m *Manager) removeCgroup(ctx context.Context, r record) error {
 	ctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "/proc/self/exe")
-	cmd.Args, cmd.Env, cmd.ExtraFiles = []string{launcherName, string(raw)}, m.env(), []*os.File{statusW}
+	cmd.Args, cmd.Env, cmd.ExtraFiles = []string{launcherName, string(raw)}, m.helperEnv(), []*os.File{statusW}
 	err = cmd.Start()
 	statusW.Close()
 	if err != nil {
