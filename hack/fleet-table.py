@@ -2,7 +2,8 @@
 # Writes the README's fleet table ("At fleet scale") from hack/fleet.sh's
 # output: one row per kind and scheduler, one column per run, each cell
 # the scheduler's CPU per pod of hwdra's publication and its ratio to one
-# device per GPU/VF; the last rows all pods of a run. Each argument is
+# device per GPU/VF (and how many of the kind's pods the scheduler left
+# pending when the harness moved on); the last rows all pods of a run. Each argument is
 # COLUMN=FILE (a saved hack/fleet.sh output, e.g. hack/upstream/results/...).
 #
 #   hack/fleet-table.py "100 nodes=results/a.txt" "500 nodes=results/b.txt"
@@ -19,7 +20,8 @@ KINDS = [
     ("extended", "`nvidia.com/gpu: 1`"),
 ]
 SCHEDULERS = [("upstream", "released"), ("patched", "patched")]
-KIND = re.compile(r"^fleet (\S+) nodes=\d+ pods=\d+ scheduler=(\S+) .*cpu-ratio=([0-9.]+) .*ours cpu/pod=([0-9.]+)(µs|ms|s) one-device=([0-9.]+)(µs|ms|s)")
+KIND = re.compile(r"^fleet (\S+) nodes=\d+ pods=(\d+) scheduler=(\S+) .*cpu-ratio=([0-9.]+) .*ours cpu/pod=([0-9.]+)(µs|ms|s) one-device=([0-9.]+)(µs|ms|s)")
+PENDING = re.compile(r"LEFT PENDING: ours (\d+)")
 ALL = re.compile(r"^fleet all (ours|one-device) nodes=\d+ pods=\d+ scheduler=(\S+) .* ([0-9.]+) pods/s scheduler-cpu/pod=([0-9.]+)(µs|ms|s)")
 UNIT = {"µs": 1e-3, "ms": 1.0, "s": 1e3}
 
@@ -42,7 +44,8 @@ def read(path):
         line = line.strip()
         m = KIND.match(line)
         if m:
-            kinds[(m.group(1), m.group(2))] = (ms(m.group(4), m.group(5)), ms(m.group(6), m.group(7)))
+            p = PENDING.search(line)
+            kinds[(m.group(1), m.group(3))] = (int(m.group(2)), ms(m.group(5), m.group(6)), ms(m.group(7), m.group(8)), int(p.group(1)) if p else 0)
             continue
         m = ALL.match(line)
         if m:
@@ -62,8 +65,14 @@ def main(args):
             cells = []
             for kinds, _ in runs:
                 if (kind, sched) in kinds:
-                    ours, one = kinds[(kind, sched)]
-                    cells.append("%s, %.1fx" % (show(ours), ours / one))
+                    pods, ours, one, pending = kinds[(kind, sched)]
+                    if pods == 0:
+                        cells.append("none placed (%d pending)" % pending)
+                        continue
+                    cell = "%s, %.1fx" % (show(ours), ours / one)
+                    if pending:
+                        cell += " (%d left pending)" % pending
+                    cells.append(cell)
                 else:
                     cells.append("-")
             print("| %s | %s | %s |" % (label if i == 0 else "", name, " | ".join(cells)))
