@@ -33,9 +33,12 @@ fi
 # the other run would each stop and restart its shared node, and
 # scenarios of the shared node that mostly wait (Prometheus' alert rule,
 # the scheduler's refusals, the NRI gate, claims beside extended
-# resources, the settings left), to even the two runs out. The other run
+# resources), to even the two runs out. Not the MPS scenarios: an
+# isolated node's pod once found its MPS pipe directory empty
+# (TestPodsSharingWithSettingsLeft, CI run of 2026-12-06 09:01; not
+# understood yet). The other run
 # skips exactly these, so every scenario runs once.
-isolated='^(TestMultiNode|TestVFPodWaitsForTheAgent|TestPodsCompeteExtendedResourceAndClaims|TestUnfittableClaimRefusedAtOnce|TestPodsSharingWithSettingsLeft|TestPrometheusGPUsByPod|TestCompatibilityGroupsGateOff|TestGateTurnedOffAfterSlicesStored|TestPartitionTypeGateOff|TestGateOffPartitionableDevices|TestGateOffConsumableCapacity)$'
+isolated='^(TestMultiNode|TestVFPodWaitsForTheAgent|TestPodsCompeteExtendedResourceAndClaims|TestUnfittableClaimRefusedAtOnce|TestPrometheusGPUsByPod|TestCompatibilityGroupsGateOff|TestGateTurnedOffAfterSlicesStored|TestPartitionTypeGateOff|TestGateOffPartitionableDevices|TestGateOffConsumableCapacity)$'
 isolated_log=$(mktemp /tmp/hwdra-e2e-isolated.XXXXXX)
 # The images and hwdra, built once for both (framework's prebuild).
 HWDRA_E2E_SHARED_BUILD=$(mktemp -d /tmp/hwdra-e2e-build.XXXXXX)
