@@ -338,7 +338,7 @@ func TestTenantReusedPIDIsNotSignalled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenant := exec.Command("sleep", "60")
+	tenant := exec.Command("sleep", "600")
 	if err := tenant.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -183,7 +183,7 @@ func TestTenantDuplicateLimitsEntry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := os.StartProcess(sleep, []string{"sleep", "60"}, &os.ProcAttr{Env: env})
+	p, err := os.StartProcess(sleep, []string{"sleep", "600"}, &os.ProcAttr{Env: env})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func startAt(t testing.TB, pid int) *exec.Cmd {
 		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(fmt.Sprint(pid-1)), 0o644); err != nil {
 			t.Skipf("setting the next PID: %v (needs root)", err)
 		}
-		cmd := exec.Command("sleep", "60")
+		cmd := exec.Command("sleep", "600")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -307,7 +307,7 @@ func TestTenantPIDReusedBetweenListingAndPidfd(t *testing.T) {
 	t.Cleanup(func() { b.Shutdown() })
 	n := newNode(t)
 	n.claims = []Claim{{Namespace: "ns", Name: "a", GPU: gpu, Share: &Share{Memory: 10 * gib, Compute: 40}}}
-	tenant := exec.Command("sleep", "60")
+	tenant := exec.Command("sleep", "600")
 	n.start(tenant, n.pod("tenant", "a"))
 	if err := h.SetGPUProcesses(gpu, []hw.GPUProcess{{PID: uint32(tenant.Process.Pid), UsedMemory: gb(30), MPS: true}}); err != nil {
 		t.Fatal(err)
@@ -349,7 +349,7 @@ func (s *stale) GPUProcesses(string) ([]hw.GPUProcess, error) {
 func TestTenantPIDReusedUnderAStaleListing(t *testing.T) {
 	n := newNode(t)
 	n.claims = []Claim{{Namespace: "ns", Name: "a", GPU: "g", Share: &Share{Memory: 10 * gib, Compute: 40}}}
-	tenant := exec.Command("sleep", "60")
+	tenant := exec.Command("sleep", "600")
 	n.start(tenant, n.pod("tenant", "a"))
 	var victim *exec.Cmd
 	procs := &stale{entry: hw.GPUProcess{PID: uint32(tenant.Process.Pid), UsedMemory: gb(30), MPS: true}}
@@ -403,7 +403,7 @@ func TestTenantPIDReusedBeforeTheListingReturned(t *testing.T) {
 	t.Cleanup(func() { b.Shutdown() })
 	n := newNode(t)
 	n.claims = []Claim{{Namespace: "ns", Name: "a", GPU: gpu, Share: &Share{Memory: 10 * gib, Compute: 40}}}
-	tenant := exec.Command("sleep", "60")
+	tenant := exec.Command("sleep", "600")
 	n.start(tenant, n.pod("tenant", "a"))
 	if err := h.SetGPUProcesses(gpu, []hw.GPUProcess{{PID: uint32(tenant.Process.Pid), UsedMemory: gb(30), MPS: true}}); err != nil {
 		t.Fatal(err)

@@ -32,7 +32,7 @@ func TestGPUProcesses(t *testing.T) {
 	if got, err := b.GPUProcesses(h100); err != nil || len(got) != 0 {
 		t.Fatalf("idle GPU: %+v %v", got, err)
 	}
-	sleep := exec.Command("sleep", "60")
+	sleep := exec.Command("sleep", "600")
 	if err := sleep.Start(); err != nil {
 		t.Fatal(err)
 	}

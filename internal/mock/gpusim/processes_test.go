@@ -68,7 +68,7 @@ func TestProcessLists(t *testing.T) {
 func TestProcessExits(t *testing.T) {
 	h := build(t, `gpus: [{model: h100-80gb, count: 1}]`)
 	const bus = "0000:1b:00.0"
-	cmd := exec.Command("sleep", "60")
+	cmd := exec.Command("sleep", "600")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
