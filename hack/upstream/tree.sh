@@ -5,6 +5,11 @@
 # staging/src), made from the Go module cache once per (version, series
 # hash) into a cache outside the repository. A patch that does not apply
 # exits 3, naming the patch and the sources; nothing is cached then.
+#
+# HWDRA_UPSTREAM_PATCHES, when set (also to the empty string), replaces the
+# series with the patches it names (file names in this directory, separated
+# by blanks, in order; empty: the released sources): bench.sh scheduler-perf
+# builds the released allocator with only the scheduler_perf test case.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
@@ -12,11 +17,21 @@ K8S_STAGING_VERSION=${K8S_STAGING_VERSION:-v0.${K8S_VERSION#v1.}}
 
 log() { echo "upstream/tree: $*" >&2; }
 
-mapfile -t patches < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$here/series")
-[ ${#patches[@]} -gt 0 ] || { log "$here/series lists no patch"; exit 1; }
-hash=$(cd "$here" && cat series "${patches[@]}" | sha256sum | cut -c1-12)
 cache=${HWDRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hwdra}/realnode/patched
-tree="$cache/src-${K8S_VERSION}_patched-$hash"
+if [ -n "${HWDRA_UPSTREAM_PATCHES+set}" ]; then
+  read -r -a patches <<<"$HWDRA_UPSTREAM_PATCHES"
+  for p in "${patches[@]}"; do
+    [ -f "$here/$p" ] || { log "HWDRA_UPSTREAM_PATCHES names $p, which is not in $here"; exit 1; }
+  done
+  # Not the series' hash: a subset never shares a directory with it.
+  hash=$(cd "$here" && { printf '%s\n' "subset:" "${patches[@]}"; cat "${patches[@]}" </dev/null; } | sha256sum | cut -c1-12)
+  tree="$cache/src-${K8S_VERSION}_subset-$hash"
+else
+  mapfile -t patches < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$here/series")
+  [ ${#patches[@]} -gt 0 ] || { log "$here/series lists no patch"; exit 1; }
+  hash=$(cd "$here" && cat series "${patches[@]}" | sha256sum | cut -c1-12)
+  tree="$cache/src-${K8S_VERSION}_patched-$hash"
+fi
 mkdir -p "$cache"
 exec 9>"$tree.lock"
 flock 9
@@ -34,7 +49,7 @@ cp -r "$kdir" "$tree"
 mkdir -p "$tree/staging/src/k8s.io"
 cp -r "$ddir" "$tree/staging/src/k8s.io/dynamic-resource-allocation"
 chmod -R u+w "$tree"
-for p in "${patches[@]}"; do
+for p in "${patches[@]+"${patches[@]}"}"; do
   if ! out=$(cd "$tree" && patch -p1 --forward --batch <"$here/$p" 2>&1); then
     log "patch hack/upstream/$p does not apply to k8s.io/kubernetes@$K8S_VERSION (k8s.io/dynamic-resource-allocation@$K8S_STAGING_VERSION):"
     printf '%s\n' "$out" | sed 's/^/  /' >&2
@@ -43,5 +58,5 @@ for p in "${patches[@]}"; do
   fi
   log "applied $p"
 done
-printf '%s\n' "${patches[@]}" >"$tree/.hwdra-patched"
+printf '%s\n' "${patches[@]+"${patches[@]}"}" >"$tree/.hwdra-patched"
 echo "$tree"
