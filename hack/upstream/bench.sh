@@ -96,7 +96,7 @@ perf_items() {
   local f
   for f in "$1"/*.json; do
     [ -f "$f" ] || continue
-    jq -r '.dataItems[] | select(.data != null) | .labels as $l | .unit as $u | .data | to_entries[] |
+    jq -r '(.dataItems // [])[] | select(.data != null) | .labels as $l | .unit as $u | .data | to_entries[] |
       [$l.Name, ([$l.Metric] + ($l | to_entries | map(select(.key != "Name" and .key != "Metric" and .value != "not applicable")) | map("\(.key)=\(.value)"))
         | join(",")), .key, (.value * 1000 | round / 1000 | tostring), $u] | @tsv' "$f"
   done
@@ -128,8 +128,8 @@ scheduler_perf() {
   done
   echo "scheduler-perf: workloads ^($workloads)\$ in $out"
   grep -h '^# ' "$out"/*.run.log 2>/dev/null || true
-  perf_items "$out/released" | sed 's/^/released\t/' >"$out/items.tsv"
-  perf_items "$out/patched" | sed 's/^/patched\t/' >>"$out/items.tsv"
+  { perf_items "$out/released" | sed 's/^/released\t/' || true; } >"$out/items.tsv"
+  { perf_items "$out/patched" | sed 's/^/patched\t/' || true; } >>"$out/items.tsv"
   # Side by side: one line per (workload, metric, statistic) whose metric
   # matches HWDRA_SCHEDPERF_METRICS (all of them are in items.tsv); "-"
   # where a run gave nothing.
