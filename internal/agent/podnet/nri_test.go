@@ -446,6 +446,10 @@ func TestVFGoneWithItsNamespace(t *testing.T) {
 	}
 	vf := e.vfOf(c)
 	e.removeNetns(sb)
+	// The VF back in the host's namespace before it is unplugged, as the
+	// kernel has it once the namespace is gone: the mock's watcher
+	// otherwise wrote its netdev back after the removal (seen in CI).
+	e.hw.NICs().Settle()
 	if err := os.RemoveAll(filepath.Join(e.hw.Sysfs, "bus", "pci", "devices", vf.PCIAddress)); err != nil {
 		t.Fatal(err)
 	}
